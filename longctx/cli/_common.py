@@ -1,0 +1,122 @@
+"""Shared CLI plumbing: error rendering, JSON output, findings tables.
+
+Command modules import heavy libraries (torch, megatron-core) inside their functions so that
+`longctx --help` and light commands start fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from longctx.errors import LongctxError
+from longctx.report import Findings, to_jsonable
+
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_ERROR = 2
+
+
+def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
+    """Print an error (what / where / fix) and exit 2."""
+    if as_json:
+        print(json.dumps({"ok": False, "error": err.to_dict()}, indent=2))
+    err_console.print(f"[bold red]error:[/] {err.what}", highlight=False, soft_wrap=True)
+    if err.where:
+        err_console.print(f"  [red]where:[/] {err.where}", highlight=False, soft_wrap=True)
+    if err.fix:
+        err_console.print(f"  [red]fix:[/] {err.fix}", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def cli_errors(fn: F) -> F:
+    """Decorate a command so any LongctxError becomes a clean message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LongctxError as err:
+            fail(err, as_json=bool(kwargs.get("json_out") or kwargs.get("as_json")))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def findings_table(findings: Findings, title: str | None = None) -> Table:
+    table = Table(title=title, show_lines=False, expand=False)
+    table.add_column("level")
+    table.add_column("check")
+    table.add_column("message", overflow="fold")
+    colors = {"error": "bold red", "warning": "yellow", "info": "dim"}
+    for f in findings:
+        msg = f.message
+        if f.expected is not None or f.found is not None:
+            msg += f" (expected {f.expected!s}, found {f.found!s})"
+        if f.fix and f.level != "info":
+            msg += f" — fix: {f.fix}"
+        table.add_row(f"[{colors[f.level]}]{f.level}[/]", f.code, msg)
+    return table
+
+
+def print_findings(findings: Findings, title: str | None = None) -> None:
+    if findings:
+        console.print(findings_table(findings, title))
+    # one plain line per error too, so logs and greps see them without the table
+    for f in findings.errors:
+        line = f"error: {f.code}: {f.message}"
+        if f.expected is not None or f.found is not None:
+            line += f" (expected {f.expected!s}, found {f.found!s})"
+        err_console.print(line, style="red", highlight=False, soft_wrap=True)
+
+
+def exit_for(findings: Findings) -> None:
+    if not findings.ok:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def parse_int_list(text: str | None) -> list[int] | None:
+    """'16384,65536' or '16K,64K,128K' → [16384, 65536, 131072]."""
+    if text is None or text.strip() == "":
+        return None
+    out: list[int] = []
+    for raw in text.replace(" ", "").split(","):
+        if not raw:
+            continue
+        out.append(parse_size(raw))
+    return out
+
+
+def parse_size(raw: str) -> int:
+    """Integer with an optional K/M/G suffix (binary for K: 16K = 16384; M and G decimal for tokens)."""
+    s = raw.strip()
+    mult = 1
+    suffix = s[-1:].upper()
+    if suffix == "K":
+        mult, s = 1024, s[:-1]
+    elif suffix == "M":
+        mult, s = 1_000_000, s[:-1]
+    elif suffix == "G" or suffix == "B":
+        mult, s = 1_000_000_000, s[:-1]
+    try:
+        value = float(s)
+    except ValueError:
+        raise typer.BadParameter(f"not a number: {raw!r}") from None
+    result = value * mult
+    if result != int(result):
+        raise typer.BadParameter(f"not an integer: {raw!r}")
+    return int(result)
