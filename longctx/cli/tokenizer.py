@@ -1,0 +1,129 @@
+"""`longctx tokenizer …`: fingerprint a tokenizer, verify it against a manifest, Megatron vocab padding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
+from longctx.errors import TokenizerError
+
+app = typer.Typer(
+    help=(
+        "Tokenizer identity: the model must be extended with exactly the tokenizer it was trained with.\n\n"
+        "A PATH is a tokenizer.model, an HF tokenizer directory (tokenizer.model + tokenizer_config.json, "
+        "special_tokens_map.json, added_tokens.json), or a GPT-2 directory (vocab.json + merges.txt).\n\n"
+        "Examples:\n\n"
+        "  longctx tokenizer verify /models/tokenizer-256k --manifest tokenization/oellm-256k.toml --tp 4\n\n"
+        "  longctx tokenizer verify tok/tokenizer.model --md5 07295117baaf7a55d5924428e59925d6\n\n"
+        "  longctx tokenizer fingerprint /models/tokenizer-256k --write tokenization/mine.toml\n\n"
+        "  longctx tokenizer padded-vocab 262145 --tp 4"
+    ),
+    no_args_is_help=True,
+)
+
+
+@app.command("fingerprint")
+@cli_errors
+def fingerprint_cmd(
+    path: Path = typer.Argument(
+        ..., help="tokenizer.model, HF tokenizer directory, or GPT-2 vocab.json+merges.txt directory."
+    ),
+    write: Path | None = typer.Option(None, "--write", help="Save the manifest (TOML) to this file."),
+    name: str | None = typer.Option(None, "--name", help="Manifest name (default: the directory name)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of TOML."),
+) -> None:
+    """Describe a tokenizer as a manifest: md5, vocab size, special ids, EOD, added tokens, round-trip texts.
+
+    Example: longctx tokenizer fingerprint /models/tokenizer-256k --write tokenization/mine.toml
+    """
+    from longctx.tokenizer import fingerprint, manifest_to_toml, write_manifest
+
+    manifest = fingerprint(path, name=name)
+    if write is not None:
+        write_manifest(manifest, write)
+    if json_out:
+        print_json(manifest)
+    else:
+        typer.echo(manifest_to_toml(manifest), nl=False)
+        if write is not None:
+            console.print(f"[green]wrote[/] {write}", highlight=False)
+
+
+@app.command("verify")
+@cli_errors
+def verify_cmd(
+    path: Path = typer.Argument(..., help="tokenizer.model, HF tokenizer directory, or GPT-2 directory."),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", "-m", help="Manifest TOML (e.g. tokenization/oellm-256k.toml)."
+    ),
+    md5: str | None = typer.Option(
+        None, "--md5", help="Expected md5 of the identity file(s); overrides the manifest's."
+    ),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size, for the padded vocab size."),
+    divisible_by: int | None = typer.Option(
+        None,
+        "--make-vocab-size-divisible-by",
+        min=1,
+        help="Megatron's padding multiple (default: manifest's, else 128).",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check a tokenizer against a manifest or an md5; exit 0 only if everything matches, else 2.
+
+    Checks the md5, vocab size (len(tokenizer)), every special id, added tokens, EOD and a round trip of the manifest's sample texts; reports Megatron's padded vocab size for --tp.
+
+    Example: longctx tokenizer verify /models/tokenizer-256k -m tokenization/oellm-256k.toml --tp 4
+    """
+    from longctx.tokenizer import load_manifest, verify_tokenizer
+
+    if manifest is None and md5 is None:
+        raise TokenizerError(
+            "nothing to verify against", fix="pass --manifest tokenization/NAME.toml or --md5 HEX (or both)"
+        )
+    m = load_manifest(manifest) if manifest is not None else None
+    report = verify_tokenizer(path, m, md5=md5, tp=tp, divisible_by=divisible_by)
+    if json_out:
+        print_json({"ok": report.ok, **{k: v for k, v in vars(report).items()}})
+    else:
+        facts = Table(title=f"tokenizer {report.path}", show_header=False)
+        facts.add_column("fact")
+        facts.add_column("value", overflow="fold")
+        for key in (
+            "kind", "md5", "vocab_size", "model_vocab_size", "eod_id", "bos_id", "pad_id",
+            "megatron_tokenizer_type", "padded_vocab_size",
+        ):  # fmt: skip
+            facts.add_row(key, str(report.facts[key]))
+        facts.add_row(
+            "padded by TP",
+            ", ".join(f"TP{k}: {v}" for k, v in report.facts["padded_vocab_size_by_tp"].items()),
+        )
+        console.print(facts)
+        print_findings(report.findings, title="checks")
+        status = "[green]OK[/]" if report.ok else f"[bold red]{len(report.findings.errors)} mismatch(es)[/]"
+        console.print(f"verify against {report.manifest or 'md5'}: {status}", highlight=False)
+    exit_for(report.findings)
+
+
+@app.command("padded-vocab")
+@cli_errors
+def padded_vocab_cmd(
+    vocab_size: int = typer.Argument(..., help="Tokenizer vocab size (len(tokenizer))."),
+    tp: list[int] = typer.Option([1, 2, 4, 8], "--tp", help="Tensor-parallel size(s); repeat the option."),
+    divisible_by: int = typer.Option(128, "--make-vocab-size-divisible-by", min=1),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Megatron's padded vocab: round up to a multiple of divisible_by × TP.
+
+    Example: longctx tokenizer padded-vocab 262145 --tp 1 --tp 4 --tp 8   (262272, 262656, 263168)
+    """
+    from longctx.tokenizer import padded_vocab_size
+
+    sizes = {t: padded_vocab_size(vocab_size, divisible_by, t) for t in tp}
+    if json_out:
+        print_json({"vocab_size": vocab_size, "make_vocab_size_divisible_by": divisible_by, "padded": sizes})
+        return
+    for t, size in sizes.items():
+        typer.echo(f"TP {t}: {vocab_size} -> {size} (+{size - vocab_size})")

@@ -1,0 +1,168 @@
+"""Parse the JSON side files of a Hugging Face tokenizer directory without `transformers`.
+
+Added tokens can be declared in three places (`added_tokens.json`, `tokenizer_config.json`'s
+`added_tokens_decoder`, `tokenizer.json`'s `added_tokens`); `len(tokenizer)` — and therefore
+Megatron's vocabulary size — counts every distinct id among the model's pieces and all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from longctx.errors import TokenizerError
+
+SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.json")
+NAMED_SPECIALS = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+@dataclasses.dataclass
+class HfSideFiles:
+    """What the JSON files of an HF tokenizer directory declare (ids as written, not yet checked)."""
+
+    present: list[str]
+    # content -> id, merged over all sources; conflicting declarations are listed in `conflicts`
+    added_tokens: dict[str, int]
+    # "bos_token" -> "<bos>" from tokenizer_config.json, overridden by special_tokens_map.json
+    named_specials: dict[str, str]
+    additional_special_tokens: list[str]
+    tokenizer_class: str | None
+    add_bos_token: bool | None
+    add_eos_token: bool | None
+    conflicts: list[str]
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TokenizerError(
+            f"malformed JSON in {path.name}: {err.msg} at line {err.lineno} column {err.colno}",
+            where=str(path),
+            fix="restore the file from the original tokenizer directory",
+        ) from None
+    except UnicodeDecodeError:
+        raise TokenizerError(
+            f"{path.name} is not UTF-8 text",
+            where=str(path),
+            fix="restore the file from the original tokenizer",
+        ) from None
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def read_side_files(directory: Path) -> HfSideFiles:
+    present = [name for name in SIDE_FILES if (directory / name).is_file()]
+    declared: list[tuple[str, int, str]] = []  # (content, id, source)
+    named: dict[str, str] = {}
+    additional: list[str] = []
+    tokenizer_class = None
+    add_bos = add_eos = None
+
+    if "added_tokens.json" in present:
+        data = read_json(directory / "added_tokens.json")
+        if not isinstance(data, dict):
+            raise TokenizerError(
+                "added_tokens.json is not a JSON object", where=str(directory / "added_tokens.json")
+            )
+        for content, idx in data.items():
+            if not isinstance(idx, int):
+                raise TokenizerError(
+                    f"added_tokens.json maps {content!r} to a non-integer id {idx!r}",
+                    where=str(directory / "added_tokens.json"),
+                )
+            declared.append((content, idx, "added_tokens.json"))
+
+    if "tokenizer_config.json" in present:
+        cfg = read_json(directory / "tokenizer_config.json")
+        if not isinstance(cfg, dict):
+            raise TokenizerError(
+                "tokenizer_config.json is not a JSON object", where=str(directory / "tokenizer_config.json")
+            )
+        for sid, entry in (cfg.get("added_tokens_decoder") or {}).items():
+            content = _token_content(entry)
+            try:
+                idx = int(sid)
+            except ValueError:
+                idx = -1
+            if content is None or idx < 0:
+                raise TokenizerError(
+                    f"tokenizer_config.json added_tokens_decoder has a malformed entry {sid!r}",
+                    where=str(directory / "tokenizer_config.json"),
+                )
+            declared.append((content, idx, "tokenizer_config.json"))
+        for key in NAMED_SPECIALS:
+            content = _token_content(cfg.get(key))
+            if content is not None:
+                named[key] = content
+        tokenizer_class = cfg.get("tokenizer_class") if isinstance(cfg.get("tokenizer_class"), str) else None
+        add_bos = cfg.get("add_bos_token") if isinstance(cfg.get("add_bos_token"), bool) else None
+        add_eos = cfg.get("add_eos_token") if isinstance(cfg.get("add_eos_token"), bool) else None
+        for tok in cfg.get("additional_special_tokens") or []:
+            content = _token_content(tok)
+            if content is not None and content not in additional:
+                additional.append(content)
+
+    if "special_tokens_map.json" in present:
+        smap = read_json(directory / "special_tokens_map.json")
+        if not isinstance(smap, dict):
+            raise TokenizerError(
+                "special_tokens_map.json is not a JSON object",
+                where=str(directory / "special_tokens_map.json"),
+            )
+        for key in NAMED_SPECIALS:
+            content = _token_content(smap.get(key))
+            if content is not None:
+                named[key] = content
+        for tok in smap.get("additional_special_tokens") or []:
+            content = _token_content(tok)
+            if content is not None and content not in additional:
+                additional.append(content)
+
+    if "tokenizer.json" in present:
+        tj = read_json(directory / "tokenizer.json")
+        for entry in (tj.get("added_tokens") or []) if isinstance(tj, dict) else []:
+            content = _token_content(entry)
+            idx = entry.get("id") if isinstance(entry, dict) else None
+            if content is None or not isinstance(idx, int):
+                raise TokenizerError(
+                    "tokenizer.json has a malformed added_tokens entry",
+                    where=str(directory / "tokenizer.json"),
+                )
+            declared.append((content, idx, "tokenizer.json"))
+
+    added: dict[str, int] = {}
+    source_of: dict[str, str] = {}
+    by_id: dict[int, tuple[str, str]] = {}
+    conflicts: list[str] = []
+    for content, idx, source in declared:
+        if content in added and added[content] != idx:
+            conflicts.append(
+                f"{content!r} is id {added[content]} in {source_of[content]} but id {idx} in {source}"
+            )
+            continue
+        if idx in by_id and by_id[idx][0] != content:
+            conflicts.append(f"id {idx} is {by_id[idx][0]!r} in {by_id[idx][1]} but {content!r} in {source}")
+            continue
+        added[content] = idx
+        source_of[content] = source
+        by_id[idx] = (content, source)
+
+    return HfSideFiles(
+        present=present,
+        added_tokens=added,
+        named_specials=named,
+        additional_special_tokens=additional,
+        tokenizer_class=tokenizer_class,
+        add_bos_token=add_bos,
+        add_eos_token=add_eos,
+        conflicts=conflicts,
+    )

@@ -1,0 +1,157 @@
+"""Tokenizer manifests (`tokenization/*.toml`): what "the right tokenizer" means for a model.
+
+A manifest pins the identity md5, Megatron's vocabulary size, every special id, the EOD id, the added
+tokens and sample texts that must survive an encode → decode round trip.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from longctx.errors import TokenizerError
+from longctx.tokenizer.load import MD5_OF, Kind
+from longctx.tokenizer.padding import DEFAULT_DIVISIBLE_BY
+from longctx.util.fs import atomic_write_text
+from longctx.util.hashing import is_hex_digest
+
+
+class TokenizerManifest(BaseModel):
+    """Expected facts of a tokenizer; `vocab_size` is Megatron's view (`len(tokenizer)`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    source: str = ""
+    kind: Kind
+    megatron_tokenizer_type: str
+    md5: str | None = None
+    md5_of: str | None = None
+    vocab_size: int = Field(gt=0)
+    model_vocab_size: int | None = Field(default=None, gt=0)
+    eod_id: int = Field(ge=0)
+    bos_id: int | None = Field(default=None, ge=0)
+    pad_id: int | None = Field(default=None, ge=0)
+    make_vocab_size_divisible_by: int = Field(default=DEFAULT_DIVISIBLE_BY, gt=0)
+    round_trip: list[str] = Field(default_factory=list)
+    special_tokens: dict[str, int] = Field(default_factory=dict)
+    added_tokens: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("md5")
+    @classmethod
+    def _md5_hex(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not is_hex_digest(value, 32):
+            raise ValueError(f"must be 32 hexadecimal digits, found {value!r}")
+        return value.lower()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TokenizerManifest:
+        if self.md5_of is None:
+            self.md5_of = MD5_OF[self.kind]
+        for table in ("special_tokens", "added_tokens"):
+            for token, idx in getattr(self, table).items():
+                if idx < 0 or idx >= self.vocab_size:
+                    raise ValueError(f"{table}: {token!r} has id {idx}, outside 0..{self.vocab_size - 1}")
+        if self.eod_id >= self.vocab_size:
+            raise ValueError(f"eod_id {self.eod_id} is not below vocab_size {self.vocab_size}")
+        return self
+
+
+def load_manifest(path: str | os.PathLike[str]) -> TokenizerManifest:
+    """Read and validate a manifest; every problem becomes a `TokenizerError` naming the field."""
+    p = Path(path)
+    if not p.is_file():
+        raise TokenizerError(
+            f"tokenizer manifest not found: {p}",
+            where=str(p),
+            fix="pass one of tokenization/*.toml, or write one with `longctx tokenizer fingerprint PATH --write FILE`",
+        )
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise TokenizerError(f"tokenizer manifest is not valid TOML: {err}", where=str(p)) from None
+    return manifest_from_dict(data, where=str(p))
+
+
+def manifest_from_dict(data: dict[str, Any], *, where: str | None = None) -> TokenizerManifest:
+    try:
+        return TokenizerManifest.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "manifest"
+        msg = first["msg"].removeprefix("Value error, ")
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise TokenizerError(
+            f"invalid tokenizer manifest: {loc}: {msg}{more}",
+            where=where,
+            fix="correct the field (an md5 is 32 hexadecimal digits), or regenerate the manifest with "
+            "`longctx tokenizer fingerprint PATH --write FILE`",
+        ) from None
+
+
+# -- TOML output (tomllib reads only; the schema is flat enough for a small writer) ----------------
+def _toml_str(value: str) -> str:
+    out = ['"']
+    for ch in value:
+        code = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _toml_str(value)
+    raise TypeError(f"cannot write {type(value).__name__} to a manifest")
+
+
+def manifest_to_toml(manifest: TokenizerManifest, *, header: str | None = None) -> str:
+    data = manifest.model_dump()
+    lines: list[str] = []
+    if header:
+        lines += [f"# {line}" if line else "#" for line in header.splitlines()]
+        lines.append("")
+    for key, value in data.items():
+        if value is None or key in ("round_trip", "special_tokens", "added_tokens"):
+            continue
+        if key in ("description", "source") and value == "":
+            continue
+        lines.append(f"{key} = {_toml_value(value)}")
+    lines.append("round_trip = [")
+    lines += [f"  {_toml_str(text)}," for text in data["round_trip"]]
+    lines.append("]")
+    for table in ("special_tokens", "added_tokens"):
+        lines.append("")
+        lines.append(f"[{table}]")
+        lines += [f"{_toml_str(tok)} = {idx}" for tok, idx in data[table].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_manifest(
+    manifest: TokenizerManifest, path: str | os.PathLike[str], *, header: str | None = None
+) -> None:
+    atomic_write_text(path, manifest_to_toml(manifest, header=header))
