@@ -1,0 +1,115 @@
+"""Build a megatron-core GPTModel from a `ModelArch` with longctx's attention in the layer spec."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from longctx.arch import ModelArch
+from longctx.train.cpu_compat import apply_cpu_compat
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """What a stage changes on top of the architecture."""
+
+    seq_length: int
+    rotary_base: int
+    padded_vocab_size: int
+    tensor_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    sequence_parallel: bool = False
+    params_dtype: torch.dtype = torch.float32
+    recompute: str | None = None  # None | "selective" | "full"
+    use_te: bool = False
+
+
+def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    on_cpu = not torch.cuda.is_available()
+    kwargs: dict[str, Any] = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.query_groups,
+        kv_channels=arch.head_dim,
+        normalization=arch.normalization,
+        layernorm_epsilon=arch.norm_epsilon,
+        gated_linear_unit=arch.swiglu,
+        activation_func=F.silu if arch.swiglu else F.gelu,
+        add_bias_linear=arch.add_bias_linear,
+        add_qkv_bias=arch.add_qkv_bias,
+        qk_layernorm=arch.qk_layernorm,
+        init_method_std=arch.init_method_std,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=s.tensor_model_parallel_size,
+        context_parallel_size=s.context_parallel_size,
+        sequence_parallel=s.sequence_parallel,
+        params_dtype=s.params_dtype,
+        bf16=s.params_dtype == torch.bfloat16,
+        use_cpu_initialization=on_cpu,
+        # fused kernels need CUDA (and some need TE / apex); the plain paths are exact
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+    )
+    if s.recompute == "full":
+        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif s.recompute == "selective":
+        kwargs.update(recompute_granularity="selective")
+    if arch.num_experts:
+        kwargs.update(
+            num_moe_experts=arch.num_experts,
+            moe_router_topk=arch.moe_router_topk,
+            moe_ffn_hidden_size=arch.moe_ffn_hidden_size or arch.ffn_hidden_size,
+            moe_shared_expert_intermediate_size=arch.moe_shared_expert_intermediate_size,
+            moe_token_dispatcher_type="alltoall",
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=0.0,
+        )
+    return TransformerConfig(**kwargs)
+
+
+def layer_spec(arch: ModelArch, s: ModelSettings) -> Any:
+    """Megatron's local GPT layer spec with longctx's core attention (CP without TransformerEngine)."""
+    if s.use_te:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(
+            num_experts=arch.num_experts, qk_layernorm=arch.qk_layernorm
+        )
+    from longctx.attention.megatron_adapter import longctx_local_layer_spec
+
+    return longctx_local_layer_spec(
+        num_experts=arch.num_experts, qk_layernorm=arch.qk_layernorm, normalization=arch.normalization
+    )
+
+
+def build_gpt_model(arch: ModelArch, s: ModelSettings, *, pre_process: bool = True, post_process: bool = True) -> Any:
+    """A megatron-core GPTModel; model-parallel state must already be initialised."""
+    apply_cpu_compat()
+    from megatron.core.models.gpt import GPTModel
+
+    config = transformer_config(arch, s)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(arch, s),
+        vocab_size=s.padded_vocab_size,
+        max_sequence_length=s.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
+        position_embedding_type="rope",
+        rotary_percent=arch.rotary_percent,
+        rotary_base=int(s.rotary_base),
+    )
