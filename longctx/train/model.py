@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,9 @@ class ModelSettings:
     sequence_parallel: bool = False
     params_dtype: torch.dtype = torch.float32
     recompute: str | None = None  # None | "selective" | "full"
-    use_te: bool = False
+    # "longctx": our ring/all-gather attention (CP without TE); "te": TransformerEngine spec;
+    # "megatron-local": megatron's DotProductAttention (CP 1 only, needs CUDA for its mask).
+    attention: Literal["longctx", "te", "megatron-local"] = "longctx"
 
 
 def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
@@ -82,11 +84,17 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
 
 def layer_spec(arch: ModelArch, s: ModelSettings) -> Any:
     """Megatron's local GPT layer spec with longctx's core attention (CP without TransformerEngine)."""
-    if s.use_te:
+    if s.attention == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec(
             num_experts=arch.num_experts, qk_layernorm=arch.qk_layernorm
+        )
+    if s.attention == "megatron-local":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        return get_gpt_layer_local_spec(
+            num_experts=arch.num_experts, qk_layernorm=arch.qk_layernorm, normalization=arch.normalization
         )
     from longctx.attention.megatron_adapter import longctx_local_layer_spec
 
