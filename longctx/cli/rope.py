@@ -1,0 +1,537 @@
+"""`longctx rope …`: pick the rotary base per stage, check a base against a length, plot the cos-sum."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from longctx.cli._common import (
+    cli_errors,
+    console,
+    exit_for,
+    parse_int_list,
+    parse_size,
+    print_findings,
+    print_json,
+)
+from longctx.errors import CheckpointError, RopeError
+
+if TYPE_CHECKING:
+    from longctx.rope import RopeModelArgs
+
+app = typer.Typer(
+    help=(
+        "RoPE base planning: which --rotary-base each stage needs, by several published methods, with "
+        "Men et al.'s cos-sum bound and Liu et al.'s extrapolation bound as diagnostics.\n\n"
+        "Methods: fixed, abf, men, men-safe, liu, ntk (base changes) and yarn, llama3, linear (scalings, "
+        "mapped to Megatron flags only where a version honours them). A base below the pretraining base "
+        "is reported as a warning, not an error.\n\n"
+        "Examples:\n\n"
+        "  longctx rope suggest --rotary-dim 128 --base 100000 --from-length 4096 --lengths 16384,65536,131072\n\n"
+        "  longctx rope suggest --from-checkpoint /ckpt/base --lengths 16K,64K,128K --json\n\n"
+        "  longctx rope check --base 1000000 --rotary-dim 128 --length 32768 --json\n\n"
+        "  longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png\n\n"
+        "  longctx rope choose yarn --rotary-dim 128 --base 1000000 --from-length 32K --length 128K --megatron 0.19.2"
+    ),
+    no_args_is_help=True,
+)
+
+_BASE_RE = re.compile(r"^[0-9][0-9_]*(\.[0-9]*)?([eE][+]?[0-9]+)?$")
+
+
+def parse_base(text: str, *, option: str = "--base") -> int:
+    """'1000000', '1_000_000' or '1e6' → 1000000; anything not an integer > 1 is refused.
+
+    No K/M suffixes: '500K' would be ambiguous between 500 000 and 512 000.
+    """
+    raw = text.strip()
+    if not _BASE_RE.match(raw):
+        raise typer.BadParameter(
+            f"{option}: not a base: {text!r} (write digits or scientific notation, e.g. 1000000 or 1e6)"
+        )
+    value = float(raw.replace("_", ""))
+    if not math.isfinite(value) or value != int(value):
+        raise typer.BadParameter(
+            f"{option}: the rotary base must be an integer (Megatron's --rotary-base), got {text!r}"
+        )
+    if value <= 1:
+        raise typer.BadParameter(f"{option}: the rotary base must be greater than 1, got {text!r}")
+    return int(value)
+
+
+def _size(text: str | None, option: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = parse_size(text)
+    except typer.BadParameter as err:
+        raise typer.BadParameter(f"{option}: {err.message}") from None
+    if value <= 0:
+        raise typer.BadParameter(f"{option}: must be positive, got {text!r}")
+    return value
+
+
+def _sizes(text: str | None, option: str) -> list[int] | None:
+    try:
+        values = parse_int_list(text)
+    except typer.BadParameter as err:
+        raise typer.BadParameter(f"{option}: {err.message}") from None
+    for v in values or []:
+        if v <= 0:
+            raise typer.BadParameter(f"{option}: lengths must be positive, got {v}")
+    return values
+
+
+def read_checkpoint_rope(path: Path) -> RopeModelArgs:
+    """Rotary dim, base and length from a checkpoint's saved args (via longctx.checkpoint)."""
+    import importlib
+
+    from longctx.rope import rope_args_from_checkpoint_args
+
+    try:
+        module = importlib.import_module("longctx.checkpoint")
+    except ModuleNotFoundError as err:
+        if err.name not in ("longctx.checkpoint",):
+            raise
+        module = None
+    inspect = getattr(module, "inspect_checkpoint", None)
+    if inspect is None:
+        raise CheckpointError(
+            "reading RoPE settings from a checkpoint needs longctx.checkpoint.inspect_checkpoint, "
+            "which this installation lacks",
+            where=str(path),
+            fix="pass --rotary-dim, --base and --from-length explicitly",
+        )
+    info = inspect(path)
+    args = getattr(info, "args", None)
+    if not args:
+        raise CheckpointError(
+            "the checkpoint carries no saved Megatron args",
+            where=str(path),
+            fix="pass the RoPE inputs explicitly",
+        )
+    arch = getattr(info, "arch", None)
+    kv = getattr(arch, "head_dim", None) or getattr(arch, "kv_channels", None)
+    return rope_args_from_checkpoint_args(args, kv_channels=kv, where=str(path))
+
+
+def _model_inputs(
+    checkpoint: Path | None,
+    rotary_dim: int | None,
+    head_dim: int | None,
+    base: str | None,
+    length: str | None,
+    *,
+    base_option: str,
+    length_option: str,
+    need_pretrain: bool,
+) -> tuple[int, int | None, int | None, int | None]:
+    """(rotary_dim, head_dim, pretraining base, pretraining length); explicit options beat the checkpoint."""
+    ck = read_checkpoint_rope(checkpoint) if checkpoint is not None else None
+    dim = rotary_dim if rotary_dim is not None else (ck.rotary_dim if ck else None)
+    hd = head_dim if head_dim is not None else (ck.partial_head_dim if ck and rotary_dim is None else None)
+    b = parse_base(base, option=base_option) if base is not None else (ck.base if ck else None)
+    n = _size(length, length_option) if length is not None else (ck.length if ck else None)
+    if dim is None:
+        raise RopeError(
+            "the rotary dim is not known",
+            fix="pass --rotary-dim (kv_channels × rotary_percent) or --from-checkpoint",
+        )
+    if need_pretrain and (b is None or n is None):
+        missing = " and ".join(x for x, v in ((base_option, b), (length_option, n)) if v is None)
+        raise RopeError(f"{missing} not given", fix=f"pass {missing}, or --from-checkpoint CKPT")
+    return dim, hd, b, n
+
+
+def _fmt_base(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:,.1f}"
+
+
+def _fmt_pos(value: int | None, cap: int | None = None) -> str:
+    if value is None:
+        return f"none < {cap:,}" if cap else "none"
+    return f"{value:,}"
+
+
+_CHECKPOINT_OPT = typer.Option(
+    None,
+    "--from-checkpoint",
+    help="Read rotary dim (kv_channels × rotary_percent), base and length from a checkpoint's saved args; "
+    "explicit options win.",
+)
+_HEAD_DIM_OPT = typer.Option(
+    None,
+    "--head-dim",
+    min=2,
+    help="kv_channels, only for partial rotary (each unrotated pair adds 1 to the cos-sum).",
+)
+
+
+@app.command("suggest")
+@cli_errors
+def suggest_cmd(
+    lengths: str = typer.Option(
+        ..., "--lengths", help="Target lengths, e.g. 16384,65536,131072 or 16K,64K,128K."
+    ),
+    rotary_dim: int | None = typer.Option(None, "--rotary-dim", min=1, help="kv_channels × rotary_percent."),
+    base: str | None = typer.Option(None, "--base", help="Pretraining rotary base, e.g. 100000 or 1e5."),
+    from_length: str | None = typer.Option(
+        None, "--from-length", help="Pretraining length, e.g. 4096 or 4K."
+    ),
+    checkpoint: Path | None = _CHECKPOINT_OPT,
+    head_dim: int | None = _HEAD_DIM_OPT,
+    factor: float = typer.Option(4.0, "--factor", min=1.0, help="men-safe multiplier of Men's bound."),
+    abf_base: str = typer.Option("500000", "--abf-base", help="The base the abf row uses."),
+    scaling: bool = typer.Option(
+        False, "--scaling", help="Also list yarn, llama3 and linear (keep the base)."
+    ),
+    explain: bool = typer.Option(False, "--explain", help="Print each method's explanation under the table."),
+    json_out: bool = typer.Option(False, "--json", help="Print the full suggestion as JSON."),
+) -> None:
+    """Every method at every target length, with diagnostics and a recommended base per length.
+
+    Columns: the integer base; its ratio to Men's exact bound; the first position where the cos-sum turns
+    negative (searched to 4 × the length); the minimum of the cos-sum below the length; Liu's extrapolation
+    limit 2π·base^(d_extra/d). The recommendation is men-safe (4 × Men's bound, two significant digits),
+    never below the previous stage or the exact bound.
+
+    Example: longctx rope suggest --rotary-dim 128 --base 100000 --from-length 4096 --lengths 16384,65536,131072
+    """
+    from longctx.rope import BASE_METHODS, SCALING_METHODS, suggest
+
+    targets = _sizes(lengths, "--lengths") or []
+    dim, hd, b, n = _model_inputs(
+        checkpoint, rotary_dim, head_dim, base, from_length,
+        base_option="--base", length_option="--from-length", need_pretrain=True,
+    )  # fmt: skip
+    methods = BASE_METHODS + (SCALING_METHODS if scaling else ())
+    result = suggest(
+        rotary_dim=dim,
+        pretrain_base=b,  # type: ignore[arg-type]
+        pretrain_length=n,  # type: ignore[arg-type]
+        lengths=targets,
+        head_dim=hd,
+        methods=methods,
+        safe_factor=factor,
+        abf_base=parse_base(abf_base, option="--abf-base"),
+    )
+    if json_out:
+        print_json(result)
+        return
+    dims = f"rotary dim {dim}" + (f" of head dim {hd}" if hd else "")
+    console.print(
+        f"[bold]RoPE base per stage[/] — {dims}, pretrained at {n:,} tokens with base {_fmt_base(b)}",
+        highlight=False,
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for col in ("length", "method", "base", "×bound", "first<0", "min B<L", "Liu limit"):
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
+    for row in result.lengths:
+        for i, c in enumerate(row.choices):
+            d = c.diagnostics
+            assert d is not None
+            star = c.scaling is None and c.base == row.recommended and c.method == row.recommended_by
+            base_text = _fmt_base(c.base)
+            if not d.passes_bound:
+                base_text = f"[yellow]{base_text}![/]"
+            table.add_row(
+                f"{row.length:,}" if i == 0 else "",
+                c.method + (" ★" if star else ""),
+                base_text,
+                f"{c.base / row.men_bound:.2f}" if c.scaling is None else "–",
+                _fmt_pos(d.first_failing_position, d.search_cap) if d.first_failing_position else "none",
+                f"{d.min_cos_sum:+.2f}",
+                _fmt_base(round(d.liu_limit_after_tuning)) if d.liu_limit_after_tuning else "–",
+            )
+        table.add_section()
+    console.print(table)
+    for row in result.lengths:
+        paper = f", paper {_fmt_base(row.men_paper)}" if row.men_paper else ""
+        fit = f", fit {_fmt_base(round(row.men_fit))}" if row.men_fit else ""
+        console.print(
+            f"{row.length:>9,}: recommended [bold green]--rotary-base {row.recommended}[/] "
+            f"(by {row.recommended_by}; Men's bound: exact {row.men_bound:,}{paper}{fit})",
+            highlight=False,
+        )
+    console.print(
+        "[dim]×bound: base / Men's exact bound; first<0: first m with Σcos(m·θ_i) < 0 (searched to 4 × length); "
+        "min B<L: minimum of that sum below the length (of "
+        f"{result.lengths[0].choices[0].diagnostics.cos_sum_at_zero:g} at m = 0); "  # type: ignore[union-attr]
+        "Liu limit: extrapolation limit after training at the length (2π·base^(d_extra/d) above Liu's critical "
+        "base, else the length); [yellow]![/] below the bound.[/]",
+        highlight=False,
+    )
+    console.print(f"[dim]rule: {result.rule}[/]", highlight=False)
+    if explain:
+        for row in result.lengths:
+            console.print(f"\n[bold]{row.length:,}[/]", highlight=False)
+            for c in row.choices:
+                console.print(f"  • {c.explanation}", highlight=False, soft_wrap=True)
+
+
+@app.command("check")
+@cli_errors
+def check_cmd(
+    base: str | None = typer.Option(None, "--base", help="The base to check (default: the checkpoint's)."),
+    length: str | None = typer.Option(
+        None, "--length", help="Context length to check it for, e.g. 32768 or 32K."
+    ),
+    rotary_dim: int | None = typer.Option(None, "--rotary-dim", min=1, help="kv_channels × rotary_percent."),
+    head_dim: int | None = _HEAD_DIM_OPT,
+    pretrain_base: str | None = typer.Option(
+        None, "--pretrain-base", help="Pretraining base (for Liu's bound and the below-pretraining warning)."
+    ),
+    pretrain_length: str | None = typer.Option(
+        None, "--pretrain-length", "--from-length", help="Pretraining length (for Liu's bound)."
+    ),
+    checkpoint: Path | None = _CHECKPOINT_OPT,
+    cap: str | None = typer.Option(
+        None, "--cap", help="Search the first failing position up to here (default 4 × length)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the diagnostics as JSON."),
+) -> None:
+    """Diagnostics of one base at one length; exit 2 when the base is below Men's bound for that length.
+
+    Prints the first position where Σcos(m·θ_i) turns negative, the minimum below the length, Men's bound
+    (exact search, paper table, fit) and, with the pretraining base and length, Liu's extrapolation limit.
+    Small cos-sum dips above the bound are reported but do not fail the check; a base below the
+    pretraining base is a warning.
+
+    Example: longctx rope check --base 1000000 --rotary-dim 128 --length 32768 --json
+    """
+    from longctx.report import Findings
+    from longctx.rope import diagnose
+    from longctx.rope.methods import add_diagnostic_findings
+
+    dim, hd, ck_base, ck_length = _model_inputs(
+        checkpoint, rotary_dim, head_dim, pretrain_base, pretrain_length,
+        base_option="--pretrain-base", length_option="--pretrain-length", need_pretrain=False,
+    )  # fmt: skip
+    the_base = parse_base(base) if base is not None else ck_base
+    if the_base is None:
+        raise RopeError(
+            "no base to check", fix="pass --base (or --from-checkpoint to check the checkpoint's)"
+        )
+    n = _size(length, "--length") if length is not None else (ck_length if checkpoint else None)
+    if n is None:
+        raise RopeError("no length to check the base for", fix="pass --length, e.g. --length 32768")
+    diag = diagnose(
+        the_base,
+        dim,
+        n,
+        head_dim=hd,
+        pretrain_base=ck_base,
+        pretrain_length=ck_length,
+        search_cap=_size(cap, "--cap"),
+    )
+    findings = Findings()
+    if ck_base is not None and the_base < ck_base:
+        findings.warning(
+            "base-below-pretrain",
+            f"base {the_base:,} is below the pretraining base {ck_base:,}; a lower base shortens every wavelength",
+            expected=f">= {ck_base:,}",
+            found=the_base,
+            fix="raise the base or keep the pretraining base",
+        )
+    add_diagnostic_findings(findings, diag, safe_factor=4.0)
+    if not diag.passes_bound:  # the check's verdict: below the bound is an error here
+        for f in findings:
+            if f.code == "below-men-bound":
+                f.level = "error"
+    if json_out:
+        print_json({"ok": findings.ok, **_asdict(diag), "margin": diag.margin, "findings": findings})
+        exit_for(findings)
+        return
+    table = Table(show_header=False)
+    table.add_column("item")
+    table.add_column("value", justify="right")
+    dims = f"{dim}" + (f" (head dim {hd})" if hd else "")
+    rows: list[tuple[str, str]] = [
+        ("base", _fmt_base(the_base)),
+        ("rotary dim", dims),
+        ("length", f"{n:,}"),
+        ("first failing position", _fmt_pos(diag.first_failing_position, diag.search_cap)),
+        ("min cos-sum below length (at m)", f"{diag.min_cos_sum:+.4f} ({diag.min_cos_sum_position:,}) of {diag.cos_sum_at_zero:g}"),
+        ("Men's bound, exact search", f"{diag.men_bound:,}"),
+        ("Men's bound, paper table / fit", f"{_fmt_base(diag.men_paper)} / {_fmt_base(round(diag.men_fit)) if diag.men_fit else '–'}"),
+        ("base / exact bound", f"{diag.margin:.2f}"),
+    ]  # fmt: skip
+    if diag.liu_d_extra is not None:
+        rows += [
+            ("Liu d_extra", str(diag.liu_d_extra)),
+            ("Liu critical base β0 at this length", _fmt_base(diag.liu_critical_base)),
+            ("Liu extrapolation bound T_extra", _fmt_base(round(diag.liu_extrapolation_bound or 0))),
+            ("Liu limit after training at this length", _fmt_base(round(diag.liu_limit_after_tuning or 0))),
+        ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    print_findings(findings)
+    verdict = "[green]passes[/]" if diag.passes_bound else "[bold red]below the bound[/]"
+    console.print(f"base {the_base:,} at {n:,}: {verdict}", highlight=False)
+    exit_for(findings)
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+@app.command("plot")
+@cli_errors
+def plot_cmd(
+    bases: str = typer.Option(..., "--bases", help="Bases to draw, comma-separated, e.g. 1000000,5e6,3.1e7."),
+    lengths: str = typer.Option(..., "--lengths", help="Target lengths to mark, e.g. 16K,64K,128K."),
+    out: Path = typer.Option(..., "--out", help="Image to write (.png, .svg or .pdf)."),
+    rotary_dim: int | None = typer.Option(None, "--rotary-dim", min=1, help="kv_channels × rotary_percent."),
+    head_dim: int | None = _HEAD_DIM_OPT,
+    checkpoint: Path | None = _CHECKPOINT_OPT,
+    max_position: str | None = typer.Option(
+        None, "--max-position", help="Right end of the x axis (default 1.1 × longest length)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print what was drawn as JSON."),
+) -> None:
+    """Draw the cos-sum Σcos(m·θ_i) for chosen bases, with the target lengths marked.
+
+    Top: the whole curve (per-pixel min/max envelope, so single-position dips stay visible); bottom: a zoom
+    around zero. Dots mark each base's first failing position.
+
+    Example: longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png
+    """
+    from longctx.rope.plot import plot_cos_sum
+
+    base_list = [parse_base(t, option="--bases") for t in bases.split(",") if t.strip()]
+    dim, hd, _, _ = _model_inputs(
+        checkpoint, rotary_dim, head_dim, None, None,
+        base_option="--base", length_option="--from-length", need_pretrain=False,
+    )  # fmt: skip
+    result = plot_cos_sum(
+        base_list,
+        dim,
+        _sizes(lengths, "--lengths") or [],
+        out,
+        head_dim=hd,
+        max_position=_size(max_position, "--max-position"),
+    )
+    if json_out:
+        print_json(result)
+        return
+    for b in base_list:
+        first = result.first_failing_position[b]
+        console.print(
+            f"base {b:>13,}: first failing position {_fmt_pos(first, result.max_position)}, "
+            f"min {result.min_cos_sum[b]:+.3f}",
+            highlight=False,
+        )
+    console.print(f"[green]wrote[/] {out}", highlight=False)
+
+
+@app.command("methods")
+@cli_errors
+def methods_cmd(json_out: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """List the methods a plan may name, with their parameters and defaults.
+
+    Example: longctx rope methods --json
+    """
+    from longctx.rope import METHODS
+    from longctx.rope.methods import REQUIRED
+
+    rows = [
+        {
+            "name": m.name,
+            "kind": m.kind,
+            "summary": m.summary,
+            "params": [
+                {"name": p.name, "type": p.type.__name__, "default": None if p.default is REQUIRED else p.default,
+                 "required": p.default is REQUIRED, "help": p.help, "choices": list(p.choices)}
+                for p in m.params
+            ],
+        }
+        for m in METHODS.values()
+    ]  # fmt: skip
+    if json_out:
+        print_json(rows)
+        return
+    table = Table()
+    for col in ("method", "kind", "what", "parameters"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        params = "; ".join(f"{p['name']}: {p['help']}" for p in r["params"]) or "–"
+        table.add_row(r["name"], r["kind"], r["summary"], params)
+    console.print(table)
+
+
+def _parse_params(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--param: expected NAME=VALUE, got {item!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+@app.command("choose")
+@cli_errors
+def choose_cmd(
+    method: str = typer.Argument(..., help="fixed, abf, men, men-safe, liu, ntk, yarn, llama3 or linear."),
+    length: str = typer.Option(..., "--length", help="Target length, e.g. 131072 or 128K."),
+    rotary_dim: int | None = typer.Option(None, "--rotary-dim", min=1, help="kv_channels × rotary_percent."),
+    base: str | None = typer.Option(None, "--base", help="Pretraining rotary base."),
+    from_length: str | None = typer.Option(None, "--from-length", help="Pretraining length."),
+    checkpoint: Path | None = _CHECKPOINT_OPT,
+    head_dim: int | None = _HEAD_DIM_OPT,
+    param: list[str] = typer.Option([], "--param", "-p", help="Method parameter NAME=VALUE (repeatable)."),
+    megatron: str | None = typer.Option(
+        None, "--megatron", help="Megatron-LM/megatron-core version to map to flags, e.g. 0.16.1."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the choice as JSON."),
+) -> None:
+    """One method's base for one target length, why, and (with --megatron) the Megatron-LM flags.
+
+    Exits 2 when the version would ignore or misapply the choice (the message says why).
+
+    Example: longctx rope choose men-safe --rotary-dim 128 --base 100000 --from-length 4K --length 128K --megatron 0.16.1
+    """
+    from longctx.rope import choose_base, megatron_rope_flags
+
+    dim, hd, b, n = _model_inputs(
+        checkpoint, rotary_dim, head_dim, base, from_length,
+        base_option="--base", length_option="--from-length", need_pretrain=True,
+    )  # fmt: skip
+    choice = choose_base(
+        method,
+        rotary_dim=dim,
+        pretrain_base=b,  # type: ignore[arg-type]
+        pretrain_length=n,  # type: ignore[arg-type]
+        target_length=_size(length, "--length"),  # type: ignore[arg-type]
+        head_dim=hd,
+        **_parse_params(param),
+    )
+    flags = megatron_rope_flags(choice, megatron) if megatron else None
+    if json_out:
+        print_json({"choice": choice, "megatron_flags": flags})
+        return
+    console.print(f"[bold]{choice.method}[/]: --rotary-base [bold green]{choice.base}[/]", highlight=False)
+    console.print(choice.explanation, highlight=False, soft_wrap=True)
+    d = choice.diagnostics
+    if d is not None:
+        console.print(
+            f"first failing position {_fmt_pos(d.first_failing_position, d.search_cap)}, min cos-sum below "
+            f"{d.length:,}: {d.min_cos_sum:+.3f}; Men's exact bound {d.men_bound:,}",
+            highlight=False,
+        )
+    print_findings(choice.findings)
+    if flags is not None:
+        console.print("megatron flags: " + " ".join(flags), highlight=False, soft_wrap=True)
