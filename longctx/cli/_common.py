@@ -19,8 +19,9 @@ from rich.table import Table
 from longctx.errors import LongctxError
 from longctx.report import Findings, to_jsonable
 
-console = Console()
-err_console = Console(stderr=True)
+# Logs and pipes get a wide console so tables stay readable; terminals keep their own width.
+console = Console(width=None if sys.stdout.isatty() else 180)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

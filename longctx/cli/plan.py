@@ -1,0 +1,147 @@
+"""`longctx plan …`: validate a stage plan and show what it will do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
+
+app = typer.Typer(
+    help=(
+        "Stage plans (stages/*.toml): validation and the derived numbers.\n\n"
+        "Examples:\n\n"
+        "  longctx plan show stages/baby_9b_dense.toml\n\n"
+        "  longctx plan validate stages/tiny.toml --check-data\n\n"
+        "  longctx plan show stages/baby_9b_dense.toml --json"
+    ),
+    no_args_is_help=True,
+)
+
+PLAN = typer.Argument(..., help="plan file (stages/*.toml)", exists=False)
+RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+
+
+def _gib(x: float) -> str:
+    return f"{x / 1024**3:.1f}"
+
+
+def _human(n: int) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def _length(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
+
+
+def plan_table(rp) -> Table:
+    plan = rp.plan
+    t = Table(title=f"{plan.name}: {plan.description}" if plan.description else plan.name)
+    for col in ("stage", "length", "rotary base", "method", "TP/CP/PP/DP", "nodes", "global batch", "iterations",
+                "tokens", "memory/GPU GiB", "fits?"):
+        t.add_column(col, justify="right" if col not in ("stage", "method", "fits?") else "left")
+    for s in rp.stages:
+        m = s.memory
+        fits = "[green]yes[/]" if m.fits else f"[red]no[/] (CP {s.smallest_fitting_cp or '—'} fits)"
+        t.add_row(
+            s.name, _length(s.seq_length), f"{s.rotary_base:,}", s.rope_method, f"{s.tp}/{s.cp}/{s.pp}/{s.dp}",
+            str(s.nodes), f"{s.global_batch_size} × {_length(s.seq_length)}", f"{s.train_iters:,}",
+            _human(s.tokens_realized), f"{_gib(m.total)} / {_gib(m.budget)}", fits,
+        )  # fmt: skip
+    return t
+
+
+def memory_table(rp) -> Table:
+    t = Table(title="memory per GPU (GiB) — formula in longctx/plan/memory.py")
+    for col in ("stage", "weights", "grads", "optimizer", "activations", "logits", "overhead", "total", "budget"):
+        t.add_column(col, justify="right")
+    for s in rp.stages:
+        g = s.memory.to_gib()
+        t.add_row(s.name, *(f"{g[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations", "logits",
+                                                      "overhead", "total", "budget")))
+    return t
+
+
+def _report(rp) -> dict:
+    return {
+        "plan": rp.plan.name,
+        "run_dir": str(rp.run_dir),
+        "vocab_size": rp.vocab_size,
+        "arch": rp.arch.model_dump(),
+        "stages": [s.summary() for s in rp.stages],
+        "findings": rp.findings,
+        "ok": rp.findings.ok,
+    }
+
+
+@app.command("show")
+@cli_errors
+def show(
+    plan: Path = PLAN,
+    run_dir: Path | None = RUN_DIR,
+    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Render the plan: stage, length, base, TP/CP/PP/DP, nodes, batch, iterations, tokens, memory, fits?"""
+    from longctx.plan.derive import validate_plan
+    from longctx.plan.load import load_plan
+
+    rp = validate_plan(load_plan(plan, run_dir=run_dir))
+    if json_out:
+        print_json(_report(rp))
+    else:
+        console.print(plan_table(rp))
+        console.print(memory_table(rp))
+        for s in rp.stages:
+            console.print(f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {s.rope_explanation}", soft_wrap=True)
+        print_findings(rp.findings)
+    exit_for(rp.findings)
+
+
+@app.command("validate")
+@cli_errors
+def validate(
+    plan: Path = PLAN,
+    run_dir: Path | None = RUN_DIR,
+    check_data: bool = typer.Option(False, "--check-data", help="also run `data check` on each stage's blend"),
+    check_paths: bool = typer.Option(False, "--check-paths", help="require base checkpoint and tokenizer to exist"),
+    strict: bool = typer.Option(False, "--strict", help="warnings are errors"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Check a plan: schema, divisibility, bases, batch, memory; optionally its data and paths. Exit 2 on error."""
+    from longctx.plan.derive import validate_plan
+    from longctx.plan.load import load_plan
+    from longctx.plan.validate import check_paths as _check_paths
+
+    rp = validate_plan(load_plan(plan, run_dir=run_dir))
+    findings = rp.findings
+    if check_paths:
+        _check_paths(rp, findings)
+    data_reports = {}
+    if check_data and findings.ok:
+        from longctx.plan import paths
+        from longctx.plan.stage_data import check_plan_data
+
+        tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
+        data_reports = check_plan_data(rp, tokenizer=tok if tok.exists() else None, strict=strict)
+        for name, rep in data_reports.items():
+            for f in rep.all_findings():
+                if f.level != "info":
+                    f.where = f"stage {name}: {f.where or ''}".rstrip(": ")
+                    findings.append(f)
+    if strict:
+        findings.escalate_warnings()
+    if json_out:
+        out = _report(rp)
+        out["data"] = {k: v for k, v in data_reports.items()}
+        print_json(out)
+    else:
+        console.print(plan_table(rp))
+        print_findings(findings)
+        if findings.ok:
+            console.print(f"[green]plan {rp.plan.name} is valid[/] ({len(rp.stages)} stages)")
+    exit_for(findings)

@@ -1,0 +1,1 @@
+"""Stage plans: schema (TOML → pydantic), derived numbers, memory model and validation."""

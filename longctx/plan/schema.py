@@ -1,0 +1,219 @@
+"""The plan schema: what a `stages/*.toml` file may say.
+
+Unknown keys are errors (a typo must not silently fall back to a default). Stage values not given
+come from `[defaults]`, then from the built-in defaults below.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from longctx.arch import ModelArch
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RopeSpec(_Strict):
+    """Either an explicit integer base or a method of `longctx.rope` with its parameters."""
+
+    base: StrictInt | None = Field(default=None, gt=0)
+    method: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one(self) -> RopeSpec:
+        if (self.base is None) == (self.method is None):
+            raise ValueError("give exactly one of `base` (an integer) or `method` (a longctx.rope method)")
+        return self
+
+
+class LRSpec(_Strict):
+    lr: float = Field(default=1e-5, gt=0)
+    min_lr: float = Field(default=1e-6, ge=0)
+    decay_style: Literal["cosine", "WSD", "linear", "constant"] = "cosine"
+    warmup_fraction: float | None = Field(default=0.05, ge=0, lt=1)
+    warmup_iters: int | None = Field(default=None, ge=0)
+    # WSD: the final share of iterations spent decaying (Megatron --lr-wsd-decay-iters)
+    wsd_decay_fraction: float = Field(default=0.2, gt=0, le=1)
+    wsd_decay_style: Literal["exponential", "linear", "cosine", "minus_sqrt"] = "linear"
+    weight_decay: float = Field(default=0.1, ge=0)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LRSpec:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr} is larger than lr {self.lr}")
+        return self
+
+
+class TierMix(_Strict):
+    """Stage data drawn from length tiers of a tokenized artifact (see `longctx.data.artifact`)."""
+
+    artifact: str
+    tiers: dict[str, float]
+    languages: list[str] | None = None
+    # languages weighted by size^alpha with a floor, then renormalised; None = by size
+    alpha: float | None = Field(default=None, gt=0, le=1)
+    floor: float = Field(default=0.0, ge=0, lt=1)
+    run: str | None = None
+
+
+class DataSpec(_Strict):
+    """Where a stage's tokens come from: exactly one source."""
+
+    blend_file: str | None = None  # Megatron --data-args-path file: "w1 p1 w2 p2 …"
+    blend: list[tuple[float, str]] | None = None  # [[weight, prefix], …]
+    prefixes: list[str] | None = None  # size-weighted, as Megatron does for a plain list
+    tier_mix: TierMix | None = None
+    split: str = "99,1,0"
+    cache_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> DataSpec:
+        given = [k for k in ("blend_file", "blend", "prefixes", "tier_mix") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one data source of blend_file, blend, prefixes, tier_mix (got {given or 'none'})")
+        if self.blend is not None:
+            for w, p in self.blend:
+                if not w > 0:
+                    raise ValueError(f"blend weight {w} for {p!r} must be positive")
+        return self
+
+
+class StageDefaults(_Strict):
+    """Values every stage inherits unless it sets its own."""
+
+    micro_batch_size: int | None = Field(default=None, gt=0)
+    global_batch_size: int | None = Field(default=None, gt=0)
+    global_batch_tokens: int | None = Field(default=None, gt=0)
+    tensor_parallel: int | None = Field(default=None, gt=0)
+    pipeline_parallel: int | None = Field(default=None, gt=0)
+    context_parallel: int | Literal["auto"] | None = None
+    sequence_parallel: bool | None = None
+    recompute: Literal["none", "selective", "full"] | None = None
+    nodes: int | None = Field(default=None, gt=0)
+    lr: LRSpec | None = None
+    data: DataSpec | None = None
+    save_interval: int | None = Field(default=None, gt=0)
+    eval_interval: int | None = Field(default=None, gt=0)
+    eval_iters: int | None = Field(default=None, ge=0)
+    log_interval: int | None = Field(default=None, gt=0)
+    exit_duration_in_mins: int | None = Field(default=None, gt=0)
+    extra_args: list[str] | None = None
+    seed: int | None = None
+
+
+class StageSpec(StageDefaults):
+    name: str
+    seq_length: StrictInt = Field(gt=0)
+    rope: RopeSpec
+    tokens: StrictInt = Field(gt=0)
+    max_position_embeddings: StrictInt | None = Field(default=None, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"stage name {v!r} must be letters, digits, '_', '-', '.' (it names a directory)")
+        return v
+
+
+class BaseCheckpoint(_Strict):
+    """The checkpoint the first stage starts from."""
+
+    path: str | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+    iteration: int | None = Field(default=None, ge=0)
+    seq_length: StrictInt = Field(gt=0, description="pretraining sequence length")
+    rotary_base: StrictInt = Field(gt=0, description="pretraining --rotary-base")
+    # model-only checkpoints (no optimizer/RNG) need --no-load-optim --no-load-rng on resume-like loads
+    model_only: bool = False
+
+    @model_validator(mode="after")
+    def _where(self) -> BaseCheckpoint:
+        if self.path is None and self.hub_id is None:
+            raise ValueError("give `path` (a torch_dist save dir) and/or `hub_id`")
+        return self
+
+
+class TokenizerSpec(_Strict):
+    path: str
+    manifest: str
+    megatron_type: str | None = None  # default: the manifest's tokenizer type
+
+
+class ClusterSpec(_Strict):
+    profile: str = "generic"
+    gpus_per_node: int = Field(default=1, gt=0)
+    gpu_memory_gib: float = Field(default=80.0, gt=0)
+    # share of GPU memory kept free for fragmentation, NCCL buffers and the unexpected
+    memory_margin: float = Field(default=0.10, ge=0, lt=1)
+    max_nodes: int | None = Field(default=None, gt=0)
+
+
+class MegatronSpec(_Strict):
+    """The Megatron-LM the cluster runs: flags it does not honour are refused, not emitted."""
+
+    version: str = "0.16.1"
+    path: str | None = None  # Megatron-LM checkout with pretrain_gpt.py (or $LONGCTX_MEGATRON_LM)
+    # runtime flags that do not change the maths (fusions, flash attention) — cluster specific
+    performance_args: list[str] = Field(default_factory=list)
+
+
+class LocalSpec(_Strict):
+    """Settings of the local backend (CPU or one GPU)."""
+
+    threads_per_process: int | None = Field(default=None, gt=0)
+    eval_after_stage: bool = True
+
+
+class Plan(_Strict):
+    name: str
+    description: str = ""
+    run_dir: str
+    base: BaseCheckpoint
+    tokenizer: TokenizerSpec
+    model: ModelArch | None = None
+    model_from_checkpoint: bool = False
+    cluster: ClusterSpec = ClusterSpec()
+    megatron: MegatronSpec = MegatronSpec()
+    local: LocalSpec = LocalSpec()
+    slurm: dict[str, Any] = Field(default_factory=dict)
+    defaults: StageDefaults = StageDefaults()
+    stages: list[StageSpec] = Field(min_length=1)
+    # where the plan was read from; paths in it resolve against this directory
+    plan_path: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _check(self) -> Plan:
+        if self.model is None and not self.model_from_checkpoint:
+            raise ValueError("give a [model] table or set model_from_checkpoint = true")
+        names = [s.name for s in self.stages]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"stage names must be unique; repeated: {sorted(dup)}")
+        return self
+
+    def stage(self, name: str) -> StageSpec:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        from longctx.errors import PlanError
+
+        raise PlanError(
+            f"plan {self.name!r} has no stage {name!r}",
+            where=str(self.plan_path or self.name),
+            fix=f"use one of: {', '.join(s.name for s in self.stages)}",
+        )

@@ -1,0 +1,48 @@
+"""A stage's data as a blend: from a blend file, an inline blend, a prefix list or a tier mix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longctx.plan import paths
+from longctx.plan.derive import ResolvedPlan, ResolvedStage
+
+
+def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Any:
+    """The `longctx.data.blend.Blend` a stage trains on (paths absolute, existence not checked)."""
+    from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend
+
+    plan, d = rp.plan, st.data
+    if d is None:
+        return parse_blend([], source=f"stage {st.name}")
+    if d.blend_file is not None:
+        path = paths.resolve(d.blend_file, plan, field="data.blend_file")
+        from longctx.data.blend import read_data_args
+
+        return read_data_args(path, check_exists=False)
+    if d.blend is not None:
+        entries = [BlendEntry(str(paths.resolve(p, plan, field="data.blend")), float(w)) for w, p in d.blend]
+        return Blend(entries, True, f"stage {st.name} data.blend")
+    if d.prefixes is not None:
+        return blend_from_prefixes([paths.resolve(p, plan, field="data.prefixes") for p in d.prefixes],
+                                   check_exists=False)
+    from longctx.data.tiers import stage_tier_blend
+
+    return stage_tier_blend(rp, st)
+
+
+def check_plan_data(rp: ResolvedPlan, *, tokenizer: Any = None, scan: bool = True, strict: bool = False) -> dict[str, Any]:
+    """Run the data checks of every stage against its own length and token budget."""
+    from longctx.data.check import check_datasets
+
+    out: dict[str, Any] = {}
+    for st in rp.stages:
+        out[st.name] = check_datasets(
+            stage_blend(rp, st),
+            tokenizer=tokenizer,
+            lengths=[st.seq_length],
+            budgets={st.name: st.tokens_realized},
+            strict=strict,
+            scan=scan,
+        )
+    return out

@@ -1,0 +1,208 @@
+"""The exact `pretrain_gpt.py` argv of a stage — the one place Megatron flags are produced.
+
+Every launch of a stage gets the same argv: `--save S_k --load S_k --pretrained-checkpoint S_{k-1}`.
+Megatron-LM loads S_k when its tracker exists (a relaunch resumes: iteration, optimizer, scheduler,
+RNG, consumed samples) and otherwise loads S_{k-1} with finetune semantics (weights only, iteration 0,
+fresh optimizer) — so a job that dies at any point is simply launched again. The state machine checks
+the disk first and repairs what Megatron would get wrong (a complete save the tracker does not name).
+`--use-checkpoint-args` is never emitted: it would put the old RoPE base back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from longctx.errors import StageError
+from longctx.plan import paths
+from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.rope.megatron import parse_version
+
+# flag → the first megatron-core version whose Megatron-LM honours it
+MIN_VERSION: dict[str, tuple[int, int, int]] = {
+    "--exit-signal": (0, 16, 0),
+    "--no-create-attention-mask-in-dataloader": (0, 8, 0),
+    "--cp-comm-type": (0, 10, 0),
+    "--dataloader-fast-cache-load": (0, 16, 0),
+    "--override-ckpt-iteration": (0, 19, 0),
+    "--dataloader-inter-document-masking": (0, 19, 0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One flag with its values: rendered as one line of `stage args`."""
+
+    name: str
+    values: tuple[str, ...] = ()
+
+    def words(self) -> list[str]:
+        return [self.name, *self.values]
+
+    def line(self) -> str:
+        return " ".join([self.name, *self.values])
+
+
+def _f(name: str, *values: object) -> Flag:
+    return Flag(name, tuple(str(v) for v in values))
+
+
+def _num(x: float) -> str:
+    """1e-05 → '1e-05', 0.95 → '0.95', 1.0 → '1.0' (floats stay floats; Megatron parses them as float)."""
+    return repr(float(x))
+
+
+def tokenizer_flags(rp: ResolvedPlan) -> list[Flag]:
+    from longctx.tokenizer.manifest import load_manifest
+
+    plan = rp.plan
+    manifest = load_manifest(paths.resolve(plan.tokenizer.manifest, plan, field="tokenizer.manifest"))
+    kind = plan.tokenizer.megatron_type or manifest.megatron_tokenizer_type
+    tok = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
+    flags = [_f("--tokenizer-type", kind)]
+    if kind == "GPT2BPETokenizer":
+        flags += [_f("--vocab-file", tok / "vocab.json"), _f("--merge-file", tok / "merges.txt")]
+    else:
+        flags.append(_f("--tokenizer-model", tok))
+    flags.append(_f("--make-vocab-size-divisible-by", rp.make_vocab_size_divisible_by))
+    return flags
+
+
+def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
+    plan = rp.plan
+    d = st.data
+    if d is None:
+        raise StageError(f"stage {st.name!r} has no data", where=str(plan.plan_path), fix="set [defaults.data]")
+    flags: list[Flag]
+    if d.blend_file is not None:
+        flags = [_f("--data-args-path", paths.resolve(d.blend_file, plan, field="data.blend_file"))]
+    elif d.blend is not None:
+        words: list[str] = []
+        for w, p in d.blend:
+            words += [_num(w), str(paths.resolve(p, plan, field="data.blend"))]
+        flags = [Flag("--data-path", tuple(words))]
+    elif d.prefixes is not None:
+        flags = [Flag("--data-path", tuple(str(paths.resolve(p, plan, field="data.prefixes")) for p in d.prefixes))]
+    else:
+        from longctx.data.tiers import stage_blend_file
+
+        flags = [_f("--data-args-path", stage_blend_file(rp, st))]
+    cache = paths.resolve(d.cache_dir, plan, field="data.cache_dir") if d.cache_dir else paths.run_dir(plan) / "cache"
+    flags += [_f("--split", d.split), _f("--data-cache-path", cache)]
+    return flags
+
+
+def lr_flags(st: ResolvedStage) -> list[Flag]:
+    lr = st.lr
+    flags = [
+        _f("--lr", _num(lr.lr)),
+        _f("--min-lr", _num(lr.min_lr)),
+        _f("--lr-decay-style", lr.decay_style),
+        _f("--lr-warmup-iters", st.warmup_iters),
+        _f("--lr-decay-iters", st.train_iters),
+    ]
+    if lr.decay_style == "WSD":
+        flags += [_f("--lr-wsd-decay-style", lr.wsd_decay_style), _f("--lr-wsd-decay-iters", st.wsd_decay_iters)]
+    flags += [
+        _f("--weight-decay", _num(lr.weight_decay)),
+        _f("--adam-beta1", _num(lr.adam_beta1)),
+        _f("--adam-beta2", _num(lr.adam_beta2)),
+        _f("--adam-eps", _num(lr.adam_eps)),
+        _f("--clip-grad", _num(lr.clip_grad)),
+    ]
+    return flags
+
+
+def _pairs(words: list[str]) -> list[Flag]:
+    """Group a flat argv into flags (a word starting with -- opens a flag)."""
+    out: list[Flag] = []
+    for w in words:
+        if w.startswith("--") or not out:
+            out.append(Flag(w))
+        else:
+            last = out.pop()
+            out.append(Flag(last.name, (*last.values, w)))
+    return out
+
+
+def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
+    """All flags of a stage's pretrain_gpt.py launch, in a stable, documented order."""
+    from longctx.rope.megatron import check_conflicting_flags
+
+    plan = rp.plan
+    version = plan.megatron.version
+    prev = st.load_from
+    if prev is None:
+        raise StageError(f"stage {st.name!r} has nothing to start from", where=str(plan.plan_path),
+                         fix="set base.path (run `longctx ckpt download/adopt` first for hub checkpoints)")
+    flags: list[Flag] = []
+    flags += _pairs(rp.arch.megatron_flags())
+    # stages change only the base (scaling methods are refused by the planner)
+    flags += [_f("--position-embedding-type", "rope"), _f("--rotary-base", int(st.rotary_base))]
+    flags += [_f("--seq-length", st.seq_length), _f("--max-position-embeddings", st.max_position_embeddings),
+              _f("--no-create-attention-mask-in-dataloader")]
+    flags += [_f("--attention-dropout", "0.0"), _f("--hidden-dropout", "0.0")]
+    flags += tokenizer_flags(rp)
+    flags += [_f("--tensor-model-parallel-size", st.tp), _f("--pipeline-model-parallel-size", st.pp),
+              _f("--context-parallel-size", st.cp)]
+    if st.cp > 1:
+        flags.append(_f("--cp-comm-type", "p2p"))
+    if st.sequence_parallel:
+        flags.append(_f("--sequence-parallel"))
+    flags += [_f("--use-distributed-optimizer"), _f("--bf16"), _f("--attention-softmax-in-fp32"),
+              _f("--accumulate-allreduce-grads-in-fp32")]
+    if st.recompute == "selective":
+        flags.append(_f("--recompute-activations"))
+    elif st.recompute == "full":
+        flags += [_f("--recompute-granularity", "full"), _f("--recompute-method", "uniform"),
+                  _f("--recompute-num-layers", 1)]
+    flags += [_f("--micro-batch-size", st.micro_batch_size), _f("--global-batch-size", st.global_batch_size),
+              _f("--train-iters", st.train_iters)]
+    flags += lr_flags(st)
+    flags += [_f("--seed", st.seed)]
+    flags += data_flags(rp, st)
+    stage_root = paths.stage_dir(plan, st.name)
+    flags += [_f("--ckpt-format", "torch_dist"), _f("--save", st.save_dir), _f("--load", st.save_dir),
+              _f("--pretrained-checkpoint", prev), _f("--exit-on-missing-checkpoint"),
+              _f("--save-interval", st.save_interval)]
+    if st.exit_duration_in_mins:
+        flags.append(_f("--exit-duration-in-mins", st.exit_duration_in_mins))
+    flags.append(_f("--exit-signal-handler"))
+    if parse_version(version) >= MIN_VERSION["--exit-signal"]:
+        flags.append(_f("--exit-signal", "SIGTERM"))
+    flags += [_f("--log-interval", st.log_interval), _f("--log-throughput"),
+              _f("--tensorboard-dir", stage_root / "tensorboard")]
+    if st.eval_interval:
+        flags += [_f("--eval-interval", st.eval_interval), _f("--eval-iters", st.eval_iters)]
+    else:
+        flags += [_f("--eval-interval", st.train_iters + 1), _f("--eval-iters", 0)]
+    flags += [_f("--distributed-timeout-minutes", 30)]
+    flags += _pairs(list(plan.megatron.performance_args))
+    flags += _pairs(list(st.extra_args))
+    _refuse_unhonoured(flags, version, plan.plan_path)
+    check_conflicting_flags([f.name for f in flags])
+    return flags
+
+
+def _refuse_unhonoured(flags: list[Flag], version: str, where: Path | None) -> None:
+    v = parse_version(version)
+    for f in flags:
+        need = MIN_VERSION.get(f.name)
+        if need and v < need:
+            raise StageError(
+                f"{f.name} is not honoured by Megatron-LM at megatron-core {version} (needs "
+                f"{'.'.join(map(str, need))})",
+                where=str(where) if where else None,
+                fix="drop the flag or set [megatron].version to the version the cluster runs",
+            )
+
+
+def argv(rp: ResolvedPlan, st: ResolvedStage, script: str = "pretrain_gpt.py") -> list[str]:
+    words = [script]
+    for f in stage_flags(rp, st):
+        words += f.words()
+    return words
+
+
+def render_lines(rp: ResolvedPlan, st: ResolvedStage) -> list[str]:
+    return [f.line() for f in stage_flags(rp, st)]
