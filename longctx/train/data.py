@@ -1,0 +1,92 @@
+"""Training data for the local backend: megatron-core's GPTDataset through its blended builder.
+
+Samples are drawn in Megatron-LM's order (MegatronPretrainingSampler): global batch g holds samples
+[g·GBS, (g+1)·GBS); within it, micro batch m of data-parallel rank r takes
+m·(MBS·DP) + r·MBS … + MBS. Resuming at `consumed` samples continues exactly there.
+Under context parallelism each sample is cut into the zigzag shards of this CP rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from longctx.train.spec import TrainSpec
+
+
+class _Tokenizer:
+    """What GPTDataset asks of a tokenizer (eod, pad, vocab size, identity for the cache hash)."""
+
+    def __init__(self, spec: TrainSpec) -> None:
+        self.eod = spec.tokenizer.eod_id
+        self.pad = spec.tokenizer.pad_id if spec.tokenizer.pad_id is not None else -1
+        self.vocab_size = spec.tokenizer.vocab_size
+        self.unique_identifiers = {"class": "longctx", "md5": spec.tokenizer.md5}
+
+
+def build_train_dataset(spec: TrainSpec) -> Any:
+    """Build (rank 0 first, so the index cache is written once) and return the train dataset."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    weights = [w for w, _ in spec.data]
+    prefixes = [p for _, p in spec.data]
+    blend = (prefixes, None if any(w is None for w in weights) else [float(w) for w in weights])
+    config = GPTDatasetConfig(
+        random_seed=spec.seed,
+        sequence_length=spec.seq_length,
+        blend=blend,
+        split=spec.split,
+        path_to_cache=spec.data_cache_path,
+        tokenizer=_Tokenizer(spec),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        mmap_bin_files=True,
+    )
+    sizes = [spec.train_iters * spec.global_batch_size, 0, 0]
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    def build() -> Any:
+        return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[0]
+
+    if rank == 0:
+        ds = build()
+    if dist.is_initialized():
+        dist.barrier()
+    if rank != 0:
+        ds = build()
+    return ds
+
+
+@dataclasses.dataclass
+class MicroBatch:
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+
+
+def global_batch_indices(consumed: int, gbs: int, mbs: int, dp: int, dp_rank: int) -> list[list[int]]:
+    """Sample indices of this DP rank's micro batches in the global batch starting at `consumed`."""
+    per_step = mbs * dp
+    return [
+        [consumed + m * per_step + dp_rank * mbs + j for j in range(mbs)]
+        for m in range(gbs // per_step)
+    ]
+
+
+def micro_batch(dataset: Any, indices: list[int], cp_rank: int, cp_size: int) -> MicroBatch:
+    samples = [dataset[i] for i in indices]
+    stack = {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in ("tokens", "labels", "loss_mask",
+                                                                                "position_ids")}
+    if cp_size > 1:
+        from longctx.attention.zigzag import zigzag_split
+
+        stack = {k: zigzag_split(v, cp_rank, cp_size, seq_dim=1).contiguous() for k, v in stack.items()}
+    return MicroBatch(stack["tokens"].long(), stack["labels"].long(), stack["loss_mask"].float(),
+                      stack["position_ids"].long())

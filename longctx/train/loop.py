@@ -1,0 +1,348 @@
+"""The local trainer: megatron-core GPTModel, AdamW, Megatron's schedule, DP × CP over torch.distributed.
+
+Read top to bottom: set up the process groups, build the model, load (resume or weights-only), then
+step until the stage's iterations are done or an exit is asked for, saving as Megatron-LM does.
+
+Loss and gradients follow Megatron's per-token semantics: the loss of a global batch is the sum of
+token losses over every micro batch, data-parallel and context-parallel rank, divided by the number
+of loss tokens; gradients are summed over the DP × CP group (each rank already divided by the global
+token count), so CP = 2 gives the gradient of the same full-sequence loss as CP = 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from longctx.train import signals
+from longctx.train.checkpointing import TRACKER, iter_dir_name, save_checkpoint
+from longctx.train.spec import TrainSpec
+
+EXIT_OK = 0
+
+
+@dataclass
+class RunResult:
+    start_iteration: int
+    end_iteration: int
+    reason: str  # "done" | "signal" | "duration" | "interval"
+    losses: list[float]
+
+
+def _log(msg: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def init_distributed(spec: TrainSpec) -> None:
+    from megatron.core import parallel_state as ps
+
+    from longctx.train.cpu_compat import apply_cpu_compat, seed_model_parallel_rng
+
+    apply_cpu_compat()
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if "RANK" not in os.environ:  # a single process without torchrun
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    world = dist.get_world_size()
+    group = spec.tensor_parallel * spec.context_parallel
+    if world % group:
+        from longctx.errors import TrainError
+
+        raise TrainError(f"world size {world} is not a multiple of TP × CP = {group}",
+                         fix="launch TP × CP × DP processes")
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=spec.tensor_parallel,
+                                     context_parallel_size=spec.context_parallel)
+    seed_model_parallel_rng(spec.seed)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.Namespace:
+    """The `args` Namespace Megatron-LM and `longctx ckpt inspect` read from a checkpoint."""
+    a = spec.arch
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    ns = argparse.Namespace(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
+        num_attention_heads=a.num_attention_heads, num_query_groups=a.query_groups,
+        group_query_attention=a.query_groups != a.num_attention_heads, kv_channels=a.head_dim,
+        normalization=a.normalization, norm_epsilon=a.norm_epsilon, swiglu=a.swiglu, qk_layernorm=a.qk_layernorm,
+        untie_embeddings_and_output_weights=a.untie_embeddings_and_output_weights,
+        add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias, init_method_std=a.init_method_std,
+        position_embedding_type="rope", rotary_base=spec.rotary_base, rotary_percent=a.rotary_percent,
+        rotary_interleaved=False, seq_length=spec.seq_length, max_position_embeddings=spec.max_position_embeddings,
+        padded_vocab_size=spec.padded_vocab_size, make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by,
+        vocab_size=spec.tokenizer.vocab_size, tokenizer_type=spec.tokenizer.megatron_type,
+        tokenizer_model=spec.tokenizer.path, tensor_model_parallel_size=spec.tensor_parallel,
+        pipeline_model_parallel_size=1, context_parallel_size=spec.context_parallel,
+        data_parallel_size=world // (spec.tensor_parallel * spec.context_parallel), world_size=world,
+        micro_batch_size=spec.micro_batch_size, global_batch_size=spec.global_batch_size,
+        train_iters=spec.train_iters, lr=spec.lr.lr, min_lr=spec.lr.min_lr, lr_decay_style=spec.lr.decay_style,
+        lr_warmup_iters=spec.lr.warmup_iters, weight_decay=spec.lr.weight_decay, clip_grad=spec.lr.clip_grad,
+        seed=spec.seed, bf16=spec.bf16, fp16=False, ckpt_format="torch_dist", iteration=iteration,
+        consumed_train_samples=consumed, skipped_train_samples=0, consumed_valid_samples=0,
+        num_experts=a.num_experts, longctx_stage=spec.stage, longctx_tokenizer_md5=spec.tokenizer.md5,
+    )  # fmt: skip
+    return ns
+
+
+def _rng_object() -> Any:
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    state = {
+        "random_rng_state": random.getstate(),
+        "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+    return ShardedObject(
+        "rng_state", [state], (1, ps.get_tensor_model_parallel_world_size()),
+        (0, ps.get_tensor_model_parallel_rank()), replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
+    )
+
+
+def _set_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if torch.cuda.is_available() and state.get("cuda_rng_state") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+
+
+def read_tracker_iteration(save_dir: Path) -> int | None:
+    path = Path(save_dir) / TRACKER
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    return 0 if text == "release" else int(text)
+
+
+class Trainer:
+    def __init__(self, spec: TrainSpec) -> None:
+        from megatron.core import parallel_state as ps
+
+        from longctx.train.model import ModelSettings, build_gpt_model
+        from longctx.train.optim import build_optimizer
+        from longctx.train.schedule import LRScheduler
+
+        self.spec = spec
+        if spec.threads_per_process:
+            torch.set_num_threads(spec.threads_per_process)
+        init_distributed(spec)
+        self.ps = ps
+        dtype = torch.bfloat16 if spec.bf16 else torch.float32
+        self.settings = ModelSettings(
+            seq_length=spec.seq_length, rotary_base=spec.rotary_base, padded_vocab_size=spec.padded_vocab_size,
+            tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,
+            params_dtype=dtype, recompute=None if spec.recompute == "none" else spec.recompute,
+            attention=spec.attention,
+        )  # fmt: skip
+        self.model = build_gpt_model(spec.arch, self.settings)
+        if torch.cuda.is_available():
+            self.model.cuda()
+        self._set_cp_comm()
+        self.optimizer = build_optimizer(self.model, spec.lr)
+        self.scheduler = LRScheduler(spec.lr)
+        self.iteration = 0
+        self.consumed = 0
+        self.dp = ps.get_data_parallel_world_size()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.cp = ps.get_context_parallel_world_size()
+        self.cp_rank = ps.get_context_parallel_rank()
+        self.reduce_group = ps.get_data_parallel_group(with_context_parallel=True)
+        self.dataset = None
+
+    def _set_cp_comm(self) -> None:
+        for m in self.model.modules():
+            if hasattr(m, "cp_comm"):
+                m.cp_comm = self.spec.cp_comm
+
+    # -- loading -------------------------------------------------------------------------------
+    def load(self) -> str:
+        """Resume from `save` when it has a checkpoint, else load `pretrained` weights, else random."""
+        from longctx.train.checkpointing import load_model_weights
+
+        save = Path(self.spec.save)
+        it = read_tracker_iteration(save)
+        if it is not None:
+            self._resume(save / iter_dir_name(it))
+            return f"resumed from {save / iter_dir_name(it)} at iteration {self.iteration}"
+        if self.spec.pretrained:
+            pre = Path(self.spec.pretrained)
+            pit = read_tracker_iteration(pre)
+            if pit is None:
+                from longctx.errors import TrainError
+
+                raise TrainError(f"no checkpoint tracker in the previous stage {pre}", where=str(pre),
+                                 fix="finish the previous stage first (or adopt the base checkpoint)")
+            src = pre / ("release" if (pre / "release").is_dir() and pit == 0 else iter_dir_name(pit))
+            load_model_weights(self.model, src)
+            return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
+        return "random initialisation"
+
+    def _resume(self, ckpt: Path) -> None:
+        from megatron.core import dist_checkpointing
+
+        from longctx.train.optim import load_sharded, sharded_state_dict
+
+        model_sd = self.model.sharded_state_dict()
+        template = {"model": model_sd, "optimizer": sharded_state_dict(self.optimizer, model_sd),
+                    "rng_state": _rng_object()}
+        state = dist_checkpointing.load(template, str(ckpt))
+        model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
+        self.model.load_state_dict(model_state, strict=False)
+        load_sharded(self.optimizer, state["optimizer"])
+        common = dist_checkpointing.load_common_state_dict(str(ckpt))
+        self.iteration = int(common["iteration"])
+        self.consumed = int(getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size))
+        self.scheduler.load_megatron_state(common["opt_param_scheduler"], self.spec.global_batch_size)
+        rng = state["rng_state"]
+        _set_rng(rng[0] if isinstance(rng, list) else rng)
+
+    # -- saving --------------------------------------------------------------------------------
+    def save(self) -> Path:
+        from longctx.train.optim import sharded_state_dict
+
+        model_sd = self.model.sharded_state_dict()
+        return save_checkpoint(
+            self.spec.save, self.iteration, model=self.model,
+            args=checkpoint_args(self.spec, self.iteration, self.consumed),
+            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd), "rng_state": _rng_object()},
+            common_extra={"opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
+                          "num_floating_point_operations_so_far": 0},
+        )  # fmt: skip
+
+    # -- one step ------------------------------------------------------------------------------
+    def train_step(self) -> tuple[float, float]:
+        from longctx.train.data import global_batch_indices, micro_batch
+
+        spec = self.spec
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        lr = self.scheduler.current_lr
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        batches = [micro_batch(self.dataset, idx, self.cp_rank, self.cp)
+                   for idx in global_batch_indices(self.consumed, spec.global_batch_size, spec.micro_batch_size,
+                                                   self.dp, self.dp_rank)]
+        n_local = sum(float(b.loss_mask.sum()) for b in batches)
+        counts = torch.tensor([n_local], dtype=torch.float64)
+        dist.all_reduce(counts, group=self.reduce_group)
+        n_tokens = float(counts.item())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for b in batches:
+            out = self.model(b.tokens.to(device), b.position_ids.to(device), None, labels=b.labels.to(device))
+            token_loss = (out.float() * b.loss_mask.to(device)).sum()
+            (token_loss / n_tokens).backward()
+            loss_sum += float(token_loss.detach())
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.dp * self.cp > 1:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.reduce_group)
+            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+                g.copy_(synced)
+        total = torch.tensor([loss_sum], dtype=torch.float64)
+        dist.all_reduce(total, group=self.reduce_group)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.lr.clip_grad or float("inf")))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.iteration += 1
+        self.consumed += spec.global_batch_size
+        return float(total.item()) / n_tokens, grad_norm
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        from longctx.train.data import build_train_dataset
+
+        spec = self.spec
+        signals.install()
+        how = self.load()
+        _log(f"[longctx] stage {spec.stage}: {how}; target {spec.train_iters} iterations "
+             f"(seq {spec.seq_length}, rotary base {spec.rotary_base:,}, DP {self.dp}, CP {self.cp})")
+        start = self.iteration
+        losses: list[float] = []
+        if self.iteration >= spec.train_iters:
+            return RunResult(start, self.iteration, "done", losses)
+        self.dataset = build_train_dataset(spec)
+        self.model.train()
+        tokens_per_iter = spec.global_batch_size * spec.seq_length
+        metrics = open(spec.metrics_file, "a") if spec.metrics_file and dist.get_rank() == 0 else None  # noqa: SIM115
+        reason = "done"
+        t_last = time.perf_counter()
+        try:
+            while self.iteration < spec.train_iters:
+                lr = self.scheduler.current_lr
+                loss, gnorm = self.train_step()
+                losses.append(loss)
+                now = time.perf_counter()
+                dt, t_last = now - t_last, now
+                rec = {"stage": spec.stage, "iteration": self.iteration, "loss": loss, "lr": lr, "grad_norm": gnorm,
+                       "tokens_per_s": tokens_per_iter / dt, "consumed_samples": self.consumed}  # fmt: skip
+                if metrics is not None:
+                    metrics.write(json.dumps(rec) + "\n")
+                    metrics.flush()
+                if self.iteration % spec.log_interval == 0 or self.iteration == spec.train_iters:
+                    _log(f"[longctx] {spec.stage} iteration {self.iteration}/{spec.train_iters} loss {loss:.4f} "
+                         f"lr {lr:.3e} grad-norm {gnorm:.3f} tokens/s {tokens_per_iter / dt:,.0f}")
+                want_signal = signals.agree(signals.received() is not None)
+                over_time = spec.exit_duration_in_mins is not None and signals.agree(
+                    signals.elapsed_minutes() >= spec.exit_duration_in_mins)
+                at_interval = spec.exit_interval is not None and self.iteration % spec.exit_interval == 0
+                periodic = self.iteration % spec.save_interval == 0
+                finished = self.iteration >= spec.train_iters
+                if want_signal or over_time or at_interval or periodic or finished:
+                    path = self.save()
+                    _log(f"[longctx] saved {path}")
+                if finished:
+                    break
+                if want_signal or over_time or at_interval:
+                    reason = "signal" if want_signal else ("duration" if over_time else "interval")
+                    _log(f"[longctx] exiting after iteration {self.iteration} ({reason}); relaunch to resume")
+                    break
+        finally:
+            if metrics is not None:
+                metrics.close()
+        return RunResult(start, self.iteration, reason, losses)
+
+
+def run(spec: TrainSpec) -> RunResult:
+    return Trainer(spec).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m longctx.train", description="longctx local trainer worker")
+    p.add_argument("--spec", required=True, help="TrainSpec JSON written by `longctx stage run`")
+    ns = p.parse_args(argv)
+    spec = TrainSpec.read(ns.spec)
+    result = run(spec)
+    _log(f"[longctx] {spec.stage}: iterations {result.start_iteration} → {result.end_iteration} ({result.reason})")
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
