@@ -94,12 +94,13 @@ def suggest(
             safe = choose_base("men-safe", target_length=length, factor=safe_factor, **common)  # type: ignore[arg-type]
         diag = safe.diagnostics
         assert diag is not None
-        recommended = max(safe.base, previous, diag.men_bound)
-        by = (
-            "men-safe"
-            if recommended == safe.base
-            else ("previous stage" if recommended == previous else "men")
-        )
+        candidates = [
+            (formulas.round_sig(safe.exact, 2), "men-safe"),  # before men-safe's own floor
+            (previous, "previous stage" if out.lengths else "pretraining base"),
+            (diag.men_bound, "men"),
+        ]
+        recommended = max(value for value, _ in candidates)
+        by = next(label for value, label in candidates if value == recommended)
         paper_ok = _paper_applies(rotary_dim, head_dim)
         out.lengths.append(
             LengthSuggestion(
