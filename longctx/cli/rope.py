@@ -200,10 +200,7 @@ def suggest_cmd(
 ) -> None:
     """Every method at every target length, with diagnostics and a recommended base per length.
 
-    Columns: the integer base; its ratio to Men's exact bound; the first position where the cos-sum turns
-    negative (searched to 4 × the length); the minimum of the cos-sum below the length; Liu's extrapolation
-    limit 2π·base^(d_extra/d). The recommendation is men-safe (4 × Men's bound, two significant digits),
-    never below the previous stage or the exact bound.
+    Columns: the integer base; its ratio to Men's exact bound; the first position where the cos-sum turns negative (searched to 4 × the length); the minimum of the cos-sum below the length; Liu's extrapolation limit 2π·base^(d_extra/d). The recommendation is men-safe (4 × Men's bound, two significant digits), never below the previous stage or the exact bound.
 
     Example: longctx rope suggest --rotary-dim 128 --base 100000 --from-length 4096 --lengths 16384,65536,131072
     """
@@ -302,10 +299,7 @@ def check_cmd(
 ) -> None:
     """Diagnostics of one base at one length; exit 2 when the base is below Men's bound for that length.
 
-    Prints the first position where Σcos(m·θ_i) turns negative, the minimum below the length, Men's bound
-    (exact search, paper table, fit) and, with the pretraining base and length, Liu's extrapolation limit.
-    Small cos-sum dips above the bound are reported but do not fail the check; a base below the
-    pretraining base is a warning.
+    Prints the first position where Σcos(m·θ_i) turns negative, the minimum below the length, Men's bound (exact search, paper table, fit) and, with the pretraining base and length, Liu's extrapolation limit. Small cos-sum dips above the bound are reported but do not fail the check; a base below the pretraining base is a warning.
 
     Example: longctx rope check --base 1000000 --rotary-dim 128 --length 32768 --json
     """
@@ -404,8 +398,7 @@ def plot_cmd(
 ) -> None:
     """Draw the cos-sum Σcos(m·θ_i) for chosen bases, with the target lengths marked.
 
-    Top: the whole curve (per-pixel min/max envelope, so single-position dips stay visible); bottom: a zoom
-    around zero. Dots mark each base's first failing position.
+    Top: the whole curve (per-pixel min/max envelope, so single-position dips stay visible); bottom: a zoom around zero. Dots mark each base's first failing position.
 
     Example: longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png
     """
@@ -535,3 +528,43 @@ def choose_cmd(
     print_findings(choice.findings)
     if flags is not None:
         console.print("megatron flags: " + " ".join(flags), highlight=False, soft_wrap=True)
+
+
+@app.command("bench")
+@cli_errors
+def bench_cmd(
+    lengths: str = typer.Option("16K,32K,64K,128K", "--lengths", help="Target lengths for suggest."),
+    rotary_dim: int = typer.Option(128, "--rotary-dim", min=4, help="Rotary dim."),
+    baseline_length: str = typer.Option(
+        "4K",
+        "--baseline-length",
+        help="Length at which the plain search is timed (it is slow: ~seconds at 4K).",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Time `suggest` and the exact Men search, and compare the search with the plain definition (one cosine per position and frequency) on the same grid, measured in the same run.
+
+    Example: longctx rope bench --lengths 16K,64K,128K
+    """
+    from longctx.rope import bench
+
+    result = bench.run(
+        _sizes(lengths, "--lengths") or [],
+        rotary_dim=rotary_dim,
+        baseline_length=_size(baseline_length, "--baseline-length") or 4096,
+    )
+    if json_out:
+        print_json({**_asdict(result), "speedup": result.speedup})
+        return
+    console.print(
+        f"suggest, {len(result.lengths)} lengths up to {max(result.lengths):,} (empty cache): "
+        f"{result.suggest_s:.2f} s",
+        highlight=False,
+    )
+    for n, s in result.search_s.items():
+        console.print(f"  exact search {n:>9,}: {s:.3f} s", highlight=False)
+    console.print(
+        f"plain search at {result.baseline_length:,}: {result.baseline_s:.2f} s vs {result.fast_at_baseline_s:.3f} s "
+        f"→ {result.speedup:.0f}× faster, same answer: {result.same_answer}",
+        highlight=False,
+    )

@@ -177,3 +177,10 @@ def test_from_checkpoint_without_inspect_checkpoint(tmp_path: Path) -> None:
     res = cli("suggest", "--from-checkpoint", tmp_path, "--lengths", "16K")
     assert res.exit_code == 2
     assert "needs longctx.checkpoint.inspect_checkpoint" in " ".join(res.output.split())
+
+
+def test_bench_runs_and_agrees_with_the_plain_search() -> None:
+    res = cli("bench", "--lengths", "1K,2K", "--baseline-length", "512", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["same_answer"] is True and set(data["search_s"]) == {"1024", "2048"}
