@@ -56,11 +56,10 @@ def run(
     pretrain_length: int = 4_096,
     baseline_length: int = 4_096,
 ) -> RopeBench:
+    start = min(pretrain_length, *lengths)  # short benchmark lengths start from themselves
     cossum.men_exact_bound.cache_clear()
     t0 = time.perf_counter()
-    suggest(
-        rotary_dim=rotary_dim, pretrain_base=pretrain_base, pretrain_length=pretrain_length, lengths=lengths
-    )
+    suggest(rotary_dim=rotary_dim, pretrain_base=pretrain_base, pretrain_length=start, lengths=lengths)
     out = RopeBench(rotary_dim, sorted(lengths), time.perf_counter() - t0, baseline_length=baseline_length)
     for n in out.lengths:
         cossum.men_exact_bound.cache_clear()
