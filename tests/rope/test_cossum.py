@@ -163,3 +163,11 @@ def test_grid_is_anchored_at_one() -> None:
 def test_bad_inputs(call, message: str) -> None:
     with pytest.raises(RopeError, match=message):
         call()
+
+
+def test_block_evaluator_far_out() -> None:
+    theta = inv_freq(1e6, 128)
+    starts = (1_000_000 // 128 + np.arange(16)) * 128.0
+    fast = cossum._Blocks(theta, 0.0).values(starts[None, :])[0].ravel()
+    direct = cos_sum_direct(theta, (starts[:, None] + np.arange(128)).ravel())
+    assert np.abs(fast - direct).max() < cossum._REFINE_TOL / 50
