@@ -1,0 +1,187 @@
+"""`longctx stage …`: the exact Megatron-LM argv, status from disk, and running the next step."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import cli_errors, console, print_json
+
+app = typer.Typer(
+    help=(
+        "Stages on disk: what runs next and how.\n\n"
+        "Examples:\n\n"
+        "  longctx stage args stages/baby_9b_dense.toml 64k      # pretrain_gpt.py flags, one per line\n\n"
+        "  longctx stage status stages/tiny.toml --json\n\n"
+        "  longctx stage next stages/tiny.toml\n\n"
+        "  longctx stage run stages/tiny.toml --backend local    # one step: first launch, resume or nothing"
+    ),
+    no_args_is_help=True,
+)
+
+PLAN = typer.Argument(..., help="plan file (stages/*.toml)")
+RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+
+
+def _resolved(plan: Path, run_dir: Path | None):
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+
+    return resolve_plan(load_plan(plan, run_dir=run_dir))
+
+
+@app.command("args")
+@cli_errors
+def args(
+    plan: Path = PLAN,
+    stage: str = typer.Argument(..., help="stage name"),
+    run_dir: Path | None = RUN_DIR,
+    json_out: bool = typer.Option(False, "--json", help="print the argv as a JSON list"),
+) -> None:
+    """Print the exact pretrain_gpt.py argv of STAGE, one flag per line (the same on every launch)."""
+    from longctx.stage.megatron_args import argv, render_lines
+
+    rp = _resolved(plan, run_dir)
+    st = rp.stage(stage)
+    if json_out:
+        print_json(argv(rp, st))
+    else:
+        sys.stdout.write("\n".join(render_lines(rp, st)) + "\n")
+
+
+def _status_table(rp, states, step) -> Table:
+    t = Table(title=f"{rp.plan.name}: {step.reason}")
+    for c in ("stage", "status", "iteration", "target", "tracker", "complete saves", "incomplete", "repair"):
+        t.add_column(c)
+    for s in states:
+        color = {"done": "green", "in-progress": "yellow", "pending": "dim"}[s.status]
+        t.add_row(s.name, f"[{color}]{s.status}[/]", str(s.iteration), str(s.target_iterations),
+                  "—" if s.tracker is None else str(s.tracker),
+                  ", ".join(map(str, s.complete[-3:])) or "—", ", ".join(map(str, s.incomplete)) or "—",
+                  s.repair.reason if s.repair else "")
+    return t
+
+
+def _state_json(rp, states, step) -> dict:
+    return {
+        "plan": rp.plan.name,
+        "run_dir": str(rp.run_dir),
+        "next": {"action": step.action, "stage": step.stage, "reason": step.reason,
+                 "load": str(step.load) if step.load else None, "start_iteration": step.start_iteration},
+        "stages": [{"stage": s.name, "status": s.status, "iteration": s.iteration, "target": s.target_iterations,
+                    "tracker": s.tracker, "complete": s.complete, "incomplete": s.incomplete,
+                    "repair": s.repair.reason if s.repair else None, "save_dir": str(s.save_dir)} for s in states],
+    }  # fmt: skip
+
+
+@app.command("status")
+@cli_errors
+def status(
+    plan: Path = PLAN,
+    run_dir: Path | None = RUN_DIR,
+    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Every stage's progress read from disk: tracker, complete and incomplete saves, what runs next."""
+    from longctx.stage.state import next_step, plan_state
+
+    rp = _resolved(plan, run_dir)
+    states = plan_state(rp)
+    step = next_step(rp, states)
+    if json_out:
+        print_json(_state_json(rp, states, step))
+    else:
+        console.print(_status_table(rp, states, step))
+
+
+@app.command("next")
+@cli_errors
+def next_(
+    plan: Path = PLAN,
+    run_dir: Path | None = RUN_DIR,
+    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """What the next launch does: first-launch, resume, all-done (or blocked, with the reason; exit 2)."""
+    from longctx.stage.state import next_step
+
+    rp = _resolved(plan, run_dir)
+    step = next_step(rp)
+    if json_out:
+        print_json({"action": step.action, "stage": step.stage, "reason": step.reason,
+                    "load": str(step.load) if step.load else None, "start_iteration": step.start_iteration,
+                    "repair": step.repair.reason if step.repair else None})
+    else:
+        console.print(f"{step.action}: {step.reason}" + (f" (repair: {step.repair.reason})" if step.repair else ""))
+    if step.action == "blocked":
+        raise typer.Exit(2)
+
+
+@app.command("run")
+@cli_errors
+def run(
+    plan: Path = PLAN,
+    run_dir: Path | None = RUN_DIR,
+    backend: str = typer.Option("local", "--backend", help="local (embedded trainer) or megatron-lm"),
+    launcher: str = typer.Option("local", "--launcher", help="local (this host) or srun (inside a Slurm job)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print what would run; change nothing"),
+    force: bool = typer.Option(False, "--force", help="launch even if tokenizer/data/base/RoPE differ from the ledger"),
+    until_done: bool = typer.Option(False, "--until-done", help="keep launching steps until the plan is done"),
+    eval_after: bool = typer.Option(True, "--eval/--no-eval", help="evaluate each finished stage (local backend)"),
+    json_out: bool = typer.Option(False, "--json", help="print the outcome as JSON"),
+) -> None:
+    """Run the next step of the plan: first launch, resume, or nothing when all stages are done (exit 0).
+
+    The decision comes from disk, so any job may die and the next `stage run` continues."""
+    from longctx.errors import StageError
+    from longctx.stage.run import LaunchPlan, execute, prepare_launch
+
+    if backend not in ("local", "megatron-lm"):
+        raise StageError(f"unknown backend {backend!r}", fix="use --backend local or --backend megatron-lm")
+    outcomes = []
+    while True:
+        rp = _resolved(plan, run_dir)
+        lp = prepare_launch(rp, backend, check_megatron=not dry_run)  # type: ignore[arg-type]
+        if not isinstance(lp, LaunchPlan):
+            console.print(f"[green]{lp.reason}[/]: nothing to run")
+            break
+        console.print(f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}"
+                      + (f" — repair: {lp.step.repair.reason}" if lp.step.repair else ""))
+        if dry_run:
+            console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
+            break
+        outcome = execute(rp, lp, _launcher(launcher), force=force)
+        outcomes.append(outcome)
+        console.print(f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "
+                      f"{outcome.end_iteration} ({outcome.status}), {outcome.seconds:.0f} s")
+        if outcome.status == "done" and backend == "local" and eval_after and rp.plan.local.eval_after_stage:
+            _evaluate_stage(rp, outcome.stage)
+        if outcome.exit_code != 0:
+            raise typer.Exit(outcome.exit_code if outcome.exit_code > 0 else 1)
+        if not until_done or (outcome.end_iteration == outcome.start_iteration and outcome.status != "done"):
+            break
+    if json_out:
+        print_json(outcomes)
+
+
+def _launcher(name: str):
+    from longctx.errors import StageError
+
+    if name == "local":
+        from longctx.stage.launch import LocalLauncher
+
+        return LocalLauncher()
+    if name == "srun":
+        from longctx.slurm.launch import SrunLauncher
+
+        return SrunLauncher.from_environment()
+    raise StageError(f"unknown launcher {name!r}", fix="use --launcher local or --launcher srun")
+
+
+def _evaluate_stage(rp, stage: str) -> None:
+    try:
+        from longctx.eval.runner import evaluate_finished_stage
+    except ModuleNotFoundError:
+        return
+    evaluate_finished_stage(rp, stage)

@@ -1,0 +1,1 @@
+"""The one-command CPU demo: tokenizer, long synthetic corpus, base model, staged extension, evaluation."""

@@ -1,0 +1,90 @@
+"""A synthetic corpus with genuinely long documents and long-range dependencies.
+
+Documents are filler sentences (a small grammar over a fixed word list, so the local statistics are
+learnable) interleaved with two kinds of long-range structure:
+
+* pass keys — "the pass key of <name> is <digits> ." stated early and restated much later: the digits
+  of the restatement are predictable only by looking back to the first statement;
+* echoes — a paragraph repeated verbatim thousands of tokens later.
+
+A model that uses its context has lower loss on restatements and echoes than on filler, and the gap
+needs attention over the distance between them: exactly what a context extension must deliver. The
+same phrasing is what the passkey evaluation asks about.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+NAMES = ("amber", "basil", "cedar", "delta", "ember", "fjord", "gale", "heron", "iris", "juniper", "kestrel",
+         "lotus", "maple", "nectar", "onyx", "pebble", "quartz", "raven", "sage", "thistle", "umber", "violet",
+         "willow", "yarrow", "zinnia")  # fmt: skip
+SUBJECTS = ("the farmer", "a sailor", "the old clock", "my neighbour", "the river", "a small bird", "the teacher",
+            "the baker", "a quiet train", "the mountain", "our garden", "the library")  # fmt: skip
+VERBS = ("watched", "carried", "painted", "followed", "remembered", "found", "built", "crossed", "opened",
+         "described", "counted", "visited")  # fmt: skip
+OBJECTS = ("the green door", "a long road", "seven lanterns", "the northern field", "a wooden box", "the harbour",
+           "an empty room", "the morning light", "a paper map", "the stone bridge", "three apples", "the winter sky")  # fmt: skip
+TAILS = ("before noon", "in the rain", "without a word", "for many years", "at the end of the day", "with great care",
+         "near the village", "after the storm", "once again", "as usual")  # fmt: skip
+
+
+def passkey_statement(name: str, key: str) -> str:
+    return f"the pass key of {name} is {key} ."
+
+
+def passkey_prompt(name: str) -> str:
+    """The question the evaluation asks; the model should continue with the key."""
+    return f"the pass key of {name} is"
+
+
+def filler_sentence(rng: random.Random) -> str:
+    return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)} ."
+
+
+def random_key(rng: random.Random, digits: int = 5) -> str:
+    return " ".join(str(rng.randrange(10)) for _ in range(digits))
+
+
+def document(rng: random.Random, approx_words: int) -> str:
+    """One document of about `approx_words` words with pass keys and an echo spread across it."""
+    n_sent = max(4, approx_words // 8)
+    sentences = [filler_sentence(rng) for _ in range(n_sent)]
+    # pass keys: stated in the first fifth, restated in the last half
+    for _ in range(max(1, n_sent // 60)):
+        name = rng.choice(NAMES)
+        stmt = passkey_statement(name, random_key(rng))
+        first = rng.randrange(0, max(1, n_sent // 5))
+        later = rng.randrange(n_sent // 2, n_sent)
+        sentences.insert(first, stmt)
+        sentences.insert(later + 1, stmt)
+    # an echo: a paragraph of the first third repeated in the last third
+    if n_sent >= 24:
+        start = rng.randrange(0, n_sent // 3)
+        para = sentences[start : start + 6]
+        at = rng.randrange(2 * len(sentences) // 3, len(sentences))
+        sentences[at:at] = para
+    return " ".join(sentences)
+
+
+def documents(count: int, *, seed: int, min_words: int, max_words: int) -> Iterator[str]:
+    """`count` documents with lengths spread log-uniformly between min_words and max_words."""
+    import math
+
+    rng = random.Random(seed)
+    lo, hi = math.log(min_words), math.log(max_words)
+    for _ in range(count):
+        yield document(rng, int(math.exp(rng.uniform(lo, hi))))
+
+
+def write_jsonl(path: Path, docs: Iterator[str]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for text in docs:
+            f.write(json.dumps({"text": text}) + "\n")
+            n += 1
+    return n

@@ -1,0 +1,99 @@
+"""Start the processes of one launch and forward signals to them.
+
+`LocalLauncher` runs W workers on this host itself (RANK/WORLD_SIZE/MASTER_* set per worker) instead
+of torchrun, so SIGTERM/SIGUSR1 reach every worker at once and nothing kills them after a grace
+period while they save. Other launchers (srun + torchrun on a cluster) provide the same `run`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Protocol
+
+
+class Launcher(Protocol):
+    def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int: ...
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pump(src: IO[bytes], sinks: list[IO[bytes]], prefix: bytes) -> None:
+    for line in iter(src.readline, b""):
+        for s in sinks:
+            s.write(prefix + line)
+            s.flush()
+
+
+class LocalLauncher:
+    """W worker processes of `argv` on this host (a python command line); returns the worst exit code."""
+
+    def __init__(self, echo: bool = True) -> None:
+        self.echo = echo
+
+    def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        procs: list[subprocess.Popen[bytes]] = []
+        threads: list[threading.Thread] = []
+        forwarded: list[int] = []
+
+        def forward(signum: int, _frame: object) -> None:
+            forwarded.append(signum)
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signum)
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+        with open(log, "ab") as logf:
+            try:
+                for rank in range(nproc):
+                    wenv = dict(os.environ, **env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                PYTHONUNBUFFERED="1")  # fmt: skip
+                    p = subprocess.Popen(list(argv), env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    procs.append(p)
+                    sinks: list[IO[bytes]] = [logf]
+                    if self.echo and rank == 0:
+                        sinks.append(sys.stdout.buffer)
+                    t = threading.Thread(target=_pump, args=(p.stdout, sinks, f"[{rank}] ".encode() if nproc > 1 else b""),
+                                         daemon=True)
+                    t.start()
+                    threads.append(t)
+                codes = _wait_all(procs)
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+                for t in threads:
+                    t.join(timeout=5)
+        return max(codes, key=abs) if codes else 0
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    """Wait for every worker; when one fails, stop the others (they would hang in a collective)."""
+    import time
+
+    codes: dict[int, int] = {}
+    while len(codes) < len(procs):
+        for i, p in enumerate(procs):
+            if i in codes:
+                continue
+            rc = p.poll()
+            if rc is not None:
+                codes[i] = rc
+                if rc != 0:
+                    for q in procs:
+                        if q.poll() is None:
+                            q.terminate()
+        time.sleep(0.2)
+    return [codes[i] for i in range(len(procs))]

@@ -1,0 +1,215 @@
+"""One step of a plan: decide from disk, check the ledger binding, repair, launch, record.
+
+    prepare_launch(rp, backend)  → LaunchPlan (what `--dry-run` prints)
+    execute(rp, launch, launcher) → LaunchOutcome (the ledger gets `launch` and `end` records)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from longctx.errors import StageError
+from longctx.plan import paths
+from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.stage import ledger
+from longctx.stage.launch import Launcher
+from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
+
+Backend = Literal["local", "megatron-lm"]
+MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
+
+
+@dataclasses.dataclass
+class LaunchPlan:
+    step: NextStep
+    stage: ResolvedStage
+    backend: Backend
+    argv: list[str]
+    nproc: int
+    env: dict[str, str]
+    binding: ledger.Binding
+    log: Path
+    spec_path: Path | None = None
+    train_spec: Any = None  # the local backend's TrainSpec, written to spec_path at launch
+
+    def shell(self) -> str:
+        return " ".join(shlex.quote(w) for w in self.argv)
+
+
+@dataclasses.dataclass
+class LaunchOutcome:
+    stage: str
+    action: str
+    exit_code: int
+    start_iteration: int
+    end_iteration: int
+    status: str  # the stage's status on disk afterwards
+    seconds: float
+
+
+# -- binding: what a stage launch depends on --------------------------------------------------------
+
+def _quick_file_digest(path: Path, h: hashlib._Hash) -> None:
+    st = path.stat()
+    h.update(f"{path.name}:{st.st_size}:".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+
+
+def data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
+    """Blend weights + each prefix's .idx (sizes, first MiB) + .bin size: changes when the data does."""
+    from longctx.plan.stage_data import stage_blend
+
+    h = hashlib.sha256()
+    for e in stage_blend(rp, st).entries:
+        h.update(f"{e.weight}|{e.prefix}|".encode())
+        for ext in (".idx", ".bin"):
+            p = Path(e.prefix + ext)
+            if p.exists():
+                if ext == ".idx":
+                    _quick_file_digest(p, h)
+                else:
+                    h.update(f"bin:{p.stat().st_size}".encode())
+            else:
+                h.update(b"missing")
+    return h.hexdigest()[:16]
+
+
+def checkpoint_identity(save_dir: Path) -> str:
+    from longctx.checkpoint.layout import read_tracker
+
+    t = read_tracker(save_dir)
+    if t is None:
+        return f"{save_dir}@none"
+    meta = save_dir / t.dir_name / ".metadata"
+    digest = hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.exists() else "no-metadata"
+    return f"{save_dir}@{t.dir_name}:{digest}"
+
+
+def binding_for(rp: ResolvedPlan, st: ResolvedStage) -> ledger.Binding:
+    from longctx.tokenizer import tokenizer_md5
+
+    tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
+    base = checkpoint_identity(st.load_from) if st.load_from is not None else "none"
+    return ledger.Binding(tokenizer_md5=tokenizer_md5(tok), data_digest=data_digest(rp, st), base_identity=base,
+                          rotary_base=st.rotary_base, seq_length=st.seq_length)
+
+
+# -- backends ---------------------------------------------------------------------------------------
+
+def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[object, int]:
+    """The TrainSpec of a stage for the local backend, and its process count."""
+    from longctx.plan.stage_data import stage_blend
+    from longctx.tokenizer import load_tokenizer
+    from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
+
+    plan = rp.plan
+    if st.tp != 1 or st.pp != 1:
+        raise StageError(f"the local backend runs TP = PP = 1, stage {st.name} asks TP {st.tp}, PP {st.pp}",
+                         where=str(plan.plan_path), fix="use the megatron-lm backend, or TP = PP = 1 in the plan")
+    if st.nodes != 1:
+        raise StageError(f"the local backend runs on one host, stage {st.name} asks {st.nodes} nodes",
+                         where=str(plan.plan_path), fix="set nodes = 1 for local runs")
+    nproc = st.world
+    tok_path = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
+    tok = load_tokenizer(tok_path)
+    blend = stage_blend(rp, st)
+    threads = plan.local.threads_per_process or max(1, (os.cpu_count() or 1) // nproc)
+    stage_root = paths.stage_dir(plan, st.name)
+    spec = TrainSpec(
+        stage=st.name, arch=rp.arch, seq_length=st.seq_length, max_position_embeddings=st.max_position_embeddings,
+        rotary_base=st.rotary_base, padded_vocab_size=st.padded_vocab_size,
+        make_vocab_size_divisible_by=rp.make_vocab_size_divisible_by,
+        tokenizer=TokenizerInfo(path=str(tok_path), md5=tok.md5, vocab_size=tok.vocab_size, eod_id=tok.eod_id,
+                                pad_id=tok.pad_id,
+                                megatron_type=plan.tokenizer.megatron_type or "HuggingFaceTokenizer"),
+        data=[(e.weight, e.prefix) for e in blend.entries],
+        split=st.data.split if st.data else "99,1,0",
+        data_cache_path=str(paths.run_dir(plan) / "cache"),
+        seed=st.seed, micro_batch_size=st.micro_batch_size, global_batch_size=st.global_batch_size,
+        train_iters=st.train_iters,
+        lr=LRSchedule(lr=st.lr.lr, min_lr=st.lr.min_lr, warmup_iters=st.warmup_iters, decay_iters=st.train_iters,
+                      decay_style=st.lr.decay_style, wsd_decay_iters=st.wsd_decay_iters,
+                      wsd_decay_style=st.lr.wsd_decay_style, weight_decay=st.lr.weight_decay,
+                      adam_beta1=st.lr.adam_beta1, adam_beta2=st.lr.adam_beta2, adam_eps=st.lr.adam_eps,
+                      clip_grad=st.lr.clip_grad),
+        tensor_parallel=1, context_parallel=st.cp,
+        recompute="none" if st.recompute == "selective" else st.recompute,
+        save=str(st.save_dir), pretrained=str(st.load_from) if st.load_from else None,
+        save_interval=st.save_interval, exit_duration_in_mins=st.exit_duration_in_mins,
+        log_interval=st.log_interval, threads_per_process=threads,
+        metrics_file=str(stage_root / "metrics.jsonl"),
+    )  # fmt: skip
+    return spec, nproc
+
+
+def megatron_lm_script() -> Path:
+    root = os.environ.get(MEGATRON_ENV)
+    if not root:
+        raise StageError(f"the megatron-lm backend needs a Megatron-LM checkout: ${MEGATRON_ENV} is not set",
+                         fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with pretrain_gpt.py)")
+    script = Path(root) / "pretrain_gpt.py"
+    if not script.is_file():
+        raise StageError(f"no pretrain_gpt.py in ${MEGATRON_ENV} = {root}", where=root,
+                         fix="point it at a Megatron-LM checkout (the megatron-core wheel has no pretrain_gpt.py)")
+    return script
+
+
+def prepare_launch(rp: ResolvedPlan, backend: Backend, *, check_megatron: bool = True) -> LaunchPlan | NextStep:
+    """The next launch of the plan, or the NextStep when there is nothing to launch (all done)."""
+    step = next_step(rp, plan_state(rp))
+    if step.action == "all-done":
+        return step
+    require_runnable(step)
+    st = rp.stage(step.stage or "")
+    stage_root = paths.stage_dir(rp.plan, st.name)
+    log = stage_root / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.environ.get('SLURM_JOB_ID', os.getpid())}.log"
+    binding = binding_for(rp, st)
+    if backend == "local":
+        spec, nproc = local_spec(rp, st)
+        spec_path = stage_root / "train_spec.json"
+        argv = [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)]
+        env = {"OMP_NUM_THREADS": str(spec.threads_per_process)}  # type: ignore[attr-defined]
+        return LaunchPlan(step, st, backend, argv, nproc, env, binding, log, spec_path, spec)
+    from longctx.stage.megatron_args import argv as megatron_argv
+
+    script = megatron_lm_script() if check_megatron else Path(os.environ.get(MEGATRON_ENV, "Megatron-LM")) / "pretrain_gpt.py"
+    words = megatron_argv(rp, st, script=str(script))
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log)
+
+
+def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:
+    run_dir = paths.run_dir(rp.plan)
+    conflicts = ledger.check_binding(run_dir, lp.stage.name, lp.binding, force=force)
+    repair = lp.step.repair
+    if repair is not None:
+        repair.apply()
+    if lp.spec_path is not None:
+        lp.spec_path.parent.mkdir(parents=True, exist_ok=True)
+        lp.train_spec.dump(lp.spec_path)
+    ledger.append(run_dir, {
+        "event": "launch", "stage": lp.stage.name, "action": lp.step.action, "backend": lp.backend,
+        "start_iteration": lp.step.start_iteration, "target_iterations": lp.stage.train_iters,
+        "argv_digest": hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
+        "binding": lp.binding.as_dict(), "log": str(lp.log),
+        "repair": None if repair is None else {"tracker": str(repair.tracker), "old": repair.old, "new": repair.new,
+                                               "reason": repair.reason},
+        "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
+    })  # fmt: skip
+    t0 = time.monotonic()
+    code = launcher.run(lp.argv, nproc=lp.nproc, env=lp.env, log=lp.log)
+    after = plan_state(rp)[lp.stage.index]
+    outcome = LaunchOutcome(lp.stage.name, lp.step.action, code, lp.step.start_iteration, after.iteration,
+                            after.status, time.monotonic() - t0)
+    ledger.append(run_dir, {"event": "end", "stage": lp.stage.name, "exit_code": code,
+                            "start_iteration": lp.step.start_iteration, "end_iteration": after.iteration,
+                            "status": after.status, "seconds": round(outcome.seconds, 1)})  # fmt: skip
+    return outcome
