@@ -94,13 +94,15 @@ def read_checkpoint_rope(path: Path) -> RopeModelArgs:
 
     from longctx.rope import rope_args_from_checkpoint_args
 
-    try:
-        module = importlib.import_module("longctx.checkpoint")
-    except ModuleNotFoundError as err:
-        if err.name not in ("longctx.checkpoint",):
-            raise
-        module = None
-    inspect = getattr(module, "inspect_checkpoint", None)
+    inspect = None
+    for name in ("longctx.checkpoint", "longctx.checkpoint.inspect"):
+        try:
+            inspect = getattr(importlib.import_module(name), "inspect_checkpoint", None)
+        except ModuleNotFoundError as err:
+            if not (err.name and name.startswith(err.name)):
+                raise
+        if inspect is not None:
+            break
     if inspect is None:
         raise CheckpointError(
             "reading RoPE settings from a checkpoint needs longctx.checkpoint.inspect_checkpoint, "
@@ -118,7 +120,8 @@ def read_checkpoint_rope(path: Path) -> RopeModelArgs:
         )
     arch = getattr(info, "arch", None)
     kv = getattr(arch, "head_dim", None) or getattr(arch, "kv_channels", None)
-    return rope_args_from_checkpoint_args(args, kv_channels=kv, where=str(path))
+    percent = getattr(arch, "rotary_percent", None)
+    return rope_args_from_checkpoint_args(args, kv_channels=kv, rotary_percent=percent, where=str(path))
 
 
 def _model_inputs(

@@ -30,10 +30,15 @@ class RopeModelArgs:
 
 
 def rope_args_from_checkpoint_args(
-    args: Mapping[str, Any] | Any, *, kv_channels: int | None = None, where: str | None = None
+    args: Mapping[str, Any] | Any,
+    *,
+    kv_channels: int | None = None,
+    rotary_percent: float | None = None,
+    where: str | None = None,
 ) -> RopeModelArgs:
     """Read rotary dim, base and length from saved Megatron args (`kv_channels`, `rotary_percent`,
-    `rotary_base`, `seq_length`); `kv_channels` (e.g. from inferred architecture) fills a missing one."""
+    `rotary_base`, `seq_length`); `kv_channels` and `rotary_percent` (e.g. from the architecture
+    inferred from tensor shapes) fill missing ones."""
     if not isinstance(args, Mapping):
         args = vars(args)
     pe_type = str(args.get("position_embedding_type") or "rope")
@@ -59,7 +64,7 @@ def rope_args_from_checkpoint_args(
             where=where,
             fix="pass --base and --from-length explicitly",
         )
-    percent = float(args.get("rotary_percent") or 1.0)
+    percent = float(args.get("rotary_percent") or rotary_percent or 1.0)
     rotary_dim = int(int(kv) * percent) if percent < 1.0 else int(kv)
     try:
         check_dims(rotary_dim, int(kv))

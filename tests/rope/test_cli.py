@@ -167,9 +167,13 @@ def test_plot_bad_inputs(tmp_path: Path) -> None:
 
 
 def _has_inspect_checkpoint() -> bool:
-    if importlib.util.find_spec("longctx.checkpoint") is None:
-        return False
-    return hasattr(importlib.import_module("longctx.checkpoint"), "inspect_checkpoint")
+    for name in ("longctx.checkpoint", "longctx.checkpoint.inspect"):
+        try:
+            if hasattr(importlib.import_module(name), "inspect_checkpoint"):
+                return True
+        except ModuleNotFoundError:
+            pass
+    return False
 
 
 @pytest.mark.skipif(_has_inspect_checkpoint(), reason="longctx.checkpoint.inspect_checkpoint exists")
@@ -177,6 +181,26 @@ def test_from_checkpoint_without_inspect_checkpoint(tmp_path: Path) -> None:
     res = cli("suggest", "--from-checkpoint", tmp_path, "--lengths", "16K")
     assert res.exit_code == 2
     assert "needs longctx.checkpoint.inspect_checkpoint" in " ".join(res.output.split())
+
+
+@pytest.mark.skipif(not _has_inspect_checkpoint(), reason="needs longctx.checkpoint.inspect_checkpoint")
+def test_from_checkpoint(megatron_checkpoints) -> None:
+    # the fixture's gqa model: kv_channels 16, full rotary, base 10,000, trained at 64 tokens
+    ckpt = megatron_checkpoints.save_dir("gqa")
+    res = cli("check", "--from-checkpoint", ckpt, "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert (data["rotary_dim"], data["base"], data["length"]) == (16, 10_000, 64)
+    assert data["men_bound"] == 1_707 and data["liu_d_extra"] is not None
+    res = cli("suggest", "--from-checkpoint", ckpt, "--lengths", "256", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert (data["rotary_dim"], data["pretrain_base"], data["pretrain_length"]) == (16, 10_000, 64)
+    assert data["lengths"][0]["recommended"] == 34_000  # 4 × 8,578 → two significant digits
+    # explicit options win over the checkpoint
+    res = cli("check", "--from-checkpoint", ckpt, "--rotary-dim", 32, "--base", 100, "--length", 64, "--json")
+    assert res.exit_code == 2  # 100 is below the bound 315 for rotary dim 32 at 64 tokens
+    assert json.loads(res.stdout)["rotary_dim"] == 32
 
 
 def test_bench_runs_and_agrees_with_the_plain_search() -> None:
