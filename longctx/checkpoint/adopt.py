@@ -1,0 +1,301 @@
+"""`adopt(SRC, into=DIR)`: arrange a flat snapshot or a tar archive into Megatron-LM's save layout.
+
+    DIR/iter_NNNNNNN/…                       the checkpoint's files
+    DIR/latest_checkpointed_iteration.txt    N (written last)
+
+Directories are adopted without copying data: every file is hard-linked (default) or moved
+(`mode="move"`); a copy happens only when asked (`allow_copy=True`, e.g. across filesystems).
+Symlinks (a Hub cache snapshot links into `blobs/`) are resolved and their targets linked.
+
+Archives are extracted, which writes the data once. Before anything is written every member is
+checked: absolute paths, `..`, links leaving the target and devices make the whole archive refused,
+and extraction itself runs with tarfile's `data` filter as a second guard.
+
+The iteration comes from the common state (`iteration`, or `args.iteration`), else from the directory
+name (`iter_NNNNNNN`), else from `iteration=`; an explicit one that disagrees with the saved one is an
+error. Files appear under a temporary name and are renamed into place, then the tracker is written:
+an interrupted adopt leaves no directory that the tracker names.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from longctx.checkpoint.layout import (
+    RELEASE,
+    TRACKER,
+    ResolvedCheckpoint,
+    iter_dir_name,
+    read_tracker,
+    resolve_in_tree,
+)
+from longctx.checkpoint.metadata import args_dict, read_common_state, read_dcp_index
+from longctx.checkpoint.tree import DirTree, TarTree, open_tree
+from longctx.checkpoint.verify import VerifyReport, verify_checkpoint, verify_resolved
+from longctx.errors import CheckpointError
+from longctx.report import Findings
+from longctx.util.fs import atomic_write_text, fsync_dir
+from longctx.util.progress import progress_bar
+
+Mode = Literal["link", "move"]
+
+
+@dataclass
+class AdoptResult:
+    source: str
+    save_dir: Path
+    checkpoint_dir: Path
+    iteration: int | None  # None for release
+    iteration_source: str
+    method: str  # "hardlink", "move", "copy", "extract", mixed as "hardlink+copy"
+    files: int
+    bytes: int
+    tracker_written: bool
+    verify: VerifyReport | None = field(default=None, repr=False)
+
+
+def _saved_iteration(resolved: ResolvedCheckpoint) -> int | None:
+    try:
+        index = read_dcp_index(resolved.tree, resolved.checkpoint_rel)
+        common = read_common_state(resolved.tree, resolved.checkpoint_rel, index).state or {}
+    except CheckpointError:
+        return None
+    it = common.get("iteration")
+    if isinstance(it, int):
+        return it
+    it = args_dict(common).get("iteration")
+    return it if isinstance(it, int) else None
+
+
+def choose_iteration(resolved: ResolvedCheckpoint, explicit: int | None) -> tuple[int | None, str]:
+    """(iteration or None for release, where it came from)."""
+    saved = _saved_iteration(resolved)
+    if explicit is not None:
+        if explicit <= 0:
+            raise CheckpointError(
+                f"--iteration {explicit}: Megatron-LM needs an iteration > 0", fix="pass N ≥ 1"
+            )
+        if saved is not None and saved != explicit:
+            raise CheckpointError(
+                f"--iteration {explicit} disagrees with the iteration saved in the checkpoint ({saved})",
+                where=resolved.where,
+                fix=f"drop --iteration (the saved {saved} is used), or pass --iteration {saved}",
+            )
+        return explicit, "--iteration"
+    if resolved.kind == "release_dir" or (resolved.tracker is not None and resolved.tracker.release):
+        return None, "release directory"
+    if saved is not None and saved > 0:
+        return saved, "common state"
+    if resolved.iteration is not None and resolved.iteration > 0:
+        return resolved.iteration, "directory name" if resolved.tracker is None else "tracker"
+    raise CheckpointError(
+        "cannot tell the iteration: no saved iteration in the common state and no iter_NNNNNNN name",
+        where=resolved.where,
+        fix="pass --iteration N",
+    )
+
+
+def _refuse_unsafe_archive(tree: TarTree) -> None:
+    bad = tree.unsafe
+    if bad:
+        m = bad[0]
+        more = f" (and {len(bad) - 1} more unsafe members)" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"refusing to extract the archive: member {m.name!r} is unsafe ({m.reason}){more}",
+            where=str(tree.source),
+            fix="do not use this archive; obtain a clean copy",
+        )
+
+
+def _prepare_target(into: Path, dir_name: str, write_tracker: bool, iteration: int | None) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / dir_name
+    if target.exists():
+        raise CheckpointError(
+            f"{dir_name} already exists in the target directory; nothing is overwritten",
+            where=str(target),
+            fix="adopt into another directory, or remove the existing one first",
+        )
+    if write_tracker:
+        existing = read_tracker(into)
+        if existing is not None and existing.dir_name != dir_name:
+            raise CheckpointError(
+                f"the target's {TRACKER} already names {existing.dir_name}",
+                where=str(into / TRACKER),
+                fix="adopt into an empty directory (or pass --no-tracker and edit the tracker yourself)",
+            )
+    return target
+
+
+def _link_or_copy(src: Path, dst: Path, mode: Mode, allow_copy: bool) -> str:
+    real = Path(os.path.realpath(src))
+    if mode == "move":
+        if src.is_symlink():
+            raise CheckpointError(
+                "cannot move a symlinked file (a Hub cache snapshot links into blobs/)",
+                where=str(src),
+                fix="use the default hardlink mode",
+            )
+        try:
+            os.rename(src, dst)
+            return "move"
+        except OSError as err:
+            if err.errno != errno.EXDEV or not allow_copy:
+                raise
+    else:
+        try:
+            os.link(real, dst)
+            return "hardlink"
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP) or not allow_copy:
+                raise
+    shutil.copy2(real, dst)
+    if mode == "move":
+        os.unlink(src)
+    return "copy"
+
+
+def _adopt_dir(
+    resolved: ResolvedCheckpoint, staging: Path, mode: Mode, allow_copy: bool
+) -> tuple[int, int, set[str]]:
+    tree = resolved.tree
+    assert isinstance(tree, DirTree)
+    rels = tree.files(resolved.checkpoint_rel)
+    base = resolved.checkpoint_rel
+    done: list[tuple[Path, Path]] = []
+    methods: set[str] = set()
+    total = sum(tree.size(r) for r in rels)
+    try:
+        with progress_bar(f"adopt ({mode})", total, unit="bytes") as advance:
+            for r in rels:
+                sub = r[len(base) + 1 :] if base else r
+                src, dst = tree.path(r), staging / sub
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                methods.add(_link_or_copy(src, dst, mode, allow_copy))
+                done.append((src, dst))
+                advance(tree.size(r) if mode == "move" else dst.stat().st_size)
+    except OSError as err:
+        if mode == "move":  # put back what was moved
+            for src, dst in reversed(done):
+                if dst.exists() and not src.exists():
+                    os.rename(dst, src)
+        shutil.rmtree(staging, ignore_errors=True)
+        kind = "cross-device" if err.errno == errno.EXDEV else err.strerror
+        raise CheckpointError(
+            f"cannot {'move' if mode == 'move' else 'hard-link'} {err.filename}: {kind}",
+            where=str(err.filename),
+            fix="put the target on the same filesystem as the source, or pass --allow-copy to copy the data",
+        ) from None
+    return len(rels), total, methods
+
+
+def _adopt_tar(resolved: ResolvedCheckpoint, staging: Path) -> tuple[int, int]:
+    tree = resolved.tree
+    assert isinstance(tree, TarTree)
+    prefix = resolved.checkpoint_rel
+    rels = tree.files(prefix)
+    total = sum(tree.size(r) for r in rels)
+    count = 0
+    staging.mkdir(parents=True)
+    with tree.open_tarfile() as tar, progress_bar("extract", total, unit="bytes") as advance:
+        for ti in tar.getmembers():
+            name = ti.name.replace("\\", "/").removeprefix("./")
+            if prefix and not (name == prefix or name.startswith(prefix + "/")):
+                continue
+            sub = name[len(prefix) + 1 :] if prefix else name
+            if not sub:
+                continue
+            ti = ti.replace(name=sub, deep=False)
+            if ti.islnk():
+                link = ti.linkname.replace("\\", "/").removeprefix("./")
+                ti = ti.replace(
+                    linkname=link[len(prefix) + 1 :] if prefix and link.startswith(prefix + "/") else link,
+                    deep=False,
+                )
+            try:
+                tar.extract(ti, staging, filter="data")
+            except tarfile.FilterError as err:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise CheckpointError(
+                    f"refusing to extract: {err}", where=str(tree.source), fix="do not use this archive"
+                ) from None
+            if ti.isreg():
+                count += 1
+                advance(ti.size)
+    return count, total
+
+
+def adopt(
+    src: str | os.PathLike[str],
+    into: str | os.PathLike[str],
+    *,
+    iteration: int | None = None,
+    mode: Mode = "link",
+    allow_copy: bool = False,
+    write_tracker: bool = True,
+) -> AdoptResult:
+    """Arrange SRC (flat snapshot dir, iter/release dir, save dir, or .tar/.tar.tar) as INTO/iter_N.
+
+    The source is verified first (shallow) and the result after; an incomplete or unsafe source is
+    refused with CheckpointError before anything is written.
+    """
+    into = Path(into)
+    tree = open_tree(Path(src))
+    if isinstance(tree, TarTree):
+        _refuse_unsafe_archive(tree)
+    resolved = resolve_in_tree(tree)
+    findings = Findings()
+    verify_resolved(resolved, findings)
+    if not findings.ok:
+        first = findings.errors[0]
+        raise CheckpointError(
+            f"the source checkpoint is not whole: {first.message}",
+            where=first.where or resolved.where,
+            fix=first.fix or "run `longctx ckpt verify` on the source for every problem",
+        )
+    it, it_src = choose_iteration(resolved, iteration)
+    dir_name = RELEASE if it is None else iter_dir_name(it)
+    if (
+        isinstance(tree, DirTree)
+        and resolved.save_dir is not None
+        and into.resolve() == resolved.save_dir.resolve()
+    ):
+        raise CheckpointError("the source is already in this save dir", where=str(into), fix="nothing to do")
+    target = _prepare_target(into, dir_name, write_tracker, it)
+    staging = into / f".adopt-{dir_name}.{os.getpid()}.tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    if isinstance(tree, TarTree):
+        files, nbytes = _adopt_tar(resolved, staging)
+        method = "extract"
+    else:
+        staging.mkdir()
+        files, nbytes, methods = _adopt_dir(resolved, staging, mode, allow_copy)
+        method = "+".join(sorted(methods)) or ("move" if mode == "move" else "hardlink")
+    fsync_dir(staging)
+    os.rename(staging, target)
+    fsync_dir(into)
+    if write_tracker:
+        atomic_write_text(into / TRACKER, f"{RELEASE if it is None else it}\n")
+    report = verify_checkpoint(into if write_tracker else target)
+    return AdoptResult(
+        source=str(src),
+        save_dir=into,
+        checkpoint_dir=target,
+        iteration=it,
+        iteration_source=it_src,
+        method=method,
+        files=files,
+        bytes=nbytes,
+        tracker_written=write_tracker,
+        verify=report,
+    )
+
+
+__all__ = ["AdoptResult", "adopt", "choose_iteration"]

@@ -1,0 +1,360 @@
+"""Allow-list unpickling of the two pickles a torch_dist checkpoint carries.
+
+- `.metadata`: torch DCP's index (dataclasses of torch.distributed.checkpoint, torch.Size, dtypes).
+- the common state (`common.pt`, or the `common_state` object inside the shards from megatron-core
+  0.19): a dict with `args` (an argparse.Namespace holding Megatron enums, `signal.Signals`, torch
+  dtypes) and plain training state.
+
+A pickle can name any importable callable and have it called; a checkpoint downloaded from the Hub is
+untrusted input. `SafeUnpickler.find_class` therefore resolves only the globals listed below and refuses
+anything else with a CheckpointError naming the global. Megatron classes are replaced by inert stubs
+(no Megatron code runs, and megatron-core need not be installed); only when the process has already
+imported megatron-core are its Enum classes used as they are, so args print with member names.
+"""
+
+from __future__ import annotations
+
+import collections
+import copyreg
+import enum
+import functools
+import io
+import pickle
+import sys
+import types
+from collections.abc import Callable
+from typing import IO, Any
+
+from longctx.errors import CheckpointError
+
+STUB_PREFIXES = ("megatron",)
+
+
+class _StubMeta(type):
+    """Metaclass of stubs: `StubEnum.member` (how Python ≥ 3.12 pickles enum members) gives a named stub."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return cls._named(name)
+
+    def __repr__(cls) -> str:
+        return f"<stub {cls._qualname}>"
+
+
+class MegatronStub(metaclass=_StubMeta):
+    """Inert stand-in for a Megatron class found in a pickle (enum member, config dataclass, …).
+
+    Keeps what the pickle gave it (constructor arguments, state) and prints as `Name(args)` or
+    `Name.member`; it has no behaviour.
+    """
+
+    _qualname = "megatron"
+    _args: tuple[Any, ...] = ()
+    _kwargs: dict[str, Any] = {}  # noqa: RUF012 - replaced per instance
+    _name: str | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> MegatronStub:
+        obj = object.__new__(cls)
+        obj.__dict__.update(_args=args, _kwargs=kwargs)
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__.update(_args=args, _kwargs=kwargs)
+
+    @classmethod
+    def _named(cls, name: str) -> MegatronStub:
+        obj = object.__new__(cls)
+        obj.__dict__["_name"] = name
+        return obj
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            state = {**(state[0] or {}), **state[1]}  # (dict, slots) form
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.__dict__["_state"] = state
+
+    @property
+    def value(self) -> Any:
+        """The enum value, when the stub stands for an enum member pickled by value."""
+        return self._args[0] if len(self._args) == 1 else None
+
+    @property
+    def name(self) -> str | None:
+        return self._name
+
+    def fields(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is type(self)
+            and self._name == other._name
+            and self._args == other._args
+            and self.fields() == other.fields()
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self)._qualname, self._name, repr(self._args)))
+
+    def __repr__(self) -> str:
+        short = type(self)._qualname.rsplit(".", 1)[-1]
+        if self._name is not None:
+            return f"{short}.{self._name}"
+        parts = [repr(a) for a in self._args] + [f"{k}={v!r}" for k, v in self._kwargs.items()]
+        parts += [f"{k}={v!r}" for k, v in self.fields().items()]
+        return f"{short}({', '.join(parts)})"
+
+    __str__ = __repr__
+
+
+@functools.cache
+def _stub_class(module: str, name: str) -> type:
+    return _StubMeta(name, (MegatronStub,), {"_qualname": f"{module}.{name}", "__module__": module})
+
+
+def stub_qualname(obj: Any) -> str | None:
+    """`module.Name` of a stub instance or class (None for anything else)."""
+    cls = obj if isinstance(obj, _StubMeta) else type(obj)
+    return cls._qualname if isinstance(cls, _StubMeta) else None
+
+
+# ---- guarded callables ------------------------------------------------------------------------------
+
+
+def _safe_reconstructor(cls: Any, base: Any, state: Any) -> Any:
+    # copyreg._reconstructor(cls, base, state) calls base.__new__(cls) and base.__init__(obj, state)
+    # when base is not object; only plain bases of allowed classes get through.
+    if base is not object and base not in (dict, list, set, tuple, int, float, str, bytes):
+        raise _Refused(f"copyreg._reconstructor with base {base!r}")
+    return copyreg._reconstructor(cls, base, state)  # type: ignore[attr-defined]
+
+
+def _safe_encode(obj: Any, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    # protocol-2 pickles write bytes as _codecs.encode(str, "latin1")
+    if not isinstance(obj, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
+        raise _Refused(f"_codecs.encode({type(obj).__name__}, {encoding!r})")
+    return obj.encode(encoding, errors)
+
+
+def _safe_getattr(obj: Any, name: str, *default: Any) -> Any:
+    # Python ≥ 3.12 pickles enum members as getattr(EnumClass, "member")
+    ok_owner = isinstance(obj, _StubMeta) or (isinstance(obj, type) and issubclass(obj, enum.Enum))
+    if not ok_owner or not isinstance(name, str) or name.startswith("_"):
+        raise _Refused(f"getattr({obj!r}, {name!r})")
+    return getattr(obj, name, *default)
+
+
+class _Refused(Exception):
+    """Internal: a global or a guarded call outside the allow-list."""
+
+
+# ---- the allow-list ---------------------------------------------------------------------------------
+
+_BUILTINS = {
+    "set": set, "frozenset": frozenset, "complex": complex, "bytearray": bytearray, "slice": slice,
+    "range": range, "object": object, "int": int, "float": float, "str": str, "bool": bool, "list": list,
+    "dict": dict, "tuple": tuple, "bytes": bytes, "getattr": _safe_getattr,
+}  # fmt: skip
+
+_DCP_NAMES = {
+    "torch.distributed.checkpoint.metadata": (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+    ),
+    "torch.distributed.checkpoint.filesystem": ("_StorageInfo",),
+    "torch.distributed.checkpoint.planner": (
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData", "LoadPlan",
+        "ReadItem", "LoadItemType",
+    ),
+}  # fmt: skip
+
+_NUMPY_RECONSTRUCT = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+}
+
+_TORCH_FUNCS = {
+    ("torch._utils", "_rebuild_tensor"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch.serialization", "_get_layout"),
+}
+
+
+def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None) -> Any:
+    """The object a pickle may get for `module.name`, or raise _Refused.
+
+    stub_megatron: True → always stubs; False → import megatron-core's enums if possible; None (default)
+    → real Enum classes only when megatron-core is already imported in this process.
+    """
+    if module == "builtins" and name in _BUILTINS:
+        return _BUILTINS[name]
+    if (module, name) in {
+        ("collections", "OrderedDict"),
+        ("collections", "defaultdict"),
+        ("collections", "deque"),
+    }:
+        return getattr(collections, name)
+    if (module, name) == ("argparse", "Namespace"):
+        import argparse
+
+        return argparse.Namespace
+    if module == "signal" and name in ("Signals", "Handlers"):
+        import signal
+
+        return getattr(signal, name)
+    if (module, name) == ("copyreg", "_reconstructor"):
+        return _safe_reconstructor
+    if (module, name) == ("_codecs", "encode"):
+        return _safe_encode
+    if module == "torch":
+        import torch
+
+        if name == "Size":
+            return torch.Size
+        if name == "device":
+            return torch.device
+        obj = getattr(torch, name, None)
+        if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+            return obj
+        raise _Refused(f"{module}.{name}")
+    if (module, name) in _TORCH_FUNCS:
+        mod = __import__(module, fromlist=[name])
+        return getattr(mod, name)
+    if name in _DCP_NAMES.get(module, ()):
+        mod = __import__(module, fromlist=[name])
+        obj = getattr(mod, name, None)
+        if obj is not None:
+            return obj
+        raise _Refused(f"{module}.{name}")
+    if (module, name) in _NUMPY_RECONSTRUCT or (module == "numpy.dtypes" and name.endswith("DType")):
+        mod = __import__(module, fromlist=[name])
+        return getattr(mod, name)
+    if module.split(".")[0] in STUB_PREFIXES:
+        if name == "MCoreMetadata":
+            # megatron-core 0.15 pickled its own Metadata subclass (extra attribute mcore_data)
+            from torch.distributed.checkpoint.metadata import Metadata
+
+            return Metadata
+        real = _real_megatron_enum(module, name, stub_megatron)
+        return real if real is not None else _stub_class(module, name)
+    raise _Refused(f"{module}.{name}")
+
+
+def _real_megatron_enum(module: str, name: str, stub_megatron: bool | None) -> type | None:
+    if stub_megatron is True:
+        return None
+    mod = sys.modules.get(module)
+    if mod is None and stub_megatron is False:
+        try:
+            mod = __import__(module, fromlist=[name])
+        except Exception:  # megatron-core missing or failing to import: stubs do
+            mod = None
+    obj = getattr(mod, name, None) if mod is not None else None
+    if isinstance(obj, type) and issubclass(obj, enum.Enum):
+        return obj
+    return None
+
+
+def _refusal(what: str, where: str | None) -> CheckpointError:
+    return CheckpointError(
+        f"refusing to unpickle: the pickle asks for {what}, which is not on the checkpoint reader's "
+        "allow-list (argparse.Namespace, Megatron enums, signal.Signals, torch dtypes/tensors, DCP metadata)",
+        where=where,
+        fix="do not load this file: it is not a plain Megatron checkpoint pickle and may run code",
+    )
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """pickle.Unpickler that resolves only allow-listed globals (see module docstring)."""
+
+    where: str | None = None
+    stub_megatron: bool | None = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return resolve_global(module, name, stub_megatron=self.stub_megatron)
+        except _Refused as err:
+            raise _refusal(str(err), self.where) from None
+
+
+def _bound_unpickler(where: str | None, stub_megatron: bool | None) -> type[SafeUnpickler]:
+    return type("BoundSafeUnpickler", (SafeUnpickler,), {"where": where, "stub_megatron": stub_megatron})
+
+
+def safe_pickle_module(where: str | None = None, stub_megatron: bool | None = None) -> types.ModuleType:
+    """A module-like object for `torch.load(pickle_module=…)`."""
+    unpickler = _bound_unpickler(where, stub_megatron)
+    mod = types.ModuleType("longctx_safe_pickle")
+    mod.Unpickler = unpickler  # type: ignore[attr-defined]
+
+    def load(fh: IO[bytes], **kw: Any) -> Any:
+        return unpickler(fh, **kw).load()
+
+    mod.load = load  # type: ignore[attr-defined]
+    mod.__version__ = pickle.format_version  # type: ignore[attr-defined]
+    return mod
+
+
+def _guarded(where: str | None, what: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except CheckpointError:
+        raise
+    except _Refused as err:
+        raise _refusal(str(err), where) from None
+    except Exception as err:
+        # a guarded callable refusing inside torch.load arrives wrapped; find the cause
+        cause: BaseException | None = err
+        while cause is not None:
+            if isinstance(cause, (_Refused, CheckpointError)):
+                raise (_refusal(str(cause), where) if isinstance(cause, _Refused) else cause) from None
+            cause = cause.__cause__ or cause.__context__
+        raise CheckpointError(
+            f"cannot read {what}: corrupt or not a pickle ({type(err).__name__}: {err})",
+            where=where,
+            fix="re-download or re-copy this file; the checkpoint cannot be used without it",
+        ) from None
+
+
+def safe_unpickle(
+    data: bytes, *, where: str | None = None, what: str = "the pickle", stub_megatron: bool | None = None
+) -> Any:
+    """Unpickle plain pickle bytes (e.g. `.metadata`) through the allow-list."""
+    unpickler = _bound_unpickler(where, stub_megatron)
+    return _guarded(where, what, lambda: unpickler(io.BytesIO(data)).load())
+
+
+def safe_torch_load(
+    data: bytes | IO[bytes],
+    *,
+    where: str | None = None,
+    what: str = "the common state",
+    stub_megatron: bool | None = None,
+) -> Any:
+    """`torch.load` (zip or legacy format) with the allow-list unpickler; tensors land on CPU."""
+    import torch
+
+    fh = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    module = safe_pickle_module(where, stub_megatron)
+    return _guarded(
+        where, what, lambda: torch.load(fh, map_location="cpu", weights_only=False, pickle_module=module)
+    )
+
+
+__all__ = [
+    "MegatronStub",
+    "SafeUnpickler",
+    "resolve_global",
+    "safe_pickle_module",
+    "safe_torch_load",
+    "safe_unpickle",
+    "stub_qualname",
+]
