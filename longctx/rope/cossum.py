@@ -7,8 +7,8 @@ embeddings add one term cos(0) = 1 per pair of dimensions left unrotated, so B c
 
 Everything is float64 with θ_i = base^(−2i/d). The position axis is evaluated as blocks
 m = m0 + k, k < block, through cos(m0θ + kθ) = cos m0θ·cos kθ − sin m0θ·sin kθ: one small table of
-cos/sin(kθ) per base, then a matrix product per group of blocks. That costs a handful of trigonometric
-calls per block instead of one per (position, frequency), and the products run in BLAS. Values this
+cos/sin(kθ) per base, then a product with [cos m0θ, sin m0θ] per block. That costs 2F trigonometric
+calls per block instead of one per (position, frequency). Values this
 close to zero (|B| < `_REFINE_TOL`) are recomputed directly as Σ cos(m·θ_i) so that the sign matches
 the plain definition.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 from longctx.errors import RopeError
 
-# Positions per block; the per-base table is (2·F, _BLOCK) floats.
+# Positions per block; the per-base table is (_BLOCK, 2F) floats.
 _BLOCK = 128
 # Direct recomputation for values this close to zero: block products and the direct sum round
 # m·θ differently and differ by ~3e-10 at m = 1e6, ~1.5e-9 at m = 4e6 (grows with m).
@@ -126,14 +126,14 @@ def check_dims(rotary_dim: int, head_dim: int | None = None) -> float:
     return (head_dim - rotary_dim) / 2.0
 
 
-def _check_length(length: int, what: str = "length") -> None:
+def check_length(length: int, what: str = "length") -> None:
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length <= 0:
         raise RopeError(
             f"{what} must be a positive integer, got {length!r}", fix="e.g. 16384 or 16K on the CLI"
         )
 
 
-def _check_base(base: float) -> None:
+def check_base(base: float) -> None:
     if not (isinstance(base, (int, float, np.integer, np.floating)) and math.isfinite(base) and base > 1):
         raise RopeError(
             f"rotary base must be a number greater than 1, got {base!r}", fix="e.g. 10000 or 1000000"
@@ -154,7 +154,7 @@ def _block_starts(stop: int, block: int, start: int = 0) -> Iterator[np.ndarray]
 
 def scan_frequencies(theta: np.ndarray, length: int, *, offset: float = 0.0) -> CosSumScan:
     """Minimum of B over m < length and the first m < length where B < 0, for any θ vector."""
-    _check_length(length)
+    check_length(length)
     blocks = _Blocks(theta, offset)
     best, best_at, first_neg = math.inf, 0, None
     for starts in _block_starts(length, blocks.block):
@@ -171,12 +171,13 @@ def scan_frequencies(theta: np.ndarray, length: int, *, offset: float = 0.0) -> 
     return CosSumScan(minimum=best, argmin=best_at, first_negative=first_neg)
 
 
-def first_negative(theta: np.ndarray, cap: int, *, offset: float = 0.0) -> int | None:
-    """First m < cap where B(m) < 0 for a θ vector, or None; stops at the first negative block."""
-    if cap <= 0:
+def first_negative(theta: np.ndarray, cap: int, *, offset: float = 0.0, start: int = 0) -> int | None:
+    """First m in [start, cap) where B(m) < 0 for a θ vector, or None; stops at the first negative
+    block. With start > 0 the caller vouches that B ≥ 0 below start."""
+    if cap <= start:
         return None
     blocks = _Blocks(theta, offset)
-    for starts in _block_starts(cap, blocks.block):
+    for starts in _block_starts(cap, blocks.block, start):
         vals = blocks.values(starts[None, :])[0].ravel()
         pos0 = int(starts[0])
         neg = np.flatnonzero(vals[: cap - pos0] < 0)
@@ -194,15 +195,15 @@ def first_failing_position(
     It is not monotone in the base (10 000 → 1707, 5e6 → 82 999 but 8e6 → 61 936 at d = 128).
     """
     offset = check_dims(rotary_dim, head_dim)
-    _check_base(base)
-    _check_length(cap, "search cap")
+    check_base(base)
+    check_length(cap, "search cap")
     return first_negative(inv_freq(base, rotary_dim), cap, offset=offset)
 
 
 def cos_sum_scan(base: float, rotary_dim: int, length: int, *, head_dim: int | None = None) -> CosSumScan:
     """Minimum of the cos-sum below `length` (and where), plus its first negative position."""
     offset = check_dims(rotary_dim, head_dim)
-    _check_base(base)
+    check_base(base)
     return scan_frequencies(inv_freq(base, rotary_dim), length, offset=offset)
 
 
@@ -329,7 +330,7 @@ def men_exact_bound(
     Returns 2 when the unrotated dimensions alone keep the sum non-negative (then no base can fail).
     """
     offset = check_dims(rotary_dim, head_dim)
-    _check_length(length)
+    check_length(length)
     if offset >= rotary_dim / 2:
         return 2
     k, batch = grid_index(scan_start(length), ratio), 32

@@ -81,8 +81,8 @@ def diagnose(
     base also shows its margin. Liu's numbers need both `pretrain_base` and `pretrain_length`.
     """
     offset = cossum.check_dims(rotary_dim, head_dim)
-    cossum._check_base(base)
-    cossum._check_length(length)
+    cossum.check_base(base)
+    cossum.check_length(length)
     cap = SEARCH_CAP_FACTOR * length if search_cap is None else int(search_cap)
     if cap < length:
         raise RopeError(
@@ -92,7 +92,7 @@ def diagnose(
     scan = cossum.scan_frequencies(theta, length, offset=offset)
     first = scan.first_negative
     if first is None:
-        first = cossum.first_negative(theta, cap, offset=offset)  # beyond the length: the margin
+        first = cossum.first_negative(theta, cap, offset=offset, start=length)  # the margin beyond it
     men_bound = cossum.men_exact_bound(int(length), int(rotary_dim), head_dim=_partial(head_dim, rotary_dim))
     paper = formulas.men_paper(length) if _paper_applies(rotary_dim, head_dim) else None
     fit = formulas.men_fit(length) if _paper_applies(rotary_dim, head_dim) else None

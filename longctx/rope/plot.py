@@ -67,9 +67,9 @@ def plot_cos_sum(
         raise RopeError("no target lengths to mark", fix="e.g. --lengths 16K,64K,128K")
     cossum.check_dims(rotary_dim, head_dim)
     for n in lengths:
-        cossum._check_length(n)
+        cossum.check_length(n)
     top = int(max_position) if max_position else int(max(lengths) * 1.1)
-    cossum._check_length(top, "max position")
+    cossum.check_length(top, "max position")
     result = PlotResult(out, rotary_dim, head_dim, sorted(lengths), top)
 
     fig = Figure(figsize=(11, 7.5), layout="constrained")
@@ -77,7 +77,7 @@ def plot_cos_sum(
     full, zoom = fig.subplots(2, 1, sharex=True, height_ratios=(1, 1.3))
     lowest = 0.0
     for i, base in enumerate(bases):
-        cossum._check_base(base)
+        cossum.check_base(base)
         values = cossum.cos_sum_curve(base, rotary_dim, top, head_dim=head_dim)
         x, lo, hi = _envelope(values, bins)
         neg = np.flatnonzero(values < 0)
