@@ -239,7 +239,10 @@ def men_bound_value(
     if source == "fit":
         value = formulas.men_fit(length)
         return value, f"paper fit 0.0424·L^1.628 = {_fmt(value)}"
-    value = cossum.men_exact_bound(length, d, head_dim=_partial(head_dim, d))
+    partial = _partial(head_dim, d)
+    value = cossum.men_exact_bound(length, d, head_dim=partial)
+    if partial is not None and partial - d >= d:  # unrotated pairs ≥ rotated pairs: Σ ≥ 0 always
+        return float(value), "exact search: no bound, the unrotated pairs alone keep the sum ≥ 0"
     return float(value), f"exact search {_fmt(value)}"
 
 
@@ -294,7 +297,7 @@ def _men(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
         f"men (Men et al. 2024, base of RoPE bounds context length): the lower bound of the base for "
         f"{inp.target_length:,} tokens at rotary dim {inp.rotary_dim}, {label} → {_fmt(base)}."
     )
-    if label.startswith("exact"):
+    if label.startswith("exact search "):
         text += " " + _EXACT_NOTE + _men_context(inp)
     base, text = _keep_floor(inp, base, text)
     return Outcome(value, base, text)
@@ -311,7 +314,7 @@ def _men_safe(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
         f"(Code Llama 1,000,000 at 16K, ProLong 8,000,000 at 64K), and a base sweep at 128K on the "
         f"baby_9b_dense family reached full needle retrieval only at 3.2e7, about 4× the paper's 7.8e6."
     )
-    if label.startswith("exact"):
+    if label.startswith("exact search "):
         text += " " + _EXACT_NOTE
     base, text = _keep_floor(inp, base, text)
     return Outcome(raw, base, text)
