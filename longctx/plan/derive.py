@@ -195,9 +195,17 @@ def _tokenizer_vocab(plan: Plan, findings: Findings) -> tuple[int, int]:
 
 
 def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findings) -> tuple[int, str, str]:
-    if stage.rope.base is not None:
-        return stage.rope.base, "fixed", f"explicit base {stage.rope.base:,}"
     from longctx.rope import choose_base
+
+    if stage.rope.base is not None:
+        # an explicit base still gets the diagnostics (e.g. a base below Men's bound for this length)
+        explicit = choose_base("fixed", rotary_dim=arch.rotary_dim, head_dim=arch.head_dim,
+                               pretrain_base=plan.base.rotary_base, pretrain_length=plan.base.seq_length,
+                               target_length=stage.seq_length, base=stage.rope.base)
+        for f in explicit.findings:
+            if f.level != "info":
+                findings.append(dataclasses.replace(f, where=_where(plan, i, "rope.base")))
+        return stage.rope.base, "fixed", f"explicit base {stage.rope.base:,}"
 
     try:
         choice = choose_base(

@@ -1,0 +1,54 @@
+"""`longctx demo`: the whole pipeline on CPU in about ten minutes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import cli_errors, console, print_json
+
+HELP = (
+    "Run the whole pipeline on CPU (~10 min on 2 cores, no GPU, no network): build a tokenizer and a "
+    "long synthetic corpus, check them, pretrain a tiny base model at 256 tokens, extend it through "
+    "stages/tiny.toml (256 → 1K → 4K, CP = 2 in the last stage, one stage interrupted with SIGTERM and "
+    "resumed), evaluate each stage and print a summary. Rerunning in the same directory resumes.\n\n"
+    "Examples:\n\n  longctx demo\n\n  longctx demo --dir /tmp/longctx-demo --json"
+)
+
+
+@cli_errors
+def demo(
+    dir: Path = typer.Option(Path("demo-run"), "--dir", help="working directory (created; reused to resume)"),
+    plan: Path | None = typer.Option(None, "--plan", help="stage plan (default: stages/tiny.toml)"),
+    small: bool = typer.Option(False, "--small", help="a scaled-down run (a minute or two) for smoke tests"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    from longctx.demo.run import DemoConfig, run_demo
+
+    cfg = DemoConfig() if plan is None else DemoConfig(plan=plan)
+    if small:
+        cfg = DemoConfig.small(cfg.plan)
+    report = run_demo(dir, cfg, echo=lambda s: console.print(s, highlight=False, soft_wrap=True))
+    if json_out:
+        print_json(report)
+        return
+    t = Table(title="longctx demo: stages")
+    for c in ("stage", "length", "rotary base", "CP", "iterations", "launches", "loss first → last", "tokens/s"):
+        t.add_column(c)
+    for r in report.stages:
+        loss = "—" if r["first_loss"] is None else f"{r['first_loss']:.3f} → {r['final_loss']:.3f}"
+        tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        t.add_row(r["stage"], str(r["seq_length"]), f"{r['rotary_base']:,}", str(r["cp"]), r["iterations"],
+                  " → ".join(r["launches"]), loss, tps)
+    console.print(t)
+    if report.interrupted:
+        i = report.interrupted
+        console.print(f"interrupted {i['stage']} with SIGTERM at iteration {i['stopped_at']}/{i['target']} "
+                      f"(exit {i['exit_code']}), then resumed from that save")
+    if report.evaluation is not None:
+        from longctx.eval.runner import render_summary
+
+        render_summary(report.evaluation, console)
+    console.print(f"everything is under {report.run_dir} — wall time {report.wall_seconds / 60:.1f} min")

@@ -1,0 +1,289 @@
+"""`longctx demo`: the whole pipeline on a laptop-sized problem, resumable.
+
+Steps (each skipped when its output already exists, so a second `demo` in the same directory resumes):
+ 1. tokenizer — a SentencePiece model with the OpenEuroLLM special-token layout + its manifest;
+ 2. corpus    — synthetic long documents with pass keys and echoes (longctx.demo.corpus);
+ 3. data      — tokenized into Megatron .bin/.idx with a sidecar;
+ 4. checks    — tokenizer vs manifest, data vs the stage lengths and budgets;
+ 5. base      — a tiny model pretrained at the base length (256 tokens, rotary base 10 000);
+ 6. stages    — stages/tiny.toml through the stage state machine and the local backend (the last stage
+                with CP = 2); one stage is interrupted with SIGTERM once it has saved, then resumed;
+ 7. eval      — each finished stage is evaluated (passkey grid, loss by position);
+ 8. summary   — a table and the paths of everything written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from longctx.errors import LongctxError, StageError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """Sizes of the demo. `small()` is the same pipeline scaled down for tests."""
+
+    plan: Path = REPO_ROOT / "stages" / "tiny.toml"
+    vocab_size: int = 512
+    train_docs: int = 1600
+    heldout_docs: int = 40
+    min_words: int = 150
+    max_words: int = 6000
+    base_seq_length: int = 256
+    base_global_batch: int = 32
+    base_iters: int = 150
+    base_rotary_base: int = 10000
+    processes: int = 2
+    interrupt_stage: str | None = "4k"  # SIGTERM once it has saved, then resume
+    plan_overrides: dict[str, Any] | None = None
+
+    @classmethod
+    def small(cls, plan: Path) -> DemoConfig:
+        return cls(plan=plan, vocab_size=320, train_docs=160, heldout_docs=8, min_words=60, max_words=1500,
+                   base_seq_length=64, base_global_batch=8, base_iters=12, interrupt_stage=None)
+
+
+@dataclasses.dataclass
+class StepRecord:
+    step: str
+    seconds: float
+    detail: str
+    skipped: bool = False
+
+
+@dataclasses.dataclass
+class DemoReport:
+    run_dir: Path
+    steps: list[StepRecord]
+    stages: list[dict[str, Any]]
+    evaluation: dict[str, Any] | None
+    interrupted: dict[str, Any] | None
+    wall_seconds: float
+
+
+Echo = Callable[[str], None]
+
+
+def _timed(steps: list[StepRecord], name: str, echo: Echo, fn: Callable[[], tuple[str, bool]]) -> None:
+    echo(f"==> {name}")
+    t0 = time.monotonic()
+    detail, skipped = fn()
+    rec = StepRecord(name, time.monotonic() - t0, detail, skipped)
+    steps.append(rec)
+    echo(f"    {'(already done) ' if skipped else ''}{detail} [{rec.seconds:.1f} s]")
+
+
+def _tokenizer(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
+    from longctx.demo.corpus import documents
+    from longctx.tokenizer import fingerprint, train_sentencepiece, write_manifest
+
+    tok_dir = run_dir / "tokenizer"
+    manifest = tok_dir / "manifest.toml"
+    if manifest.exists():
+        return f"{tok_dir}", True
+    sample = [line for d in documents(80, seed=7, min_words=50, max_words=400) for line in d.split(" . ")]
+    train_sentencepiece(sample, tok_dir, cfg.vocab_size, layout="oellm", hf=True)
+    m = fingerprint(tok_dir, name="demo-tokenizer")
+    write_manifest(m, manifest, header="Demo tokenizer (OpenEuroLLM special-token layout), written by `longctx demo`.")
+    return f"SentencePiece vocab {m.vocab_size} (md5 {m.md5}) → {tok_dir}", False
+
+
+def _corpus(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
+    from longctx.demo.corpus import documents, write_jsonl
+
+    train, held = run_dir / "corpus" / "train.jsonl", run_dir / "corpus" / "heldout.jsonl"
+    if train.exists() and held.exists():
+        return f"{train}", True
+    n = write_jsonl(train.with_suffix(".tmp"), documents(cfg.train_docs, seed=1, min_words=cfg.min_words,
+                                                         max_words=cfg.max_words))
+    write_jsonl(held, documents(cfg.heldout_docs, seed=2, min_words=cfg.max_words // 2, max_words=cfg.max_words))
+    train.with_suffix(".tmp").rename(train)
+    return f"{n} training documents ({cfg.min_words}–{cfg.max_words} words) + {cfg.heldout_docs} held-out", False
+
+
+def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
+    from longctx.data.tokenize import tokenize_jsonl
+
+    prefix = run_dir / "data" / "corpus_text_document"
+    if Path(str(prefix) + ".idx").exists():
+        return f"{prefix}", True
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    side = tokenize_jsonl([run_dir / "corpus" / "train.jsonl"], run_dir / "tokenizer", prefix,
+                          workers=cfg.processes)
+    return f"{side.documents} documents, {side.tokens:,} tokens → {prefix}.{{bin,idx}}", False
+
+
+def _checks(run_dir: Path, rp: Any) -> tuple[str, bool]:
+    from longctx.data.check import check_datasets
+    from longctx.plan.stage_data import stage_blend
+    from longctx.tokenizer import load_manifest, verify_tokenizer
+
+    rep = verify_tokenizer(run_dir / "tokenizer", load_manifest(run_dir / "tokenizer" / "manifest.toml"))
+    if not rep.ok:
+        raise StageError("the demo tokenizer does not match its manifest", fix="delete the demo directory and rerun")
+    lengths = [rp.plan.base.seq_length] + [s.seq_length for s in rp.stages]
+    data = check_datasets(stage_blend(rp, rp.stages[0]), tokenizer=run_dir / "tokenizer", lengths=lengths,
+                          budgets={s.name: s.tokens_realized for s in rp.stages}, progress=False)
+    if not data.ok:
+        msgs = "; ".join(f.message for f in data.all_findings().errors)
+        raise StageError(f"the demo data fails its checks: {msgs}")
+    share = []
+    for p in data.prefixes:
+        stats = getattr(p, "length_stats", None)
+        if stats is not None:
+            share.append(str(stats))
+    return f"tokenizer matches its manifest; data passes (lengths {lengths})", False
+
+
+def _base(run_dir: Path, rp: Any, cfg: DemoConfig, echo: Echo) -> tuple[str, bool]:
+    from longctx.checkpoint.layout import read_tracker
+    from longctx.plan.stage_data import stage_blend
+    from longctx.stage.launch import LocalLauncher
+    from longctx.tokenizer import load_tokenizer, padded_vocab_size
+    from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
+
+    save = run_dir / "base" / "checkpoints"
+    t = read_tracker(save) if save.exists() else None
+    if t is not None and t.iteration >= cfg.base_iters:
+        return f"{save} (iteration {t.iteration})", True
+    tok = load_tokenizer(run_dir / "tokenizer")
+    spec = TrainSpec(
+        stage="base", arch=rp.arch, seq_length=cfg.base_seq_length, max_position_embeddings=cfg.base_seq_length,
+        rotary_base=cfg.base_rotary_base, padded_vocab_size=padded_vocab_size(tok.vocab_size, 128, 1),
+        tokenizer=TokenizerInfo(path=str(run_dir / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
+                                eod_id=tok.eod_id, pad_id=tok.pad_id),
+        data=[(e.weight, e.prefix) for e in stage_blend(rp, rp.stages[0]).entries], split="98,2,0",
+        data_cache_path=str(run_dir / "cache"), global_batch_size=cfg.base_global_batch, train_iters=cfg.base_iters,
+        lr=LRSchedule(lr=2e-3, min_lr=2e-4, warmup_iters=max(1, cfg.base_iters // 10), decay_iters=cfg.base_iters),
+        save=str(save), save_interval=max(1, cfg.base_iters // 3), log_interval=max(1, cfg.base_iters // 10),
+        threads_per_process=max(1, (os.cpu_count() or 1) // cfg.processes),
+        metrics_file=str(run_dir / "base" / "metrics.jsonl"),
+    )  # fmt: skip
+    spec_path = run_dir / "base" / "train_spec.json"
+    spec.dump(spec_path)
+    code = LocalLauncher(echo=True).run([sys.executable, "-m", "longctx.train", "--spec", str(spec_path)],
+                                        nproc=cfg.processes, env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
+                                        log=run_dir / "base" / "train.log")
+    if code != 0:
+        raise StageError(f"base pretraining failed (exit {code})", where=str(run_dir / "base" / "train.log"))
+    return f"{cfg.base_iters} iterations at {cfg.base_seq_length} tokens → {save}", False
+
+
+def _stage_command(plan: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "longctx", "stage", "run", str(plan), "--run-dir", str(run_dir), "--backend", "local"]
+
+
+def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | None:
+    """Run every stage; interrupt `cfg.interrupt_stage` with SIGTERM after its first save, then resume."""
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+    from longctx.stage.state import next_step, plan_state
+
+    interrupted: dict[str, Any] | None = None
+    env = dict(os.environ, LONGCTX_NO_PROGRESS="1")
+    while True:
+        rp = resolve_plan(load_plan(cfg.plan, run_dir=run_dir))
+        step = next_step(rp, plan_state(rp))
+        if step.action == "all-done":
+            return interrupted
+        if step.action == "blocked":
+            raise StageError(step.reason)
+        st = rp.stage(step.stage or "")
+        want_interrupt = (cfg.interrupt_stage == st.name and step.action == "first-launch" and interrupted is None)
+        proc = subprocess.Popen(_stage_command(cfg.plan, run_dir), env=env)
+        if want_interrupt:
+            tracker = st.save_dir / "latest_checkpointed_iteration.txt"
+            while proc.poll() is None and not tracker.exists():
+                time.sleep(0.5)
+            if proc.poll() is None:
+                echo(f"    sending SIGTERM to stage {st.name} after its first save (then resuming)")
+                proc.send_signal(signal.SIGTERM)
+        code = proc.wait()
+        after = plan_state(resolve_plan(load_plan(cfg.plan, run_dir=run_dir)))[st.index]
+        if want_interrupt:
+            interrupted = {"stage": st.name, "stopped_at": after.iteration, "target": after.target_iterations,
+                           "exit_code": code}
+            echo(f"    stage {st.name} stopped at iteration {after.iteration}/{after.target_iterations} "
+                 f"(exit {code}); relaunching resumes it")
+        elif code != 0:
+            raise StageError(f"stage {st.name} failed (exit {code})", where=str(paths_stage_logs(rp, st.name)))
+
+
+def paths_stage_logs(rp: Any, stage: str) -> Path:
+    from longctx.plan import paths
+
+    return paths.stage_dir(rp.plan, stage) / "logs"
+
+
+def _stage_rows(rp: Any, run_dir: Path) -> list[dict[str, Any]]:
+    from longctx.plan import paths
+    from longctx.stage import ledger
+    from longctx.stage.state import plan_state
+
+    rows = []
+    records = ledger.read(run_dir)
+    for st, s in zip(rp.stages, plan_state(rp), strict=True):
+        metrics_file = paths.stage_dir(rp.plan, st.name) / "metrics.jsonl"
+        metrics = [json.loads(x) for x in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
+        launches = [r for r in records if r.get("event") == "launch" and r.get("stage") == st.name]
+        rows.append({
+            "stage": st.name, "seq_length": st.seq_length, "rotary_base": st.rotary_base, "cp": st.cp,
+            "iterations": f"{s.iteration}/{s.target_iterations}", "status": s.status,
+            "launches": [r.get("action") for r in launches],
+            "first_loss": metrics[0]["loss"] if metrics else None,
+            "final_loss": metrics[-1]["loss"] if metrics else None,
+            "tokens_per_s": (sum(m["tokens_per_s"] for m in metrics[-5:]) / min(5, len(metrics))) if metrics else None,
+        })  # fmt: skip
+    return rows
+
+
+def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print) -> DemoReport:
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+
+    cfg = cfg or DemoConfig()
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    steps: list[StepRecord] = []
+    _timed(steps, "tokenizer", echo, lambda: _tokenizer(run_dir, cfg))
+    _timed(steps, "corpus", echo, lambda: _corpus(run_dir, cfg))
+    _timed(steps, "data", echo, lambda: _data(run_dir, cfg))
+    rp = resolve_plan(load_plan(cfg.plan, run_dir=run_dir))
+    _timed(steps, "checks", echo, lambda: _checks(run_dir, rp))
+    _timed(steps, "base model", echo, lambda: _base(run_dir, rp, cfg, echo))
+    interrupted: dict[str, Any] | None = None
+
+    def stages() -> tuple[str, bool]:
+        nonlocal interrupted
+        interrupted = _run_stages(run_dir, cfg, echo)
+        return f"{len(rp.stages)} stages done", False
+
+    _timed(steps, "stages", echo, stages)
+    evaluation = None
+    try:
+        from longctx.eval.runner import demo_summary
+    except ModuleNotFoundError:
+        demo_summary = None
+    if demo_summary is not None:
+        def evaluate() -> tuple[str, bool]:
+            nonlocal evaluation
+            evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints")
+            return "base and every stage evaluated", False
+
+        _timed(steps, "evaluation", echo, evaluate)
+    return DemoReport(run_dir, steps, _stage_rows(rp, run_dir), evaluation, interrupted, time.monotonic() - t0)
+
+
+__all__ = ["DemoConfig", "DemoReport", "LongctxError", "run_demo"]
