@@ -4,7 +4,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longctx.errors import TokenizerError
@@ -66,6 +66,7 @@ def test_other_manifest_errors(tmp_path: Path) -> None:
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 
 
+@settings(deadline=None)
 @given(st.lists(_text, max_size=4), st.dictionaries(_text, st.integers(0, 99), max_size=4), _text)
 def test_toml_writer_round_trips(samples: list[str], specials: dict[str, int], desc: str) -> None:
     m = TokenizerManifest(

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longctx.errors import TokenizerError
@@ -20,6 +20,7 @@ def test_gpt2_and_exact_multiples() -> None:
     assert padded_vocab_size(262144, 128, 8) == 262144
 
 
+@settings(deadline=None)
 @given(st.integers(1, 10**7), st.integers(1, 1024), st.integers(1, 64))
 def test_rule(vocab: int, div: int, tp: int) -> None:
     padded = padded_vocab_size(vocab, div, tp)
