@@ -1,0 +1,308 @@
+"""`longctx data …`: tokenize JSONL into Megatron datasets, check datasets and blends, fingerprint them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import (
+    cli_errors,
+    console,
+    exit_for,
+    parse_int_list,
+    parse_size,
+    print_findings,
+    print_json,
+)
+from longctx.errors import DatasetError
+from longctx.report import Findings
+
+app = typer.Typer(
+    help=(
+        "Megatron indexed datasets (.bin/.idx): tokenize, check, fingerprint.\n\n"
+        "Examples:\n\n"
+        "  longctx data tokenize docs/*.jsonl --tokenizer /models/tokenizer-256k --output-prefix data/books_text_document "
+        "--workers 8\n\n"
+        "  longctx data check data/books_text_document --tokenizer /models/tokenizer-256k --lengths 16K,64K,128K\n\n"
+        '  longctx data check --data-path "0.7 data/books_text_document 0.3 data/code_text_document" '
+        "--tokenizer /models/tokenizer-256k --budget stage2=20B\n\n"
+        "  longctx data check --data-args-path datamix.txt --tokenizer /models/tokenizer-256k --strict --json"
+    ),
+    no_args_is_help=True,
+)
+
+
+@app.command("tokenize")
+@cli_errors
+def tokenize_cmd(
+    inputs: list[Path] = typer.Argument(..., help="JSONL files (one document per line; .gz allowed)."),
+    tokenizer: Path = typer.Option(
+        ..., "--tokenizer", "-t", help="tokenizer.model, HF tokenizer dir, or GPT-2 dir."
+    ),
+    output_prefix: str = typer.Option(
+        ..., "--output-prefix", "-o", help="Writes PREFIX.bin, PREFIX.idx, PREFIX.longctx.json."
+    ),
+    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Tokenizer processes."),
+    json_key: str = typer.Option("text", "--json-key", help="JSON field holding the text."),
+    add_bos: bool = typer.Option(
+        False, "--add-bos", help="Prepend BOS to every document (EOD is always appended)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing prefix."),
+    json_out: bool = typer.Option(False, "--json", help="Print the sidecar as JSON."),
+) -> None:
+    """Tokenize JSONL into a Megatron dataset with megatron-core's builder; EOD after every document.
+
+    The token dtype follows the vocabulary (uint16 below 65500, else int32). Output appears atomically;
+    an existing prefix is refused unless --force.
+
+    Example: longctx data tokenize a.jsonl b.jsonl.gz -t /models/tokenizer-256k -o data/mix_text_document -w 8
+    """
+    from longctx.data import tokenize_jsonl
+
+    sidecar = tokenize_jsonl(
+        inputs, tokenizer, output_prefix, json_key=json_key, workers=workers, force=force, add_bos=add_bos
+    )
+    if json_out:
+        print_json(sidecar)
+        return
+    console.print(
+        f"[green]wrote[/] {output_prefix}.bin/.idx: {sidecar.documents:,} documents, {sidecar.tokens:,} tokens "
+        f"({sidecar.dtype}), tokenizer md5 {sidecar.tokenizer.md5}",
+        highlight=False,
+    )
+
+
+def _parse_budgets(values: list[str] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for raw in values or []:
+        name, sep, amount = raw.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(
+                f"expected STAGE=TOKENS (e.g. stage2=20B), got {raw!r}", param_hint="--budget"
+            )
+        out[name.strip()] = parse_size(amount)
+    return out
+
+
+def _needs_from_plan(path: Path) -> tuple[list[int], dict[str, int]]:
+    """Stage lengths and token budgets of a plan (the plan module is optional at this layer)."""
+    try:
+        from longctx.plan.load import load_plan
+    except ImportError:
+        raise DatasetError(
+            "--plan needs the plan module (longctx.plan.load_plan), which this installation lacks",
+            where=str(path),
+            fix="pass the stage lengths and budgets directly: --lengths 16K,64K --budget stage2=20B",
+        ) from None
+    plan = load_plan(path)
+    if hasattr(plan, "data_needs"):
+        lengths, budgets = plan.data_needs()
+        return list(lengths), dict(budgets)
+    lengths, budgets = [], {}
+    for stage in getattr(plan, "stages", []):
+        length = getattr(stage, "seq_length", None)
+        tokens = getattr(stage, "tokens", None) or getattr(stage, "train_tokens", None)
+        if length is None or tokens is None:
+            raise DatasetError(
+                "cannot read stage lengths and token budgets from this plan",
+                where=str(path),
+                fix="pass --lengths and --budget instead",
+            )
+        lengths.append(int(length))
+        budgets[str(getattr(stage, "name", f"stage{len(budgets) + 1}"))] = int(tokens)
+    return lengths, budgets
+
+
+@app.command("check")
+@cli_errors
+def check_cmd(
+    prefixes: list[str] = typer.Argument(None, help="Dataset prefixes (size-weighted), instead of a blend."),
+    data_path: str | None = typer.Option(
+        None, "--data-path", help='Megatron blend: "W1 P1 W2 P2 …" or "P1 P2 …".'
+    ),
+    data_args_path: Path | None = typer.Option(
+        None, "--data-args-path", help="File holding a blend (Megatron's --data-args-path)."
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", "-t", help="The model's tokenizer (vocab, EOD, md5)."
+    ),
+    plan: Path | None = typer.Option(
+        None, "--plan", help="Stage plan: takes stage lengths and token budgets from it."
+    ),
+    lengths: str | None = typer.Option(None, "--lengths", help="Stage sequence lengths, e.g. 16K,64K,128K."),
+    budget: list[str] = typer.Option(
+        None, "--budget", help="STAGE=TOKENS (e.g. stage2=20B); repeat per stage."
+    ),
+    vocab_size: int | None = typer.Option(None, "--vocab-size", min=1, help="Override the vocabulary size."),
+    eod_id: int | None = typer.Option(None, "--eod-id", min=0, help="Override the EOD id."),
+    strict: bool = typer.Option(False, "--strict", help="Treat warnings (e.g. a missing sidecar) as errors."),
+    no_scan: bool = typer.Option(False, "--no-scan", help="Index checks only; skip the full token scan."),
+    workers: int | None = typer.Option(
+        None, "--workers", "-w", min=1, help="Scan threads (default: CPUs, at most 8)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check datasets for a stage: format, token ids vs vocab, EOD, document lengths, budgets, tokenizer md5.
+
+    Exit 2 on any error (any warning too with --strict). Nothing on disk is changed.
+
+    Example: longctx data check --data-args-path mix.txt -t /models/tokenizer-256k --lengths 64K --budget s64k=20B
+    """
+    from longctx.data import check_datasets, read_data_args
+
+    sources = sum(x is not None and x != [] for x in (prefixes or None, data_path, data_args_path))
+    if sources != 1:
+        raise DatasetError(
+            "give the datasets one way",
+            fix="pass PREFIX arguments, or --data-path 'W P …', or --data-args-path FILE (exactly one)",
+        )
+    datasets: Any
+    if data_args_path is not None:
+        datasets = read_data_args(data_args_path, check_exists=False)
+    elif data_path is not None:
+        datasets = data_path
+    else:
+        datasets = list(prefixes)
+    stage_lengths = parse_int_list(lengths) or []
+    budgets = _parse_budgets(budget)
+    if plan is not None:
+        plan_lengths, plan_budgets = _needs_from_plan(plan)
+        stage_lengths = sorted(set(stage_lengths) | set(plan_lengths))
+        budgets = {**plan_budgets, **budgets}
+    report = check_datasets(
+        datasets,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        eod_id=eod_id,
+        lengths=stage_lengths,
+        budgets=budgets,
+        strict=strict,
+        workers=workers,
+        scan=not no_scan,
+    )
+    if json_out:
+        print_json({"ok": report.ok, **vars(report)})
+    else:
+        render_report(report)
+    exit_for(report.all_findings())
+
+
+def render_report(report: Any) -> None:
+    from longctx.data.stats import label
+
+    for p in report.prefixes:
+        table = Table(title=p.prefix, show_header=False, title_justify="left")
+        table.add_column("fact", style="bold")
+        table.add_column("value", overflow="fold")
+        if p.weight is not None or p.share is not None:
+            w = f"{p.weight:g}" if p.weight is not None else "by size"
+            table.add_row("weight", f"{w} (share {p.share:.3f})" if p.share is not None else w)
+        if p.index:
+            ix = p.index
+            table.add_row(
+                "format", f"{ix['dtype']}, {ix['documents']:,} documents, {ix['sequences']:,} sequences"
+            )
+            table.add_row("tokens", f"{ix['tokens']:,} ({ix['bin_bytes'] / 2**30:.2f} GiB .bin)")
+        if p.scan is not None:
+            s = p.scan
+            vocab = f" (vocab {report.vocab_size})" if report.vocab_size is not None else ""
+            table.add_row("max token id", f"{s.max_id}{vocab}")
+            if report.eod_id is not None and p.index:
+                ended = p.index["documents"] - s.documents_without_eod
+                table.add_row(
+                    "EOD",
+                    f"{s.eod_count:,} EOD tokens; {ended:,}/{p.index['documents']:,} documents end with it",
+                )
+            rate = s.bytes_scanned / s.seconds / 1e9 if s.seconds else 0.0
+            table.add_row(
+                "scan",
+                f"{s.bytes_scanned / 2**30:.2f} GiB in {s.seconds:.1f} s ({rate:.2f} GB/s, all datasets)",
+            )
+        if p.lengths is not None and p.lengths.documents:
+            ls = p.lengths
+            pct = ", ".join(f"p{k} {v:,}" for k, v in (ls.percentiles or {}).items())
+            table.add_row(
+                "doc length",
+                f"min {ls.min_length:,}, {pct + ', ' if pct else ''}max {ls.max_length:,}, mean {ls.mean_length:,.0f}",
+            )
+            bins = [
+                f"{'<' + label(b.hi) if b.lo == 0 else label(b.lo) + ('–' + label(b.hi) if b.hi else '+')}: "
+                f"{b.tokens / ls.tokens:.0%}"
+                for b in ls.histogram
+                if b.documents
+            ]
+            table.add_row("tokens by doc length", ", ".join(bins))
+            for cov in ls.coverage:
+                table.add_row(
+                    f"≥ {label(cov.length)}",
+                    f"{cov.token_share:.1%} of tokens in {cov.documents_at_least:,} docs; "
+                    f"{cov.single_document_samples:,} single-doc / {cov.packed_samples:,} packed samples",
+                )
+        for stage, epochs in p.epochs.items():
+            style = "yellow" if epochs > 1 else ""
+            table.add_row(f"epochs {stage}", f"[{style}]{epochs:.2f}[/]" if style else f"{epochs:.2f}")
+        if p.sidecar:
+            table.add_row("sidecar", f"tokenizer md5 {p.sidecar['tokenizer']['md5']} ({p.sidecar['origin']})")
+        console.print(table)
+        _print_problems(p.findings)
+    if len(report.prefixes) > 1 or report.findings:
+        summary = Table(title="blend", title_justify="left")
+        for col in (
+            "prefix",
+            "weight",
+            "share",
+            "tokens",
+            *[f"epochs {s}" for s in report.budgets],
+            "status",
+        ):
+            summary.add_column(col)
+        for p in report.prefixes:
+            n_err = len(p.findings.errors)
+            summary.add_row(
+                p.prefix,
+                f"{p.weight:g}" if p.weight is not None else "size",
+                f"{p.share:.3f}" if p.share is not None else "-",
+                f"{p.index['tokens']:,}" if p.index else "-",
+                *[f"{p.epochs[s]:.2f}" if s in p.epochs else "-" for s in report.budgets],
+                "[green]ok[/]" if n_err == 0 else f"[red]{n_err} error(s)[/]",
+            )
+        console.print(summary)
+        _print_problems(report.findings, show_info=True)
+    errors = len(report.all_findings().errors)
+    console.print(
+        f"data check: {'[green]OK[/]' if errors == 0 else f'[bold red]{errors} error(s)[/]'}", highlight=False
+    )
+
+
+def _print_problems(findings: Findings, *, show_info: bool = False) -> None:
+    shown = Findings(f for f in findings if show_info or f.level != "info")
+    if shown:
+        print_findings(shown)
+
+
+@app.command("fingerprint")
+@cli_errors
+def fingerprint_cmd(
+    prefix: str = typer.Argument(
+        ..., help="Dataset prefix made elsewhere (e.g. by Megatron's preprocess_data.py)."
+    ),
+    tokenizer: Path = typer.Option(..., "--tokenizer", "-t", help="The tokenizer the dataset was made with."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing sidecar."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Write PREFIX.longctx.json for a dataset made elsewhere, after a full check with the tokenizer passes.
+
+    Example: longctx data fingerprint data/books_text_document -t /models/tokenizer-256k
+    """
+    from longctx.data import fingerprint_dataset
+
+    sidecar = fingerprint_dataset(prefix, tokenizer, force=force)
+    if json_out:
+        print_json(sidecar)
+    else:
+        console.print(
+            f"[green]wrote[/] {prefix}.longctx.json (tokenizer md5 {sidecar.tokenizer.md5})", highlight=False
+        )
