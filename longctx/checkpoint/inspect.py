@@ -179,12 +179,8 @@ def _is_model_key(key: str) -> bool:
 
 
 def _files_bytes(tree: Tree, rel: str, index: DcpIndex) -> int:
-    total = 0
-    for name in index.files:
-        p = join(rel, name)
-        if tree.is_file(p):
-            total += tree.size(p)
-    return total
+    on_disk = tree.file_sizes(rel)
+    return sum(on_disk.get(name, 0) for name in index.files)
 
 
 def _tracker_dict(t: Tracker | None) -> dict[str, Any] | None:

@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from longctx.checkpoint.layout import COMMON_PT, DCP_METADATA, METADATA_JSON
 from longctx.checkpoint.tree import Tree, join
-from longctx.checkpoint.unpickle import safe_torch_load, safe_unpickle
+from longctx.checkpoint.unpickle import gc_paused, safe_torch_load, safe_unpickle
 from longctx.errors import CheckpointError
 
 COMMON_STATE_KEY = "common_state/shard_0_1"
@@ -88,8 +90,43 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_CACHE: collections.OrderedDict[tuple[Any, ...], DcpIndex] = collections.OrderedDict()
+_CACHE_SIZE = 4
+
+
+def _cache_key(tree: Tree, path: str, stub_megatron: bool | None) -> tuple[Any, ...]:
+    r = tree.byte_range(path)
+    st = os.stat(r.path)
+    return (str(r.path), r.offset, r.length, st.st_ino, st.st_size, st.st_mtime_ns, stub_megatron)
+
+
 def read_dcp_index(tree: Tree, rel: str, *, stub_megatron: bool | None = None) -> DcpIndex:
-    """Read and summarise `.metadata` of checkpoint dir `rel` (raises CheckpointError if missing/corrupt)."""
+    """Read and summarise `.metadata` of checkpoint dir `rel` (raises CheckpointError if missing/corrupt).
+
+    The summary of an unchanged file (same inode, size and mtime) is reused within the process, so
+    inspect followed by verify unpickles a large index once. Treat the result as read-only.
+    """
+    path = join(rel, DCP_METADATA)
+    if tree.is_file(path):
+        key = _cache_key(tree, path, stub_megatron)
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+        with gc_paused():
+            index = _read_dcp_index(tree, rel, stub_megatron)
+        _CACHE[key] = index
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+        return index
+    return _read_dcp_index(tree, rel, stub_megatron)
+
+
+def clear_index_cache() -> None:
+    _CACHE.clear()
+
+
+def _read_dcp_index(tree: Tree, rel: str, stub_megatron: bool | None) -> DcpIndex:
     path = join(rel, DCP_METADATA)
     where = tree.where(path)
     if not tree.is_file(path):
@@ -253,6 +290,7 @@ __all__ = [
     "ItemLocation",
     "TensorInfo",
     "args_dict",
+    "clear_index_cache",
     "read_backend",
     "read_common_state",
     "read_dcp_index",

@@ -67,6 +67,10 @@ class Tree(ABC):
     def exists(self, rel: str) -> bool:
         return self.is_file(rel) or self.is_dir(rel)
 
+    def file_sizes(self, rel: str) -> dict[str, int]:
+        """{name: size} of the regular files directly in directory `rel` (one listing, no per-file lookups)."""
+        return {n: self.size(join(rel, n)) for n in self.listdir(rel) if self.is_file(join(rel, n))}
+
     def read_bytes(self, rel: str, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes of file `rel` (all, or `length` from `offset`); short reads raise CheckpointError."""
         r = self.byte_range(rel)
@@ -128,6 +132,20 @@ class DirTree(Tree):
 
     def size(self, rel: str) -> int:
         return self.path(rel).stat().st_size
+
+    def file_sizes(self, rel: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        try:
+            with os.scandir(self.path(rel)) as it:
+                for e in it:
+                    try:
+                        if e.is_file():  # follows symlinks, as the Hub cache needs
+                            out[e.name] = e.stat().st_size
+                    except OSError:
+                        continue
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        return out
 
     def byte_range(self, rel: str) -> ByteRange:
         p = self.path(rel)

@@ -90,12 +90,16 @@ def check_shards(tree: Tree, rel: str, index: DcpIndex, findings: Findings) -> t
     missing: list[str] = []
     truncated: list[tuple[str, int, int]] = []
     total = 0
+    on_disk = tree.file_sizes(rel)
     for name, ext in sorted(index.files.items()):
-        p = join(rel, name)
-        if not tree.is_file(p):
+        size = (
+            on_disk.get(name)
+            if "/" not in name
+            else (tree.size(join(rel, name)) if tree.is_file(join(rel, name)) else None)
+        )
+        if size is None:
             missing.append(name)
             continue
-        size = tree.size(p)
         total += size
         if size < ext.min_size:
             truncated.append((name, size, ext.min_size))
@@ -119,7 +123,7 @@ def check_shards(tree: Tree, rel: str, index: DcpIndex, findings: Findings) -> t
         if len(items) > _MAX_LISTED:
             findings.error(f"{label}-shard", f"... and {len(items) - _MAX_LISTED} more {label} shards")
     referenced = set(index.files)
-    extra = [n for n in tree.listdir(rel) if DISTCP_RE.match(n) and n not in referenced]
+    extra = sorted(n for n in on_disk if DISTCP_RE.match(n) and n not in referenced)
     if extra:
         findings.warning(
             "unreferenced-shard",
