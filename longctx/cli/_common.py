@@ -82,6 +82,8 @@ def print_findings(findings: Findings, title: str | None = None) -> None:
         line = f"error: {f.code}: {f.message}"
         if f.expected is not None or f.found is not None:
             line += f" (expected {f.expected!s}, found {f.found!s})"
+        if f.where:
+            line += f" [{f.where}]"
         err_console.print(line, style="red", highlight=False, soft_wrap=True)
 
 
