@@ -37,14 +37,15 @@ class RingComm:
         self.prev_rank = dist.get_global_rank(group, (self.rank - 1) % self.world)
         self._pending: list[dist.Work] = []
 
-    def start(self, send: Tensor, recv: Tensor) -> None:
-        """Begin sending `send` to the next rank and receiving into `recv` from the previous one."""
+    def start(self, send: list[Tensor], recv: list[Tensor]) -> None:
+        """Begin sending `send` to the next rank and receiving `recv` from the previous one.
+
+        The tensors must stay alive and untouched until `wait()`; `send` must be contiguous.
+        """
         if self._pending:
             raise RuntimeError("RingComm.start called while an exchange is still in flight")
-        ops = [
-            dist.P2POp(dist.isend, send, self.next_rank, self.group, self.tag),
-            dist.P2POp(dist.irecv, recv, self.prev_rank, self.group, self.tag),
-        ]
+        ops = [dist.P2POp(dist.isend, t, self.next_rank, self.group, self.tag) for t in send]
+        ops += [dist.P2POp(dist.irecv, t, self.prev_rank, self.group, self.tag) for t in recv]
         self._pending = list(dist.batch_isend_irecv(ops))
 
     def wait(self) -> None:

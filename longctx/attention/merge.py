@@ -25,5 +25,5 @@ def merge_(out_acc: Tensor, lse_acc: Tensor, block_out: Tensor, block_lse: Tenso
     # [b, h, s] → [b, s, h, 1] to scale the rows of out
     w_old = (lse_acc - new_lse).exp_().transpose(1, 2).unsqueeze(-1)
     w_new = (block_lse - new_lse).exp_().transpose(1, 2).unsqueeze(-1)
-    out_acc.mul_(w_old).add_(block_out.to(out_acc.dtype) * w_new)
+    out_acc.mul_(w_old).addcmul_(block_out, w_new)  # no block-sized temporary
     lse_acc.copy_(new_lse)

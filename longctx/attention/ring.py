@@ -1,6 +1,6 @@
 """Context-parallel ring attention over zigzag-sharded sequences.
 
-Forward: K and V (kv heads only, stacked into one buffer) travel once around the CP ring; the next
+Forward: K and V (kv heads only) travel once around the CP ring; the next
 chunk's transfer is started before the current block is computed. Partial outputs merge through the
 LSE in float32. Backward: K/V travel around again, together with float32 dK/dV accumulators that
 follow their chunk and arrive back at its owner after the last step; each block recomputes its
@@ -63,25 +63,25 @@ def ring_forward(
         out, lse = blk.forward(q, k, v, causal, scale)
         return out, lse.to(lse_dtype(q.dtype))
     acc = lse_dtype(q.dtype)
-    plan = ring_plan(rank, world, q.shape[1], causal)
-    bufs = [torch.stack([k, v]), None]
-    bufs[1] = torch.empty_like(bufs[0])
     comm = RingComm(group, tag=_KV_TAG)  # type: ignore[arg-type]
+    cur_k, cur_v = k.contiguous(), v.contiguous()
     out_acc: Tensor | None = None
     lse_acc: Tensor | None = None
-    for block in plan:
-        kv = bufs[block.step % 2]
+    for block in ring_plan(rank, world, q.shape[1], causal):
         last = block.step == world - 1
-        if not last:
-            comm.start(kv, bufs[(block.step + 1) % 2])
-        b_out, b_lse = blk.forward(q[:, block.q], kv[0][:, block.k], kv[1][:, block.k], block.causal, scale)
+        if not last:  # next chunk in flight while this one is computed
+            nxt_k, nxt_v = torch.empty_like(cur_k), torch.empty_like(cur_v)
+            comm.start([cur_k, cur_v], [nxt_k, nxt_v])
+        b_out, b_lse = blk.forward(q[:, block.q], cur_k[:, block.k], cur_v[:, block.k], block.causal, scale)
         if out_acc is None or lse_acc is None:  # step 0 always covers every local query
             out_acc = b_out.to(acc).contiguous()
             lse_acc = b_lse.to(acc).contiguous()
         else:
             merge_(out_acc[:, block.q], lse_acc[:, :, block.q], b_out, b_lse)
+        del b_out, b_lse
         if not last:
             comm.wait()
+            cur_k, cur_v = nxt_k, nxt_v
     assert out_acc is not None and lse_acc is not None
     return out_acc.to(q.dtype), lse_acc
 
@@ -98,45 +98,49 @@ def ring_backward(
     scale: float,
     blk: BlockKernel,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) for this rank's chunks, given the saved final out and lse."""
+    """(dq, dk, dv) for this rank's chunks, given the saved final out and lse.
+
+    Buffers are kept to what the overlap needs: the K/V chunk in use and the next one in flight, the
+    dK/dV accumulator being sent and the one being received (float32), plus one block's gradients.
+    """
     world, rank = group_size(group), group_rank(group)
     if world == 1:
         return blk.backward(dout, q, k, v, out, lse, causal, scale)
     acc = lse_dtype(q.dtype)
-    plan = ring_plan(rank, world, q.shape[1], causal)
-    kv_bufs = [torch.stack([k, v]), None]
-    kv_bufs[1] = torch.empty_like(kv_bufs[0])
-    shape = (2, *k.shape)
-    dkv_bufs = [
-        torch.zeros(shape, dtype=acc, device=k.device),
-        torch.empty(shape, dtype=acc, device=k.device),
-    ]
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv_comm = RingComm(group, tag=_KV_TAG)  # type: ignore[arg-type]
     dkv_comm = RingComm(group, tag=_DKV_TAG)  # type: ignore[arg-type]
-    for block in plan:
-        step = block.step
-        kv = kv_bufs[step % 2]
+    cur_k, cur_v = k.contiguous(), v.contiguous()
+    dq: Tensor | None = None
+    recv_dk = recv_dv = None
+    for block in ring_plan(rank, world, q.shape[1], causal):
+        step, qs, ks = block.step, block.q, block.k
         last = step == world - 1
         if not last:
-            kv_comm.start(kv, kv_bufs[(step + 1) % 2])
-        qs, ks = block.q, block.k
+            nxt_k, nxt_v = torch.empty_like(cur_k), torch.empty_like(cur_v)
+            kv_comm.start([cur_k, cur_v], [nxt_k, nxt_v])
         b_dq, b_dk, b_dv = blk.backward(
-            dout[:, qs], q[:, qs], kv[0][:, ks], kv[1][:, ks], out[:, qs], lse[:, :, qs], block.causal, scale
+            dout[:, qs], q[:, qs], cur_k[:, ks], cur_v[:, ks], out[:, qs], lse[:, :, qs], block.causal, scale
         )
-        if step > 0:
-            dkv_comm.wait()  # the accumulator of this K/V chunk, from the previous rank
-        dkv = dkv_bufs[step % 2]
-        dq[:, qs] += b_dq
-        dkv[0][:, ks] += b_dk
-        dkv[1][:, ks] += b_dv
-        # pass it on; after the last step it lands at the chunk's owner
-        dkv_comm.start(dkv, dkv_bufs[(step + 1) % 2])
+        if dq is None:  # step 0 covers every local query and key: its gradients start the sums
+            dq = b_dq.to(acc).contiguous()
+            send_dk, send_dv = b_dk.to(acc).contiguous(), b_dv.to(acc).contiguous()
+        else:
+            dq[:, qs] += b_dq
+            dkv_comm.wait()  # this chunk's accumulator, from the previous rank; our last send is done
+            assert recv_dk is not None and recv_dv is not None
+            recv_dk[:, ks] += b_dk
+            recv_dv[:, ks] += b_dv
+            send_dk, send_dv = recv_dk, recv_dv
+        del b_dq, b_dk, b_dv
+        # pass the accumulator on; after the last step it lands at the chunk's owner
+        recv_dk, recv_dv = torch.empty_like(send_dk), torch.empty_like(send_dv)
+        dkv_comm.start([send_dk, send_dv], [recv_dk, recv_dv])
         if not last:
             kv_comm.wait()
+            cur_k, cur_v = nxt_k, nxt_v
     dkv_comm.wait()
-    home = dkv_bufs[world % 2]
-    return dq.to(q.dtype), home[0].to(k.dtype), home[1].to(v.dtype)
+    assert dq is not None and recv_dk is not None and recv_dv is not None
+    return dq.to(q.dtype), recv_dk.to(k.dtype), recv_dv.to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
