@@ -1,0 +1,1 @@
+"""Benchmarks: each prints figures against a baseline measured in the same run."""

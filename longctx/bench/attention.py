@@ -1,0 +1,387 @@
+"""Context-parallel attention benchmark: fwd+bwd per rank at CP = n against one process on the full
+sequence, with the same thread count per process.
+
+Every measurement runs in a fresh spawned process (the CP ranks talk over gloo), so its peak memory
+can be read honestly from the kernel's own accounting of the process: after an identical warm-up
+(one fwd+bwd on a short sequence, which triggers one-off allocations such as BLAS workspaces), the
+peak resident set (VmHWM) is reset through /proc/self/clear_refs and the figure is the peak during
+the iterations minus the resident set just before the inputs are allocated (glibc's mmap threshold
+is pinned at 1 MiB so that freed tensors leave the resident set and iterations do not ratchet it). That covers
+everything torch allocated — inputs, kernel workspaces, ring buffers, gradients — which Python-level
+tracers miss. Where the peak cannot be reset, the increase of `getrusage` `ru_maxrss` is used and the
+report says so.
+
+Figures (not asserted anywhere): parallel efficiency t_full / (CP · t_cp) with t_cp the slowest
+rank's median, per-rank peak memory / full, and the per-rank block-FLOP balance (max/min) of the
+zigzag split versus a contiguous split, counted from the blocks each rank actually computes.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from longctx.attention.blocks import Block, contiguous_ring_plan, plan_pairs, ring_plan
+from longctx.attention.zigzag import check_zigzag_len
+from longctx.errors import AttentionError
+
+MEMORY_METHODS = {
+    "hwm": "peak RSS (VmHWM, reset after warm-up) minus RSS before the inputs, fresh process per run",
+    "maxrss": "increase of getrusage ru_maxrss over the timed runs, fresh process per run",
+}
+TARGETS = {"efficiency": 0.9, "memory_ratio": 0.55, "balance": 1.02}
+_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class AttentionBenchSpec:
+    seq_lens: tuple[int, ...] = (8192, 16384)
+    cp: int = 2
+    batch: int = 1
+    heads: int = 8
+    kv_heads: int | None = None  # None = heads (MHA)
+    head_dim: int = 64
+    threads: int = 1
+    repeats: int = 3
+    warmup: int = 1
+    dtype: str = "float32"
+    causal: bool = True
+    variant: str = "ring"  # or "allgather"
+    timeout_s: float = 3600.0
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+
+@dataclass
+class RankMeasure:
+    rank: int
+    times_s: list[float]
+    peak_mem_bytes: int
+    held_after_forward_bytes: int
+    memory_method: str
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+
+@dataclass
+class AttentionBenchCase:
+    seq_len: int
+    t_full_s: float
+    t_cp_s: float  # slowest rank's median
+    efficiency: float
+    mem_full_bytes: int
+    mem_cp_bytes: int  # largest rank
+    memory_ratio: float
+    held_full_bytes: int  # resident after forward: saved activations, inputs, output
+    held_cp_bytes: int
+    held_ratio: float
+    flops_per_rank_zigzag: list[int]
+    flops_per_rank_contiguous: list[int]
+    balance_zigzag: float
+    balance_contiguous: float
+    ranks: list[RankMeasure] = field(default_factory=list)
+
+
+@dataclass
+class AttentionBenchReport:
+    spec: AttentionBenchSpec
+    cases: list[AttentionBenchCase]
+    memory_method: str = MEMORY_METHODS["hwm"]
+    targets: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
+    host: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": asdict(self.spec),
+            "memory_method": self.memory_method,
+            "targets": self.targets,
+            "host": self.host,
+            "cases": [
+                {
+                    **{k: v for k, v in asdict(c).items() if k != "ranks"},
+                    "ranks": [asdict(r) for r in c.ranks],
+                }
+                for c in self.cases
+            ],
+        }
+
+
+def validate_spec(spec: AttentionBenchSpec) -> None:
+    if spec.cp < 2:
+        raise AttentionError(f"the benchmark compares CP ≥ 2 with one process; got CP = {spec.cp}")
+    for s in spec.seq_lens:
+        check_zigzag_len(s, spec.cp)
+    if spec.n_kv_heads < 1 or spec.heads % spec.n_kv_heads:
+        raise AttentionError(
+            f"KV heads ({spec.n_kv_heads}) do not divide query heads ({spec.heads})",
+            fix="choose --kv-heads dividing --heads",
+        )
+    if spec.dtype not in _DTYPES:
+        raise AttentionError(f"dtype {spec.dtype!r} not benchmarked", fix=f"use one of {', '.join(_DTYPES)}")
+    if spec.variant not in ("ring", "allgather"):
+        raise AttentionError(f"variant {spec.variant!r} unknown", fix="use ring or allgather")
+    if spec.threads < 1 or spec.repeats < 1 or spec.warmup < 0 or spec.batch < 1:
+        raise AttentionError("threads, repeats and batch must be ≥ 1 and warmup ≥ 0")
+
+
+def block_flops(blocks: list[Block], *, batch: int, heads: int, head_dim: int) -> int:
+    """Forward matmul FLOPs of these blocks (QKᵀ and PV: 2·2·d per visible query-key pair and head)."""
+    return 4 * batch * heads * head_dim * plan_pairs(blocks)
+
+
+def flop_balance(spec: AttentionBenchSpec, seq_len: int) -> tuple[list[int], list[int]]:
+    local = seq_len // spec.cp
+    kw = dict(batch=spec.batch, heads=spec.heads, head_dim=spec.head_dim)
+    zig = [block_flops(ring_plan(r, spec.cp, local, spec.causal), **kw) for r in range(spec.cp)]
+    cont = [block_flops(contiguous_ring_plan(r, spec.cp, local, spec.causal), **kw) for r in range(spec.cp)]
+    return zig, cont
+
+
+def _safe_ratio(a: int, b: int) -> float:
+    return a / b if b > 0 else float("nan")
+
+
+def _ratio(values: list[int]) -> float:
+    return max(values) / min(values) if min(values) > 0 else float("inf")
+
+
+# ----------------------------------------------------------------------------------- measurement
+
+
+def _maxrss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # Linux reports KiB
+
+
+def _status_bytes(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+def _fixed_mmap_threshold() -> None:
+    # glibc raises its mmap threshold after large frees and then serves tensors from a heap that only
+    # grows; a fixed 1 MiB threshold keeps every tensor-sized block mmap'd, so RSS follows live memory
+    # and repeated iterations do not ratchet the peak. Applied identically to every process.
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _trim_heap() -> None:
+    # hand freed heap pages back to the OS so the warm-up's leftovers are not reused unseen
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _PeakMemory:
+    """Peak resident memory of this process from `start()` on (see the module docstring)."""
+
+    def start(self) -> None:
+        self.method = "maxrss"
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS (Linux ≥ 4.0)
+            if _status_bytes("VmHWM") is not None:
+                self.method = "hwm"
+        except OSError:
+            pass
+        if self.method == "hwm":
+            self.base = _status_bytes("VmRSS") or 0
+        else:
+            self.base = _maxrss_bytes()
+
+    def current_increase(self) -> int:
+        now = _status_bytes("VmRSS") if self.method == "hwm" else None
+        return max(0, now - self.base) if now is not None else 0
+
+    def peak_increase(self) -> int:
+        peak = _status_bytes("VmHWM") if self.method == "hwm" else _maxrss_bytes()
+        return max(0, (peak or 0) - self.base)
+
+
+def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, out: Any) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from longctx.attention import allgather_attention, ring_attention
+
+        _fixed_mmap_threshold()
+        torch.set_num_threads(spec.threads)
+        group = None
+        if world > 1:
+            dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+            group = dist.group.WORLD
+        fn = ring_attention if spec.variant == "ring" else allgather_attention
+        dtype = getattr(torch, spec.dtype)
+        # identical warm-up in every process (no communication): one-off allocations stay out
+        warm_len = min(1024, seq_len // world)
+        wq = torch.randn(1, warm_len, spec.heads, spec.head_dim, dtype=dtype, requires_grad=True)
+        wkv = torch.randn(1, warm_len, spec.n_kv_heads, spec.head_dim, dtype=dtype, requires_grad=True)
+        w_out = fn(wq, wkv, wkv, group=None, causal=spec.causal)
+        w_out.backward(torch.randn_like(w_out))  # a dense upstream gradient, as in the timed runs
+        del wq, wkv, w_out
+        _trim_heap()
+
+        memory = _PeakMemory()
+        memory.start()
+        local = seq_len // world
+        gen = torch.Generator().manual_seed(rank)
+        q = (
+            torch.randn(spec.batch, local, spec.heads, spec.head_dim, generator=gen)
+            .to(dtype)
+            .requires_grad_()
+        )
+        k = (
+            torch.randn(spec.batch, local, spec.n_kv_heads, spec.head_dim, generator=gen)
+            .to(dtype)
+            .requires_grad_()
+        )
+        v = (
+            torch.randn(spec.batch, local, spec.n_kv_heads, spec.head_dim, generator=gen)
+            .to(dtype)
+            .requires_grad_()
+        )
+        dout = torch.randn(spec.batch, local, spec.heads, spec.head_dim, generator=gen).to(dtype)
+        times: list[float] = []
+        for i in range(spec.warmup + spec.repeats):
+            if group is not None:
+                dist.barrier(group)
+            t0 = time.perf_counter()
+            result = fn(q, k, v, group=group, causal=spec.causal)
+            if i == 0:  # what forward leaves for backward (in a model: per layer, until its backward)
+                held = memory.current_increase()
+            result.backward(dout)
+            elapsed = time.perf_counter() - t0
+            del result
+            q.grad = k.grad = v.grad = None
+            if i >= spec.warmup:
+                times.append(elapsed)
+        measure = RankMeasure(rank, times, memory.peak_increase(), held, memory.method)
+        out.put(("ok", rank, measure))
+        if group is not None:
+            dist.barrier(group)
+            dist.destroy_process_group()
+    except BaseException as err:  # reported to the parent, which raises
+        import traceback
+
+        out.put(("error", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def _measure(spec: AttentionBenchSpec, seq_len: int, world: int) -> list[RankMeasure]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="longctx-bench-") as tmp:
+        init_file = os.path.join(tmp, "init")
+        procs = [
+            ctx.Process(target=_worker, args=(r, world, init_file, spec, seq_len, results), daemon=True)
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        got: dict[int, RankMeasure] = {}
+        errors: list[str] = []
+        deadline = time.monotonic() + spec.timeout_s
+        try:
+            while len(got) + len(errors) < world:
+                try:
+                    status, rank, value = results.get(timeout=5.0)
+                except queue.Empty:
+                    dead = [p.exitcode for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+                    if dead:
+                        errors.append(f"worker(s) died with exit codes {dead} (out of memory?)")
+                    elif time.monotonic() > deadline:
+                        errors.append(f"no result after {spec.timeout_s:.0f} s")
+                    else:
+                        continue
+                    break
+                if status == "ok":
+                    got[rank] = value
+                else:
+                    errors.append(f"rank {rank}: {value}")
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+        if errors:
+            raise AttentionError(
+                f"attention benchmark failed at S = {seq_len}, {world} process(es): " + "; ".join(errors),
+                where="longctx bench attention",
+            )
+    return [got[r] for r in range(world)]
+
+
+def run_attention_bench(spec: AttentionBenchSpec, *, advance: Any = None) -> AttentionBenchReport:
+    """Measure every sequence length of `spec`; `advance()` is called after each measurement."""
+    validate_spec(spec)
+    cases: list[AttentionBenchCase] = []
+    for seq_len in spec.seq_lens:
+        full = _measure(spec, seq_len, 1)[0]
+        if advance:
+            advance()
+        ranks = _measure(spec, seq_len, spec.cp)
+        if advance:
+            advance()
+        t_cp = max(r.median_s for r in ranks)
+        mem_cp = max(r.peak_mem_bytes for r in ranks)
+        held_cp = max(r.held_after_forward_bytes for r in ranks)
+        zig, cont = flop_balance(spec, seq_len)
+        cases.append(
+            AttentionBenchCase(
+                seq_len=seq_len,
+                t_full_s=full.median_s,
+                t_cp_s=t_cp,
+                efficiency=full.median_s / (spec.cp * t_cp),
+                mem_full_bytes=full.peak_mem_bytes,
+                mem_cp_bytes=mem_cp,
+                memory_ratio=_safe_ratio(mem_cp, full.peak_mem_bytes),
+                held_full_bytes=full.held_after_forward_bytes,
+                held_cp_bytes=held_cp,
+                held_ratio=_safe_ratio(held_cp, full.held_after_forward_bytes),
+                flops_per_rank_zigzag=zig,
+                flops_per_rank_contiguous=cont,
+                balance_zigzag=_ratio(zig),
+                balance_contiguous=_ratio(cont),
+                ranks=ranks,
+            )
+        )
+    methods = {r.memory_method for c in cases for r in c.ranks}
+    method = "; ".join(MEMORY_METHODS[m] for m in sorted(methods))
+    return AttentionBenchReport(spec=spec, cases=cases, memory_method=method, host=_host())
+
+
+def _host() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }

@@ -1,0 +1,223 @@
+"""`longctx bench …`: benchmarks that print figures against a baseline measured in the same run."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import cli_errors, console, parse_int_list, print_json
+
+app = typer.Typer(
+    help=(
+        "Benchmarks. Each prints ratios against a baseline measured in the same run; nothing is asserted.\n\n"
+        "Examples:\n\n"
+        "  longctx bench attention                       # CP=2 vs one process, S = 8K and 16K, causal\n\n"
+        "  longctx bench attention --seq-lens 2K,4K --heads 8 --kv-heads 2 --threads 1 --json"
+    ),
+    no_args_is_help=True,
+)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f}"
+
+
+@app.command("attention")
+@cli_errors
+def attention_cmd(
+    seq_lens: str = typer.Option(
+        "8K,16K", "--seq-lens", help="Comma-separated sequence lengths (16K = 16384)."
+    ),
+    cp: int = typer.Option(2, "--cp", min=2, help="Context-parallel size (processes on this machine)."),
+    heads: int = typer.Option(8, "--heads", min=1, help="Query heads."),
+    kv_heads: int | None = typer.Option(None, "--kv-heads", min=1, help="KV heads (default: --heads)."),
+    head_dim: int = typer.Option(64, "--head-dim", min=1, help="Head dimension."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Batch size."),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="Torch threads per process, CP ranks and the full run alike (default: cores/CP).",
+    ),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed fwd+bwd iterations (median is reported)."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed iterations first."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
+    variant: str = typer.Option("ring", "--variant", help="ring or allgather."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Ring attention fwd+bwd per rank at CP = n (n processes, gloo) vs one process on the full sequence.
+
+    Prints parallel efficiency t_full / (CP · t_cp) with t_cp the slowest rank's median, per-rank peak memory vs the full run (peak RSS increase in a fresh process per measurement), and the per-rank block-FLOP balance max/min of the zigzag split vs a contiguous split, counted from the blocks each rank computes. Targets (not asserted): efficiency ≥ 0.9, memory ratio ≤ 0.55, zigzag balance ≤ 1.02.
+
+    Example: longctx bench attention --seq-lens 8K,16K --threads 1 --repeats 3
+    """
+    from longctx.bench.attention import TARGETS, AttentionBenchSpec, run_attention_bench, validate_spec
+    from longctx.util.progress import progress_bar
+
+    lens = parse_int_list(seq_lens) or []
+    spec = AttentionBenchSpec(
+        seq_lens=tuple(lens),
+        cp=cp,
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        threads=threads or max(1, (os.cpu_count() or 1) // cp),
+        repeats=repeats,
+        warmup=warmup,
+        dtype=dtype,
+        variant=variant,
+    )
+    validate_spec(spec)
+    with progress_bar("attention bench", total=2 * len(lens), unit="runs") as advance:
+        report = run_attention_bench(spec, advance=advance)
+    if json_out:
+        print_json(report.to_dict())
+        return
+    table = Table(
+        title=(
+            f"{spec.variant} attention fwd+bwd, CP={spec.cp} vs 1 process, causal, {spec.dtype}, b={spec.batch} "
+            f"h={spec.heads}/{spec.n_kv_heads} d={spec.head_dim}, {spec.threads} thread(s)/process"
+        )
+    )
+    columns = ("S", "t_full s", "t_cp s", "efficiency", "peak full MiB", "peak/rank MiB", "peak ratio",
+               "held ratio", "balance zigzag", "balance contiguous")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right")
+    for c in report.cases:
+        table.add_row(
+            str(c.seq_len),
+            f"{c.t_full_s:.3f}",
+            f"{c.t_cp_s:.3f}",
+            f"{c.efficiency:.3f}",
+            _mib(c.mem_full_bytes),
+            _mib(c.mem_cp_bytes),
+            f"{c.memory_ratio:.3f}",
+            f"{c.held_ratio:.3f}",
+            f"{c.balance_zigzag:.4f}",
+            f"{c.balance_contiguous:.3f}",
+        )
+    console.print(table)
+    console.print(
+        f"targets: efficiency ≥ {TARGETS['efficiency']}, memory ratio ≤ {TARGETS['memory_ratio']}, "
+        f"balance ≤ {TARGETS['balance']}\n"
+        "peak: largest per-rank peak during fwd+bwd (inputs, ring buffers, gradients) vs the full run; "
+        "held: what forward leaves resident for backward (inputs, output, LSE), which is what stacks up "
+        "over layers in a model\n"
+        f"memory method: {report.memory_method} · load avg {report.host.get('load_avg_1m')}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command("data-check")
+@cli_errors
+def data_check_cmd(
+    size_gib: float = typer.Option(1.0, "--size-gib", min=0.01, help="Size of the int32 dataset to create."),
+    tmp_dir: str | None = typer.Option(
+        None, "--tmp-dir", help="Where to create it (default: the system temp dir)."
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", "-w", min=1, help="Scan threads (default: CPUs, at most 8)."
+    ),
+    block_kib: int = typer.Option(4096, "--block-kib", min=64, help="Read block size of the scan, KiB."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed runs of each; the best is reported."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the dataset (its path is printed)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """`data check` throughput vs a plain sequential read of the same .bin, warm page cache.
+
+    Creates an int32 dataset (megatron-core's builder), reads it once to warm the cache, then reports
+    the best raw read (scan block size and 64 MiB) and the best full check; target ratio ≥ 0.8.
+
+    Example: longctx bench data-check --size-gib 2 --tmp-dir /dev/shm
+    """
+    from longctx.bench.data_check import run_data_check_bench
+    from longctx.util.progress import progress_bar
+
+    with progress_bar("create dataset", int(size_gib * 2**30), unit="bytes") as advance:
+        r = run_data_check_bench(
+            size_gib, tmp_dir=tmp_dir, keep=keep, workers=workers, block_bytes=block_kib * 1024,
+            repeats=repeats, advance=advance,
+        )  # fmt: skip
+    if json_out:
+        print_json(r)
+        return
+    table = Table(
+        title=f"data check vs raw read: {r.bin_bytes / 2**30:.2f} GiB int32, {r.documents:,} documents"
+    )
+    for col in ("what", "GB/s", "detail"):
+        table.add_column(col)
+    raw_detail = ", ".join(f"{b >> 10} KiB blocks: {v:.2f}" for b, v in r.raw_by_block.items())
+    table.add_row("raw sequential read", f"{r.raw_gbps:.2f}", f"best of {repeats}; {raw_detail}")
+    table.add_row(
+        "data check (full)",
+        f"{r.check_gbps:.2f}",
+        f"{r.check_seconds:.3f} s; {r.workers} thread(s), {r.block_bytes >> 10} KiB blocks",
+    )
+    table.add_row("token scan alone", f"{r.scan_gbps:.2f}", "")
+    console.print(table)
+    status = "[green]meets[/]" if r.ratio >= r.target_ratio else "[yellow]below[/]"
+    console.print(
+        f"ratio check/raw = {r.ratio:.2f} ({status} target {r.target_ratio}) · check ok: {r.check_ok} · "
+        f"{r.host['cpus']} CPUs, load avg {r.host['load_avg_1m']}" + (f" · kept {r.path}" if keep else ""),
+        highlight=False,
+    )
+
+
+@app.command("ckpt")
+@cli_errors
+def ckpt_cmd(
+    files: int = typer.Option(2049, "--files", min=1, help="Shard files of the sparse snapshot."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed runs (medians, each from a cold index)."),
+    keep: str | None = typer.Option(None, "--keep", help="Build the snapshot in this directory and keep it."),
+    dp: int = typer.Option(
+        256, "--dp", min=1, help="DP ranks the optimizer state is split over (stored items)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """`ckpt inspect` + `ckpt verify` on a baby_9b_dense-sized snapshot (119 GiB, sparse) vs bare unpickle.
+
+    Builds a flat snapshot whose .metadata is a real torch DCP Metadata of baby_9b_dense with
+    distributed-optimizer state over 2049 sparse .distcp files, then times plain pickle.load of .metadata
+    (torch's FileSystemReader), inspect, verify after inspect, verify alone; counts files opened during
+    those calls (audit hook): no .distcp may be opened. Target (not asserted): inspect + verify < 1 s.
+
+    Example: longctx bench ckpt --repeats 5
+    """
+    from longctx.bench.ckpt import run_ckpt_bench
+
+    r = run_ckpt_bench(n_files=files, repeats=repeats, keep=keep, dp=dp)
+    if json_out:
+        print_json(r.to_dict())
+        return
+    table = Table(
+        title=(
+            f"ckpt inspect + verify: {r.files} shard files, {r.storage_items:,} stored items, "
+            f"{r.logical_bytes / 2**30:.1f} GiB logical ({r.disk_bytes / 2**20:.1f} MiB on disk)"
+        )
+    )
+    for col in ("what", "seconds", "vs baseline"):
+        table.add_column(col)
+    base = r.baseline_unpickle_s
+    rows = [
+        ("baseline: pickle.load(.metadata)", base),
+        ("inspect (cold)", r.inspect_s),
+        ("verify after inspect", r.verify_s),
+        ("inspect + verify", r.total_s),
+        ("verify alone (cold)", r.verify_cold_s),
+    ]
+    for name, sec in rows:
+        table.add_row(name, f"{sec:.3f}", f"{sec / base:.2f}×" if base else "-")
+    console.print(table)
+    status = "[green]meets[/]" if r.total_s < 1.0 else "[yellow]misses[/]"
+    console.print(
+        f"inspect + verify {r.total_s:.3f} s ({status} target < 1 s) · .distcp files opened: {r.shard_opens} "
+        f"(other files opened: {', '.join(r.other_opens)}) · shard atimes changed: {r.atime_changed} · "
+        f"verify ok: {r.verify_ok} · fixture build {r.build_s:.1f} s · load avg {os.getloadavg()[0]:.1f}",
+        highlight=False,
+    )
+    inferred = ", ".join(f"{k}={v}" for k, v in r.inferred.items())
+    console.print(f"inferred: {inferred}" + (f" · kept {r.path}" if r.path else ""), highlight=False)
