@@ -152,9 +152,12 @@ def _flash_attn_module() -> Any | None:
 def _call_with_supported(fn: Callable[..., Any], **kwargs: Any) -> Any:
     # flash-attn renamed arguments across 2.x (window_size → window_size_left/right, softcap added);
     # pass only the ones this version declares.
-    params = inspect.signature(fn).parameters
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # an opaque custom op: assume the 2.6+ names
+        return fn(**kwargs)
     if "window_size" in params and "window_size_left" in kwargs:
-        kwargs["window_size"] = (kwargs["window_size_left"], kwargs["window_size_right"])
+        kwargs["window_size"] = (kwargs.pop("window_size_left"), kwargs.pop("window_size_right"))
     return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from longctx.attention.blocks import Block, contiguous_ring_plan, plan_pairs, ring_plan
+from longctx.attention.blocks import Block, allgather_plan, contiguous_ring_plan, plan_pairs, ring_plan
 from longctx.attention.zigzag import check_zigzag_len
 from longctx.errors import AttentionError
 
@@ -143,7 +143,8 @@ def block_flops(blocks: list[Block], *, batch: int, heads: int, head_dim: int) -
 def flop_balance(spec: AttentionBenchSpec, seq_len: int) -> tuple[list[int], list[int]]:
     local = seq_len // spec.cp
     kw = dict(batch=spec.batch, heads=spec.heads, head_dim=spec.head_dim)
-    zig = [block_flops(ring_plan(r, spec.cp, local, spec.causal), **kw) for r in range(spec.cp)]
+    plan = ring_plan if spec.variant == "ring" else allgather_plan
+    zig = [block_flops(plan(r, spec.cp, local, spec.causal), **kw) for r in range(spec.cp)]
     cont = [block_flops(contiguous_ring_plan(r, spec.cp, local, spec.causal), **kw) for r in range(spec.cp)]
     return zig, cont
 
