@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from longctx.cli._common import (
@@ -69,7 +70,7 @@ def tokenize_cmd(
         print_json(sidecar)
         return
     console.print(
-        f"[green]wrote[/] {output_prefix}.bin/.idx: {sidecar.documents:,} documents, {sidecar.tokens:,} tokens "
+        f"[green]wrote[/] {escape(output_prefix)}.bin/.idx: {sidecar.documents:,} documents, {sidecar.tokens:,} tokens "
         f"({sidecar.dtype}), tokenizer md5 {sidecar.tokenizer.md5}",
         highlight=False,
     )
@@ -194,7 +195,7 @@ def render_report(report: Any) -> None:
     from longctx.data.stats import label
 
     for p in report.prefixes:
-        table = Table(title=p.prefix, show_header=False, title_justify="left")
+        table = Table(title=escape(p.prefix), show_header=False, title_justify="left")
         table.add_column("fact", style="bold")
         table.add_column("value", overflow="fold")
         if p.weight is not None or p.share is not None:
@@ -205,7 +206,7 @@ def render_report(report: Any) -> None:
             table.add_row(
                 "format", f"{ix['dtype']}, {ix['documents']:,} documents, {ix['sequences']:,} sequences"
             )
-            table.add_row("tokens", f"{ix['tokens']:,} ({ix['bin_bytes'] / 2**30:.2f} GiB .bin)")
+            table.add_row("tokens", f"{ix['tokens']:,} ({_size(ix['bin_bytes'])} .bin)")
         if p.scan is not None:
             s = p.scan
             vocab = f" (vocab {report.vocab_size})" if report.vocab_size is not None else ""
@@ -218,8 +219,7 @@ def render_report(report: Any) -> None:
                 )
             rate = s.bytes_scanned / s.seconds / 1e9 if s.seconds else 0.0
             table.add_row(
-                "scan",
-                f"{s.bytes_scanned / 2**30:.2f} GiB in {s.seconds:.1f} s ({rate:.2f} GB/s, all datasets)",
+                "scan", f"{_size(s.bytes_scanned)} in {s.seconds:.2f} s ({rate:.2f} GB/s over all datasets)"
             )
         if p.lengths is not None and p.lengths.documents:
             ls = p.lengths
@@ -262,7 +262,7 @@ def render_report(report: Any) -> None:
         for p in report.prefixes:
             n_err = len(p.findings.errors)
             summary.add_row(
-                p.prefix,
+                escape(p.prefix),
                 f"{p.weight:g}" if p.weight is not None else "size",
                 f"{p.share:.3f}" if p.share is not None else "-",
                 f"{p.index['tokens']:,}" if p.index else "-",
@@ -275,6 +275,13 @@ def render_report(report: Any) -> None:
     console.print(
         f"data check: {'[green]OK[/]' if errors == 0 else f'[bold red]{errors} error(s)[/]'}", highlight=False
     )
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
 
 
 def _print_problems(findings: Findings, *, show_info: bool = False) -> None:
@@ -304,5 +311,6 @@ def fingerprint_cmd(
         print_json(sidecar)
     else:
         console.print(
-            f"[green]wrote[/] {prefix}.longctx.json (tokenizer md5 {sidecar.tokenizer.md5})", highlight=False
+            f"[green]wrote[/] {escape(prefix)}.longctx.json (tokenizer md5 {sidecar.tokenizer.md5})",
+            highlight=False,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
@@ -49,7 +50,7 @@ def fingerprint_cmd(
     else:
         typer.echo(manifest_to_toml(manifest), nl=False)
         if write is not None:
-            console.print(f"[green]wrote[/] {write}", highlight=False)
+            console.print(f"[green]wrote[/] {escape(str(write))}", highlight=False)
 
 
 @app.command("verify")
@@ -88,7 +89,7 @@ def verify_cmd(
     if json_out:
         print_json({"ok": report.ok, **{k: v for k, v in vars(report).items()}})
     else:
-        facts = Table(title=f"tokenizer {report.path}", show_header=False)
+        facts = Table(title=escape(f"tokenizer {report.path}"), show_header=False)
         facts.add_column("fact")
         facts.add_column("value", overflow="fold")
         for key in (
@@ -103,7 +104,7 @@ def verify_cmd(
         console.print(facts)
         print_findings(report.findings, title="checks")
         status = "[green]OK[/]" if report.ok else f"[bold red]{len(report.findings.errors)} mismatch(es)[/]"
-        console.print(f"verify against {report.manifest or 'md5'}: {status}", highlight=False)
+        console.print(f"verify against {escape(report.manifest or 'md5')}: {status}", highlight=False)
     exit_for(report.findings)
 
 

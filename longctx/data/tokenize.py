@@ -40,8 +40,9 @@ BATCH_BYTES = 4 * 1024 * 1024
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_path: str, json_key: str, add_bos: bool) -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker process
+def _init_worker(tokenizer_path: str, json_key: str, add_bos: bool, in_pool: bool = False) -> None:
+    if in_pool:  # one thread per worker process; in-process encoding keeps the library's own threads
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from longctx.tokenizer import load_tokenizer
 
     _worker["tok"] = load_tokenizer(tokenizer_path)
@@ -172,7 +173,7 @@ def _start_pool(workers: int, tokenizer_path: str, json_key: str, add_bos: bool)
         max_workers=workers,
         mp_context=mp.get_context(method),
         initializer=_init_worker,
-        initargs=(tokenizer_path, json_key, add_bos),
+        initargs=(tokenizer_path, json_key, add_bos, True),
     )
     for fut in [pool.submit(_ping) for _ in range(workers)]:
         fut.result()
