@@ -1,0 +1,268 @@
+"""A torch_dist checkpoint → a megatron-core GPTModel ready for evaluation.
+
+`checkpoint_info(path)` reads what the model needs (architecture, RoPE base, trained length, padded
+vocabulary) from the checkpoint's metadata and saved args, without tensors. `eval_parallel(cp)` sets
+up torch.distributed and megatron's model-parallel state for an evaluation (a private single-process
+gloo group when nothing is running, the launcher's world under torchrun) and tears down only what it
+created. `load_model(info, …)` builds the GPTModel with longctx's attention (so long inputs never
+materialise an S×S mask, and CP > 1 runs the ring) and loads the weights (TP = 1; dist_checkpointing
+reshards checkpoints saved at any TP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from longctx.arch import ModelArch
+from longctx.errors import CheckpointError, EvalError
+
+MEGATRON_DEFAULT_ROTARY_BASE = 10000
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """What evaluation needs to know about a checkpoint, from its metadata and saved args."""
+
+    requested: str
+    path: str  # the iteration (or release / flat) directory actually read
+    iteration: int | None
+    arch: ModelArch
+    rotary_base: int
+    rotary_base_source: str  # "args" | "given" | "megatron default"
+    seq_length: int | None
+    max_position: int | None  # max_position_embeddings (else seq_length): the trained window
+    padded_vocab_size: int
+    vocab_size: int | None
+    tokenizer_md5: str | None
+    stage: str | None
+    identity: str  # changes when the checkpoint's contents do (for result caches)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["arch"] = self.arch.model_dump()
+        return out
+
+
+def _identity(directory: Path, iteration: int | None) -> str:
+    h = hashlib.sha256(f"{directory.resolve()}|{iteration}|".encode())
+    meta = directory / ".metadata"
+    if meta.is_file():
+        h.update(meta.read_bytes())
+    common = directory / "common.pt"
+    if common.is_file():
+        st = common.stat()
+        h.update(f"common:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _unsupported_rope(args: dict[str, Any], where: str) -> None:
+    kind = args.get("position_embedding_type", "rope")
+    if kind not in (None, "rope"):
+        raise EvalError(
+            f"position_embedding_type is {kind!r}; evaluation builds RoPE models only",
+            where=where,
+            fix="evaluate a RoPE checkpoint (the long-context ladder extends RoPE models)",
+        )
+    if args.get("use_rope_scaling") or args.get("rotary_seq_len_interpolation_factor") not in (None, 1, 1.0):
+        raise EvalError(
+            "the checkpoint was trained with RoPE scaling (use_rope_scaling / "
+            "rotary_seq_len_interpolation_factor), which the evaluation model does not apply",
+            where=where,
+            fix="evaluate checkpoints trained with a plain rotary base (what longctx stages produce)",
+        )
+    if args.get("rotary_interleaved"):
+        raise EvalError(
+            "interleaved RoPE is not supported", where=where, fix="evaluate a non-interleaved checkpoint"
+        )
+
+
+def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = None) -> CheckpointInfo:
+    """Describe the checkpoint at PATH (a save dir with a tracker, or an iter_N / release dir).
+
+    `rotary_base` overrides the saved base (to evaluate a model with another base than it was trained
+    with); otherwise the saved `args.rotary_base` is used, or Megatron's default 10000 when absent.
+    """
+    from longctx.checkpoint.inspect import inspect_checkpoint
+
+    p = Path(path)
+    if not p.exists():
+        raise EvalError(
+            "checkpoint not found",
+            where=str(p),
+            fix="pass a save dir (with latest_checkpointed_iteration.txt) or an iter_NNNNNNN directory",
+        )
+    try:
+        report = inspect_checkpoint(p)
+    except CheckpointError as err:
+        raise EvalError(
+            f"cannot read the checkpoint: {err.what}", where=err.where or str(p), fix=err.fix
+        ) from err
+    resolved = report.resolved
+    directory = resolved.path if resolved is not None else None
+    if directory is None:
+        raise EvalError(
+            "the checkpoint is inside an archive; evaluation loads tensors from a directory",
+            where=str(p),
+            fix="extract the archive first (longctx ckpt adopt) and pass the extracted directory",
+        )
+    args = report.args or {}
+    where = str(directory)
+    _unsupported_rope(args, where)
+    try:
+        arch = report.to_model_arch()
+    except CheckpointError as err:
+        raise EvalError(f"cannot build the model: {err.what}", where=where, fix=err.fix) from err
+    padded = report.padded_vocab_size or args.get("padded_vocab_size")
+    if not padded:
+        raise EvalError("the checkpoint does not give its (padded) vocabulary size", where=where)
+    if rotary_base is not None:
+        base, source = int(rotary_base), "given"
+    elif args.get("rotary_base") is not None:
+        base, source = int(args["rotary_base"]), "args"
+    else:
+        base, source = MEGATRON_DEFAULT_ROTARY_BASE, "megatron default"
+    seq = args.get("seq_length")
+    max_pos = args.get("max_position_embeddings") or seq
+    return CheckpointInfo(
+        requested=str(p),
+        path=str(directory),
+        iteration=report.iteration,
+        arch=arch,
+        rotary_base=base,
+        rotary_base_source=source,
+        seq_length=int(seq) if seq else None,
+        max_position=int(max_pos) if max_pos else None,
+        padded_vocab_size=int(padded),
+        vocab_size=int(args["vocab_size"]) if args.get("vocab_size") else None,
+        tokenizer_md5=args.get("longctx_tokenizer_md5"),
+        stage=args.get("longctx_stage"),
+        identity=_identity(directory, report.iteration),
+    )
+
+
+# -- process groups ---------------------------------------------------------------------------------
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun launch, or a plain process: the one that writes files and prints."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalParallel:
+    cp: int
+    rank: int  # rank in the CP group (= global rank: evaluation runs CP ranks only)
+    group: Any  # the CP process group (None at CP = 1)
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@contextlib.contextmanager
+def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
+    """torch.distributed + megatron model-parallel state for an evaluation with CP = `cp`.
+
+    Single process: a private gloo group on an in-memory store (no port, no environment variables
+    changed, so processes launched later from the same process are unaffected). Under torchrun:
+    the launcher's world, which must hold exactly `cp` ranks. Whatever this creates is destroyed
+    on exit; state that already existed (a trainer's, a test's) is reused and left alone.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from longctx.train.cpu_compat import apply_cpu_compat
+
+    if cp < 1:
+        raise EvalError(f"context-parallel size must be ≥ 1, got {cp}")
+    apply_cpu_compat()
+    made_pg = made_mp = False
+    if not dist.is_initialized():
+        world_env = int(os.environ.get("WORLD_SIZE", "1"))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if world_env > 1 and "RANK" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        made_pg = True
+    try:
+        world = dist.get_world_size()
+        if world != cp:
+            raise EvalError(
+                f"evaluation with CP = {cp} needs exactly {cp} process(es); this world has {world}",
+                fix=f"launch with torchrun --nproc-per-node {cp}, or pass --cp {world}",
+            )
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if ps.model_parallel_is_initialized():
+            have = ps.get_context_parallel_world_size()
+            if have != cp or ps.get_tensor_model_parallel_world_size() != 1:
+                raise EvalError(
+                    f"model-parallel state is already set up with CP = {have}, "
+                    f"TP = {ps.get_tensor_model_parallel_world_size()}; evaluation asked CP = {cp}, TP = 1",
+                    fix="evaluate in a fresh process",
+                )
+        else:
+            ps.initialize_model_parallel(tensor_model_parallel_size=1, context_parallel_size=cp)
+            made_mp = True
+        group = ps.get_context_parallel_group() if cp > 1 else None
+        rank = ps.get_context_parallel_rank() if cp > 1 else 0
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        yield EvalParallel(cp=cp, rank=rank, group=group, device=device)
+    finally:
+        if made_mp:
+            ps.destroy_model_parallel()
+        if made_pg:
+            dist.destroy_process_group()
+
+
+# -- the model -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    model: Any  # megatron.core GPTModel in eval mode
+    info: CheckpointInfo
+    parallel: EvalParallel
+    max_length: int  # the longest sequence it was built for (RoPE itself has no limit)
+
+
+def load_model(info: CheckpointInfo, parallel: EvalParallel, *, max_length: int) -> LoadedModel:
+    """Build the GPTModel for `info` (its arch, RoPE base, padded vocab; TP 1, CP of `parallel`)
+    and load its weights. Must run inside `eval_parallel`."""
+    from longctx.train.checkpointing import load_model_weights
+    from longctx.train.model import ModelSettings, build_gpt_model
+
+    settings = ModelSettings(
+        seq_length=max_length,
+        rotary_base=info.rotary_base,
+        padded_vocab_size=info.padded_vocab_size,
+        context_parallel_size=parallel.cp,
+    )
+    # building initialises weights from torch's generator; keep the caller's random stream intact
+    with torch.random.fork_rng(devices=[]):
+        model = build_gpt_model(info.arch, settings)
+    model.to(parallel.device)
+    try:
+        with warnings.catch_warnings():
+            # torch.distributed.checkpoint warns about its own deprecated internals on every load
+            warnings.simplefilter("ignore")
+            load_model_weights(model, info.path)
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise EvalError(
+            f"the weights do not fit the model built from the checkpoint's args: {err}",
+            where=info.path,
+            fix="check that the checkpoint is complete and its saved args describe it (longctx ckpt inspect)",
+        ) from err
+    model.eval()
+    return LoadedModel(model=model, info=info, parallel=parallel, max_length=max_length)

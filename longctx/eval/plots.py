@@ -1,0 +1,118 @@
+"""Plots of an EvalReport (matplotlib, Agg): the NIAH heatmap and loss by position."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from longctx.eval.results import CheckpointEval, EvalReport
+from longctx.util.fs import atomic_write_bytes
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _label(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
+
+
+def plot_niah(report: EvalReport, path: Path) -> Path:
+    """One panel per checkpoint: needle depth (rows) × length (columns), colour = passkey accuracy.
+
+    Each cell shows the headline accuracy, the greedy accuracy and the mean margin; lengths beyond a
+    checkpoint's trained window are marked with '*'."""
+    import numpy as np
+
+    plt = _plt()
+    evals = [ce for ce in report.checkpoints if ce.results]
+    depths = sorted({c.depth for ce in evals for r in ce.results for c in r.passkey.cells})
+    lengths = report.lengths
+    fig, axes = plt.subplots(1, len(evals), figsize=(1.2 + 1.25 * len(lengths) * len(evals) + 0.6 * len(evals), 1.2 + 0.62 * len(depths)),
+                             squeeze=False)  # fmt: skip
+    headline = "log-likelihood vs distractors" if report.settings.distractors else "greedy"
+    image = None
+    for ax, ce in zip(axes[0], evals, strict=True):
+        grid = np.full((len(depths), len(lengths)), np.nan)
+        for j, n in enumerate(lengths):
+            r = ce.at(n)
+            if r is None:
+                continue
+            for c in r.passkey.cells:
+                i = depths.index(c.depth)
+                acc = c.loglik_accuracy if c.loglik_accuracy is not None else c.greedy_accuracy
+                grid[i, j] = acc
+                margin = c.loglik_margin if c.loglik_margin is not None else c.token_margin
+                ax.text(
+                    j,
+                    i,
+                    f"{acc:.0%}\ng {c.greedy_accuracy:.0%}  {margin:+.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black",
+                )
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(lengths)))
+        ax.set_xticklabels([_label(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "")
+                            for n in lengths])  # fmt: skip
+        ax.set_yticks(range(len(depths)))
+        ax.set_yticklabels([f"{d:.0%}" for d in depths])
+        ax.set_xlabel("context length (tokens)")
+        window = f"trained ≤ {_label(ce.trained_length)}" if ce.trained_length else ""
+        ax.set_title(f"{ce.label}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
+    axes[0][0].set_ylabel("needle depth")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[0]), fraction=0.04, pad=0.02, label="passkey accuracy")
+    fig.suptitle(f"passkey retrieval ({headline}; g = greedy, ± = margin in nats; * beyond trained window)",
+                 fontsize=9, y=1.0 + 0.35 / fig.get_figheight())  # fmt: skip
+    return _save(fig, path)
+
+
+def _common_length(evals: list[CheckpointEval], lengths: list[int]) -> int | None:
+    for n in sorted(lengths, reverse=True):
+        if all(ce.at(n) is not None for ce in evals):
+            return n
+    return None
+
+
+def plot_loss_by_position(report: EvalReport, path: Path) -> Path:
+    """One line per checkpoint: mean held-out loss per position bucket at the longest length all of
+    them were evaluated at; dotted verticals at each checkpoint's trained window."""
+    plt = _plt()
+    evals = [ce for ce in report.checkpoints if ce.results]
+    n = _common_length(evals, report.lengths) or max(r.length for ce in evals for r in ce.results)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    packed = False
+    for k, ce in enumerate(evals):
+        r = ce.at(n) or max(ce.results, key=lambda x: x.length)
+        pos = r.position
+        packed = packed or pos.packed
+        xs = [x for x, y in zip(pos.centers(), pos.loss, strict=True) if y is not None]
+        ys = [y for y in pos.loss if y is not None]
+        color = colors[k % len(colors)]
+        ax.plot(xs, ys, marker="o", markersize=3, color=color, label=f"{ce.label} (θ {ce.rotary_base:,})")
+        if ce.trained_length and ce.trained_length < pos.length:
+            ax.axvline(ce.trained_length, color=color, linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the sequence (tokens)")
+    ax.set_ylabel("mean token loss (nats)")
+    source = "held-out documents packed back to back" if packed else "held-out documents"
+    ax.set_title(f"loss by position at length {_label(n)} ({source}); dotted: trained window", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,75 @@
+"""An EvalReport as a rich table (terminal) and a Markdown table (summary.md)."""
+
+from __future__ import annotations
+
+from longctx.eval.results import EvalReport
+
+
+def _cell(report: EvalReport, value: dict | None) -> str:
+    if value is None:
+        return "—"
+    star = "*" if value["extrapolated"] else ""
+    acc = f"{value['passkey']:.0%}"
+    if report.settings.distractors:
+        acc += f" (g {value['greedy']:.0%})"
+    return f"{acc} {value['margin']:+.2f} │ {value['long_loss']:.3f}{star}"
+
+
+def _short(row: dict) -> str:
+    if row["short_loss"] is None:
+        return "—"
+    delta = row["short_delta_vs_base"]
+    return f"{row['short_loss']:.3f}" + (f" ({delta:+.3f})" if delta is not None else "")
+
+
+def _legend(report: EvalReport) -> str:
+    n = report.settings.distractors
+    method = f"log-likelihood vs {n} distractors (g = greedy)" if n else "greedy"
+    return (f"cells: passkey accuracy ({method}) and margin in nats │ mean loss at positions ≥ length/2; "
+            "* = beyond the checkpoint's trained window; short = loss on short held-out documents "
+            "(change vs base)")  # fmt: skip
+
+
+def report_table(report: EvalReport):
+    from rich.table import Table
+
+    title = f"evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})"
+    table = Table(title=title, caption=_legend(report), caption_justify="left")
+    table.add_column("checkpoint")
+    table.add_column("trained", justify="right")
+    for n in report.lengths:
+        table.add_column(str(n), justify="right")
+    table.add_column("short loss", justify="right")
+    for row in report.table():
+        table.add_row(row["checkpoint"], str(row["trained_length"] or "?"),
+                      *(_cell(report, row[str(n)]) for n in report.lengths), _short(row))  # fmt: skip
+    return table
+
+
+def markdown_table(report: EvalReport) -> str:
+    head = ["checkpoint", "trained", *(str(n) for n in report.lengths), "short loss"]
+    lines = [f"# evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for row in report.table():
+        cells = [row["checkpoint"], str(row["trained_length"] or "?"),
+                 *(_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths), _short(row)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", _legend(report), "", f"method: {report.method}"]
+    lines += [f"- note: {n}" for n in report.notes]
+    if report.plots:
+        lines += [""] + [f"- {k}: {v}" for k, v in report.plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def print_report(report: EvalReport, *, stderr: bool = False) -> None:
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    con = Console(file=stream, width=None if stream.isatty() else 180)
+    con.print(report_table(report))
+    for note in report.notes:
+        con.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    for name, path in report.plots.items():
+        con.print(f"{name}: {path}", highlight=False, soft_wrap=True)
