@@ -1,0 +1,209 @@
+"""`longctx eval …`: passkey grid, loss by position and short-context loss of checkpoints, with plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from longctx.cli._common import cli_errors, parse_int_list, print_json
+
+app = typer.Typer(
+    help=(
+        "Evaluate what a checkpoint does at long context: passkey retrieval over a grid of lengths × "
+        "needle depths (greedy continuation and log-likelihood of the key vs distractor keys), mean "
+        "loss by position on held-out documents, and loss on short documents vs the base model. "
+        "Writes report.json, summary.md, niah.png and loss_by_position.png.\n\n"
+        "Examples:\n\n"
+        "  longctx eval run runs/tiny/stages/4k/checkpoints --plan stages/tiny.toml --stage 4k\n\n"
+        "  longctx eval run CKPT --plan stages/tiny.toml --lengths 1K,4K --depths 0,0.5,1 --json\n\n"
+        "  longctx eval run runs/tiny/base/checkpoints --plan stages/tiny.toml --extrapolate   # base beyond 256\n\n"
+        "  longctx eval summary --plan stages/tiny.toml        # base + every finished stage, every length"
+    ),
+    no_args_is_help=True,
+)
+
+PLAN = typer.Option(..., "--plan", help="plan file (stages/*.toml): tokenizer, data, base, stage lengths")
+RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+LENGTHS = typer.Option(
+    None, "--lengths", help="context lengths, e.g. 1K,4K (default: the plan's stage lengths)"
+)
+DEPTHS = typer.Option(None, "--depths", help="needle depths as fractions, e.g. 0,0.25,0.5,0.75,1")
+KEYS = typer.Option(2, "--keys", help="pass keys per (length, depth) cell")
+DISTRACTORS = typer.Option(
+    3, "--distractors", help="distractor keys per item for the log-likelihood method (0: greedy only)"
+)
+DIGITS = typer.Option(5, "--key-digits", help="digits per pass key")
+FILLER = typer.Option(
+    "synthetic", "--filler", help="synthetic (the demo corpus' sentences) or heldout (held-out tokens)"
+)
+LOSS_DOCS = typer.Option(4, "--loss-docs", help="held-out documents per length for loss by position")
+SHORT_DOCS = typer.Option(
+    16, "--short-docs", help="short held-out documents for the short-context loss (0: skip)"
+)
+SEED = typer.Option(1234, "--seed", help="seed of keys, names and filler")
+BATCH = typer.Option(4, "--batch-size", help="sequences per forward")
+DATA = typer.Option(
+    None, "--data", help="unseen data prefix for the losses (repeatable; default: the plan's held-out split)"
+)
+CP = typer.Option(
+    1, "--cp", help="context-parallel size (= the number of processes; launch with torchrun for > 1)"
+)
+THREADS = typer.Option(None, "--threads", help="torch CPU threads")
+OUT = typer.Option(None, "--out", help="output directory (default: under <run_dir>/eval/)")
+NO_CACHE = typer.Option(
+    False, "--no-cache", help="recompute instead of re-using results under <run_dir>/eval/cache"
+)
+JSON = typer.Option(False, "--json", help="print the report as JSON")
+
+
+def _depths(text: str | None) -> list[float] | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        return [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"depths must be numbers in [0, 1], got {text!r}") from None
+
+
+def _settings(depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch):
+    from pydantic import ValidationError
+
+    from longctx.errors import EvalError
+    from longctx.eval.grid import check_depths
+    from longctx.eval.results import EvalSettings
+
+    kw = dict(keys_per_cell=keys, distractors=distractors, key_digits=digits, filler=filler, loss_docs=loss_docs,
+              short_docs=short_docs, seed=seed, batch_size=batch)  # fmt: skip
+    parsed = _depths(depths)
+    if parsed is not None:
+        kw["depths"] = check_depths(parsed)
+    try:
+        return EvalSettings(**kw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in first["loc"])
+        raise EvalError(
+            f"bad evaluation setting {field}: {first['msg']}", fix="see longctx eval run --help"
+        ) from None
+
+
+def _resolved(plan: Path, run_dir: Path | None):
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+
+    return resolve_plan(load_plan(plan, run_dir=run_dir))
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def _show(report, json_out: bool) -> None:
+    from longctx.eval.load import is_main_process
+
+    if not is_main_process():
+        return
+    if json_out:
+        print_json(report.model_dump(mode="json"))
+    else:
+        from longctx.eval.render import print_report
+
+        print_report(report)
+
+
+@app.command("run")
+@cli_errors
+def run(
+    checkpoint: Path = typer.Argument(..., help="save dir (with its tracker) or iter_NNNNNNN directory"),
+    plan: Path = PLAN,
+    stage: str | None = typer.Option(
+        None, "--stage", help="the stage whose data and lengths to use (default: the last)"
+    ),
+    lengths: str | None = LENGTHS,
+    depths: str | None = DEPTHS,
+    keys: int = KEYS,
+    distractors: int = DISTRACTORS,
+    key_digits: int = DIGITS,
+    filler: str = FILLER,
+    loss_docs: int = LOSS_DOCS,
+    short_docs: int = SHORT_DOCS,
+    seed: int = SEED,
+    batch_size: int = BATCH,
+    rotary_base: int | None = typer.Option(
+        None, "--rotary-base", help="evaluate with this RoPE base instead of the saved one"
+    ),
+    extrapolate: bool = typer.Option(
+        False, "--extrapolate", help="allow lengths beyond the checkpoint's trained window"
+    ),
+    base_ref: bool = typer.Option(
+        True, "--base/--no-base", help="also score the plan's base model on short documents"
+    ),
+    data: list[str] | None = DATA,
+    cp: int = CP,
+    threads: int | None = THREADS,
+    out: Path | None = OUT,
+    no_cache: bool = NO_CACHE,
+    run_dir: Path | None = RUN_DIR,
+    json_out: bool = JSON,
+) -> None:
+    """Evaluate CHECKPOINT with the plan's tokenizer and held-out data.
+
+    Lengths default to the base's and the stages' (up to --stage) within the checkpoint's trained
+    window; longer ones need --extrapolate. Exit 2 on bad input (missing checkpoint, unknown stage,
+    length beyond the window, length not divisible by 2·CP, tokenizer mismatch)."""
+    from longctx.eval.runner import evaluate_path
+
+    settings = _settings(
+        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size
+    )
+    _threads(threads)
+    rp = _resolved(plan, run_dir)
+    report = evaluate_path(
+        rp, checkpoint, stage=stage, lengths=parse_int_list(lengths), settings=settings, rotary_base=rotary_base,
+        extrapolate=extrapolate, base_reference=base_ref, data=data or None, out_dir=out, cp=cp,
+        use_cache=not no_cache,
+    )  # fmt: skip
+    _show(report, json_out)
+
+
+@app.command("summary")
+@cli_errors
+def summary(
+    plan: Path = PLAN,
+    lengths: str | None = LENGTHS,
+    depths: str | None = DEPTHS,
+    keys: int = KEYS,
+    distractors: int = DISTRACTORS,
+    key_digits: int = DIGITS,
+    filler: str = FILLER,
+    loss_docs: int = LOSS_DOCS,
+    short_docs: int = SHORT_DOCS,
+    seed: int = SEED,
+    batch_size: int = BATCH,
+    data: list[str] | None = DATA,
+    cp: int = CP,
+    threads: int | None = THREADS,
+    out: Path | None = OUT,
+    no_cache: bool = NO_CACHE,
+    run_dir: Path | None = RUN_DIR,
+    json_out: bool = JSON,
+) -> None:
+    """The base and every stage with a finished checkpoint, at every stage's length (the base and
+    earlier stages beyond their windows): the table of passkey accuracy, long-position loss and
+    short-context loss, one NIAH panel per checkpoint, one loss-by-position line per checkpoint.
+
+    Re-uses results measured after each stage (<run_dir>/eval/cache); writes <run_dir>/eval/summary/."""
+    from longctx.eval.runner import summarize_plan
+
+    settings = _settings(
+        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size
+    )
+    _threads(threads)
+    rp = _resolved(plan, run_dir)
+    report = summarize_plan(rp, lengths=parse_int_list(lengths), settings=settings, out_dir=out, data=data or None,
+                            cp=cp, use_cache=not no_cache)  # fmt: skip
+    _show(report, json_out)

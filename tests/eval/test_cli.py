@@ -1,0 +1,73 @@
+"""`longctx eval run|summary`: JSON, files, and exit code 2 with a clear message for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from longctx.cli.main import app
+from tests.fixtures.eval import S1_LEN, S2_LEN, EvalRun
+
+runner = CliRunner()
+FAST = ["--depths", "0,1", "--keys", "1", "--distractors", "1", "--loss-docs", "1", "--short-docs", "2"]
+
+
+def cli(*args: object):
+    return runner.invoke(app, ["eval", *[str(a) for a in args]])
+
+
+def test_run_json_and_files(eval_run_copy: EvalRun, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = cli("run", eval_run_copy.stage("s2"), "--plan", eval_run_copy.plan, "--stage", "s2", "--lengths", "128,256",
+              *FAST, "--out", out, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["lengths"] == [S1_LEN, S2_LEN]
+    assert [c["label"] for c in data["checkpoints"]] == ["base", "s2"]
+    s2 = data["checkpoints"][1]
+    assert [r["length"] for r in s2["results"]] == [S1_LEN, S2_LEN]
+    assert s2["results"][1]["passkey"]["cells"][0]["depth"] == 0.0
+    assert "loglik" in data["method"]
+    for name in ("report.json", "summary.md", "niah.png", "loss_by_position.png"):
+        assert (out / name).is_file()
+
+
+def test_run_table(eval_run_copy: EvalRun) -> None:
+    res = cli("run", eval_run_copy.stage("s1"), "--plan", eval_run_copy.plan, *FAST, "--no-base")
+    assert res.exit_code == 0, res.output
+    assert "evaluation" in res.stdout and "s1" in res.stdout and "niah:" in res.stdout
+
+
+def test_summary(eval_run_copy: EvalRun) -> None:
+    res = cli("summary", "--plan", eval_run_copy.plan, "--lengths", "256", *FAST, "--json")
+    assert res.exit_code == 0, res.output
+    assert [c["label"] for c in json.loads(res.stdout)["checkpoints"]] == ["base", "s1", "s2"]
+    assert (eval_run_copy.run_dir / "eval" / "summary" / "niah.png").is_file()
+
+
+def _fails(res, *texts: str) -> None:
+    assert res.exit_code == 2, res.output
+    for text in texts:
+        assert text in res.output, res.output
+
+
+def test_bad_inputs(eval_run: EvalRun, tmp_path: Path) -> None:
+    plan = eval_run.plan
+    s1 = eval_run.stage("s1")
+    _fails(cli("run", tmp_path / "nope", "--plan", plan, "--out", tmp_path / "o"), "checkpoint not found")
+    _fails(cli("run", s1, "--plan", plan, "--stage", "s9", "--out", tmp_path / "o"),
+           "plan 'evaltiny' has no stage 's9'", "use one of: s1, s2")  # fmt: skip
+    _fails(cli("run", s1, "--plan", plan, "--lengths", "256", *FAST, "--out", tmp_path / "o"),
+           "length 256 is above the checkpoint's max position 128", "--extrapolate")  # fmt: skip
+    _fails(cli("run", s1, "--plan", plan, "--lengths", "126", "--cp", "2", *FAST, "--out", tmp_path / "o"),
+           "length 126 does not split into 2·CP = 4 equal chunks")  # fmt: skip
+    _fails(cli("run", s1, "--plan", plan, "--lengths", "128", "--cp", "2", *FAST, "--out", tmp_path / "o"),
+           "evaluation with CP = 2 needs exactly 2 process(es)")  # fmt: skip
+    _fails(cli("run", s1, "--plan", plan, "--depths", "0,2", "--out", tmp_path / "o"),
+           "needle depths must be fractions in [0, 1]")  # fmt: skip
+    _fails(cli("run", s1, "--plan", plan, "--filler", "lorem", "--out", tmp_path / "o"),
+           "bad evaluation setting filler")  # fmt: skip
+    _fails(cli("run", s1, "--plan", tmp_path / "missing.toml"), "plan file not found")
+    assert not (tmp_path / "o").exists()  # nothing written on failure
