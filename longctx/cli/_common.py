@@ -14,6 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from longctx.errors import LongctxError
@@ -32,11 +33,11 @@ def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
     """Print an error (what / where / fix) and exit 2."""
     if as_json:
         print(json.dumps({"ok": False, "error": err.to_dict()}, indent=2))
-    err_console.print(f"[bold red]error:[/] {err.what}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(err.what)}", highlight=False, soft_wrap=True)
     if err.where:
-        err_console.print(f"  [red]where:[/] {err.where}", highlight=False, soft_wrap=True)
+        err_console.print(f"  [red]where:[/] {escape(err.where)}", highlight=False, soft_wrap=True)
     if err.fix:
-        err_console.print(f"  [red]fix:[/] {err.fix}", highlight=False, soft_wrap=True)
+        err_console.print(f"  [red]fix:[/] {escape(err.fix)}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_ERROR)
 
 
@@ -70,7 +71,7 @@ def findings_table(findings: Findings, title: str | None = None) -> Table:
             msg += f" (expected {f.expected!s}, found {f.found!s})"
         if f.fix and f.level != "info":
             msg += f" — fix: {f.fix}"
-        table.add_row(f"[{colors[f.level]}]{f.level}[/]", f.code, msg)
+        table.add_row(f"[{colors[f.level]}]{f.level}[/]", escape(f.code), escape(msg))
     return table
 
 
@@ -84,7 +85,7 @@ def print_findings(findings: Findings, title: str | None = None) -> None:
             line += f" (expected {f.expected!s}, found {f.found!s})"
         if f.where:
             line += f" [{f.where}]"
-        err_console.print(line, style="red", highlight=False, soft_wrap=True)
+        err_console.print(line, style="red", markup=False, highlight=False, soft_wrap=True)
 
 
 def exit_for(findings: Findings) -> None:

@@ -138,12 +138,7 @@ def _checks(run_dir: Path, rp: Any) -> tuple[str, bool]:
     if not data.ok:
         msgs = "; ".join(f.message for f in data.all_findings().errors)
         raise StageError(f"the demo data fails its checks: {msgs}")
-    share = []
-    for p in data.prefixes:
-        stats = getattr(p, "length_stats", None)
-        if stats is not None:
-            share.append(str(stats))
-    return f"tokenizer matches its manifest; data passes (lengths {lengths})", False
+    return f"tokenizer matches its manifest; data passes its checks at lengths {lengths}", False
 
 
 def _base(run_dir: Path, rp: Any, cfg: DemoConfig, echo: Echo) -> tuple[str, bool]:

@@ -288,7 +288,10 @@ class Trainer:
         self.dataset = build_train_dataset(spec)
         self.model.train()
         tokens_per_iter = spec.global_batch_size * spec.seq_length
-        metrics = open(spec.metrics_file, "a") if spec.metrics_file and dist.get_rank() == 0 else None  # noqa: SIM115
+        metrics = None
+        if spec.metrics_file and dist.get_rank() == 0:
+            Path(spec.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+            metrics = open(spec.metrics_file, "a")  # noqa: SIM115 - closed in the finally below
         reason = "done"
         t_last = time.perf_counter()
         try:

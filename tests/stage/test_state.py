@@ -80,7 +80,7 @@ def test_complete_save_without_tracker_is_resumed_never_restarted(plan: Path, fr
     # killed between the save and the tracker write: progress exists, so no restart from the base
     put(fresh_run, "s1", 2, tracker="2")
     put(fresh_run, "s1", 4)
-    _, states, step = state(plan)
+    _, _, step = state(plan)
     assert (step.action, step.start_iteration) == ("resume", 4)
     assert step.repair is not None and step.repair.new == 4 and "tracker names 2" in step.repair.reason
 
@@ -153,7 +153,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def run(self, argv, *, nproc, env, log) -> int:  # noqa: ANN001
+    def run(self, argv, *, nproc, env, log) -> int:
         self.calls.append(list(argv))
         return 0
 
