@@ -68,7 +68,9 @@ class CkptBenchReport:
         return d
 
 
-def _baby_tensors() -> list[tuple[str, tuple[int, ...], Any, list[tuple[tuple[int, ...], tuple[int, ...]]]]]:
+def _baby_tensors(
+    dp: int = BABY["dp"],
+) -> list[tuple[str, tuple[int, ...], Any, list[tuple[tuple[int, ...], tuple[int, ...]]]]]:
     """(key, global shape, dtype, chunks[(offsets, sizes)]) as megatron-core saves them at TP 4."""
     import torch
 
@@ -112,7 +114,6 @@ def _baby_tensors() -> list[tuple[str, tuple[int, ...], Any, list[tuple[tuple[in
     # distributed optimizer, dp_reshardable: per TP rank one gradient buffer cut into buckets
     model_numel = sum(_numel(s) for _, s, _, _ in out)
     per_tp = model_numel // tp
-    dp = b["dp"]
     for r in range(tp):
         start, bi = 0, 0
         while start < per_tp:
@@ -134,15 +135,18 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def build_baby_like(directory: str | os.PathLike[str], n_files: int = 2049) -> dict[str, int]:
-    """Write the sparse baby_9b_dense-like snapshot into `directory` (see module docstring)."""
+def build_baby_like(
+    directory: str | os.PathLike[str], n_files: int = 2049, dp: int = BABY["dp"]
+) -> dict[str, int]:
+    """Write the sparse baby_9b_dense-like snapshot into `directory` (see module docstring); a smaller
+    `dp` splits the optimizer buckets over fewer ranks (fewer stored items, same bytes)."""
     from longctx.checkpoint.unpickle import gc_paused
 
     with gc_paused():  # ~100k small objects: collections would dominate
-        return _build_baby_like(Path(directory), n_files)
+        return _build_baby_like(Path(directory), n_files, dp)
 
 
-def _build_baby_like(out: Path, n_files: int) -> dict[str, int]:
+def _build_baby_like(out: Path, n_files: int, dp: int) -> dict[str, int]:
     import argparse
     import json
 
@@ -164,7 +168,7 @@ def _build_baby_like(out: Path, n_files: int) -> dict[str, int]:
     storage: dict[Any, Any] = {}
     slot = 0
     logical = 0
-    for key, shape, dtype, chunks in _baby_tensors():
+    for key, shape, dtype, chunks in _baby_tensors(dp):
         itemsize = torch.empty((), dtype=dtype).element_size()
         sdm[key] = TensorStorageMetadata(
             properties=TensorProperties(dtype=dtype),
@@ -280,7 +284,7 @@ def _atimes(directory: Path) -> dict[str, int]:
 
 
 def run_ckpt_bench(
-    n_files: int = 2049, repeats: int = 3, keep: str | os.PathLike[str] | None = None
+    n_files: int = 2049, repeats: int = 3, keep: str | os.PathLike[str] | None = None, dp: int = BABY["dp"]
 ) -> CkptBenchReport:
     """Build the fixture, then time baseline unpickle, inspect and verify (medians of `repeats`)."""
     os.environ.setdefault("LONGCTX_NO_PROGRESS", "1")
@@ -295,7 +299,7 @@ def run_ckpt_bench(
         root = Path(keep)
     try:
         t0 = time.perf_counter()
-        info = build_baby_like(root, n_files)
+        info = build_baby_like(root, n_files, dp)
         build_s = time.perf_counter() - t0
         disk = sum(p.stat().st_blocks * 512 for p in root.iterdir())
         before = _atimes(root)

@@ -170,7 +170,8 @@ def _adopt_dir(
     base = resolved.checkpoint_rel
     done: list[tuple[Path, Path]] = []
     methods: set[str] = set()
-    total = sum(tree.size(r) for r in rels)
+    sizes = {r: tree.size(r) for r in rels}
+    total = sum(sizes.values())
     try:
         with progress_bar(f"adopt ({mode})", total, unit="bytes") as advance:
             for r in rels:
@@ -179,18 +180,24 @@ def _adopt_dir(
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 methods.add(_link_or_copy(src, dst, mode, allow_copy))
                 done.append((src, dst))
-                advance(tree.size(r) if mode == "move" else dst.stat().st_size)
+                advance(sizes[r])
     except OSError as err:
         if mode == "move":  # put back what was moved
             for src, dst in reversed(done):
                 if dst.exists() and not src.exists():
                     os.rename(dst, src)
         shutil.rmtree(staging, ignore_errors=True)
-        kind = "cross-device" if err.errno == errno.EXDEV else err.strerror
+        verb = "move" if mode == "move" else "hard-link"
+        if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise CheckpointError(
+                f"cannot {verb} {err.filename}: {err.strerror} (source and target on different filesystems?)",
+                where=str(err.filename),
+                fix="put the target on the same filesystem as the source, or pass --allow-copy to copy the data",
+            ) from None
         raise CheckpointError(
-            f"cannot {'move' if mode == 'move' else 'hard-link'} {err.filename}: {kind}",
+            f"cannot {verb} {err.filename}: {err.strerror}",
             where=str(err.filename),
-            fix="put the target on the same filesystem as the source, or pass --allow-copy to copy the data",
+            fix="check that the source is readable and the target writable",
         ) from None
     return len(rels), total, methods
 
