@@ -8,9 +8,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from longctx.cli._common import cli_errors, console, exit_for, print_json
-from longctx.cli._common import print_findings as _print_findings
-from longctx.report import Finding, Findings
+from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
 
 app = typer.Typer(
     help=(
@@ -30,28 +28,6 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
 )
-
-
-def print_findings(findings: Findings) -> None:
-    """Show findings with their location folded into the message, markup-escaped (checkpoint paths are
-    absolute, and `[/path]` would read as a rich closing tag)."""
-    from rich.markup import escape
-
-    shown = Findings()
-    for f in findings:
-        msg = f.message + (f" — at {f.where}" if f.where else "")
-        shown.append(
-            Finding(
-                level=f.level,
-                code=f.code,
-                message=escape(msg),
-                where=None,
-                fix=escape(f.fix) if f.fix else None,
-                expected=f.expected,
-                found=f.found,
-            )
-        )
-    _print_findings(shown)
 
 
 def _gib(n: int | None) -> str:
