@@ -116,7 +116,6 @@ class CheckpointReport:
             if name in ("resolved", "index"):
                 continue
             out[name] = to_jsonable(getattr(self, name))
-        out["arch"] = {k: v for k, v in out["arch"].items()}
         return out
 
 

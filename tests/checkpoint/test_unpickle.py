@@ -121,3 +121,27 @@ def test_corrupt_pickles() -> None:
     assert ei.value.what.startswith("cannot read the DCP index (.metadata): corrupt or not a pickle (")
     with pytest.raises(CheckpointError, match=r"cannot read common\.pt: corrupt or not a pickle"):
         safe_torch_load(b"PK\x03\x04not a zip", what="common.pt")
+
+
+def test_megatron_015_metadata_class_is_read_as_torch_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """megatron-core 0.15 pickled `.metadata` as its own subclass MCoreMetadata (extra `mcore_data`)."""
+    import sys
+    import types
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    name = "megatron.core.dist_checkpointing.strategies.torch"
+    module = types.ModuleType(name)
+
+    class MCoreMetadata(Metadata):
+        pass
+
+    MCoreMetadata.__module__, MCoreMetadata.__qualname__ = name, "MCoreMetadata"
+    module.MCoreMetadata = MCoreMetadata
+    monkeypatch.setitem(sys.modules, name, module)
+    md = MCoreMetadata(state_dict_metadata={}, storage_data={})
+    md.mcore_data = {"k": {"nd_reformulated_orig_global_shape": (4, 8)}}
+    data = pickle.dumps(md)
+    monkeypatch.delitem(sys.modules, name)
+    loaded = safe_unpickle(data, stub_megatron=True)
+    assert type(loaded) is Metadata and loaded.mcore_data["k"]["nd_reformulated_orig_global_shape"] == (4, 8)
