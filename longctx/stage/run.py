@@ -181,8 +181,10 @@ def prepare_launch(rp: ResolvedPlan, backend: Backend, *, check_megatron: bool =
     from longctx.stage.megatron_args import argv as megatron_argv
 
     script = megatron_lm_script() if check_megatron else Path(os.environ.get(MEGATRON_ENV, "Megatron-LM")) / "pretrain_gpt.py"
-    words = megatron_argv(rp, st, script=str(script))
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    # one process per GPU with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*): the
+    # local launcher on one node, srun + torchrun across nodes (longctx.slurm.launch)
+    words = [sys.executable, *megatron_argv(rp, st, script=str(script))]
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONPATH": str(script.parent)}
     return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log)
 
 
@@ -199,6 +201,7 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         "event": "launch", "stage": lp.stage.name, "action": lp.step.action, "backend": lp.backend,
         "start_iteration": lp.step.start_iteration, "target_iterations": lp.stage.train_iters,
         "argv_digest": hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
+        "argv": lp.argv[1:],
         "binding": lp.binding.as_dict(), "log": str(lp.log),
         "repair": None if repair is None else {"tracker": str(repair.tracker), "old": repair.old, "new": repair.new,
                                                "reason": repair.reason},

@@ -1,0 +1,59 @@
+"""The megatron-lm backend launches the exact argv of `stage args` against a Megatron-LM checkout.
+
+No Megatron-LM checkout exists here (the megatron-core wheel has no pretrain_gpt.py), so the checkout
+is a stand-in whose pretrain_gpt.py records what it was given and writes a tracker like Megatron-LM's
+final save; the argv itself is proved flag by flag in test_megatron_args.py.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from longctx.cli.main import app
+from longctx.stage import ledger
+from tests.fixtures.run import write_plan
+
+
+def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypatch) -> None:
+    mlm = tmp_path / "Megatron-LM"
+    mlm.mkdir()
+    record = tmp_path / "calls.jsonl"
+    (mlm / "pretrain_gpt.py").write_text(textwrap.dedent(f"""\
+        import json, os, sys
+        with open({str(record)!r}, "a") as f:
+            f.write(json.dumps({{"argv": sys.argv[1:], "rank": os.environ["RANK"],
+                                "world": os.environ["WORLD_SIZE"],
+                                "cuda_max_conn": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}}) + "\\n")
+        """))
+    plan = write_plan(tmp_path / "plan.toml", fresh_run)
+    monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
+
+    r = CliRunner().invoke(app, ["stage", "args", str(plan), "s1", "--json"])
+    assert r.exit_code == 0, r.output
+    expected = json.loads(r.output)[1:]
+
+    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm"])
+    assert r.exit_code == 0, r.output
+    calls = [json.loads(x) for x in record.read_text().splitlines()]
+    assert sorted(c["rank"] for c in calls) == ["0", "1"] and {c["world"] for c in calls} == {"2"}
+    assert all(c["argv"] == expected for c in calls)
+    assert {c["cuda_max_conn"] for c in calls} == {"1"}
+    launch = next(x for x in ledger.read(fresh_run) if x["event"] == "launch")
+    assert launch["backend"] == "megatron-lm" and launch["argv"] == [str(mlm / "pretrain_gpt.py"), *expected]
+    # Megatron exits 0 without saving here: the stage is still pending, decided from disk, not from the exit code
+    end = next(x for x in ledger.read(fresh_run) if x["event"] == "end")
+    assert (end["exit_code"], end["status"]) == (0, "pending")
+
+
+def test_megatron_lm_backend_needs_a_checkout(fresh_run: Path, tmp_path: Path, monkeypatch) -> None:
+    plan = write_plan(tmp_path / "plan.toml", fresh_run)
+    monkeypatch.delenv("LONGCTX_MEGATRON_LM", raising=False)
+    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm"])
+    assert r.exit_code == 2 and "LONGCTX_MEGATRON_LM is not set" in r.output
+    monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(tmp_path))
+    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm"])
+    assert r.exit_code == 2 and "no pretrain_gpt.py" in r.output
