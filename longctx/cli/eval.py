@@ -23,26 +23,40 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+
+def _defaults() -> dict:
+    # pydantic only (no torch): the CLI's defaults are the library's, so `eval summary` re-uses the
+    # results measured after each stage
+    from longctx.eval.settings import EvalSettings
+
+    return EvalSettings().model_dump()
+
+
 PLAN = typer.Option(..., "--plan", help="plan file (stages/*.toml): tokenizer, data, base, stage lengths")
 RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
 LENGTHS = typer.Option(
     None, "--lengths", help="context lengths, e.g. 1K,4K (default: the plan's stage lengths)"
 )
 DEPTHS = typer.Option(None, "--depths", help="needle depths as fractions, e.g. 0,0.25,0.5,0.75,1")
-KEYS = typer.Option(2, "--keys", help="pass keys per (length, depth) cell")
+_D = _defaults()
+KEYS = typer.Option(_D["keys_per_cell"], "--keys", help="pass keys per (length, depth) cell")
 DISTRACTORS = typer.Option(
-    3, "--distractors", help="distractor keys per item for the log-likelihood method (0: greedy only)"
+    _D["distractors"],
+    "--distractors",
+    help="distractor keys per item for the log-likelihood method (0: greedy only)",
 )
-DIGITS = typer.Option(5, "--key-digits", help="digits per pass key")
+DIGITS = typer.Option(_D["key_digits"], "--key-digits", help="digits per pass key")
 FILLER = typer.Option(
     "synthetic", "--filler", help="synthetic (the demo corpus' sentences) or heldout (held-out tokens)"
 )
-LOSS_DOCS = typer.Option(4, "--loss-docs", help="held-out documents per length for loss by position")
+LOSS_DOCS = typer.Option(
+    _D["loss_docs"], "--loss-docs", help="held-out documents per length for loss by position"
+)
 SHORT_DOCS = typer.Option(
     16, "--short-docs", help="short held-out documents for the short-context loss (0: skip)"
 )
-SEED = typer.Option(1234, "--seed", help="seed of keys, names and filler")
-BATCH = typer.Option(4, "--batch-size", help="sequences per forward")
+SEED = typer.Option(_D["seed"], "--seed", help="seed of keys, names and filler")
+BATCH = typer.Option(_D["batch_size"], "--batch-size", help="sequences per forward")
 DATA = typer.Option(
     None, "--data", help="unseen data prefix for the losses (repeatable; default: the plan's held-out split)"
 )
@@ -71,7 +85,7 @@ def _settings(depths, keys, distractors, digits, filler, loss_docs, short_docs, 
 
     from longctx.errors import EvalError
     from longctx.eval.grid import check_depths
-    from longctx.eval.results import EvalSettings
+    from longctx.eval.settings import EvalSettings
 
     kw = dict(keys_per_cell=keys, distractors=distractors, key_digits=digits, filler=filler, loss_docs=loss_docs,
               short_docs=short_docs, seed=seed, batch_size=batch)  # fmt: skip

@@ -1,42 +1,17 @@
-"""Evaluation settings and results (pydantic: the JSON written to disk is `model_dump`)."""
+"""Evaluation results (pydantic: the JSON written to disk is `model_dump`)."""
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from longctx.eval.loss_position import PositionLoss
 from longctx.eval.score import ItemScore
+from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss
-
-DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-
-class EvalSettings(BaseModel):
-    """What is measured; everything here except `batch_size` changes the numbers."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    depths: list[float] = Field(default_factory=lambda: list(DEFAULT_DEPTHS))
-    keys_per_cell: int = Field(default=2, ge=1)
-    distractors: int = Field(default=3, ge=0)
-    key_digits: int = Field(default=5, ge=1)
-    filler: Literal["synthetic", "heldout"] = "synthetic"
-    seed: int = 1234
-    loss_docs: int = Field(default=4, ge=1)
-    buckets: Literal["log", "fixed"] = "log"
-    bucket_first: int = Field(default=16, ge=2)
-    short_docs: int = Field(default=16, ge=0)  # 0: no short-context loss
-    batch_size: int = Field(default=4, ge=1)
-
-    def fingerprint(self, *extra: object) -> str:
-        data = self.model_dump(exclude={"batch_size"})
-        text = repr(sorted(data.items())) + "|" + "|".join(map(str, extra))
-        return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 class PasskeyCell(BaseModel):

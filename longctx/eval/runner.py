@@ -39,16 +39,18 @@ from longctx.eval.results import (
     METHOD_TEXT,
     CheckpointEval,
     EvalReport,
-    EvalSettings,
     LengthResult,
     PasskeyResult,
 )
 from longctx.eval.score import forwards_needed, model_scorer, score_passkey
+from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss, short_context_loss
 from longctx.util.fs import atomic_write_json
 from longctx.util.progress import progress_bar
 
 BASE_LABEL = "base"
+# what runs after each local stage; `eval summary` and the demo use the same, so they re-use those results
+STAGE_SETTINGS = EvalSettings()
 
 
 @dataclasses.dataclass
@@ -330,10 +332,10 @@ def _has_checkpoint(save_dir: Path) -> bool:
         return False
 
 
-def _ladder_refs(rp: Any, upto: int, notes: list[str]) -> list[CheckpointRef]:
+def _ladder_refs(rp: Any, upto: int, notes: list[str], base: Path | None = None) -> list[CheckpointRef]:
     """Base + stages[0..upto], each allowed to extrapolate (the comparison is the point)."""
     refs: list[CheckpointRef] = []
-    base = _base_path(rp)
+    base = base or _base_path(rp)
     if base is not None and base.exists():
         refs.append(CheckpointRef(BASE_LABEL, base, allow_extrapolation=True,
                                   expected_rotary_base=int(rp.plan.base.rotary_base)))  # fmt: skip
@@ -371,7 +373,7 @@ def evaluate_finished_stage(
     log = _stderr_log if echo else None
     report = evaluate_checkpoints(
         refs, lengths=plan_lengths(rp, st.index), tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
-        settings=settings, short_length=int(rp.plan.base.seq_length), cache_dir=_run_dir_cache(rp),
+        settings=settings or STAGE_SETTINGS, short_length=int(rp.plan.base.seq_length), cache_dir=_run_dir_cache(rp),
         plan=rp.plan.name, stage=stage_name, log=log,
     )  # fmt: skip
     report.notes = notes + report.notes
@@ -392,10 +394,12 @@ def summarize_plan(
     data: Sequence[str] | None = None,
     cp: int = 1,
     use_cache: bool = True,
+    base: Path | None = None,
 ) -> EvalReport:
-    """Base + every stage with a finished checkpoint, at every stage's length (or `lengths`)."""
+    """Base + every stage with a finished checkpoint, at every stage's length (or `lengths`);
+    `base` overrides the plan's base checkpoint path."""
     notes: list[str] = []
-    refs = _ladder_refs(rp, len(rp.stages) - 1, notes)
+    refs = _ladder_refs(rp, len(rp.stages) - 1, notes, base)
     if not refs:
         raise EvalError("no checkpoint of this plan is on disk yet", where=str(rp.run_dir),
                         fix="run the stages first (longctx stage run --until-done)")  # fmt: skip
@@ -407,6 +411,26 @@ def summarize_plan(
     )  # fmt: skip
     report.notes = notes + report.notes
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / "summary")
+
+
+def demo_summary(
+    rp: Any, *, base: Path | None = None, settings: EvalSettings | None = None
+) -> dict[str, Any]:
+    """The demo's evaluation step: `summarize_plan` with the per-stage settings (so everything the
+    stages measured is re-used), as a JSON-able dict with the table, plots and a Markdown rendering."""
+    from longctx.eval.render import markdown_table
+
+    report = summarize_plan(rp, settings=settings or STAGE_SETTINGS, base=base)
+    return {
+        "lengths": report.lengths,
+        "method": report.method,
+        "table": report.table(),
+        "plots": report.plots,
+        "out_dir": report.out_dir,
+        "report": str(Path(report.out_dir or "") / "report.json"),
+        "notes": report.notes,
+        "markdown": markdown_table(report),
+    }
 
 
 def evaluate_path(

@@ -11,8 +11,9 @@ import pytest
 
 from longctx.errors import EvalError, PlanError
 from longctx.eval.data import HeldOut, train_end
-from longctx.eval.results import EvalReport, EvalSettings
+from longctx.eval.results import EvalReport
 from longctx.eval.runner import evaluate_finished_stage, evaluate_path, summarize_plan
+from longctx.eval.settings import EvalSettings
 from tests.fixtures.eval import BASE_LEN, S1_LEN, S2_LEN, EvalRun
 
 # small and fast: two depths, one key, one distractor

@@ -1,0 +1,36 @@
+"""What an evaluation measures (pydantic only: the CLI reads its defaults without importing torch)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+class EvalSettings(BaseModel):
+    """What is measured; everything here except `batch_size` changes the numbers.
+
+    The defaults are what runs after each local stage: every checkpoint of the ladder at every length
+    so far, cheap enough for the CPU demo (about 35 forwards per checkpoint and length)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depths: list[float] = Field(default_factory=lambda: list(DEFAULT_DEPTHS))
+    keys_per_cell: int = Field(default=2, ge=1)
+    distractors: int = Field(default=2, ge=0)
+    key_digits: int = Field(default=5, ge=1)
+    filler: Literal["synthetic", "heldout"] = "synthetic"
+    seed: int = 1234
+    loss_docs: int = Field(default=3, ge=1)
+    buckets: Literal["log", "fixed"] = "log"
+    bucket_first: int = Field(default=16, ge=2)
+    short_docs: int = Field(default=16, ge=0)  # 0: no short-context loss
+    batch_size: int = Field(default=4, ge=1)
+
+    def fingerprint(self, *extra: object) -> str:
+        data = self.model_dump(exclude={"batch_size"})
+        text = repr(sorted(data.items())) + "|" + "|".join(map(str, extra))
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
