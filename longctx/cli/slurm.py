@@ -1,0 +1,268 @@
+"""`longctx slurm …`: batch scripts, self-healing job chains, their status, cancelling them."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import cli_errors, console, err_console, print_json
+
+app = typer.Typer(
+    help=(
+        "Slurm job chains that carry on from the last checkpoint, across stages, until the plan is done.\n\n"
+        "Every job of a chain runs the same script: `longctx stage run` decides from disk what to train, so any "
+        "job may die (time limit, node failure, hang) and the next one continues; the job that finds the plan "
+        "complete cancels the rest.\n\n"
+        "Examples:\n\n"
+        "  longctx slurm render stages/baby_9b_dense.toml --out jobs/          # look before submitting\n\n"
+        "  longctx slurm submit stages/baby_9b_dense.toml --dry-run            # the estimate and sbatch lines\n\n"
+        "  longctx slurm submit stages/baby_9b_dense.toml --chain 12\n\n"
+        "  longctx slurm status stages/baby_9b_dense.toml --json\n\n"
+        "  longctx slurm cancel stages/baby_9b_dense.toml\n\n"
+        "  longctx slurm profiles                                            # leonardo, generic, local, …"
+    ),
+    no_args_is_help=True,
+)
+
+PLAN = typer.Argument(..., help="plan file (stages/*.toml)")
+RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+PROFILE = typer.Option(
+    None, "--profile", help="cluster profile name or .toml path (default: the plan's cluster.profile)"
+)
+OUT = typer.Option(None, "--out", help="where the scripts go (default: RUN_DIR/slurm)")
+TIME = typer.Option(None, "--time", help='time limit per job, Slurm format ("24:00:00", "1" = 1 minute)')
+SIGNAL = typer.Option(None, "--signal", help='signal before the time limit, e.g. "TERM@240" (never B:)')
+QOS = typer.Option(None, "--qos", help="QoS (checked against the profile's QoS table)")
+PARTITION = typer.Option(None, "--partition", help="partition")
+ACCOUNT = typer.Option(None, "--account", help="account")
+BACKEND = typer.Option(None, "--backend", help="local or megatron-lm (default: the profile's)")
+LONGCTX_CMD = typer.Option(
+    None, "--longctx-cmd", help="how jobs run longctx (default: this interpreter with -m longctx)"
+)
+JSON = typer.Option(False, "--json", help="print JSON")
+
+
+def _resolved(plan: Path, run_dir: Path | None):
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+
+    return resolve_plan(load_plan(plan, run_dir=run_dir))
+
+
+def _render(plan, run_dir, profile, out, time, signal, qos, partition, account, backend, longctx_cmd):
+    from longctx.slurm.render import render
+
+    rp = _resolved(plan, run_dir)
+    overrides: dict[str, Any] = {"time": time, "signal": signal, "qos": qos, "partition": partition,
+                                 "account": account, "backend": backend}  # fmt: skip
+    cmd = shlex.split(longctx_cmd) if longctx_cmd else None
+    return rp, render(rp, profile=profile, overrides=overrides, out_dir=out, longctx_command=cmd)
+
+
+def _warn(rendered) -> None:
+    for w in rendered.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+
+
+@app.command("render")
+@cli_errors
+def render_cmd(
+    plan: Path = PLAN, run_dir: Path | None = RUN_DIR, profile: str | None = PROFILE, out: Path | None = OUT,
+    time: str | None = TIME, signal: str | None = SIGNAL, qos: str | None = QOS, partition: str | None = PARTITION,
+    account: str | None = ACCOUNT, backend: str | None = BACKEND, longctx_cmd: str | None = LONGCTX_CMD,
+    stdout: bool = typer.Option(False, "--stdout", help="print the chain script instead of writing files"),
+    json_out: bool = JSON,
+) -> None:  # fmt: skip
+    """Write the plan's batch scripts: chain.sbatch (every chain job) and, for megatron-lm, eval-STAGE.sbatch.
+
+    Values come from the profile, then the plan's slurm table, then these options; QoS limits, the
+    time limit against exit_duration_in_mins + the save margin, and the signal are checked first.
+
+    Example: longctx slurm render stages/baby_9b_dense.toml --profile leonardo --out jobs/
+    """
+    _, rendered = _render(
+        plan, run_dir, profile, out, time, signal, qos, partition, account, backend, longctx_cmd
+    )
+    _warn(rendered)
+    if stdout:
+        typer.echo(rendered.chain.text, nl=False)
+        return
+    written = rendered.write()
+    if json_out:
+        print_json({"scripts": [str(p) for p in written], "warnings": list(rendered.warnings),
+                    "profile": rendered.settings.profile.name, "nodes": rendered.settings.nodes})  # fmt: skip
+        return
+    for p in written:
+        console.print(f"[green]wrote[/] {p}", highlight=False)
+
+
+@app.command("submit")
+@cli_errors
+def submit_cmd(
+    plan: Path = PLAN,
+    chain: int | None = typer.Option(None, "--chain", help="number of jobs (default: estimated from tokens and throughput)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the estimate and the sbatch commands; submit nothing"),
+    force: bool = typer.Option(False, "--force", help="queue a chain even if jobs of this plan are still queued"),
+    run_dir: Path | None = RUN_DIR, profile: str | None = PROFILE, out: Path | None = OUT,
+    time: str | None = TIME, signal: str | None = SIGNAL, qos: str | None = QOS, partition: str | None = PARTITION,
+    account: str | None = ACCOUNT, backend: str | None = BACKEND, longctx_cmd: str | None = LONGCTX_CMD,
+    json_out: bool = JSON,
+) -> None:  # fmt: skip
+    """Render the scripts and queue N chain jobs, each `--dependency=afterany:` the previous one.
+
+    Job ids go to the ledger. Without --chain, N = the jobs the remaining tokens need at the profile's (or
+    the plan's slurm.tokens_per_gpu_second) throughput, plus spares (see `longctx.slurm.chain`).
+
+    Example: longctx slurm submit stages/baby_9b_dense.toml --dry-run
+    """
+    from longctx.slurm.chain import submit
+
+    rp, rendered = _render(
+        plan, run_dir, profile, out, time, signal, qos, partition, account, backend, longctx_cmd
+    )
+    _warn(rendered)
+    result = submit(rendered, rp, chain=chain, dry_run=dry_run, force=force)
+    if json_out:
+        print_json(result)
+        return
+    if result.estimate is not None:
+        console.print(_estimate_table(result.estimate))
+    if dry_run:
+        console.print(
+            f"[bold]dry run[/]: {len(result.commands)} jobs; scripts not written (`slurm render` writes them)"
+        )
+        for argv in result.commands:
+            typer.echo(" ".join(shlex.quote(w) for w in argv))
+        return
+    console.print(f"[green]queued[/] {len(result.job_ids)} jobs (chain {result.chain_id}): {', '.join(result.job_ids)}",
+                  highlight=False)  # fmt: skip
+
+
+def _estimate_table(est) -> Table:
+    t = Table(title=f"chain estimate: {est.jobs} jobs ({est.spare} spare), {est.train_minutes_per_job:.0f} min of "
+              "training per job")  # fmt: skip
+    for c in ("stage", "iterations left", "tokens left", "tokens/s (job)", "hours", "jobs"):
+        t.add_column(c, justify="right")
+    for s in est.stages:
+        t.add_row(s.stage, f"{s.remaining_iterations:,}", f"{s.remaining_tokens:,}", f"{s.tokens_per_second:,.0f}",
+                  f"{s.train_hours:.1f}", str(s.jobs))  # fmt: skip
+    return t
+
+
+@app.command("status")
+@cli_errors
+def status_cmd(
+    plan: Path = PLAN, run_dir: Path | None = RUN_DIR, profile: str | None = PROFILE, json_out: bool = JSON,
+) -> None:  # fmt: skip
+    """Per stage: iteration / target, tokens, last checkpoint, ETA; every job of the plan and its state.
+
+    Example: longctx slurm status stages/baby_9b_dense.toml --json
+    """
+    from longctx.slurm.status import chain_status
+
+    st = chain_status(_resolved(plan, run_dir), profile=profile)
+    if json_out:
+        print_json(st)
+        return
+    console.print(_status_tables(st))
+
+
+def _hms(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    from longctx.slurm.timefmt import format_seconds
+
+    return format_seconds(seconds)
+
+
+def _status_tables(st) -> Table:
+    outer = Table.grid()
+    t = Table(title=f"{st.plan}: next {st.next_action}" + (f" {st.next_stage}" if st.next_stage else "")
+              + f" — {st.next_reason}")  # fmt: skip
+    for c in ("stage", "status", "iteration", "tokens", "last checkpoint", "s/iter", "ETA"):
+        t.add_column(c)
+    for s in st.stages:
+        t.add_row(s.stage, s.status, f"{s.iteration}/{s.target}", f"{s.tokens_done:,}/{s.tokens_target:,}",
+                  f"{s.last_checkpoint_iteration} at {s.last_checkpoint_time}" if s.last_checkpoint_iteration is not None
+                  else "—", f"{s.seconds_per_iteration:.3g} ({s.rate_source})" if s.seconds_per_iteration else "?",
+                  _hms(s.eta_seconds))  # fmt: skip
+    outer.add_row(t)
+    j = Table(
+        title=f"jobs (finished states from {st.job_source}"
+        + ("" if st.slurm else "; Slurm not reachable")
+        + ")"
+    )
+    for c in ("job", "kind", "state", "exit", "elapsed", "stage", "iterations", "note"):
+        j.add_column(c)
+    for r in st.jobs:
+        j.add_row(r.job_id, r.kind + (f" #{r.position}" if r.position else ""), r.state, r.exit_code or "",
+                  r.elapsed or "", r.stage or "", r.iterations or "", r.note or r.reason or "")  # fmt: skip
+    outer.add_row(j)
+    outer.add_row(f"running: {', '.join(st.running) or '—'}   pending: {', '.join(st.pending) or '—'}   "
+                  f"ETA: {_hms(st.eta_seconds)}")  # fmt: skip
+    if st.last_failure:
+        outer.add_row(f"[red]last failure:[/] {st.last_failure}")
+    return outer
+
+
+@app.command("cancel")
+@cli_errors
+def cancel_cmd(plan: Path = PLAN, run_dir: Path | None = RUN_DIR, json_out: bool = JSON) -> None:
+    """Cancel every queued or running job this plan submitted (chain and eval jobs).
+
+    Example: longctx slurm cancel stages/baby_9b_dense.toml
+    """
+    from longctx.slurm.chain import cancel
+
+    ids = cancel(_resolved(plan, run_dir))
+    if json_out:
+        print_json({"cancelled": ids})
+        return
+    console.print(f"cancelled {len(ids)} jobs" + (f": {', '.join(ids)}" if ids else ""), highlight=False)
+
+
+@app.command("job-end", hidden=True)
+@cli_errors
+def job_end_cmd(
+    plan: Path = PLAN, run_dir: Path | None = RUN_DIR,
+    exit_code: int = typer.Option(..., "--exit-code", help="exit status of `stage run` in this job"),
+    scripts_dir: Path | None = typer.Option(None, "--scripts-dir", help="where eval-STAGE.sbatch scripts are"),
+    json_out: bool = JSON,
+) -> None:  # fmt: skip
+    """Run by each chain job after `stage run`: record its end, submit finished stages' eval jobs, and
+    cancel the jobs queued behind when the plan is complete (or cannot go on)."""
+    from longctx.slurm.chain import job_end
+
+    out = job_end(_resolved(plan, run_dir), exit_code, scripts_dir=scripts_dir)
+    if json_out:
+        print_json(out)
+        return
+    console.print(f"longctx: job {out.job_id} ended (exit {out.exit_code}, +{out.progress} iterations); next: "
+                  f"{out.next_action} — {out.reason}", highlight=False)  # fmt: skip
+    if out.cancelled:
+        console.print(f"longctx: cancelled the queued jobs {', '.join(out.cancelled)}", highlight=False)
+    for stage, jid in out.eval_jobs.items():
+        console.print(f"longctx: queued eval job {jid} for stage {stage}", highlight=False)
+
+
+@app.command("profiles")
+@cli_errors
+def profiles_cmd(json_out: bool = JSON) -> None:
+    """The cluster profiles longctx knows (packaged, and directories on $LONGCTX_SLURM_PROFILES)."""
+    from longctx.slurm.profiles import available_profiles, load_profile, profile_path
+
+    profs = [(load_profile(n), profile_path(n)) for n in available_profiles()]
+    if json_out:
+        print_json([{"name": p.name, "path": str(path), **p.model_dump()} for p, path in profs])
+        return
+    t = Table(title="Slurm profiles")
+    for c in ("name", "description", "GPUs/node", "partition", "QoS", "time", "signal", "backend", "file"):
+        t.add_column(c)
+    for p, path in profs:
+        t.add_row(p.name, p.description, str(p.gpus_per_node), p.partition or "", p.qos or "", p.time, p.signal,
+                  p.backend, str(path))  # fmt: skip
+    console.print(t)

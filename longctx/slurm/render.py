@@ -1,0 +1,208 @@
+"""Batch scripts of a plan: one chain job (every job of the chain runs it) and, for the megatron-lm
+backend, one eval job per stage.
+
+`render(rp, profile=, overrides=, out_dir=, longctx_command=)` → `Rendered` (texts, not yet written);
+`Rendered.write()` writes them atomically. Output is a pure function of the plan, the profile and the
+options: no time stamps, sorted environment, every value quoted (`quote.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from longctx.errors import SlurmError
+from longctx.plan.derive import ResolvedPlan
+from longctx.slurm.profiles import Profile
+from longctx.slurm.quote import env_name, fill, sbatch_word, sh, sh_words, slurm_filename
+from longctx.slurm.settings import JobSettings, job_settings
+from longctx.util.fs import atomic_write_text
+
+CHAIN_SCRIPT = "chain.sbatch"
+SRUN_CONFIG_ENV = "LONGCTX_SRUN_CONFIG"
+RUN_DIR_ENV = "LONGCTX_RUN_DIR"
+MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
+
+
+def eval_script_name(stage: str) -> str:
+    return f"eval-{stage}.sbatch"
+
+
+def default_out_dir(run_dir: Path) -> Path:
+    return run_dir / "slurm"
+
+
+def log_dir(run_dir: Path) -> Path:
+    return run_dir / "logs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Script:
+    name: str
+    kind: Literal["chain", "eval"]
+    text: str
+    stage: str | None = None
+
+
+@dataclasses.dataclass
+class Rendered:
+    settings: JobSettings
+    out_dir: Path
+    scripts: list[Script]
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.settings.warnings
+
+    def path(self, script: Script) -> Path:
+        return self.out_dir / script.name
+
+    @property
+    def chain(self) -> Script:
+        return next(s for s in self.scripts if s.kind == "chain")
+
+    def eval_script(self, stage: str) -> Script | None:
+        return next((s for s in self.scripts if s.kind == "eval" and s.stage == stage), None)
+
+    def write(self) -> list[Path]:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        log_dir(self.settings.run_dir).mkdir(parents=True, exist_ok=True)  # sbatch needs the --output dir
+        out = []
+        for s in self.scripts:
+            p = self.path(s)
+            atomic_write_text(p, s.text)
+            p.chmod(0o755)
+            out.append(p)
+        return out
+
+
+def template(name: str) -> str:
+    path = resources.files("longctx") / "resources" / "slurm" / "templates" / f"{name}.sbatch.tmpl"
+    return path.read_text(encoding="utf-8")
+
+
+def default_longctx_command() -> list[str]:
+    return [sys.executable, "-m", "longctx"]
+
+
+def render(
+    rp: ResolvedPlan,
+    *,
+    profile: str | Profile | None = None,
+    overrides: dict[str, Any] | None = None,
+    out_dir: Path | None = None,
+    longctx_command: list[str] | None = None,
+) -> Rendered:
+    settings = job_settings(rp, profile, overrides)
+    eff = settings.profile
+    out = Path(out_dir).resolve() if out_dir is not None else default_out_dir(settings.run_dir)
+    command = longctx_command or eff.longctx_command or default_longctx_command()
+    where = str(settings.plan_path)
+
+    env = _environment(settings, where)
+    chain_directives = _directives(settings, nodes=settings.nodes, time=eff.time.strip(),
+                                   name=settings.job_name, signal=True)  # fmt: skip
+    scripts = [
+        Script(CHAIN_SCRIPT, "chain", fill(template("chain"), {
+            "title": _comment(f"longctx chain job: plan {settings.plan_name}, profile {eff.name}, "
+                              f"backend {settings.backend}"),
+            "directives": chain_directives,
+            "environment": env,
+            "longctx": sh_words(command, "longctx command"),
+            "plan": sh(settings.plan_path, "plan path"),
+            "backend": sh(settings.backend),
+            "launcher": sh(settings.launcher),
+            "scripts_dir": sh(out, "scripts directory"),
+        }, where=f"template {CHAIN_SCRIPT}")),
+    ]  # fmt: skip
+    if settings.backend == "megatron-lm":
+        from longctx.checkpoint.layout import iter_dir_name
+
+        for st in rp.stages:
+            directives = _directives(settings, nodes=eff.eval_nodes, time=eff.eval_time.strip(),
+                                     name=f"{settings.job_name}-eval-{st.name}", signal=False)  # fmt: skip
+            final = st.save_dir / iter_dir_name(st.train_iters)
+            scripts.append(Script(eval_script_name(st.name), "eval", fill(template("eval"), {
+                "title": _comment(f"longctx eval job: plan {settings.plan_name}, stage {st.name}, profile {eff.name}"),
+                "directives": directives,
+                "environment": env,
+                "longctx": sh_words(command, "longctx command"),
+                "checkpoint": sh(final, "checkpoint path"),
+                "plan": sh(settings.plan_path, "plan path"),
+                "stage": sh(st.name, "stage name"),
+            }, where=f"template {eval_script_name(st.name)}"), stage=st.name))  # fmt: skip
+    return Rendered(settings, out, scripts)
+
+
+def _comment(text: str) -> str:
+    return " ".join(text.split())  # one line: a comment must not spill into the script
+
+
+def _directives(s: JobSettings, *, nodes: int, time: str, name: str, signal: bool) -> str:
+    eff = s.profile
+    d: list[tuple[str, Any]] = [("job-name", name)]
+    for key in ("account", "partition", "qos", "reservation"):
+        if getattr(eff, key):
+            d.append((key, getattr(eff, key)))
+    d += [("nodes", nodes), ("ntasks-per-node", 1)]
+    if eff.cpus_per_task:
+        d.append(("cpus-per-task", eff.cpus_per_task))
+    if s.gpus_per_node and eff.gpus_per_node:
+        if eff.gpu_directives in ("gres", "both"):
+            d.append(("gres", f"gpu:{s.gpus_per_node}"))
+        if eff.gpu_directives in ("gpus-per-node", "both"):
+            d.append(("gpus-per-node", s.gpus_per_node))
+    if eff.exclusive:
+        d.append(("exclusive", None))
+    if eff.constraint:
+        d.append(("constraint", eff.constraint))
+    if eff.exclude:
+        d.append(("exclude", eff.exclude))
+    d.append(("time", time))  # as written (validated): "24:00:00" stays recognisable
+    if signal:
+        d.append(("signal", s.signal.directive()))
+    d.append(("output", slurm_filename(str(log_dir(s.run_dir))) + "/slurm-%j.log"))
+    lines = [f"#SBATCH --{k}" if v is None else f"#SBATCH --{k}={sbatch_word(v, f'--{k}')}" for k, v in d]
+    for extra in eff.extra_sbatch:
+        if not extra.startswith("--"):
+            raise SlurmError(f"extra_sbatch entry {extra!r} is not a long option", where=str(s.plan_path),
+                             fix='write each entry as "--option=value"')  # fmt: skip
+        lines.append(f"#SBATCH {sbatch_word(extra, 'extra_sbatch')}")
+    return "\n".join(lines)
+
+
+def srun_config(s: JobSettings) -> dict[str, Any]:
+    """What `SrunLauncher.from_environment()` reads from $LONGCTX_SRUN_CONFIG inside the job."""
+    eff = s.profile
+    c = eff.container
+    return {
+        "container": None if c is None or not c.image else c.model_dump(),
+        "cpus_per_task": eff.cpus_per_task,
+        "master_addr": eff.master_addr,
+        "master_port": eff.master_port,
+        "srun_args": list(eff.srun_args),
+        "torchrun": eff.torchrun,
+    }
+
+
+def _environment(s: JobSettings, where: str) -> str:
+    eff = s.profile
+    env: dict[str, str] = {k: str(v) for k, v in eff.env.items()}
+    reserved = {RUN_DIR_ENV, SRUN_CONFIG_ENV, MEGATRON_ENV}
+    clash = sorted(reserved & set(env))
+    if clash:
+        raise SlurmError(f"env sets {', '.join(clash)}, which the renderer owns", where=where,
+                         fix="remove them from the plan's slurm.env and the profile's env table")  # fmt: skip
+    lines = [f"export {env_name(k, where)}={sh(v, f'env {k}')}" for k, v in sorted(env.items())]
+    lines.append(f"export {RUN_DIR_ENV}={sh(s.run_dir, 'run_dir')}")
+    if s.megatron_lm:
+        lines.append(f"export {MEGATRON_ENV}={sh(s.megatron_lm, 'megatron_lm')}")
+    if s.launcher == "srun":
+        lines.append(
+            f"export {SRUN_CONFIG_ENV}={sh(json.dumps(srun_config(s), sort_keys=True), SRUN_CONFIG_ENV)}"
+        )
+    return "\n".join(lines)
