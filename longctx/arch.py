@@ -118,9 +118,13 @@ class ModelArch(BaseModel):
                 flags += ["--moe-shared-expert-intermediate-size", str(self.moe_shared_expert_intermediate_size)]
         return flags
 
+    def normalized(self) -> ModelArch:
+        """The same architecture with defaults made explicit (head dim, query groups)."""
+        return self.model_copy(update={"kv_channels": self.head_dim, "num_query_groups": self.query_groups})
+
     def diff(self, other: ModelArch) -> dict[str, tuple[Any, Any]]:
-        """Fields that differ: {name: (self, other)}."""
-        a, b = self.model_dump(), other.model_dump()
+        """Fields that differ once defaults are explicit: {name: (self, other)}."""
+        a, b = self.normalized().model_dump(), other.normalized().model_dump()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -22,14 +23,18 @@ HELP = (
 def demo(
     dir: Path = typer.Option(Path("demo-run"), "--dir", help="working directory (created; reused to resume)"),
     plan: Path | None = typer.Option(None, "--plan", help="stage plan (default: stages/tiny.toml)"),
-    small: bool = typer.Option(False, "--small", help="a scaled-down run (a minute or two) for smoke tests"),
+    small: bool = typer.Option(False, "--small", help="a smaller corpus and base model (pair with a small --plan)"),
+    interrupt: str | None = typer.Option(None, "--interrupt", help="stage to SIGTERM after its first save "
+                                         "(default: the last stage of the full demo; none with --small)"),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     from longctx.demo.run import DemoConfig, run_demo
 
     cfg = DemoConfig() if plan is None else DemoConfig(plan=plan)
     if small:
-        cfg = DemoConfig.small(cfg.plan)
+        cfg = DemoConfig.small(cfg.plan, interrupt_stage=interrupt)
+    elif interrupt is not None:
+        cfg = dataclasses.replace(cfg, interrupt_stage=interrupt)
     report = run_demo(dir, cfg, echo=lambda s: console.print(s, highlight=False, soft_wrap=True))
     if json_out:
         print_json(report)

@@ -180,8 +180,6 @@ def _launcher(name: str):
 
 
 def _evaluate_stage(rp, stage: str) -> None:
-    try:
-        from longctx.eval.runner import evaluate_finished_stage
-    except ModuleNotFoundError:
-        return
+    from longctx.eval.runner import evaluate_finished_stage
+
     evaluate_finished_stage(rp, stage)

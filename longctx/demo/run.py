@@ -40,18 +40,16 @@ class DemoConfig:
     heldout_docs: int = 40
     min_words: int = 150
     max_words: int = 6000
-    base_seq_length: int = 256
     base_global_batch: int = 32
     base_iters: int = 150
-    base_rotary_base: int = 10000
     processes: int = 2
     interrupt_stage: str | None = "4k"  # SIGTERM once it has saved, then resume
-    plan_overrides: dict[str, Any] | None = None
 
     @classmethod
-    def small(cls, plan: Path) -> DemoConfig:
+    def small(cls, plan: Path, interrupt_stage: str | None = None) -> DemoConfig:
+        """The same pipeline on a smaller corpus and base model (pair it with a small plan)."""
         return cls(plan=plan, vocab_size=320, train_docs=160, heldout_docs=8, min_words=60, max_words=1500,
-                   base_seq_length=64, base_global_batch=8, base_iters=12, interrupt_stage=None)
+                   base_global_batch=8, base_iters=12, interrupt_stage=interrupt_stage)
 
 
 @dataclasses.dataclass
@@ -153,9 +151,10 @@ def _base(run_dir: Path, rp: Any, cfg: DemoConfig, echo: Echo) -> tuple[str, boo
     if t is not None and t.iteration >= cfg.base_iters:
         return f"{save} (iteration {t.iteration})", True
     tok = load_tokenizer(run_dir / "tokenizer")
+    # the base model is what the plan says it is: its length and rotary base
+    seq, rotary_base = rp.plan.base.seq_length, rp.plan.base.rotary_base
     spec = TrainSpec(
-        stage="base", arch=rp.arch, seq_length=cfg.base_seq_length, max_position_embeddings=cfg.base_seq_length,
-        rotary_base=cfg.base_rotary_base, padded_vocab_size=padded_vocab_size(tok.vocab_size, 128, 1),
+        stage="base", arch=rp.arch, seq_length=seq, max_position_embeddings=seq, rotary_base=rotary_base, padded_vocab_size=padded_vocab_size(tok.vocab_size, 128, 1),
         tokenizer=TokenizerInfo(path=str(run_dir / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
                                 eod_id=tok.eod_id, pad_id=tok.pad_id),
         data=[(e.weight, e.prefix) for e in stage_blend(rp, rp.stages[0]).entries], split="98,2,0",
@@ -172,7 +171,7 @@ def _base(run_dir: Path, rp: Any, cfg: DemoConfig, echo: Echo) -> tuple[str, boo
                                         log=run_dir / "base" / "train.log")
     if code != 0:
         raise StageError(f"base pretraining failed (exit {code})", where=str(run_dir / "base" / "train.log"))
-    return f"{cfg.base_iters} iterations at {cfg.base_seq_length} tokens → {save}", False
+    return f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,} → {save}", False
 
 
 def _stage_command(plan: Path, run_dir: Path) -> list[str]:
@@ -267,17 +266,15 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
 
     _timed(steps, "stages", echo, stages)
     evaluation = None
-    try:
-        from longctx.eval.runner import demo_summary
-    except ModuleNotFoundError:
-        demo_summary = None
-    if demo_summary is not None:
-        def evaluate() -> tuple[str, bool]:
-            nonlocal evaluation
-            evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints")
-            return "base and every stage evaluated", False
 
-        _timed(steps, "evaluation", echo, evaluate)
+    def evaluate() -> tuple[str, bool]:
+        from longctx.eval.runner import demo_summary
+
+        nonlocal evaluation
+        evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints")
+        return f"base and every stage evaluated → {evaluation['out_dir']}", False
+
+    _timed(steps, "evaluation", echo, evaluate)
     return DemoReport(run_dir, steps, _stage_rows(rp, run_dir), evaluation, interrupted, time.monotonic() - t0)
 
 

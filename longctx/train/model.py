@@ -75,7 +75,8 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
             moe_router_topk=arch.moe_router_topk,
             moe_ffn_hidden_size=arch.moe_ffn_hidden_size or arch.ffn_hidden_size,
             moe_shared_expert_intermediate_size=arch.moe_shared_expert_intermediate_size,
-            moe_token_dispatcher_type="alltoall",
+            # the alltoall dispatcher creates a torch.cuda.Stream; allgather computes the same on CPU
+            moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather",
             moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=0.0,
         )

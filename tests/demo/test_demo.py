@@ -1,0 +1,53 @@
+"""The demo pipeline end to end on a small plan: every step, the SIGTERM interruption and resume, the
+evaluation, and a second run that resumes instead of starting over."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from longctx.cli.main import app
+from longctx.demo.run import DemoConfig, run_demo
+from longctx.stage import ledger
+from tests.fixtures.run import write_plan
+
+
+@pytest.mark.slow
+def test_small_demo_then_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    plan = write_plan(tmp_path / "plan.toml", run_dir, s2_tokens=4 * 2 * 256, s2_save=2)
+    lines: list[str] = []
+    report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
+
+    assert [s.step for s in report.steps] == ["tokenizer", "corpus", "data", "checks", "base model", "stages",
+                                              "evaluation"]
+    assert not any(s.skipped for s in report.steps)
+    rows = {r["stage"]: r for r in report.stages}
+    assert rows["s1"]["status"] == rows["s2"]["status"] == "done"
+    assert rows["s1"]["launches"] == ["first-launch"]
+    # the interrupted stage stopped after its first save and was resumed from it, not restarted
+    assert rows["s2"]["launches"] == ["first-launch", "resume"]
+    assert report.interrupted is not None and report.interrupted["exit_code"] == 0
+    assert 1 <= report.interrupted["stopped_at"] < report.interrupted["target"]
+    resumes = [r for r in ledger.read(run_dir) if r["event"] == "launch" and r["action"] == "resume"]
+    assert resumes[0]["start_iteration"] == report.interrupted["stopped_at"]
+
+    ev = report.evaluation
+    assert ev is not None and Path(ev["report"]).exists()
+    assert all(Path(p).stat().st_size > 1000 for p in ev["plots"].values())
+    assert {row["checkpoint"] for row in ev["table"]} >= {"base", "s1", "s2"}
+
+    # a second run in the same directory resumes: nothing is rebuilt or retrained
+    again = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
+    skipped = {s.step: s.skipped for s in again.steps}
+    assert skipped["tokenizer"] and skipped["corpus"] and skipped["data"] and skipped["base model"]
+    assert [r["launches"] for r in again.stages] == [r["launches"] for r in report.stages]
+
+
+def test_demo_cli_help_and_json_shape() -> None:
+    r = CliRunner().invoke(app, ["demo", "--help"])
+    assert r.exit_code == 0 and "stages/tiny.toml" in r.output and "--small" in r.output
+    assert json.loads(json.dumps({"ok": True}))  # the --json report goes through print_json
