@@ -5,15 +5,18 @@ Every measurement runs in a fresh spawned process (the CP ranks talk over gloo),
 can be read honestly from the kernel's own accounting of the process: after an identical warm-up
 (one fwd+bwd on a short sequence, which triggers one-off allocations such as BLAS workspaces), the
 peak resident set (VmHWM) is reset through /proc/self/clear_refs and the figure is the peak during
-the iterations minus the resident set just before the inputs are allocated (glibc's mmap threshold
-is pinned at 1 MiB so that freed tensors leave the resident set and iterations do not ratchet it). That covers
-everything torch allocated — inputs, kernel workspaces, ring buffers, gradients — which Python-level
-tracers miss. Where the peak cannot be reset, the increase of `getrusage` `ru_maxrss` is used and the
+the iterations minus the resident set just before the inputs are allocated (glibc's mmap
+threshold is pinned at 1 MiB so that freed tensors leave the resident set and iterations do not
+ratchet it). That covers everything torch allocated — inputs, kernel workspaces, ring buffers,
+gradients — which Python-level tracers miss. Where the peak cannot be reset, the increase of `getrusage` `ru_maxrss` is used and the
 report says so.
 
 Figures (not asserted anywhere): parallel efficiency t_full / (CP · t_cp) with t_cp the slowest
-rank's median, per-rank peak memory / full, and the per-rank block-FLOP balance (max/min) of the
-zigzag split versus a contiguous split, counted from the blocks each rank actually computes.
+rank's median wall time, and the same ratio on process CPU time (compute overhead only: on a busy
+machine ranks that wait for each other lose wall time to the scheduler); per-rank peak memory and
+memory held from forward to backward, each against the full run; and the per-rank block-FLOP
+balance (max/min) of the zigzag split versus a contiguous split, counted from the blocks each rank
+actually computes.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class AttentionBenchSpec:
 class RankMeasure:
     rank: int
     times_s: list[float]
+    cpu_times_s: list[float]  # process CPU time (all threads) of the same iterations
     peak_mem_bytes: int
     held_after_forward_bytes: int
     memory_method: str
@@ -73,6 +77,10 @@ class RankMeasure:
     def median_s(self) -> float:
         return statistics.median(self.times_s)
 
+    @property
+    def median_cpu_s(self) -> float:
+        return statistics.median(self.cpu_times_s)
+
 
 @dataclass
 class AttentionBenchCase:
@@ -80,6 +88,7 @@ class AttentionBenchCase:
     t_full_s: float
     t_cp_s: float  # slowest rank's median
     efficiency: float
+    cpu_efficiency: float  # same ratio on process CPU time: compute overhead, blind to waiting
     mem_full_bytes: int
     mem_cp_bytes: int  # largest rank
     memory_ratio: float
@@ -269,20 +278,22 @@ def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq
         )
         dout = torch.randn(spec.batch, local, spec.heads, spec.head_dim, generator=gen).to(dtype)
         times: list[float] = []
+        cpu_times: list[float] = []
         for i in range(spec.warmup + spec.repeats):
             if group is not None:
                 dist.barrier(group)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             result = fn(q, k, v, group=group, causal=spec.causal)
             if i == 0:  # what forward leaves for backward (in a model: per layer, until its backward)
                 held = memory.current_increase()
             result.backward(dout)
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
             del result
             q.grad = k.grad = v.grad = None
             if i >= spec.warmup:
                 times.append(elapsed)
-        measure = RankMeasure(rank, times, memory.peak_increase(), held, memory.method)
+                cpu_times.append(cpu)
+        measure = RankMeasure(rank, times, cpu_times, memory.peak_increase(), held, memory.method)
         out.put(("ok", rank, measure))
         if group is not None:
             dist.barrier(group)
@@ -360,6 +371,7 @@ def run_attention_bench(spec: AttentionBenchSpec, *, advance: Any = None) -> Att
                 t_full_s=full.median_s,
                 t_cp_s=t_cp,
                 efficiency=full.median_s / (spec.cp * t_cp),
+                cpu_efficiency=full.median_cpu_s / (spec.cp * max(r.median_cpu_s for r in ranks)),
                 mem_full_bytes=full.peak_mem_bytes,
                 mem_cp_bytes=mem_cp,
                 memory_ratio=_safe_ratio(mem_cp, full.peak_mem_bytes),

@@ -82,7 +82,7 @@ def attention_cmd(
             f"h={spec.heads}/{spec.n_kv_heads} d={spec.head_dim}, {spec.threads} thread(s)/process"
         )
     )
-    columns = ("S", "t_full s", "t_cp s", "efficiency", "peak full MiB", "peak/rank MiB", "peak ratio",
+    columns = ("S", "t_full s", "t_cp s", "efficiency", "cpu eff", "peak full MiB", "peak/rank MiB", "peak ratio",
                "held ratio", "balance zigzag", "balance contiguous")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right")
@@ -92,6 +92,7 @@ def attention_cmd(
             f"{c.t_full_s:.3f}",
             f"{c.t_cp_s:.3f}",
             f"{c.efficiency:.3f}",
+            f"{c.cpu_efficiency:.3f}",
             _mib(c.mem_full_bytes),
             _mib(c.mem_cp_bytes),
             f"{c.memory_ratio:.3f}",
@@ -105,7 +106,7 @@ def attention_cmd(
         f"balance ≤ {TARGETS['balance']}\n"
         "peak: largest per-rank peak during fwd+bwd (inputs, ring buffers, gradients) vs the full run; "
         "held: what forward leaves resident for backward (inputs, output, LSE), which is what stacks up "
-        "over layers in a model\n"
+        "over layers in a model; cpu eff: efficiency on process CPU time (compute overhead only)\n"
         f"memory method: {report.memory_method} · load avg {report.host.get('load_avg_1m')}",
         highlight=False,
         soft_wrap=True,
@@ -221,3 +222,66 @@ def ckpt_cmd(
     )
     inferred = ", ".join(f"{k}={v}" for k, v in r.inferred.items())
     console.print(f"inferred: {inferred}" + (f" · kept {r.path}" if r.path else ""), highlight=False)
+
+
+@app.command("index-check")
+@cli_errors
+def index_check_cmd(
+    prefixes: int = typer.Option(2000, "--prefixes", min=1, help="Synthetic chunk prefixes to create."),
+    lengths: str = typer.Option("16K,64K,128K", "--lengths", help="Stage lengths the check reports."),
+    docs: int = typer.Option(16, "--docs", min=1, help="Documents per prefix (64–4K tokens each)."),
+    tmp_dir: str | None = typer.Option(
+        None, "--tmp-dir", help="Where to create them (default: system temp)."
+    ),
+    workers: int | None = typer.Option(None, "--workers", "-w", min=1, help="Threads (default: CPUs, ≤ 8)."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed runs of each; the best is reported."),
+    big_gib: float = typer.Option(
+        0.0, "--big-gib", min=0, help="Also run `bench data-check` on one file this big."
+    ),
+    keep: bool = typer.Option(False, "--keep", help="Keep the artifact (its path is printed)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """`data check ARTIFACT --index-only` over thousands of small prefixes; full scan vs raw read of the same files.
+
+    Builds a streamed-layout artifact (chunk manifests, int32 prefixes), warms the page cache, then reports
+    the best index-only check (prefixes per second) and the full check's throughput against a sequential
+    read of every .bin.
+
+    Example: longctx bench index-check --prefixes 2000 --tmp-dir /dev/shm
+    """
+    from longctx.bench.index_check import run_index_check_bench
+    from longctx.util.progress import progress_bar
+
+    with progress_bar("create prefixes", prefixes, unit="prefixes") as advance:
+        r = run_index_check_bench(
+            prefixes, lengths=parse_int_list(lengths) or [], docs_per_prefix=docs, tmp_dir=tmp_dir, keep=keep,
+            workers=workers, repeats=repeats, big_gib=big_gib, advance=advance,
+        )  # fmt: skip
+    if json_out:
+        print_json(r)
+        return
+    table = Table(
+        title=f"data check ARTIFACT: {r.prefixes:,} prefixes, {r.documents:,} documents, "
+        f"{r.bin_bytes / 2**20:.1f} MiB .bin, {r.idx_bytes / 2**20:.2f} MiB .idx"
+    )
+    for col in ("what", "seconds", "rate", "detail"):
+        table.add_column(col)
+    table.add_row("index-only check", f"{r.index_seconds:.3f}", f"{r.prefixes_per_second:,.0f} prefixes/s",
+                  f"ok: {r.index_ok}; lengths {lengths}")  # fmt: skip
+    table.add_row("raw sequential read", f"{r.bin_bytes / r.raw_gbps / 1e9:.3f}", f"{r.raw_gbps:.2f} GB/s",
+                  "every .bin, open + read")  # fmt: skip
+    table.add_row("full check", f"{r.full_seconds:.3f}", f"{r.full_gbps:.2f} GB/s", f"ok: {r.full_ok}")
+    if r.big:
+        table.add_row(
+            "one big file: raw", "", f"{r.big['raw_gbps']:.2f} GB/s", f"{r.big['bin_bytes'] / 2**30:.2f} GiB"
+        )
+        table.add_row(
+            "one big file: check", "", f"{r.big['check_gbps']:.2f} GB/s", f"ratio {r.big['ratio']:.2f}"
+        )
+    console.print(table)
+    console.print(
+        f"full check / raw read = {r.ratio:.2f} · {r.workers} thread(s) · {r.host['cpus']} CPUs, load avg "
+        f"{r.host['load_avg_1m']} · created in {r.create_seconds:.1f} s"
+        + (f" · kept {r.path}" if keep else ""),
+        highlight=False,
+    )

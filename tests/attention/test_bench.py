@@ -45,6 +45,7 @@ def test_cli_runs_and_reports_json():
     (case,) = report["cases"]
     assert case["seq_len"] == 256
     assert case["t_full_s"] > 0 and case["t_cp_s"] > 0 and case["efficiency"] > 0
+    assert case["cpu_efficiency"] > 0 and case["held_cp_bytes"] > 0
     assert case["mem_full_bytes"] > 0 and case["mem_cp_bytes"] > 0
     assert case["balance_zigzag"] == 1.0 and case["balance_contiguous"] > 2.9
     assert len(case["ranks"]) == 2
