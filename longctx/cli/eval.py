@@ -61,7 +61,9 @@ DATA = typer.Option(
     None, "--data", help="unseen data prefix for the losses (repeatable; default: the plan's held-out split)"
 )
 CP = typer.Option(
-    1, "--cp", help="context-parallel size (= the number of processes; launch with torchrun for > 1)"
+    None,
+    "--cp",
+    help="context-parallel size = the number of processes (default: torchrun's world size, else 1)",
 )
 THREADS = typer.Option(None, "--threads", help="torch CPU threads")
 OUT = typer.Option(None, "--out", help="output directory (default: under <run_dir>/eval/)")
@@ -107,6 +109,12 @@ def _resolved(plan: Path, run_dir: Path | None):
     from longctx.plan.load import load_plan
 
     return resolve_plan(load_plan(plan, run_dir=run_dir))
+
+
+def _cp(cp: int | None) -> int:
+    import os
+
+    return cp if cp is not None else int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _threads(n: int | None) -> None:
@@ -157,7 +165,7 @@ def run(
         True, "--base/--no-base", help="also score the plan's base model on short documents"
     ),
     data: list[str] | None = DATA,
-    cp: int = CP,
+    cp: int | None = CP,
     threads: int | None = THREADS,
     out: Path | None = OUT,
     no_cache: bool = NO_CACHE,
@@ -178,7 +186,7 @@ def run(
     rp = _resolved(plan, run_dir)
     report = evaluate_path(
         rp, checkpoint, stage=stage, lengths=parse_int_list(lengths), settings=settings, rotary_base=rotary_base,
-        extrapolate=extrapolate, base_reference=base_ref, data=data or None, out_dir=out, cp=cp,
+        extrapolate=extrapolate, base_reference=base_ref, data=data or None, out_dir=out, cp=_cp(cp),
         use_cache=not no_cache,
     )  # fmt: skip
     _show(report, json_out)
@@ -199,7 +207,7 @@ def summary(
     seed: int = SEED,
     batch_size: int = BATCH,
     data: list[str] | None = DATA,
-    cp: int = CP,
+    cp: int | None = CP,
     threads: int | None = THREADS,
     out: Path | None = OUT,
     no_cache: bool = NO_CACHE,
@@ -219,5 +227,5 @@ def summary(
     _threads(threads)
     rp = _resolved(plan, run_dir)
     report = summarize_plan(rp, lengths=parse_int_list(lengths), settings=settings, out_dir=out, data=data or None,
-                            cp=cp, use_cache=not no_cache)  # fmt: skip
+                            cp=_cp(cp), use_cache=not no_cache)  # fmt: skip
     _show(report, json_out)

@@ -433,6 +433,18 @@ def demo_summary(
     }
 
 
+def render_summary(summary: dict[str, Any], console: Any) -> None:
+    """Print a `demo_summary` result on a rich console: the table, the notes, the plot paths."""
+    from longctx.eval.render import report_table
+
+    report = EvalReport.model_validate_json(Path(summary["report"]).read_text(encoding="utf-8"))
+    console.print(report_table(report))
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    for name, path in report.plots.items():
+        console.print(f"{name}: {path}", highlight=False, soft_wrap=True)
+
+
 def evaluate_path(
     rp: Any,
     checkpoint: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
@@ -71,3 +72,32 @@ def test_bad_inputs(eval_run: EvalRun, tmp_path: Path) -> None:
            "bad evaluation setting filler")  # fmt: skip
     _fails(cli("run", s1, "--plan", tmp_path / "missing.toml"), "plan file not found")
     assert not (tmp_path / "o").exists()  # nothing written on failure
+
+
+@pytest.mark.slow
+def test_run_under_torchrun_with_context_parallelism(eval_run: EvalRun, tmp_path: Path) -> None:
+    """Two processes, CP = 2 (the world size): rank 0 alone prints and writes; numbers equal CP = 1."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OMP_NUM_THREADS="1", LONGCTX_NO_PROGRESS="1", PYTHONWARNINGS="ignore")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    args = ["eval", "run", str(eval_run.stage("s2")), "--plan", str(eval_run.plan), "--lengths", "256", *FAST,
+            "--no-base", "--no-cache", "--json"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "longctx",
+           *args, "--out", str(tmp_path / "cp2")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cp2 = json.loads(proc.stdout)  # one JSON document: only rank 0 printed
+    assert (tmp_path / "cp2" / "niah.png").is_file()
+    res = cli("run", *args[2:], "--out", tmp_path / "cp1")
+    assert res.exit_code == 0, res.output
+    cp1 = json.loads(res.stdout)
+    a, b = cp2["checkpoints"][0]["results"][0], cp1["checkpoints"][0]["results"][0]
+    assert a["position"]["loss"] == pytest.approx(b["position"]["loss"], abs=1e-4)
+    assert [i["logprob"] for i in a["passkey"]["items"]] == pytest.approx(
+        [i["logprob"] for i in b["passkey"]["items"]], abs=1e-3
+    )
