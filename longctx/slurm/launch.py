@@ -133,17 +133,19 @@ class SrunLauncher:
     def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int:
         cmd, tee = self.command(argv, nproc=nproc, env=env, log=log)
         log.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE if tee else None,
-                                stderr=subprocess.STDOUT if tee else None)  # fmt: skip
+        received: list[int] = []
 
-        def forward(signum: int, _frame: object) -> None:
-            # srun passes TERM/INT/USR1 on to the step's tasks; this process stays to record the end
-            if proc.poll() is None:
-                proc.send_signal(signum)
+        def note(signum: int, _frame: object) -> None:
+            # Slurm signals the whole process tree, srun included; passing a signal on would reach srun a
+            # second time, and srun turns a repeated signal into SIGKILL for its tasks. This process only
+            # stays alive to record the launch's end.
+            received.append(signum)
 
-        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+        old = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
         pump = None
         try:
+            proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE if tee else None,
+                                    stderr=subprocess.STDOUT if tee else None)  # fmt: skip
             if tee:
                 with open(log, "ab") as logf:
                     pump = threading.Thread(target=_pump, args=(proc.stdout, [logf, sys.stdout.buffer] if self.echo
