@@ -229,6 +229,31 @@ def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
 # -- the model -------------------------------------------------------------------------------------
 
 
+def _load_weights_without_common_pt(model: Any, directory: str) -> None:
+    """Model weights of a checkpoint that keeps its common state inside the DCP shards
+    (megatron-core ≥ 0.19, no common.pt), which 0.16's loader cannot open: its common strategy reads
+    common.pt first. The weights need nothing from the common state, so an empty one stands in."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    class _NoCommonPt(TorchCommonLoadStrategy):
+        def load_common(self, checkpoint_dir: Any) -> dict[str, Any]:
+            return {}
+
+    state = dist_checkpointing.load(
+        {"model": model.sharded_state_dict()},
+        directory,
+        common_strategy=_NoCommonPt(),
+        strict=StrictHandling.ASSUME_OK_UNEXPECTED,
+    )
+    weights = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
+
+
 @dataclasses.dataclass
 class LoadedModel:
     model: Any  # megatron.core GPTModel in eval mode
@@ -257,7 +282,10 @@ def load_model(info: CheckpointInfo, parallel: EvalParallel, *, max_length: int)
         with warnings.catch_warnings():
             # torch.distributed.checkpoint warns about its own deprecated internals on every load
             warnings.simplefilter("ignore")
-            load_model_weights(model, info.path)
+            if (Path(info.path) / "common.pt").is_file():
+                load_model_weights(model, info.path)
+            else:
+                _load_weights_without_common_pt(model, info.path)
     except (RuntimeError, KeyError, ValueError) as err:
         raise EvalError(
             f"the weights do not fit the model built from the checkpoint's args: {err}",

@@ -485,7 +485,9 @@ def evaluate_path(
     is_base = base is not None and base.exists() and checkpoint_info(base).identity == info.identity
     if is_base:
         label = BASE_LABEL
-    elif base_reference and base is not None and base.exists():
+    elif label == BASE_LABEL:  # another model's base: keep the plan's base the only "base"
+        label = f"{BASE_LABEL}-{Path(info.path).name}"
+    if not is_base and base_reference and base is not None and base.exists():
         refs.append(CheckpointRef(BASE_LABEL, base, passkey=False))
     refs.append(CheckpointRef(label, Path(checkpoint), rotary_base=rotary_base, allow_extrapolation=extrapolate,
                               expected_rotary_base=expected))  # fmt: skip

@@ -156,3 +156,34 @@ def test_world_must_equal_cp() -> None:
     # nothing is left behind: a fresh evaluation can still start
     with eval_parallel(1) as par:
         assert par.cp == 1
+
+
+def test_checkpoints_of_other_layouts_and_eras(megatron_checkpoints: Any, tmp_path: Path) -> None:
+    """TP = 2 bf16 (resharded to TP 1), tied embeddings with LayerNorm/GELU, and the megatron-core
+    ≥ 0.19 layout (common state inside the DCP shards, no common.pt) all load and score."""
+    import argparse
+
+    from longctx.checkpoint.inspect import inspect_checkpoint
+
+    tokens = torch.randint(3, 200, (2, 64), generator=torch.Generator().manual_seed(0))
+    # the ≥ 0.19 checkpoint with a common.pt put back: megatron-core 0.16's own loader reads that one
+    era = megatron_checkpoints.iter_dir("era019")
+    restored = tmp_path / era.name
+    shutil.copytree(era, restored)
+    plain = {
+        k: v
+        for k, v in inspect_checkpoint(era).args.items()
+        if isinstance(v, int | float | str | bool | None)
+    }
+    torch.save({"args": argparse.Namespace(**plain), "checkpoint_version": 3.0,
+                "iteration": 6}, restored / "common.pt")  # fmt: skip
+    got = {}
+    with eval_parallel(1) as par:
+        for name, path in [*((n, megatron_checkpoints.save_dir(n)) for n in ("gqa", "tp2", "tied", "era019")),
+                           ("restored", restored)]:  # fmt: skip
+            res = model_scorer(load_model(checkpoint_info(path), par, max_length=64))(tokens)
+            assert np.isfinite(res.logprob).all() and res.logprob.shape == (2, 63)
+            got[name] = res.logprob
+    assert checkpoint_info(megatron_checkpoints.save_dir("tp2")).padded_vocab_size == 768
+    np.testing.assert_allclose(got["era019"], got["restored"], atol=1e-6)
+    assert not np.allclose(got["era019"], got["gqa"])  # different weights, same architecture
