@@ -30,7 +30,10 @@ app = typer.Typer(
         "  longctx data check data/books_text_document --tokenizer /models/tokenizer-256k --lengths 16K,64K,128K\n\n"
         '  longctx data check --data-path "0.7 data/books_text_document 0.3 data/code_text_document" '
         "--tokenizer /models/tokenizer-256k --budget stage2=20B\n\n"
-        "  longctx data check --data-args-path datamix.txt --tokenizer /models/tokenizer-256k --strict --json"
+        "  longctx data check --data-args-path datamix.txt --tokenizer /models/tokenizer-256k --strict --json\n\n"
+        "  longctx data fetch birgermoell/oellm-longctx-tokenized-streamed-all-v2 --into /data/oellm-longctx "
+        "--run lc16k_full_20260507 --tiers 16k_plus --languages en,de,fi\n\n"
+        "  longctx data check /data/oellm-longctx --tokenizer /models/tokenizer-256k --lengths 16K,64K,128K --index-only"
     ),
     no_args_is_help=True,
 )
@@ -120,7 +123,10 @@ def _needs_from_plan(path: Path) -> tuple[list[int], dict[str, int]]:
 @app.command("check")
 @cli_errors
 def check_cmd(
-    prefixes: list[str] = typer.Argument(None, help="Dataset prefixes (size-weighted), instead of a blend."),
+    prefixes: list[str] = typer.Argument(
+        None,
+        help="Dataset prefixes (size-weighted), instead of a blend; or one tokenized artifact directory.",
+    ),
     data_path: str | None = typer.Option(
         None, "--data-path", help='Megatron blend: "W1 P1 W2 P2 …" or "P1 P2 …".'
     ),
@@ -144,16 +150,60 @@ def check_cmd(
     workers: int | None = typer.Option(
         None, "--workers", "-w", min=1, help="Scan threads (default: CPUs, at most 8)."
     ),
+    run: str | None = typer.Option(None, "--run", help="Artifact: the streamed run to check (runs/RUN)."),
+    languages: str | None = typer.Option(
+        None, "--languages", help="Artifact: only these languages, e.g. en,de."
+    ),
+    tiers: str | None = typer.Option(
+        None, "--tiers", help="Artifact: only these tiers, e.g. 16k_plus,4_16k."
+    ),
+    index_only: bool = typer.Option(
+        False,
+        "--index-only",
+        help="Artifact: read the .idx files only (+ a token spot check); seconds, not hours.",
+    ),
+    tokenizer_manifest: Path | None = typer.Option(
+        None,
+        "--tokenizer-manifest",
+        help="Artifact: tokenization/*.toml naming the tokenizer (for build_info).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check datasets for a stage: format, token ids vs vocab, EOD, document lengths, budgets, tokenizer md5.
+
+    Given one directory holding a tokenized artifact (mix/, manifests/, runs/), checks its manifests'
+    tokenizer against --tokenizer and reports per language × tier: documents, tokens, share of tokens
+    in documents ≥ each --lengths; --index-only reads only the .idx files.
 
     Exit 2 on any error (any warning too with --strict). Nothing on disk is changed.
 
     Example: longctx data check --data-args-path mix.txt -t /models/tokenizer-256k --lengths 64K --budget s64k=20B
     """
+    from longctx.cli.data_artifact import check_artifact_cmd, names
     from longctx.data import check_datasets, read_data_args
+    from longctx.data.artifact import looks_like_artifact
 
+    if (
+        prefixes
+        and len(prefixes) == 1
+        and data_path is None
+        and data_args_path is None
+        and looks_like_artifact(prefixes[0])
+    ):
+        stage_lengths = parse_int_list(lengths) or []
+        if plan is not None:
+            stage_lengths = sorted(set(stage_lengths) | set(_needs_from_plan(plan)[0]))
+        check_artifact_cmd(
+            prefixes[0], run=run, languages=names(languages), tiers=names(tiers), tokenizer=tokenizer,
+            manifest=tokenizer_manifest, vocab_size=vocab_size, eod_id=eod_id, lengths=stage_lengths,
+            index_only=index_only, workers=workers, strict=strict, json_out=json_out,
+        )  # fmt: skip
+        return
+    if index_only or run or languages or tiers:
+        raise DatasetError(
+            "--index-only, --run, --languages and --tiers apply to an artifact directory",
+            fix="pass one artifact directory (with mix/, manifests/ or runs/), or use --no-scan for prefixes",
+        )
     sources = sum(x is not None and x != [] for x in (prefixes or None, data_path, data_args_path))
     if sources != 1:
         raise DatasetError(
@@ -314,3 +364,12 @@ def fingerprint_cmd(
             f"[green]wrote[/] {escape(prefix)}.longctx.json (tokenizer md5 {sidecar.tokenizer.md5})",
             highlight=False,
         )
+
+
+def _register_artifact_commands() -> None:
+    from longctx.cli.data_artifact import fetch_cmd
+
+    app.command("fetch")(fetch_cmd)
+
+
+_register_artifact_commands()
