@@ -3,7 +3,9 @@ regression, plots. The stage launcher calls `evaluate_finished_stage(rp, stage)`
 
 Public API (torch and megatron-core are imported by the submodules that need them)::
 
-    from longctx.eval.runner import evaluate_finished_stage, evaluate_path, summarize_plan, evaluate_checkpoints
+    from longctx.eval.runner import (evaluate_finished_stage, summarize_plan, evaluate_path,
+                                     evaluate_checkpoints, demo_summary, render_summary)
+    from longctx.eval.settings import EvalSettings            # what is measured (no torch import)
     from longctx.eval.grid import PasskeyGrid                 # exact-length passkey prompts
     from longctx.eval.score import model_scorer, score_passkey
     from longctx.eval.load import checkpoint_info, eval_parallel, load_model
