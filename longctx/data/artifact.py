@@ -27,7 +27,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -783,25 +783,6 @@ def rewrite_mix_paths(art: Artifact) -> RewriteResult:
     return result
 
 
-def group_key(chunk: Chunk) -> tuple[str, str]:
-    return (chunk.language or "?", chunk.tier or "?")
-
-
 def tier_order(art: Artifact, tiers: Iterable[str]) -> list[str]:
     """Longest tier first (by lower bound), unknown tiers last by name."""
     return sorted(set(tiers), key=lambda t: (-(art.tiers[t].min if t in art.tiers else -1), t))
-
-
-def summarize(art: Artifact, chunks: Iterable[Chunk]) -> dict[tuple[str, str], dict[str, int]]:
-    """Per (language, tier): chunks, bin bytes, documents (from the manifests)."""
-    out: dict[tuple[str, str], dict[str, int]] = {}
-    for c in chunks:
-        g = out.setdefault(group_key(c), {"chunks": 0, "bin_bytes": 0, "documents": 0})
-        g["chunks"] += 1
-        g["bin_bytes"] += c.bin_bytes or 0
-        g["documents"] += c.documents or 0
-    return out
-
-
-def as_mapping(obj: Mapping[str, Any] | None) -> dict[str, Any]:
-    return dict(obj or {})

@@ -305,10 +305,4 @@ class _null:
         return None
 
 
-def prefix_of(path: str | os.PathLike[str]) -> str:
-    """`x.idx`/`x.bin` → `x`."""
-    p = os.fspath(path)
-    return p[:-4] if p.endswith((".idx", ".bin")) else p
-
-
 __all__ = ["IndexSummary", "SpotCheck", "read_index_only", "scan_index", "scan_indexes", "spot_check"]

@@ -506,7 +506,12 @@ def _supply_findings(rep: SupplyReport, tb: TierBlend, rows: list[dict[str, Any]
     if rep.sequences_without_repeat is not None and rep.sequences_without_repeat < rep.sequences_needed:
         worst = sorted(rep.tiers, key=lambda t: -t.worst_epochs)
         detail = ", ".join(
-            f"{t.worst_language} in {t.tier}: {t.worst_epochs:.2f} epochs"
+            f"{t.worst_language} in {t.tier}: "
+            + (
+                f"{t.worst_epochs:.2f} epochs"
+                if math.isfinite(t.worst_epochs)
+                else f"less than one {lab} sequence"
+            )
             for t in worst[:3]
             if t.worst_epochs > 1
         )
@@ -567,6 +572,86 @@ def stage_supply(
     )
 
 
+@dataclasses.dataclass
+class StageDataReport:
+    """`plan validate --check-data` for a tier-mix stage: the artifact checked over the blend's chunks
+    (recorded tokenizer, structure, ids, lengths per language × tier) and the stage's supply."""
+
+    stage: str
+    blend: dict[str, Any]
+    artifact: Any  # longctx.data.artifact_check.ArtifactReport
+    supply: SupplyReport
+    findings: Findings
+
+    @property
+    def ok(self) -> bool:
+        return self.findings.ok
+
+    def all_findings(self) -> Findings:
+        return Findings(self.findings)
+
+
+_ARTIFACT_CHECKS: dict[tuple[Any, ...], Any] = {}
+
+
+def stage_data_report(
+    rp: Any,
+    st: Any,
+    *,
+    tokenizer: Any = None,
+    scan: bool = True,
+    strict: bool = False,
+    workers: int | None = None,
+    progress: bool = True,
+) -> StageDataReport:
+    """Check a tier-mix stage's data: `check_artifact` over the chunks its blend uses (the full token
+    scan, or index-only with `scan=False`), at every stage length of the plan that uses the same
+    artifact (checked once per process), plus `stage_supply`. Missing data files are errors here."""
+    from longctx.data.artifact_check import check_artifact
+    from longctx.plan import paths
+
+    tm = _tier_mix(rp, st)
+    tb = stage_tier_blend_info(rp, st)
+    art = tb.artifact
+    tiers = sorted(t for t, w in tm.tiers.items() if w > 0)
+    langs = sorted(tm.languages) if tm.languages else None
+    same = [
+        s.seq_length
+        for s in rp.stages
+        if s.data is not None
+        and s.data.tier_mix is not None
+        and paths.resolve(s.data.tier_mix.artifact, rp.plan, field="data.tier_mix.artifact") == art.root
+        and s.data.tier_mix.run == tm.run
+    ]
+    lengths = sorted(set(same) | {st.seq_length})
+    manifest = paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest")
+    key = (str(art.root), art.run, tuple(tiers), tuple(langs or ()), str(tokenizer), scan, tuple(lengths))
+    report = _ARTIFACT_CHECKS.get(key)
+    if report is None:
+        report = check_artifact(
+            art.root, run=art.run, languages=langs, tiers=tiers, tokenizer=tokenizer,
+            manifest=manifest if manifest.is_file() else None, lengths=lengths, index_only=not scan,
+            workers=workers, progress=progress,
+        )  # fmt: skip
+        _ARTIFACT_CHECKS[key] = report
+    supply = blend_supply(
+        tb,
+        stage=st.name,
+        seq_length=st.seq_length,
+        tokens=st.tokens_realized,
+        workers=workers,
+        progress=False,
+    )
+    findings = Findings(dataclasses.replace(f) for f in report.findings)  # copies: callers annotate them
+    findings.extend(
+        f for f in tb.findings if f.code != "manifest-only"
+    )  # missing files: reported by the check
+    findings.extend(supply.findings)
+    if strict:
+        findings.escalate_warnings()
+    return StageDataReport(st.name, {"stage": st.name, **tb.summary()}, report, supply, findings)
+
+
 def fmt_bytes(n: float) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
@@ -575,6 +660,7 @@ def fmt_bytes(n: float) -> str:
 
 
 __all__ = [
+    "StageDataReport",
     "SupplyReport",
     "TierBlend",
     "TierShare",
@@ -583,6 +669,7 @@ __all__ = [
     "stage_artifact",
     "stage_blend_file",
     "stage_blend_notes",
+    "stage_data_report",
     "stage_supply",
     "stage_tier_blend",
     "stage_tier_blend_info",

@@ -245,3 +245,23 @@ def test_stale_download_is_rebuilt_cleanly(oellm_artifact: Path, tmp_path: Path)
     r = fetch_artifact(REPO, root, offline=True, progress=False)
     assert r.ok and r.rewrite is not None and r.rewrite.files == ["mix/data_path.args"]
     assert OTHER_MACHINE not in (root / "mix" / "data_path.args").read_text()
+
+
+def test_fetch_cli(oellm_artifact: Path, tmp_path: Path, fake_dataset_hub) -> None:
+    fake_dataset_hub({REPO: artifact_repo_files(oellm_artifact)})
+    into = tmp_path / "cli"
+    res = runner.invoke(app, ["data", "fetch", REPO, "--into", str(into), "--manifests-only", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert (
+        data["ok"] and data["chunks"] == 11 and data["content"] == "manifests" and data["run"] == ARTIFACT_RUN
+    )
+    res = runner.invoke(
+        app, ["data", "fetch", REPO, "--into", str(into), "--languages", "mt", "--tiers", "under4k"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "data fetch: OK" in res.stdout and "1 prefixes (all)" in res.stdout
+    res = runner.invoke(app, ["data", "fetch", REPO, "--into", str(into), "--manifests-only", "--idx-only"])
+    assert res.exit_code == 2 and "at most one of --manifests-only and --idx-only" in res.output
+    res = runner.invoke(app, ["data", "fetch", REPO, "--into", str(into), "--languages", "xx"])
+    assert res.exit_code == 2 and "language(s) xx not in the artifact" in res.output

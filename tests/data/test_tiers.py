@@ -300,3 +300,31 @@ def test_supply_from_manifests_and_bounds(oellm_artifact: Path, tmp_path: Path) 
     rep2k = blend_supply(tb, stage="s", seq_length=2048, tokens=4096)
     assert {t.tier: t.can_supply for t in rep2k.tiers} == {"16k_plus": None, "4_16k": False, "under4k": False}
     assert os.path.isdir(root)
+
+
+def test_stage_data_report(
+    plan_file: Path, oellm_artifact: Path, oellm_like_hf_dir: Path, oellm_like_manifest: Path, tmp_path: Path
+) -> None:
+    from longctx.data.tiers import stage_data_report
+
+    rp = resolve_plan(load_plan(plan_file))
+    reports = {
+        st.name: stage_data_report(rp, st, tokenizer=oellm_like_hf_dir, progress=False) for st in rp.stages
+    }
+    assert reports["s512"].ok and reports["s2k"].ok and not reports["s4k"].ok  # nothing reaches 4K
+    assert reports["s512"].artifact is reports["s4k"].artifact  # one check for the stages sharing a mix
+    assert reports["s512"].artifact.lengths == [512, 2048, 4096] and reports["s512"].artifact.mode == "full"
+    assert reports["s2k"].artifact.chunks == 8  # en and de only
+    assert "build-tokenizer" in reports["s512"].all_findings().codes(
+        "info"
+    )  # named as in the plan's manifest
+    assert "supply-none" in reports["s4k"].all_findings().codes("error")
+    # the data files are needed here: a manifests-only artifact is an error
+    root = copy_artifact(oellm_artifact, tmp_path / "bare")
+    for c in open_artifact(root).chunks:
+        c.bin_path.unlink()
+    bare = resolve_plan(load_plan(_plan(tmp_path / "p2.toml", root, oellm_like_hf_dir, oellm_like_manifest)))
+    rep = stage_data_report(bare, bare.stage("s512"), tokenizer=oellm_like_hf_dir, progress=False)
+    assert "not-downloaded" in rep.all_findings().codes("error")
+    idx = stage_data_report(bare, bare.stage("s512"), tokenizer=oellm_like_hf_dir, scan=False, progress=False)
+    assert idx.artifact.mode == "index-only" and "not-downloaded" not in idx.all_findings().codes()
