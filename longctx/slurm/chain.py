@@ -289,9 +289,9 @@ def cancel_behind(rp: ResolvedPlan, *, reason: str) -> list[str]:
     me = os.environ.get("SLURM_JOB_ID")
     ids = [j for j in submitted_ids(rp.run_dir, "chain") if j != me]
     live = commands.active_jobs(ids)
-    victims = [j for j in reversed(ids) if j in live]  # the tail first: no dependency is met on the way
+    victims = [j for j in reversed(ids) if j in live]
     if victims:
-        commands.scancel(victims)
+        commands.cancel_jobs(victims)
     ledger.append(rp.run_dir, {"event": "chain-cancel", "slurm_job_ids": victims, "reason": reason})
     return victims
 
@@ -302,7 +302,7 @@ def cancel(rp: ResolvedPlan) -> list[str]:
     live = commands.active_jobs(ids)
     victims = [j for j in reversed(ids) if j in live]
     if victims:
-        commands.scancel(victims)
+        commands.cancel_jobs(victims)
     ledger.append(rp.run_dir, {"event": "cancel", "slurm_job_ids": victims, "reason": "slurm cancel"})
     return victims
 

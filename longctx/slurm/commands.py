@@ -68,6 +68,19 @@ def sbatch(script: str | Path, *, dependency: str | None = None) -> str:
     return parse_parsable(run(sbatch_argv(script, dependency=dependency)).stdout)
 
 
+def cancel_jobs(job_ids: Iterable[str]) -> None:
+    """Cancel queued chain jobs so that none of them starts on the way.
+
+    Cancelling a job satisfies its dependents' `afterany` (scancel works on several jobs at once, in no
+    fixed order), so the pending ones are held first: a held job never starts, whatever its dependency.
+    """
+    ids = list(job_ids)
+    if not ids:
+        return
+    run(["scontrol", "hold", ",".join(ids)], check=False)  # running jobs refuse a hold; they are cancelled
+    scancel(ids)
+
+
 def scancel(job_ids: Iterable[str], *, signal: str | None = None) -> None:
     ids = list(job_ids)
     if not ids:

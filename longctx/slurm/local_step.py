@@ -7,6 +7,7 @@ Exit status: the workers' worst, with death by signal S reported as 128 + S (as 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -22,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command after --")
     from longctx.stage.launch import LocalLauncher
 
+    # Slurm signals every process of the step; the launcher passes signals on to the workers while they
+    # run. Before and after that, a signal must not kill this process: its exit status is the workers'.
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     rc = LocalLauncher(echo=True).run(command, nproc=ns.nproc, env={}, log=Path(ns.log))
     return 128 - rc if rc < 0 else rc
 

@@ -210,7 +210,12 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
     assert all(by_id[j].state == "CANCELLED" for j in behind), {j: by_id[j].state for j in behind}
     assert by_id[behind[0]].note == f"cancelled by job {finisher}: the plan is complete"
     assert by_id[kjob].state == "FAILED" and str(by_id[kjob].exit_code).startswith("137"), by_id[kjob]
-    assert by_id[finisher].state == "COMPLETED"
+    fin_end = [r for r in records if r.get("event") == "end" and str(r.get("job_id")) == finisher][-1]
+    assert fin_end["status"] == "done" and fin_end["stage"] == rp.stages[-1].name
+    # COMPLETED — or FAILED with 143 when the time-limit signal caught a worker after its final save
+    assert by_id[finisher].state == "COMPLETED" or str(by_id[finisher].exit_code).startswith("143"), by_id[
+        finisher
+    ]
     assert st.last_failure is not None
     assert not commands.active_jobs(ids)
 
