@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,12 @@ def test_parse_signal() -> None:
     assert parse_signal("R:TERM@60").directive() == "R:TERM@60"
     with pytest.raises(SlurmError, match="not a signal the trainers save on"):
         parse_signal("HUP@60")
+
+
+def test_generic_profile_lists_every_key() -> None:
+    """generic.toml is the template for new clusters: every profile key appears in it (set or commented)."""
+    from longctx.slurm.profiles import Profile, profile_path
+
+    text = profile_path("generic").read_text()
+    missing = [k for k in Profile.model_fields if not re.search(rf"^(# )?\[?{k}[\].= ]", text, re.M)]
+    assert missing == []
