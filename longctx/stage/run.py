@@ -150,11 +150,15 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[object, int]:
     return spec, nproc
 
 
-def megatron_lm_script() -> Path:
+def megatron_lm_script(rp: ResolvedPlan | None = None) -> Path:
+    """pretrain_gpt.py of the Megatron-LM checkout: $LONGCTX_MEGATRON_LM, else the plan's [megatron].path."""
     root = os.environ.get(MEGATRON_ENV)
+    if not root and rp is not None and rp.plan.megatron.path:
+        root = str(paths.resolve(rp.plan.megatron.path, rp.plan, field="megatron.path"))
     if not root:
         raise StageError(f"the megatron-lm backend needs a Megatron-LM checkout: ${MEGATRON_ENV} is not set",
-                         fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with pretrain_gpt.py)")
+                         fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with pretrain_gpt.py) "
+                         "or set [megatron].path in the plan")
     script = Path(root) / "pretrain_gpt.py"
     if not script.is_file():
         raise StageError(f"no pretrain_gpt.py in ${MEGATRON_ENV} = {root}", where=root,
@@ -180,11 +184,16 @@ def prepare_launch(rp: ResolvedPlan, backend: Backend, *, check_megatron: bool =
         return LaunchPlan(step, st, backend, argv, nproc, env, binding, log, spec_path, spec)
     from longctx.stage.megatron_args import argv as megatron_argv
 
-    script = megatron_lm_script() if check_megatron else Path(os.environ.get(MEGATRON_ENV, "Megatron-LM")) / "pretrain_gpt.py"
+    if check_megatron:
+        script = megatron_lm_script(rp)
+    else:
+        script = Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / "pretrain_gpt.py"
     # one process per GPU with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*): the
     # local launcher on one node, srun + torchrun across nodes (longctx.slurm.launch)
     words = [sys.executable, *megatron_argv(rp, st, script=str(script))]
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONPATH": str(script.parent)}
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONPATH": str(script.parent),
+           # the srun launcher starts one torchrun per node of this stage
+           "LONGCTX_NODES": str(st.nodes)}
     return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log)
 
 

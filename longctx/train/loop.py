@@ -338,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m longctx.train", description="longctx local trainer worker")
     p.add_argument("--spec", required=True, help="TrainSpec JSON written by `longctx stage run`")
     ns = p.parse_args(argv)
+    # handlers first: a SIGTERM during start-up (or after the final save, while shutting down) must
+    # not kill the worker with 143 — during start-up it makes the first step save and exit
+    signals.install()
     spec = TrainSpec.read(ns.spec)
     result = run(spec)
     _log(f"[longctx] {spec.stage}: iterations {result.start_iteration} → {result.end_iteration} ({result.reason})")
