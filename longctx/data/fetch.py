@@ -394,10 +394,12 @@ def fetch_artifact(
         rewritten = rewritten_files(root)
         report = verify_files(root, expected, workers=workers, progress=progress, use_cache=not recheck,
                               rewritten=rewritten)  # fmt: skip
-        broken = [b.rel for b in report.bad if b.rel not in rewritten]
+        broken = [b.rel for b in report.bad]
         if broken and not offline:
             assert repo_id is not None
             _drop(root, broken)
+            for rel in set(broken) & set(rewritten):  # the download is taken afresh, then rewritten again
+                (root / STATE_DIR / "original" / rel).unlink(missing_ok=True)
             snapshot(repo_id, repo_type="dataset", revision=commit, allow_patterns=broken, local_dir=root,
                      offline=False, token=token, max_workers=max_downloads, error=DatasetError)  # fmt: skip
             refetched = broken
@@ -415,6 +417,9 @@ def fetch_artifact(
                 fix=(
                     f"run `longctx data fetch {repo_id or DEFAULT_REPO_ID} --into {root}"
                     + (f" --run {art.run}" if art.run else "")
+                    + (f" --languages {','.join(languages)}" if languages else "")
+                    + (f" --tiers {','.join(tiers)}" if tiers else "")
+                    + {"all": "", "idx": " --idx-only", "manifests": " --manifests-only"}[content]
                     + "` with network access: it deletes and re-downloads the failed files"
                 ),
             )

@@ -216,6 +216,16 @@ def test_fetch_selection_verify_refetch_and_resume(
     again = fetch_artifact(REPO, into, languages=["de", "mt"], tiers=["16k_plus", "under4k"], progress=False)
     assert again.ok and again.refetched == [_bin_rel("mt", "under4k")]
     assert target.read_bytes() == good
+    # a damaged original of a rewritten mix file: fetched afresh and rewritten again
+    saved = into / ".longctx" / "original" / "mix" / "data_path.args"
+    saved.write_text("0.5 /elsewhere/x_text_document 0.5 /elsewhere/y_text_document\n")
+    third = fetch_artifact(REPO, into, languages=["de", "mt"], tiers=["16k_plus", "under4k"], progress=False)
+    assert third.ok and third.refetched == ["mix/data_path.args"]
+    assert (
+        OTHER_MACHINE in saved.read_text()
+        and read_data_args(into / "mix" / "data_path.args", check_exists=False).ok
+    )
+    assert str(into) in (into / "mix" / "data_path.args").read_text()
 
 
 def test_fetch_manifests_only_and_idx_only(oellm_artifact: Path, tmp_path: Path, fake_dataset_hub) -> None:
