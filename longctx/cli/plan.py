@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
@@ -39,6 +40,31 @@ def _length(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
+def _print_blends(rp) -> None:
+    """Each tier-mix stage's exact blend: tier weights and the tempered language weights."""
+    from longctx.errors import LongctxError
+
+    for s in rp.stages:
+        if s.data is None or s.data.tier_mix is None:
+            continue
+        try:
+            from longctx.data.tiers import stage_tier_blend_info
+
+            summary = stage_tier_blend_info(rp, s).summary()
+        except LongctxError as err:
+            console.print(f"[bold]{s.name}[/] data: {escape(err.what)}", soft_wrap=True)
+            continue
+        parts = []
+        for t in summary["tiers"]:
+            langs = sorted(t["languages"].items(), key=lambda kv: -kv[1])
+            top = ", ".join(f"{k} {v:.3f}" for k, v in langs[:4]) + (" …" if len(langs) > 4 else "")
+            parts.append(f"{t['tier']} {t['weight']:.2f} ({t['chunks']} chunks; {top})")
+        missing = summary["missing_bin"]
+        console.print(f"[bold]{s.name}[/] data ({summary['prefixes']} prefixes, α {summary['alpha']}, floor "
+                      f"{summary['floor']}{f', {missing} .bin not downloaded' if missing else ''}): "
+                      + escape("; ".join(parts)), soft_wrap=True)
+
+
 def plan_table(rp) -> Table:
     plan = rp.plan
     t = Table(title=f"{plan.name}: {plan.description}" if plan.description else plan.name)
@@ -65,6 +91,10 @@ def memory_table(rp) -> Table:
         t.add_row(s.name, *(f"{g[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations", "logits",
                                                       "overhead", "total", "budget")))
     return t
+
+
+def _uses_artifact(rp) -> bool:
+    return any(s.data is not None and s.data.tier_mix is not None for s in rp.stages)
 
 
 def _report(rp) -> dict:
@@ -97,7 +127,9 @@ def show(
         console.print(plan_table(rp))
         console.print(memory_table(rp))
         for s in rp.stages:
-            console.print(f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {s.rope_explanation}", soft_wrap=True)
+            console.print(f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}",
+                          soft_wrap=True)
+        _print_blends(rp)
         print_findings(rp.findings)
     exit_for(rp.findings)
 
@@ -108,6 +140,8 @@ def validate(
     plan: Path = PLAN,
     run_dir: Path | None = RUN_DIR,
     check_data: bool = typer.Option(False, "--check-data", help="also run `data check` on each stage's blend"),
+    full_scan: bool = typer.Option(False, "--full-scan", help="with --check-data on an artifact: scan every token "
+                                   "(hours at 670 GiB) instead of reading the indexes and spot-checking tokens"),
     check_paths: bool = typer.Option(False, "--check-paths", help="require base checkpoint and tokenizer to exist"),
     strict: bool = typer.Option(False, "--strict", help="warnings are errors"),
     json_out: bool = typer.Option(False, "--json", help="print JSON"),
@@ -127,10 +161,12 @@ def validate(
         from longctx.plan.stage_data import check_plan_data
 
         tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
-        data_reports = check_plan_data(rp, tokenizer=tok if tok.exists() else None, strict=strict)
+        data_reports = check_plan_data(rp, tokenizer=tok if tok.exists() else None, strict=strict,
+                                       scan=full_scan or not _uses_artifact(rp))
         for name, rep in data_reports.items():
             for f in rep.all_findings():
-                if f.level != "info":
+                # the supply line (sequences needed vs what the blend holds) is shown even when fine
+                if f.level != "info" or f.code == "supply":
                     f.where = f"stage {name}: {f.where or ''}".rstrip(": ")
                     findings.append(f)
     if strict:

@@ -46,6 +46,12 @@ def args(
 
     rp = _resolved(plan, run_dir)
     st = rp.stage(stage)
+    if st.data is not None and st.data.tier_mix is not None:
+        from longctx.cli._common import err_console
+        from longctx.data.tiers import stage_blend_notes
+
+        for note in stage_blend_notes(rp, st):
+            err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if json_out:
         print_json(argv(rp, st))
     else:

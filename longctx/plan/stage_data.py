@@ -37,6 +37,12 @@ def check_plan_data(rp: ResolvedPlan, *, tokenizer: Any = None, scan: bool = Tru
 
     out: dict[str, Any] = {}
     for st in rp.stages:
+        if st.data is not None and st.data.tier_mix is not None:
+            # an artifact: checked once per stage at its length, with how many sequences the blend supplies
+            from longctx.data.tiers import stage_data_report
+
+            out[st.name] = stage_data_report(rp, st, tokenizer=tokenizer, scan=scan, strict=strict)
+            continue
         out[st.name] = check_datasets(
             stage_blend(rp, st),
             tokenizer=tokenizer,

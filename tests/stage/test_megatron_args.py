@@ -1,0 +1,114 @@
+"""Golden argv of the baby_9b_dense stages, and why each flag is there.
+
+The plan's artifact is replaced by a small one with the producer's layout (run lc16k_full_20260507,
+tiers 16k_plus / 4_16k / under4k) of which only the manifests are present — enough for the blend.
+Regenerate the golden files with LONGCTX_REGEN_GOLDEN=1 after an intended change, and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from longctx.errors import StageError
+from longctx.plan.derive import resolve_plan
+from longctx.plan.load import load_plan
+from longctx.stage.megatron_args import MIN_VERSION, render_lines, stage_flags
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+RUN = "lc16k_full_20260507"
+
+
+@pytest.fixture
+def baby(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from tests.fixtures.artifact import build_artifact
+
+    art = build_artifact(tmp_path / "artifact", run=RUN)
+    for f in list(art.rglob("*.bin")) + list(art.rglob("*.idx")):
+        f.unlink()  # a manifests-only download
+    monkeypatch.setenv("OELLM_LONGCTX_DATA", str(art))
+    monkeypatch.setenv("LONGCTX_BABY_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.delenv("BABY_9B_CHECKPOINTS", raising=False)
+    monkeypatch.delenv("OELLM_TOKENIZER", raising=False)
+    return resolve_plan(load_plan(REPO / "stages" / "baby_9b_dense.toml")), tmp_path
+
+
+def _normalised(lines: list[str], tmp: Path) -> str:
+    return "\n".join(lines).replace(str(tmp), "<TMP>") + "\n"
+
+
+@pytest.mark.parametrize("stage", ["16k", "64k", "128k"])
+def test_golden_argv(baby, stage: str) -> None:
+    rp, tmp = baby
+    text = _normalised(render_lines(rp, rp.stage(stage)), tmp)
+    golden = GOLDEN / f"baby_9b_dense_{stage}.txt"
+    if os.environ.get("LONGCTX_REGEN_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def _flags(rp, stage: str) -> dict[str, tuple[str, ...]]:
+    return {f.name: f.values for f in stage_flags(rp, rp.stage(stage))}
+
+
+def test_flags_that_matter(baby) -> None:
+    rp, tmp = baby
+    f16, f64, f128 = (_flags(rp, s) for s in ("16k", "64k", "128k"))
+    # integers where Megatron wants integers; the base each stage planned
+    assert (f16["--rotary-base"], f64["--rotary-base"], f128["--rotary-base"]) == (("1200000",), ("8400000",),
+                                                                                  ("31000000",))
+    for f, s, cp in ((f16, "16384", "1"), (f64, "65536", "4"), (f128, "131072", "8")):
+        assert f["--seq-length"] == f["--max-position-embeddings"] == (s,)
+        assert f["--context-parallel-size"] == (cp,)
+        assert "--no-create-attention-mask-in-dataloader" in f  # an S×S float mask per sample at 128K
+        assert f["--ckpt-format"] == ("torch_dist",)
+        assert f["--save"] == f["--load"]  # relaunches resume the stage itself
+        assert "--exit-on-missing-checkpoint" in f  # never a silent random initialisation
+        assert "--use-checkpoint-args" not in f  # it would restore the pretraining base
+        assert f["--exit-duration-in-mins"] == ("1410",) and "--exit-signal-handler" in f
+        assert f["--tokenizer-type"] == ("HuggingFaceTokenizer",)
+        assert f["--data-args-path"][0].endswith("data_args.txt")
+    # each stage starts from the previous one (the first from the base checkpoint)
+    assert f16["--pretrained-checkpoint"] == ("/leonardo_scratch/fast/OELLM_prod2026/production_training/"
+                                              "baby_9b_dense/checkpoints",)
+    assert f64["--pretrained-checkpoint"] == f16["--save"] and f128["--pretrained-checkpoint"] == f64["--save"]
+    assert "--cp-comm-type" not in f16 and f64["--cp-comm-type"] == ("p2p",)
+    # 8,388,608 tokens per iteration at every length
+    assert (f16["--global-batch-size"], f64["--global-batch-size"], f128["--global-batch-size"]) == (
+        ("512",), ("128",), ("64",))
+
+
+def test_data_args_file_is_the_tier_blend(baby) -> None:
+    rp, tmp = baby
+    path = Path(_flags(rp, "64k")["--data-args-path"][0])
+    words = path.read_text().split()
+    weights = [float(w) for w in words[::2]]
+    assert sum(weights) == pytest.approx(1.0) and all(w > 0 for w in weights)
+    assert all(p.startswith(str(tmp / "artifact")) for p in words[1::2])
+    assert any("_16k_plus_" in p for p in words[1::2])
+
+
+def test_flags_a_version_does_not_honour_are_refused(baby) -> None:
+    rp, _ = baby
+    st = rp.stage("16k")
+    old = rp.plan.model_copy(update={"megatron": rp.plan.megatron.model_copy(update={"version": "0.15.0"})})
+    rp_old = type(rp)(old, rp.arch, rp.vocab_size, rp.make_vocab_size_divisible_by, rp.stages, rp.findings)
+    assert "--exit-signal" not in {f.name for f in stage_flags(rp_old, st)}  # omitted below 0.16
+    assert MIN_VERSION["--exit-signal"] == (0, 16, 0)
+    st_bad = type(st)(**{**st.__dict__, "extra_args": ["--dataloader-inter-document-masking"]})
+    with pytest.raises(StageError, match=r"--dataloader-inter-document-masking is not honoured .* 0.16.0"):
+        stage_flags(rp, st_bad)
+
+
+def test_missing_artifact_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OELLM_LONGCTX_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("LONGCTX_BABY_RUN_DIR", str(tmp_path / "run"))
+    from typer.testing import CliRunner
+
+    from longctx.cli.main import app
+
+    r = CliRunner().invoke(app, ["stage", "args", str(REPO / "stages" / "baby_9b_dense.toml"), "16k"])
+    assert r.exit_code == 2 and "longctx data fetch" in r.output
