@@ -55,7 +55,7 @@ def _flags(rp, stage: str) -> dict[str, tuple[str, ...]]:
 
 
 def test_flags_that_matter(baby) -> None:
-    rp, tmp = baby
+    rp, _ = baby
     f16, f64, f128 = (_flags(rp, s) for s in ("16k", "64k", "128k"))
     # integers where Megatron wants integers; the base each stage planned
     assert (f16["--rotary-base"], f64["--rotary-base"], f128["--rotary-base"]) == (("1200000",), ("8400000",),
