@@ -50,6 +50,7 @@ class PasskeyItem:
     needle_start: int
     question_start: int
     natural: bool  # every filler sentence after the needle is whole
+    digit_mask: list[bool]  # answer tokens that carry digits (not the spaces between them)
 
     @property
     def tokens(self) -> list[int]:
@@ -242,6 +243,7 @@ class PasskeyGrid:
                 distractors.append((d, toks))
         else:
             distractors = self._distractors(name, key, answer, question, rng)
+        digits = [any(ch.isdigit() for ch in self.tok.decode([t])) for t in answer]
         haystack = length - len(question) - len(answer)
         if haystack < len(needle):
             raise EvalError(
@@ -268,7 +270,7 @@ class PasskeyGrid:
         item = PasskeyItem(
             length=length, depth=depth, index=index, name=name, key=key, prompt=prompt, answer=answer,
             distractors=distractors, needle=needle, needle_start=start, question_start=start + len(needle) + after,
-            natural=natural,
+            natural=natural, digit_mask=digits if any(digits) else [True] * len(answer),
         )  # fmt: skip
         if len(item.tokens) != length or item.tokens[start : start + len(needle)] != needle:
             raise AssertionError("passkey item assembled wrongly")  # the arithmetic above guarantees it

@@ -16,8 +16,9 @@ Passkey scoring (both methods from one set of forwards):
   keys (same digit count and token count, one forward each). The margin log p(key) − max log
   p(distractor) is a graded signal even when greedy accuracy is 0.
 
-The mean teacher-forced token margin over the answer (log p(true) − best other token) is reported
-as well; it costs nothing extra.
+Per item, the share of the key's digit tokens the model predicts right (teacher forced) and their
+mean margin over the best other token are reported as well; they cost nothing extra. Tokens between
+the digits (a lone space piece in some vocabularies) are left out of both: any model predicts them.
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ class ItemScore(BaseModel):
     needle_start: int
     greedy: bool  # greedy continuation == the key
     greedy_tokens: list[int]  # teacher-forced argmax at the answer positions
-    digit_accuracy: float  # share of answer tokens whose argmax is right
-    token_margin: float  # mean over answer tokens of log p(true) − best other
+    digit_accuracy: float  # share of the key's digit tokens whose argmax is right (teacher forced)
+    token_margin: float  # mean over the digit tokens of log p(true) − best other token
     logprob: float  # total log-prob of the key
     distractor_logprobs: list[float]
     loglik: bool | None  # key beats every distractor (None without distractors)
@@ -127,6 +128,7 @@ def score_item(item: PasskeyItem, scores: TokenScores) -> ItemScore:
     """Score one item from the TokenScores of its candidates (true key first, then distractors)."""
     a0, a1 = item.answer_start - 1, item.length - 1  # predictions of the answer tokens
     hits = scores.argmax[0, a0:a1] == np.asarray(item.answer)
+    digits = np.asarray(item.digit_mask, dtype=bool)  # spaces between digits are trivially right
     lp = scores.logprob[:, a0:a1].sum(axis=1)
     true_lp = float(lp[0])
     others = [float(x) for x in lp[1:]]
@@ -134,7 +136,7 @@ def score_item(item: PasskeyItem, scores: TokenScores) -> ItemScore:
     return ItemScore(
         length=item.length, depth=item.depth, index=item.index, key=item.key, needle_start=item.needle_start,
         greedy=bool(hits.all()), greedy_tokens=[int(x) for x in scores.argmax[0, a0:a1]],
-        digit_accuracy=float(hits.mean()), token_margin=float(scores.margin[0, a0:a1].mean()),
+        digit_accuracy=float(hits[digits].mean()), token_margin=float(scores.margin[0, a0:a1][digits].mean()),
         logprob=true_lp, distractor_logprobs=others,
         loglik=None if best_other is None else bool(true_lp > best_other),
         loglik_margin=None if best_other is None else true_lp - best_other,

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# bump when a change of the code changes what the same settings measure: cached results then expire
+RESULTS_VERSION = 2
 
 
 class EvalSettings(BaseModel):
@@ -32,5 +34,5 @@ class EvalSettings(BaseModel):
 
     def fingerprint(self, *extra: object) -> str:
         data = self.model_dump(exclude={"batch_size"})
-        text = repr(sorted(data.items())) + "|" + "|".join(map(str, extra))
+        text = f"v{RESULTS_VERSION}|" + repr(sorted(data.items())) + "|" + "|".join(map(str, extra))
         return hashlib.sha256(text.encode()).hexdigest()[:20]

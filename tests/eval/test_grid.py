@@ -35,6 +35,8 @@ def _check_item(tok: Any, it: Any) -> None:
     assert tok.decode(it.needle).strip() == f"the pass key of {it.name} is {it.key} ."
     assert tok.decode(it.prompt[it.question_start :]).strip() == f"the pass key of {it.name} is"
     assert tok.decode(it.answer).strip() == it.key
+    digit_tokens = [t for t, keep in zip(it.answer, it.digit_mask, strict=True) if keep]
+    assert "".join(tok.decode([t]).strip() for t in digit_tokens) == it.key.replace(" ", "")
     assert it.question_start == len(it.prompt) - (len(it.prompt) - it.question_start)
     if it.depth == 1.0:
         assert it.needle_start + len(it.needle) == it.question_start
