@@ -44,6 +44,7 @@ class CheckpointInfo:
     vocab_size: int | None
     tokenizer_md5: str | None
     stage: str | None
+    bf16: bool  # trained in bf16 (args.bf16)
     identity: str  # changes when the checkpoint's contents do (for result caches)
 
     def to_json(self) -> dict[str, Any]:
@@ -145,6 +146,7 @@ def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = N
         vocab_size=int(args["vocab_size"]) if args.get("vocab_size") else None,
         tokenizer_md5=args.get("longctx_tokenizer_md5"),
         stage=args.get("longctx_stage"),
+        bf16=bool(args.get("bf16")),
         identity=_identity(directory, report.iteration),
     )
 
@@ -262,17 +264,25 @@ class LoadedModel:
     max_length: int  # the longest sequence it was built for (RoPE itself has no limit)
 
 
-def load_model(info: CheckpointInfo, parallel: EvalParallel, *, max_length: int) -> LoadedModel:
+def load_model(
+    info: CheckpointInfo, parallel: EvalParallel, *, max_length: int, dtype: torch.dtype | None = None
+) -> LoadedModel:
     """Build the GPTModel for `info` (its arch, RoPE base, padded vocab; TP 1, CP of `parallel`)
-    and load its weights. Must run inside `eval_parallel`."""
+    and load its weights. Must run inside `eval_parallel`.
+
+    `dtype` defaults to float32 on CPU and to the training precision (bf16 when args.bf16) on GPU;
+    log-softmax and the scores are computed in float32 either way."""
     from longctx.train.checkpointing import load_model_weights
     from longctx.train.model import ModelSettings, build_gpt_model
 
+    if dtype is None:
+        dtype = torch.bfloat16 if parallel.device.type == "cuda" and info.bf16 else torch.float32
     settings = ModelSettings(
         seq_length=max_length,
         rotary_base=info.rotary_base,
         padded_vocab_size=info.padded_vocab_size,
         context_parallel_size=parallel.cp,
+        params_dtype=dtype,
     )
     # building initialises weights from torch's generator; keep the caller's random stream intact
     with torch.random.fork_rng(devices=[]):
