@@ -186,6 +186,14 @@ def _launcher(name: str):
 
 
 def _evaluate_stage(rp, stage: str) -> None:
+    """Evaluate a stage that just finished; a failed evaluation warns but never fails the training step
+    (the stage is done on disk, and `longctx eval run` can be repeated)."""
+    from longctx.cli._common import err_console
     from longctx.eval.runner import evaluate_finished_stage
 
-    evaluate_finished_stage(rp, stage)
+    try:
+        evaluate_finished_stage(rp, stage)
+    except Exception as err:
+        err_console.print(f"warning: evaluation of stage {stage} failed: {err} — rerun it with "
+                          f"`longctx eval run <checkpoint> --plan PLAN --stage {stage}`",
+                          markup=False, highlight=False, soft_wrap=True)
