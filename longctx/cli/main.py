@@ -7,6 +7,9 @@ import importlib
 import typer
 
 from longctx import __version__
+from longctx.util.quiet import quiet_megatron_notices
+
+quiet_megatron_notices()
 
 app = typer.Typer(
     name="longctx",

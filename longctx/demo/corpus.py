@@ -3,8 +3,8 @@
 Documents are filler sentences (a small grammar over a fixed word list, so the local statistics are
 learnable) interleaved with two kinds of long-range structure:
 
-* pass keys — "the pass key of <name> is <digits> ." stated early and restated much later: the digits
-  of the restatement are predictable only by looking back to the first statement;
+* pass keys — "the pass key of <name> is <digits> ." stated and restated later, at gaps from a few
+  tokens to the whole document: the digits of the restatement are predictable only by looking back;
 * echoes — a paragraph repeated verbatim thousands of tokens later.
 
 A model that uses its context has lower loss on restatements and echoes than on filler, and the gap
@@ -19,9 +19,9 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-NAMES = ("amber", "basil", "cedar", "delta", "ember", "fjord", "gale", "heron", "iris", "juniper", "kestrel",
-         "lotus", "maple", "nectar", "onyx", "pebble", "quartz", "raven", "sage", "thistle", "umber", "violet",
-         "willow", "yarrow", "zinnia")  # fmt: skip
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "pa", "do", "fe")
+# two-syllable names: 132 distinct, so a long document can hold many keys with unique names
+NAMES = tuple(a + b for a in _SYLLABLES for b in _SYLLABLES if a != b)
 SUBJECTS = ("the farmer", "a sailor", "the old clock", "my neighbour", "the river", "a small bird", "the teacher",
             "the baker", "a quiet train", "the mountain", "our garden", "the library")  # fmt: skip
 VERBS = ("watched", "carried", "painted", "followed", "remembered", "found", "built", "crossed", "opened",
@@ -49,24 +49,36 @@ def random_key(rng: random.Random, digits: int = 5) -> str:
     return " ".join(str(rng.randrange(10)) for _ in range(digits))
 
 
-def document(rng: random.Random, approx_words: int) -> str:
-    """One document of about `approx_words` words with pass keys and an echo spread across it."""
+def document(rng: random.Random, approx_words: int, *, key_every: int = 6) -> str:
+    """One document of about `approx_words` words with pass keys and an echo spread across it.
+
+    About one sentence in `key_every` is a pass-key statement. Each key is restated later at a gap
+    drawn log-uniformly from one sentence to the whole document, so short gaps (which a model learns
+    to bridge first, inside a short pretraining window) and long ones (which only a longer context can
+    bridge) both occur at every training length. Names are unique within a document, so a restatement
+    has exactly one answer.
+    """
+    import math
+
     n_sent = max(4, approx_words // 8)
     sentences = [filler_sentence(rng) for _ in range(n_sent)]
-    # pass keys: stated in the first fifth, restated in the last half
-    for _ in range(max(1, n_sent // 60)):
-        name = rng.choice(NAMES)
+    n_keys = min(len(NAMES), max(1, n_sent // key_every))
+    names = rng.sample(NAMES, n_keys)
+    # positions are chosen on the filler, then inserted from the back so earlier indices stay valid
+    inserts: list[tuple[int, str]] = []
+    for name in names:
         stmt = passkey_statement(name, random_key(rng))
-        first = rng.randrange(0, max(1, n_sent // 5))
-        later = rng.randrange(n_sent // 2, n_sent)
-        sentences.insert(first, stmt)
-        sentences.insert(later + 1, stmt)
-    # an echo: a paragraph of the first third repeated in the last third
+        first = rng.randrange(0, n_sent)
+        gap = int(math.exp(rng.uniform(0.0, math.log(n_sent))))
+        inserts.append((first, stmt))
+        inserts.append((min(n_sent, first + gap), stmt))
+    # an echo: a paragraph repeated verbatim further on
     if n_sent >= 24:
         start = rng.randrange(0, n_sent // 3)
-        para = sentences[start : start + 6]
-        at = rng.randrange(2 * len(sentences) // 3, len(sentences))
-        sentences[at:at] = para
+        para = " ".join(sentences[start : start + 6])
+        inserts.append((rng.randrange(start + 6, n_sent + 1), para))
+    for at, text in sorted(inserts, key=lambda x: x[0], reverse=True):
+        sentences.insert(at, text)
     return " ".join(sentences)
 
 
