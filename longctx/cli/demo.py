@@ -48,7 +48,7 @@ def demo(
         t.add_row(r["stage"], str(r["seq_length"]), f"{r['rotary_base']:,}", str(r["cp"]), r["iterations"],
                   " → ".join(r["launches"]), loss, tps)
     console.print(t)
-    if report.interrupted:
+    if report.interrupted and not report.interrupted.get("finished_first"):
         i = report.interrupted
         console.print(f"interrupted {i['stage']} with SIGTERM at iteration {i['stopped_at']}/{i['target']} "
                       f"(exit {i['exit_code']}), then resumed from that save")

@@ -90,27 +90,10 @@ def _sizes(text: str | None, option: str) -> list[int] | None:
 
 def read_checkpoint_rope(path: Path) -> RopeModelArgs:
     """Rotary dim, base and length from a checkpoint's saved args (via longctx.checkpoint)."""
-    import importlib
-
+    from longctx.checkpoint import inspect_checkpoint
     from longctx.rope import rope_args_from_checkpoint_args
 
-    inspect = None
-    for name in ("longctx.checkpoint", "longctx.checkpoint.inspect"):
-        try:
-            inspect = getattr(importlib.import_module(name), "inspect_checkpoint", None)
-        except ModuleNotFoundError as err:
-            if not (err.name and name.startswith(err.name)):
-                raise
-        if inspect is not None:
-            break
-    if inspect is None:
-        raise CheckpointError(
-            "reading RoPE settings from a checkpoint needs longctx.checkpoint.inspect_checkpoint, "
-            "which this installation lacks",
-            where=str(path),
-            fix="pass --rotary-dim, --base and --from-length explicitly",
-        )
-    info = inspect(path)
+    info = inspect_checkpoint(path)
     args = getattr(info, "args", None)
     if not args:
         raise CheckpointError(

@@ -199,7 +199,7 @@ def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | 
         if want_interrupt:
             tracker = st.save_dir / "latest_checkpointed_iteration.txt"
             while proc.poll() is None and not tracker.exists():
-                time.sleep(0.5)
+                time.sleep(0.05)
             if proc.poll() is None:
                 echo(f"    sending SIGTERM to stage {st.name} after its first save (then resuming)")
                 proc.send_signal(signal.SIGTERM)
@@ -207,9 +207,12 @@ def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | 
         after = plan_state(resolve_plan(load_plan(cfg.plan, run_dir=run_dir)))[st.index]
         if want_interrupt:
             interrupted = {"stage": st.name, "stopped_at": after.iteration, "target": after.target_iterations,
-                           "exit_code": code}
-            echo(f"    stage {st.name} stopped at iteration {after.iteration}/{after.target_iterations} "
-                 f"(exit {code}); relaunching resumes it")
+                           "exit_code": code, "finished_first": after.status == "done"}
+            if after.status == "done":
+                echo(f"    stage {st.name} finished before the SIGTERM took effect")
+            else:
+                echo(f"    stage {st.name} stopped at iteration {after.iteration}/{after.target_iterations} "
+                     f"(exit {code}); relaunching resumes it")
         elif code != 0:
             raise StageError(f"stage {st.name} failed (exit {code})", where=str(paths_stage_logs(rp, st.name)))
 

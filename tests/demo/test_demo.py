@@ -18,7 +18,8 @@ from tests.fixtures.run import write_plan
 @pytest.mark.slow
 def test_small_demo_then_resume(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
-    plan = write_plan(tmp_path / "plan.toml", run_dir, s2_tokens=4 * 2 * 256, s2_save=2)
+    # eight steps in the interrupted stage: the SIGTERM after its first save lands well before the end
+    plan = write_plan(tmp_path / "plan.toml", run_dir, s2_tokens=8 * 2 * 256, s2_save=2)
     lines: list[str] = []
     report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
 

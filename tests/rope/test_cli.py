@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -166,24 +164,6 @@ def test_plot_bad_inputs(tmp_path: Path) -> None:
     assert not (tmp_path / "x.gif").exists()
 
 
-def _has_inspect_checkpoint() -> bool:
-    for name in ("longctx.checkpoint", "longctx.checkpoint.inspect"):
-        try:
-            if hasattr(importlib.import_module(name), "inspect_checkpoint"):
-                return True
-        except ModuleNotFoundError:
-            pass
-    return False
-
-
-@pytest.mark.skipif(_has_inspect_checkpoint(), reason="longctx.checkpoint.inspect_checkpoint exists")
-def test_from_checkpoint_without_inspect_checkpoint(tmp_path: Path) -> None:
-    res = cli("suggest", "--from-checkpoint", tmp_path, "--lengths", "16K")
-    assert res.exit_code == 2
-    assert "needs longctx.checkpoint.inspect_checkpoint" in " ".join(res.output.split())
-
-
-@pytest.mark.skipif(not _has_inspect_checkpoint(), reason="needs longctx.checkpoint.inspect_checkpoint")
 def test_from_checkpoint(megatron_checkpoints) -> None:
     # the fixture's gqa model: kv_channels 16, full rotary, base 10,000, trained at 64 tokens
     ckpt = megatron_checkpoints.save_dir("gqa")
