@@ -177,6 +177,11 @@ class LocalSpec(_Strict):
 
     threads_per_process: int | None = Field(default=None, gt=0)
     eval_after_stage: bool = True
+    # "longctx": ring attention (CP without TransformerEngine); "te": TransformerEngine's spec (GPU, CP 1
+    # unless TE's own CP is wired); "megatron-local": megatron's DotProductAttention (CP 1)
+    attention: Literal["longctx", "te", "megatron-local"] = "longctx"
+    cp_comm: Literal["ring", "allgather"] = "ring"
+    bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
 
 
 class Plan(_Strict):

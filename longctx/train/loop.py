@@ -100,7 +100,7 @@ def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.
         micro_batch_size=spec.micro_batch_size, global_batch_size=spec.global_batch_size,
         train_iters=spec.train_iters, lr=spec.lr.lr, min_lr=spec.lr.min_lr, lr_decay_style=spec.lr.decay_style,
         lr_warmup_iters=spec.lr.warmup_iters, weight_decay=spec.lr.weight_decay, clip_grad=spec.lr.clip_grad,
-        seed=spec.seed, bf16=spec.bf16, fp16=False, ckpt_format="torch_dist", iteration=iteration,
+        seed=spec.seed, bf16=bool(torch.cuda.is_available() if spec.bf16 is None else spec.bf16), fp16=False, ckpt_format="torch_dist", iteration=iteration,
         consumed_train_samples=consumed, skipped_train_samples=0, consumed_valid_samples=0,
         num_experts=a.num_experts, longctx_stage=spec.stage, longctx_tokenizer_md5=spec.tokenizer.md5,
     )  # fmt: skip
@@ -152,7 +152,8 @@ class Trainer:
             torch.set_num_threads(spec.threads_per_process)
         init_distributed(spec)
         self.ps = ps
-        dtype = torch.bfloat16 if spec.bf16 else torch.float32
+        self.bf16 = torch.cuda.is_available() if spec.bf16 is None else spec.bf16
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.settings = ModelSettings(
             seq_length=spec.seq_length, rotary_base=spec.rotary_base, padded_vocab_size=spec.padded_vocab_size,
             tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,

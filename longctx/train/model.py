@@ -86,6 +86,13 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
 def layer_spec(arch: ModelArch, s: ModelSettings) -> Any:
     """Megatron's local GPT layer spec with longctx's core attention (CP without TransformerEngine)."""
     if s.attention == "te":
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is None:
+            from longctx.errors import TrainError
+
+            raise TrainError("attention = \"te\" needs TransformerEngine, which is not installed",
+                             fix="pip install 'longctx[gpu]' on a CUDA machine, or use attention = \"longctx\"")
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec(

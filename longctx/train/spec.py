@@ -68,7 +68,7 @@ class TrainSpec(BaseModel):
     attention: Literal["longctx", "te", "megatron-local"] = "longctx"
     cp_comm: Literal["ring", "allgather"] = "ring"
     recompute: Literal["none", "selective", "full"] = "none"
-    bf16: bool = False
+    bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
     # checkpoints: save == load (resume); pretrained = previous stage (weights only, finetune semantics);
     # neither → random initialisation (pretraining a base model)
     save: str
