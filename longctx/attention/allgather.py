@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from longctx.attention.autograd import attention_function
 from longctx.attention.blocks import allgather_plan
 from longctx.attention.checks import check_qkv
 from longctx.attention.comm import all_gather_dim0, group_rank, group_size, reduce_scatter_dim0
@@ -117,26 +118,4 @@ def allgather_backward(
     return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype)
 
 
-class _AllGatherAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        group: dist.ProcessGroup | None,
-        causal: bool,
-        scale: float,
-        blk: BlockKernel,
-    ) -> Tensor:
-        out, lse = allgather_forward(q, k, v, group, causal, scale, blk)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.causal, ctx.scale, ctx.blk = group, causal, scale, blk  # type: ignore[attr-defined]
-        return out
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, dout: Tensor):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-        group, causal, scale, blk = ctx.group, ctx.causal, ctx.scale, ctx.blk  # type: ignore[attr-defined]
-        dq, dk, dv = allgather_backward(dout, q, k, v, out, lse, group, causal, scale, blk)
-        return dq, dk, dv, None, None, None, None
+_AllGatherAttention = attention_function("_AllGatherAttention", allgather_forward, allgather_backward)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from longctx.attention.autograd import attention_function
 from longctx.attention.blocks import ring_plan
 from longctx.attention.checks import check_qkv
 from longctx.attention.comm import RingComm, group_rank, group_size
@@ -143,26 +144,4 @@ def ring_backward(
     return dq.to(q.dtype), recv_dk.to(k.dtype), recv_dv.to(v.dtype)
 
 
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        group: dist.ProcessGroup | None,
-        causal: bool,
-        scale: float,
-        blk: BlockKernel,
-    ) -> Tensor:
-        out, lse = ring_forward(q, k, v, group, causal, scale, blk)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.causal, ctx.scale, ctx.blk = group, causal, scale, blk  # type: ignore[attr-defined]
-        return out
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, dout: Tensor):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-        group, causal, scale, blk = ctx.group, ctx.causal, ctx.scale, ctx.blk  # type: ignore[attr-defined]
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, group, causal, scale, blk)
-        return dq, dk, dv, None, None, None, None
+_RingAttention = attention_function("_RingAttention", ring_forward, ring_backward)
