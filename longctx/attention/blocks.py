@@ -99,3 +99,117 @@ def allgather_plan(rank: int, world: int, local_len: int, causal: bool) -> list[
 
 def plan_pairs(blocks: list[Block]) -> int:
     return sum(b.pairs for b in blocks)
+
+
+# ------------------------------------------------------------------------------ streamed ring schedule
+
+
+def split_range(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) cut into `parts` contiguous ranges whose lengths differ by at most one.
+
+    Ranges are empty when there are more parts than rows; nothing has to divide evenly.
+    """
+    n = stop - start
+    return [(start + i * n // parts, start + (i + 1) * n // parts) for i in range(parts)]
+
+
+def ring_slot_count(local_len: int, causal: bool, piece: int) -> int:
+    """Slots per remote ring step: how many units of equal work every rank cuts each step into.
+
+    Causal zigzag blocks are either all local queries against the first half of the remote keys or
+    the second half of the queries against all of them (L·h pairs either way, h = L/2); the slot count
+    is even so that the first kind can split its keys in half as many pieces and its queries in two.
+    """
+    if piece < 1:
+        raise ValueError(f"piece must be ≥ 1, got {piece}")
+    if causal:
+        return 2 * -(-(local_len // 2) // piece)
+    return -(-local_len // piece)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One unit of a remote ring step on one rank, and the K/V messages that go with it.
+
+    `block` is what this rank computes in the slot: local queries against the piece of `src`'s chunk
+    in hand (its keys are exactly that piece's rows; it may be empty). `dst_block` is what `dst`
+    computes with this rank's rows in the same slot, so each side knows what the other sends back.
+    Row ranges are chunk rows: `recv_kv` of `src`'s chunk arrives for this slot (a new piece),
+    `send_kv` of this rank's chunk goes to `dst`; `piece_done` marks the last slot of the piece.
+    """
+
+    step: int
+    src: int
+    dst: int
+    block: Block
+    dst_block: Block
+    recv_kv: tuple[int, int] | None
+    send_kv: tuple[int, int] | None
+    piece_done: bool
+
+
+@dataclass(frozen=True)
+class _Unit:
+    block: Block
+    first: bool  # the piece arrives for this unit
+    last: bool  # the piece is not needed after this unit
+
+
+def _step_units(rank: int, world: int, local_len: int, causal: bool, slots: int) -> list[list[_Unit]]:
+    units: list[list[_Unit]] = []
+    for block in ring_plan(rank, world, local_len, causal)[1:]:
+        if block.k_stop - block.k_start == local_len:  # all keys: one piece per slot
+            k_parts, q_parts = slots, 1
+        else:  # half the keys, all queries: half as many pieces, each over two query halves
+            k_parts, q_parts = slots // 2, 2
+        step: list[_Unit] = []
+        for k0, k1 in split_range(block.k_start, block.k_stop, k_parts):
+            for j, (q0, q1) in enumerate(split_range(block.q_start, block.q_stop, q_parts)):
+                # an empty piece (more slots than rows) still takes its slot, so slots stay aligned
+                sub = Block(block.step, block.src, q0, q1 if k0 < k1 else q0, k0, k1, False)
+                step.append(_Unit(sub, first=j == 0, last=j == q_parts - 1))
+        units.append(step)
+    return units
+
+
+def ring_schedule(rank: int, world: int, local_len: int, causal: bool, piece: int) -> list[Slot]:
+    """Slots of the remote steps (1 … world−1) on `rank`, in the order every rank walks them.
+
+    Every rank has the same number of slots per step and, with zigzag, the same work in each slot,
+    so a message posted in slot s is consumed in slot s on the other side: the sender and the
+    receiver of each piece agree on when it travels, and ranks advance in step.
+    """
+    if world < 2:
+        return []
+    slots = ring_slot_count(local_len, causal, piece)
+    mine = _step_units(rank, world, local_len, causal, slots)
+    schedule: list[Slot] = []
+    for t, units in enumerate(mine, start=1):
+        src, dst = (rank - t) % world, (rank + t) % world
+        theirs = _step_units(dst, world, local_len, causal, slots)[t - 1]
+        for u, d in zip(units, theirs, strict=True):
+            b, db = u.block, d.block
+            schedule.append(
+                Slot(
+                    step=t,
+                    src=src,
+                    dst=dst,
+                    block=b,
+                    dst_block=db,
+                    recv_kv=(b.k_start, b.k_stop) if u.first and b.k_start < b.k_stop else None,
+                    send_kv=(db.k_start, db.k_stop) if d.first and db.k_start < db.k_stop else None,
+                    piece_done=u.last,
+                )
+            )
+    return schedule
+
+
+def query_tiles(block: Block, tile: int) -> list[tuple[int, int]]:
+    """The block's queries cut into near-equal tiles of at most `tile` rows (none if it is empty).
+
+    One kernel call per tile; the sender and the receiver of the tiles' dK/dV both derive them here.
+    """
+    if block.pairs == 0:
+        return []
+    n = block.q_stop - block.q_start
+    return split_range(block.q_start, block.q_stop, -(-n // tile))

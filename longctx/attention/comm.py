@@ -1,11 +1,16 @@
-"""Ring point-to-point exchange: send a buffer to the next rank, receive the previous rank's.
+"""Point-to-point messages inside a process group, and the flat collectives of the all-gather variant.
 
-One `batch_isend_irecv` per exchange, started before the block compute and waited after it, so the
-transfer overlaps the kernel. Works on gloo (CPU) and NCCL; peers are translated to global ranks
-because `P2POp` addresses the default group's numbering.
+`PeerExchange.post` sends and receives a batch of messages with any ranks of the group in one
+`batch_isend_irecv`; the caller waits on the returned handle later, so transfers overlap compute.
+Works on gloo (CPU) and NCCL. Gloo matches messages between two ranks per tag in posting order;
+NCCL ignores tags and matches in posting order only, so every rank must post its batches in the
+same sequence (the ring schedule guarantees it). Peers are given as group ranks and translated to
+global ranks, because `P2POp` addresses the default group's numbering.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -25,33 +30,40 @@ def group_rank(group: dist.ProcessGroup | None) -> int:
     return dist.get_rank(group)
 
 
-class RingComm:
-    """Exchanges with the ring neighbours of this rank inside `group`."""
+class Pending:
+    """Messages in flight; `wait()` returns once all of them are done (then their buffers are free)."""
 
-    def __init__(self, group: dist.ProcessGroup, tag: int = 0) -> None:
-        self.group = group
-        self.tag = tag
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        self.next_rank = dist.get_global_rank(group, (self.rank + 1) % self.world)
-        self.prev_rank = dist.get_global_rank(group, (self.rank - 1) % self.world)
-        self._pending: list[dist.Work] = []
-
-    def start(self, send: list[Tensor], recv: list[Tensor]) -> None:
-        """Begin sending `send` to the next rank and receiving `recv` from the previous one.
-
-        The tensors must stay alive and untouched until `wait()`; `send` must be contiguous.
-        """
-        if self._pending:
-            raise RuntimeError("RingComm.start called while an exchange is still in flight")
-        ops = [dist.P2POp(dist.isend, t, self.next_rank, self.group, self.tag) for t in send]
-        ops += [dist.P2POp(dist.irecv, t, self.prev_rank, self.group, self.tag) for t in recv]
-        self._pending = list(dist.batch_isend_irecv(ops))
+    def __init__(self, works: Sequence[dist.Work] = ()) -> None:
+        self._works = list(works)
 
     def wait(self) -> None:
-        for work in self._pending:
+        for work in self._works:
             work.wait()
-        self._pending = []
+        self._works = []
+
+
+class PeerExchange:
+    """Batches of sends and receives between this rank and any ranks of `group`."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self._global = [dist.get_global_rank(group, r) for r in range(self.world)]
+
+    def post(
+        self,
+        sends: Sequence[tuple[Tensor, int]],
+        recvs: Sequence[tuple[Tensor, int]],
+        tag: int = 0,
+    ) -> Pending:
+        """Start sending each `(tensor, group_rank)` of `sends` and receiving into those of `recvs`.
+
+        Tensors must be contiguous and stay alive and untouched until the handle's `wait()`.
+        """
+        ops = [dist.P2POp(dist.isend, t, self._global[p], self.group, tag) for t, p in sends]
+        ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group, tag) for t, p in recvs]
+        return Pending(dist.batch_isend_irecv(ops) if ops else ())
 
 
 # torch ≥ 2.13 renames the flat collectives (the old names warn); older torch only has the old ones.

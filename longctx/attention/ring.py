@@ -1,27 +1,93 @@
-"""Context-parallel ring attention over zigzag-sharded sequences.
+"""Context-parallel ring attention over zigzag-sharded sequences, with K/V streamed in pieces.
 
-Forward: K and V (kv heads only) travel once around the CP ring; the next
-chunk's transfer is started before the current block is computed. Partial outputs merge through the
-LSE in float32. Backward: K/V travel around again, together with float32 dK/dV accumulators that
-follow their chunk and arrive back at its owner after the last step; each block recomputes its
-probabilities from the saved final LSE (no S×S tensor is kept).
+Step t of CP−1 pairs every rank r with the rank t before it (src, whose K/V chunk r attends to) and
+the rank t after it (dst, which attends to r's chunk). Nothing is forwarded around the ring: each
+owner sends its own K/V rows straight to the rank that needs them, in pieces of at most `piece`
+keys, one piece ahead of the compute (double buffering), and only the rows the zigzag block needs
+(the first half of a chunk when the other half is masked). Every step is cut into the same number
+of equal-work slots on every rank (see `blocks.ring_schedule`), so sender and receiver agree on
+when each piece travels and the ranks advance in step.
+
+Forward: the own-chunk block first (while the first piece is in flight), then each piece's block,
+merged into float32 out/LSE accumulators through the LSE; pieces are `_FORWARD_PIECES` times larger
+here, since forward holds no gradients. Backward: the own-chunk block starts float32 dQ/dK/dV; each
+remote piece's block runs in tiles of `ring_query_tile` queries, each kernel call adds its dQ tile
+here and sends its dK/dV (the piece's rows) straight back to their owner, which adds them as they
+arrive. Probabilities are recomputed from the saved final LSE.
+
+Memory beyond a rank's own tensors (q, k, v, out, dout, dq, dk, dv) is a few pieces: in backward the
+K/V piece in use and the next one in flight, one kernel call's dK/dV and one query tile's dQ, i.e.
+6 pieces of K/V rows and 4 pieces of query rows.
 """
 
 from __future__ import annotations
+
+import math
+import os
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from longctx.attention.autograd import attention_function
-from longctx.attention.blocks import ring_plan
+from longctx.attention.blocks import Slot, query_tiles, ring_schedule
 from longctx.attention.checks import check_qkv
-from longctx.attention.comm import RingComm, group_rank, group_size
+from longctx.attention.comm import PeerExchange, Pending, group_rank, group_size
 from longctx.attention.kernels import BlockKernel, default_scale, lse_dtype, select_kernel
 from longctx.attention.merge import merge_
+from longctx.errors import AttentionError
 
+PIECE_ENV = "LONGCTX_RING_PIECE"
 _KV_TAG = 0
 _DKV_TAG = 1
+# the CPU flash kernel switches to 64-query tiles below 768 queries, which costs ~12 % in backward
+_MIN_QUERY_TILE = 768
+# forward pieces are this many backward pieces (see ring_forward)
+_FORWARD_PIECES = 4
+
+
+def ring_piece(local_len: int, piece: int | None = None, *, device: torch.device | None = None) -> int:
+    """Keys per K/V message of the ring's backward: `piece`, else $LONGCTX_RING_PIECE, else the rule.
+
+    Rule: local_len / 16 rounded up to a multiple of 64, and at least 256 on CPU, 1024 on CUDA.
+    Backward holds 6 pieces of K/V rows and 4 of query rows beyond the 8 chunk-sized tensors a rank
+    holds anyway (q, k, v, out, dout, dq, dk, dv): with L/16 that extra is ~8 % of them (less with
+    GQA) whatever the CP size, and every step has the same 16 slots of two query tiles, so the
+    number of messages is fixed and their cost relative to compute falls as L grows. The floor
+    keeps kernel calls and messages large: every call allocates and fills its own outputs, which
+    below 256 keys costs >10 % on CPU, and CUDA kernels need long blocks to fill the device.
+    Forward uses pieces 4× larger.
+    """
+    where = "piece argument"
+    if piece is None and os.environ.get(PIECE_ENV):
+        where = f"${PIECE_ENV}"
+        raw = os.environ[PIECE_ENV]
+        try:
+            piece = int(raw)
+        except ValueError:
+            raise AttentionError(
+                f"ring piece size {raw!r} is not an integer",
+                where=where,
+                fix="set a number of keys, e.g. 512",
+            ) from None
+    if piece is not None:
+        if isinstance(piece, bool) or not isinstance(piece, int) or piece < 1:
+            raise AttentionError(
+                f"ring piece size must be a positive number of keys, got {piece!r}",
+                where=where,
+                fix="pass e.g. piece=512, or leave it unset for the automatic rule",
+            )
+        return piece
+    floor = 1024 if device is not None and device.type == "cuda" else 256
+    return max(floor, 64 * math.ceil(local_len / (16 * 64)))
+
+
+def ring_query_tile(piece: int) -> int:
+    """Queries per kernel call against one piece in backward: 4 pieces, at least 768.
+
+    Each call returns the dQ of its queries as a temporary, so the tile bounds that temporary.
+    """
+    return max(4 * piece, _MIN_QUERY_TILE)
 
 
 def ring_attention(
@@ -33,6 +99,7 @@ def ring_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     kernel: str | None = None,
+    piece: int | None = None,
 ) -> Tensor:
     """Attention of this rank's zigzag chunks against the whole sequence held by `group`.
 
@@ -40,13 +107,89 @@ def ring_attention(
     seq_local = S / CP holds chunks r and 2·CP−1−r of the sequence (see `zigzag_split`); returns
     `[batch, seq_local, heads, head_dim]` in q's dtype. `group=None` (or a group of one) is plain
     attention. Non-causal attention uses the same ring without masks. `kernel` forces a block
-    kernel (see `kernels.select_kernel`).
+    kernel (see `kernels.select_kernel`); `piece` sets the keys per K/V message (see `ring_piece`;
+    every rank must use the same value).
     """
     cp = group_size(group)
     check_qkv(q, k, v, cp_size=cp, causal=causal, where="ring_attention")
     scale = default_scale(q.shape[-1], softmax_scale)
     blk = select_kernel(q.device, q.dtype, kernel)
-    return _RingAttention.apply(q, k, v, group, causal, scale, blk)
+    size = ring_piece(q.shape[1], piece, device=q.device)
+    return _RingAttention.apply(q, k, v, group, causal, scale, blk, size)
+
+
+class _KVStream:
+    """The K/V pieces of a ring schedule: posts each slot's messages, hands out the piece in hand.
+
+    At most two pieces are alive: the one in use and the next one in flight.
+    """
+
+    def __init__(self, exchange: PeerExchange, k: Tensor, v: Tensor, slots: list[Slot]) -> None:
+        self.exchange, self.k, self.v, self.slots = exchange, k, v, slots
+        self._posted: dict[int, tuple[Pending, tuple[Tensor, Tensor] | None]] = {}
+        self._piece: tuple[Tensor, Tensor] | None = None
+
+    def post(self, s: int) -> None:
+        """Start slot s's transfers: our rows that dst needs, and the next piece of src's chunk."""
+        if s >= len(self.slots):
+            return
+        slot, k, v = self.slots[s], self.k, self.v
+        sends: list[tuple[Tensor, int]] = []
+        recvs: list[tuple[Tensor, int]] = []
+        if slot.send_kv is not None:
+            a, b = slot.send_kv
+            # one message per batch element: rows of one sequence are contiguous, nothing is copied
+            sends = [(x[i, a:b], slot.dst) for x in (k, v) for i in range(x.shape[0])]
+        buf = None
+        if slot.recv_kv is not None:
+            n = slot.recv_kv[1] - slot.recv_kv[0]
+            buf = (k.new_empty(k.shape[0], n, *k.shape[2:]), v.new_empty(v.shape[0], n, *v.shape[2:]))
+            recvs = [(x[i], slot.src) for x in buf for i in range(x.shape[0])]
+        self._posted[s] = (self.exchange.post(sends, recvs, tag=_KV_TAG), buf)
+
+    def take(self, s: int) -> tuple[Tensor, Tensor] | None:
+        """Wait for slot s's transfers; the K/V piece the slot's block uses (None if it has none)."""
+        pending, buf = self._posted.pop(s)
+        pending.wait()
+        if buf is not None:
+            self._piece = buf
+        return self._piece
+
+    def release(self) -> None:
+        """The piece in hand is done with (its last slot was computed)."""
+        self._piece = None
+
+
+def _exchange_grads(
+    exchange: PeerExchange,
+    slot: Slot,
+    mine: tuple[Tensor, Tensor] | None,
+    theirs: tuple[int, int] | None,
+    dk: Tensor,
+    dv: Tensor,
+    dtype: torch.dtype,
+) -> None:
+    """Send one kernel call's dK/dV (`mine`, rows of src's chunk) to src; receive dst's call on
+    `theirs` rows of this rank's chunk (in the kernels' `dtype`) and add it to `dk`/`dv`.
+
+    Synchronous on purpose: keeping these in flight during the next call would hold four more
+    pieces of rows (this call's and the arriving ones), and with equal-work slots both sides reach
+    this point together, so the wait is little more than one transfer.
+    """
+    sends = [(t, slot.src) for t in mine] if mine is not None else []
+    bufs: tuple[Tensor, Tensor] | None = None
+    if theirs is not None:
+        n = theirs[1] - theirs[0]
+        bufs = (
+            dk.new_empty(dk.shape[0], n, *dk.shape[2:], dtype=dtype),
+            dv.new_empty(dv.shape[0], n, *dv.shape[2:], dtype=dtype),
+        )
+    recvs = [(t, slot.dst) for t in bufs] if bufs is not None else []
+    if sends or recvs:
+        exchange.post(sends, recvs, tag=_DKV_TAG).wait()
+    if bufs is not None and theirs is not None:
+        dk[:, theirs[0] : theirs[1]] += bufs[0]
+        dv[:, theirs[0] : theirs[1]] += bufs[1]
 
 
 def ring_forward(
@@ -57,6 +200,7 @@ def ring_forward(
     causal: bool,
     scale: float,
     blk: BlockKernel,
+    piece: int,
 ) -> tuple[Tensor, Tensor]:
     """(out in q's dtype, lse float32 `[b, h, s]`) of ring attention; no autograd."""
     world, rank = group_size(group), group_rank(group)
@@ -64,26 +208,25 @@ def ring_forward(
         out, lse = blk.forward(q, k, v, causal, scale)
         return out, lse.to(lse_dtype(q.dtype))
     acc = lse_dtype(q.dtype)
-    comm = RingComm(group, tag=_KV_TAG)  # type: ignore[arg-type]
-    cur_k, cur_v = k.contiguous(), v.contiguous()
-    out_acc: Tensor | None = None
-    lse_acc: Tensor | None = None
-    for block in ring_plan(rank, world, q.shape[1], causal):
-        last = block.step == world - 1
-        if not last:  # next chunk in flight while this one is computed
-            nxt_k, nxt_v = torch.empty_like(cur_k), torch.empty_like(cur_v)
-            comm.start([cur_k, cur_v], [nxt_k, nxt_v])
-        b_out, b_lse = blk.forward(q[:, block.q], cur_k[:, block.k], cur_v[:, block.k], block.causal, scale)
-        if out_acc is None or lse_acc is None:  # step 0 always covers every local query
-            out_acc = b_out.to(acc).contiguous()
-            lse_acc = b_lse.to(acc).contiguous()
-        else:
+    # forward holds no gradients, so its peak is far below backward's: larger pieces, fewer merges
+    slots = ring_schedule(rank, world, q.shape[1], causal, _FORWARD_PIECES * piece)
+    kv = _KVStream(PeerExchange(group), k.contiguous(), v.contiguous(), slots)  # type: ignore[arg-type]
+    kv.post(0)  # the first piece travels while the own chunk is computed
+    out, lse = blk.forward(q, k, v, causal, scale)
+    out_acc, lse_acc = out.to(acc).contiguous(), lse.to(acc).contiguous()
+    del out, lse
+    for s, slot in enumerate(slots):
+        kv.post(s + 1)
+        held = kv.take(s)
+        block = slot.block
+        if block.pairs:
+            assert held is not None
+            b_out, b_lse = blk.forward(q[:, block.q], held[0], held[1], False, scale)
             merge_(out_acc[:, block.q], lse_acc[:, :, block.q], b_out, b_lse)
-        del b_out, b_lse
-        if not last:
-            comm.wait()
-            cur_k, cur_v = nxt_k, nxt_v
-    assert out_acc is not None and lse_acc is not None
+            del b_out, b_lse
+        if slot.piece_done:
+            kv.release()
+        del held
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -98,50 +241,46 @@ def ring_backward(
     causal: bool,
     scale: float,
     blk: BlockKernel,
+    piece: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) for this rank's chunks, given the saved final out and lse.
-
-    Buffers are kept to what the overlap needs: the K/V chunk in use and the next one in flight, the
-    dK/dV accumulator being sent and the one being received (float32), plus one block's gradients.
-    """
+    """(dq, dk, dv) for this rank's chunks, given the saved final out and lse."""
     world, rank = group_size(group), group_rank(group)
     if world == 1:
         return blk.backward(dout, q, k, v, out, lse, causal, scale)
     acc = lse_dtype(q.dtype)
-    kv_comm = RingComm(group, tag=_KV_TAG)  # type: ignore[arg-type]
-    dkv_comm = RingComm(group, tag=_DKV_TAG)  # type: ignore[arg-type]
-    cur_k, cur_v = k.contiguous(), v.contiguous()
-    dq: Tensor | None = None
-    recv_dk = recv_dv = None
-    for block in ring_plan(rank, world, q.shape[1], causal):
-        step, qs, ks = block.step, block.q, block.k
-        last = step == world - 1
-        if not last:
-            nxt_k, nxt_v = torch.empty_like(cur_k), torch.empty_like(cur_v)
-            kv_comm.start([cur_k, cur_v], [nxt_k, nxt_v])
-        b_dq, b_dk, b_dv = blk.backward(
-            dout[:, qs], q[:, qs], cur_k[:, ks], cur_v[:, ks], out[:, qs], lse[:, :, qs], block.causal, scale
-        )
-        if dq is None:  # step 0 covers every local query and key: its gradients start the sums
-            dq = b_dq.to(acc).contiguous()
-            send_dk, send_dv = b_dk.to(acc).contiguous(), b_dv.to(acc).contiguous()
-        else:
-            dq[:, qs] += b_dq
-            dkv_comm.wait()  # this chunk's accumulator, from the previous rank; our last send is done
-            assert recv_dk is not None and recv_dv is not None
-            recv_dk[:, ks] += b_dk
-            recv_dv[:, ks] += b_dv
-            send_dk, send_dv = recv_dk, recv_dv
-        del b_dq, b_dk, b_dv
-        # pass the accumulator on; after the last step it lands at the chunk's owner
-        recv_dk, recv_dv = torch.empty_like(send_dk), torch.empty_like(send_dv)
-        dkv_comm.start([send_dk, send_dv], [recv_dk, recv_dv])
-        if not last:
-            kv_comm.wait()
-            cur_k, cur_v = nxt_k, nxt_v
-    dkv_comm.wait()
-    assert dq is not None and recv_dk is not None and recv_dv is not None
-    return dq.to(q.dtype), recv_dk.to(k.dtype), recv_dv.to(v.dtype)
+    exchange = PeerExchange(group)  # type: ignore[arg-type]
+    slots = ring_schedule(rank, world, q.shape[1], causal, piece)
+    kv = _KVStream(exchange, k.contiguous(), v.contiguous(), slots)
+    kv.post(0)
+    # the own chunk's gradients start the sums (and are the whole of them for its local pairs)
+    b_dq, b_dk, b_dv = blk.backward(dout, q, k, v, out, lse, causal, scale)
+    dq, dk, dv = (g.to(acc).contiguous() for g in (b_dq, b_dk, b_dv))
+    del b_dq, b_dk, b_dv
+    tile = ring_query_tile(piece)
+    for s, slot in enumerate(slots):
+        kv.post(s + 1)
+        held = kv.take(s)
+        block, theirs = slot.block, slot.dst_block
+        tiles, their_tiles = query_tiles(block, tile), query_tiles(theirs, tile)
+        for i in range(max(len(tiles), len(their_tiles))):
+            mine = None
+            if i < len(tiles):
+                assert held is not None
+                qs = slice(*tiles[i])
+                t_dq, t_dk, t_dv = blk.backward(
+                    dout[:, qs], q[:, qs], held[0], held[1], out[:, qs], lse[:, :, qs], False, scale
+                )
+                dq[:, qs] += t_dq
+                del t_dq
+                mine = (t_dk.contiguous(), t_dv.contiguous())  # kernel dtype: nothing to round
+                del t_dk, t_dv
+            rows = (theirs.k_start, theirs.k_stop) if i < len(their_tiles) else None
+            _exchange_grads(exchange, slot, mine, rows, dk, dv, k.dtype)
+            del mine
+        if slot.piece_done:
+            kv.release()
+        del held
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 _RingAttention = attention_function("_RingAttention", ring_forward, ring_backward)

@@ -7,12 +7,15 @@ reference on the full sequence.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from longctx.attention import allgather_attention, ring_attention, zigzag_split
+from longctx.attention import ring as ring_module
 from longctx.errors import AttentionError
 
 VARIANTS = {"ring": ring_attention, "allgather": allgather_attention}
@@ -40,8 +43,42 @@ def attention_case(
     shape: tuple[int, int, int, int, int],
     dtype: str,
     seed: int = 0,
+    piece: int | None = None,
+    query_tile: int | None = None,
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Forward + backward of each variant on this rank's shard: {variant: {out, dq, dk, dv}}."""
+    """Forward + backward of each variant on this rank's shard: {variant: {out, dq, dk, dv}}.
+
+    `piece` sets the ring's keys per K/V message; `query_tile` replaces the ring's queries per
+    backward kernel call (at least 768 otherwise), so that tiny sequences are cut into tiles too.
+    """
+    with _query_tile(query_tile):
+        return _attention_case(rank, world, group, variants, causal, shape, dtype, seed, piece)
+
+
+@contextlib.contextmanager
+def _query_tile(tile: int | None) -> Iterator[None]:
+    if tile is None:
+        yield
+        return
+    saved = ring_module.ring_query_tile
+    ring_module.ring_query_tile = lambda piece: tile
+    try:
+        yield
+    finally:
+        ring_module.ring_query_tile = saved
+
+
+def _attention_case(
+    rank: int,
+    world: int,
+    group: Any,
+    variants: list[str],
+    causal: bool,
+    shape: tuple[int, int, int, int, int],
+    dtype: str,
+    seed: int,
+    piece: int | None,
+) -> dict[str, dict[str, torch.Tensor]]:
     b, s, hq, hkv, d = shape
     full = make_inputs(seed, b, s, hq, hkv, d)
     dt = DTYPES[dtype]
@@ -49,7 +86,8 @@ def attention_case(
     results: dict[str, dict[str, torch.Tensor]] = {}
     for variant in variants:
         q, k, v = (local[n].clone().requires_grad_() for n in ("q", "k", "v"))
-        out = VARIANTS[variant](q, k, v, group=group, causal=causal)
+        extra = {"piece": piece} if variant == "ring" else {}
+        out = VARIANTS[variant](q, k, v, group=group, causal=causal, **extra)
         assert out.dtype == dt and out.shape == q.shape
         out.backward(local["dout"])
         results[variant] = {

@@ -139,3 +139,81 @@ def test_odd_local_length_is_rejected_with_shapes(cp_pool, variant):
         assert "local sequence length 5 (global 10 at CP = 2)" in msg
         assert "2·CP = 4" in msg
         assert "q [1, 5, 2, 8]" in msg
+
+
+# Streamed K/V: pieces that divide the chunk and pieces that do not (the last piece is shorter, or
+# slots outnumber rows and some are empty), and backward kernel calls over several query tiles
+# (even and uneven). (world, causal, shape, piece, query tile); local lengths L = S / world, causal
+# slots cover half chunks h = L / 2 of queries.
+PIECE_CASES = [
+    pytest.param(2, True, (2, 36, 8, 2, 16), 3, 3, id="cp2-causal-gqa-h9-p3-divides-q3"),
+    pytest.param(2, True, (2, 36, 8, 2, 16), 4, 4, id="cp2-causal-gqa-h9-p4-uneven-q4"),
+    pytest.param(2, False, (1, 36, 4, 4, 16), 5, 7, id="cp2-full-mha-L18-p5-uneven-q7"),
+    pytest.param(3, True, (1, 42, 4, 1, 16), 1, 2, id="cp3-causal-mqa-p1-single-rows-q2"),
+    pytest.param(3, False, (2, 30, 8, 2, 16), 2, 5, id="cp3-full-gqa-L10-p2-divides-q5"),
+    pytest.param(4, True, (1, 56, 4, 4, 16), 5, 3, id="cp4-causal-mha-h7-p5-uneven-q3"),
+    pytest.param(4, True, (2, 40, 8, 2, 16), 8, 100, id="cp4-causal-gqa-h5-p8-above-half-one-tile"),
+    pytest.param(4, False, (1, 24, 4, 2, 16), 4, 4, id="cp4-full-gqa-L6-p4-uneven-q4"),
+]
+
+
+@pytest.mark.parametrize(("world", "causal", "shape", "piece", "tile"), PIECE_CASES)
+def test_streamed_pieces_match_reference_and_allgather(cp_pool, world, causal, shape, piece, tile):
+    per_rank = cp_pool.run(
+        cases.attention_case,
+        world,
+        variants=["ring", "allgather"],
+        causal=causal,
+        shape=shape,
+        dtype="float32",
+        piece=piece,
+        query_tile=tile,
+    )
+    ref = _reference(shape, causal)
+    ring, gathered = _gather(per_rank, "ring"), _gather(per_rank, "allgather")
+    for name in ("out", "dq", "dk", "dv"):
+        assert _rel_err(ring[name], ref[name]) <= F32_REL, f"ring {name}"
+        assert _rel_err(ring[name], gathered[name]) <= F32_REL, f"ring vs allgather {name}"
+
+
+def test_piece_size_does_not_change_the_result(cp_pool):
+    """Whole chunks in one piece vs small uneven pieces: float32 rounding apart, the same numbers."""
+    shape = (1, 40, 8, 2, 16)
+    runs = [
+        _gather(
+            cp_pool.run(
+                cases.attention_case,
+                2,
+                variants=["ring"],
+                causal=True,
+                shape=shape,
+                dtype="float32",
+                piece=piece,
+                query_tile=2,
+            ),
+            "ring",
+        )
+        for piece in (1000, 3)
+    ]
+    for name in ("out", "dq", "dk", "dv"):
+        assert _rel_err(runs[1][name], runs[0][name]) <= F32_REL, name
+
+
+def test_bfloat16_streamed_pieces_within_tolerance(cp_pool):
+    shape = (2, 36, 8, 2, 64)
+    per_rank = cp_pool.run(
+        cases.attention_case,
+        3,
+        variants=["ring"],
+        causal=True,
+        shape=shape,
+        dtype="bfloat16",
+        piece=2,
+        query_tile=5,
+    )
+    ref = _reference(shape, True, cast=torch.bfloat16)
+    got = _gather(per_rank, "ring")
+    for name in ("out", "dq", "dk", "dv"):
+        torch.testing.assert_close(
+            got[name], ref[name], atol=BF16_TOL, rtol=BF16_TOL, msg=lambda m, n=name: f"{n}: {m}"
+        )
