@@ -2,21 +2,22 @@
 sequence, with the same thread count per process.
 
 Every measurement runs in a fresh spawned process (the CP ranks talk over gloo), so its peak memory
-can be read honestly from the kernel's own accounting of the process: after an identical warm-up
-(one fwd+bwd on a short sequence, which triggers one-off allocations such as BLAS workspaces), the
-peak resident set (VmHWM) is reset through /proc/self/clear_refs and the figure is the peak during
-the iterations minus the resident set just before the inputs are allocated (glibc's mmap
-threshold is pinned at 1 MiB so that freed tensors leave the resident set and iterations do not
-ratchet it). That covers everything torch allocated — inputs, kernel workspaces, ring buffers,
-gradients — which Python-level tracers miss. Where the peak cannot be reset, the increase of `getrusage` `ru_maxrss` is used and the
-report says so.
+can be read honestly from the kernel's own accounting of the process: after a warm-up (one fwd+bwd
+on a short sequence in every process, which triggers one-off allocations such as BLAS workspaces,
+then in the CP ranks one more over the process group, which pages in the communication code and
+sets up gloo's buffers), the peak resident set (VmHWM) is reset through /proc/self/clear_refs and
+the figure is the peak during the iterations minus the resident set just before the inputs are
+allocated (glibc's mmap threshold is pinned at 64 KiB so that freed tensors leave the resident set
+and iterations do not ratchet it). That covers everything torch allocated — inputs, kernel
+workspaces, ring buffers, gradients — which Python-level tracers miss. Where the peak cannot be
+reset, the increase of `getrusage` `ru_maxrss` is used and the report says so.
 
 Figures (not asserted anywhere): parallel efficiency t_full / (CP · t_cp) with t_cp the slowest
 rank's median wall time, and the same ratio on process CPU time (compute overhead only: on a busy
 machine ranks that wait for each other lose wall time to the scheduler); per-rank peak memory and
 memory held from forward to backward, each against the full run; and the per-rank block-FLOP
 balance (max/min) of the zigzag split versus a contiguous split, counted from the blocks each rank
-actually computes.
+actually computes. The ring's K/V piece size (keys per message, `ring_piece`) is reported per case.
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from longctx.attention.blocks import Block, allgather_plan, contiguous_ring_plan, plan_pairs, ring_plan
+from longctx.attention.blocks import (
+    Block,
+    allgather_plan,
+    contiguous_ring_plan,
+    plan_pairs,
+    ring_plan,
+    ring_schedule,
+)
+from longctx.attention.ring import ring_piece
 from longctx.attention.zigzag import check_zigzag_len
 from longctx.errors import AttentionError
 
@@ -57,6 +66,7 @@ class AttentionBenchSpec:
     dtype: str = "float32"
     causal: bool = True
     variant: str = "ring"  # or "allgather"
+    piece: int | None = None  # ring keys per K/V message; None = the automatic rule
     timeout_s: float = 3600.0
 
     @property
@@ -85,6 +95,7 @@ class RankMeasure:
 @dataclass
 class AttentionBenchCase:
     seq_len: int
+    piece: int | None  # ring keys per K/V message (None for the all-gather variant)
     t_full_s: float
     t_cp_s: float  # slowest rank's median
     efficiency: float
@@ -142,6 +153,8 @@ def validate_spec(spec: AttentionBenchSpec) -> None:
         raise AttentionError(f"variant {spec.variant!r} unknown", fix="use ring or allgather")
     if spec.threads < 1 or spec.repeats < 1 or spec.warmup < 0 or spec.batch < 1:
         raise AttentionError("threads, repeats and batch must be ≥ 1 and warmup ≥ 0")
+    if spec.variant == "ring":
+        ring_piece(1, spec.piece)  # a bad piece size (argument or environment) fails here, named
 
 
 def block_flops(blocks: list[Block], *, batch: int, heads: int, head_dim: int) -> int:
@@ -149,11 +162,29 @@ def block_flops(blocks: list[Block], *, batch: int, heads: int, head_dim: int) -
     return 4 * batch * heads * head_dim * plan_pairs(blocks)
 
 
+def ring_piece_for(spec: AttentionBenchSpec, seq_len: int) -> int | None:
+    """Keys per K/V message the ring uses at this length (None for the all-gather variant)."""
+    if spec.variant != "ring":
+        return None
+    return ring_piece(seq_len // spec.cp, spec.piece)
+
+
+def executed_blocks(spec: AttentionBenchSpec, seq_len: int, rank: int) -> list[Block]:
+    """The blocks `rank` computes: the ring's own chunk and every slot of its schedule, or the
+    all-gather plan."""
+    local = seq_len // spec.cp
+    if spec.variant != "ring":
+        return allgather_plan(rank, spec.cp, local, spec.causal)
+    piece = ring_piece_for(spec, seq_len)
+    assert piece is not None
+    own = ring_plan(rank, spec.cp, local, spec.causal)[0]
+    return [own] + [s.block for s in ring_schedule(rank, spec.cp, local, spec.causal, piece)]
+
+
 def flop_balance(spec: AttentionBenchSpec, seq_len: int) -> tuple[list[int], list[int]]:
     local = seq_len // spec.cp
     kw = dict(batch=spec.batch, heads=spec.heads, head_dim=spec.head_dim)
-    plan = ring_plan if spec.variant == "ring" else allgather_plan
-    zig = [block_flops(plan(r, spec.cp, local, spec.causal), **kw) for r in range(spec.cp)]
+    zig = [block_flops(executed_blocks(spec, seq_len, r), **kw) for r in range(spec.cp)]
     cont = [block_flops(contiguous_ring_plan(r, spec.cp, local, spec.causal), **kw) for r in range(spec.cp)]
     return zig, cont
 
@@ -187,12 +218,13 @@ def _status_bytes(key: str) -> int | None:
 
 def _fixed_mmap_threshold() -> None:
     # glibc raises its mmap threshold after large frees and then serves tensors from a heap that only
-    # grows; a fixed 1 MiB threshold keeps every tensor-sized block mmap'd, so RSS follows live memory
-    # and repeated iterations do not ratchet the peak. Applied identically to every process.
+    # grows; a fixed 64 KiB threshold keeps every tensor-sized block mmap'd (down to a ring piece's
+    # buffers and the CPU kernel's work tiles), so RSS follows live memory and repeated iterations
+    # do not ratchet the peak through heap fragmentation. Applied identically to every process.
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        ctypes.CDLL("libc.so.6").mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
 
@@ -246,14 +278,19 @@ def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq
         if world > 1:
             dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
             group = dist.group.WORLD
+        extra: dict[str, Any] = {"piece": spec.piece} if spec.variant == "ring" else {}
         fn = ring_attention if spec.variant == "ring" else allgather_attention
         dtype = getattr(torch, spec.dtype)
-        # identical warm-up in every process (no communication): one-off allocations stay out
+        # identical warm-up in every process: one-off allocations stay out
         warm_len = min(1024, seq_len // world)
         wq = torch.randn(1, warm_len, spec.heads, spec.head_dim, dtype=dtype, requires_grad=True)
         wkv = torch.randn(1, warm_len, spec.n_kv_heads, spec.head_dim, dtype=dtype, requires_grad=True)
         w_out = fn(wq, wkv, wkv, group=None, causal=spec.causal)
         w_out.backward(torch.randn_like(w_out))  # a dense upstream gradient, as in the timed runs
+        if group is not None:  # and once through the communication path (several pieces per step)
+            few = {"piece": 32} if spec.variant == "ring" else {}
+            w_out = fn(wq[:, :256], wkv[:, :256], wkv[:, :256], group=group, causal=spec.causal, **few)
+            w_out.backward(torch.randn_like(w_out))
         del wq, wkv, w_out
         _trim_heap()
 
@@ -283,7 +320,7 @@ def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq
             if group is not None:
                 dist.barrier(group)
             t0, c0 = time.perf_counter(), time.process_time()
-            result = fn(q, k, v, group=group, causal=spec.causal)
+            result = fn(q, k, v, group=group, causal=spec.causal, **extra)
             if i == 0:  # what forward leaves for backward (in a model: per layer, until its backward)
                 held = memory.current_increase()
             result.backward(dout)
@@ -368,6 +405,7 @@ def run_attention_bench(spec: AttentionBenchSpec, *, advance: Any = None) -> Att
         cases.append(
             AttentionBenchCase(
                 seq_len=seq_len,
+                piece=ring_piece_for(spec, seq_len),
                 t_full_s=full.median_s,
                 t_cp_s=t_cp,
                 efficiency=full.median_s / (spec.cp * t_cp),

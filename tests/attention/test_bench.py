@@ -44,6 +44,7 @@ def test_cli_runs_and_reports_json():
     report = json.loads(result.stdout)
     (case,) = report["cases"]
     assert case["seq_len"] == 256
+    assert case["piece"] == 256  # the rule's CPU floor (L = 128 fits in one piece)
     assert case["t_full_s"] > 0 and case["t_cp_s"] > 0 and case["efficiency"] > 0
     assert case["cpu_efficiency"] > 0 and case["held_cp_bytes"] > 0
     assert case["mem_full_bytes"] > 0 and case["mem_cp_bytes"] > 0
@@ -56,3 +57,21 @@ def test_cli_bad_sequence_length_exits_2():
     result = runner.invoke(app, ["bench", "attention", "--seq-lens", "250", "--cp", "2"])
     assert result.exit_code == 2
     assert "sequence length 250 is not divisible by 2·CP = 4" in result.output
+
+
+def test_piece_is_reported_and_flops_count_the_executed_pieces():
+    from longctx.bench.attention import executed_blocks, ring_piece_for
+
+    spec = AttentionBenchSpec(cp=2, heads=8, head_dim=64)
+    assert ring_piece_for(spec, 8192) == 256 and ring_piece_for(spec, 16384) == 512
+    assert ring_piece_for(AttentionBenchSpec(variant="allgather"), 8192) is None
+    streamed = AttentionBenchSpec(cp=2, heads=8, head_dim=64, piece=96)
+    assert ring_piece_for(streamed, 8192) == 96
+    # pieces change how the work is cut, not how much of it there is
+    assert flop_balance(streamed, 8192) == flop_balance(spec, 8192)
+    assert len(executed_blocks(streamed, 8192, 0)) == 1 + 2 * -(-2048 // 96)
+
+
+def test_bad_piece_size_is_refused_by_name():
+    with pytest.raises(AttentionError, match="ring piece size must be a positive number of keys, got 0"):
+        validate_spec(AttentionBenchSpec(piece=0))
