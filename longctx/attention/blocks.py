@@ -204,12 +204,17 @@ def ring_schedule(rank: int, world: int, local_len: int, causal: bool, piece: in
     return schedule
 
 
-def query_tiles(block: Block, tile: int) -> list[tuple[int, int]]:
-    """The block's queries cut into near-equal tiles of at most `tile` rows (none if it is empty).
+def query_tiles(block: Block, tile: int, lead: int = 0) -> list[tuple[int, int]]:
+    """The block's queries cut into ceil(rows / tile) tiles (none if the block is empty), the first
+    `lead` rows longer than the others, which are near-equal.
 
-    One kernel call per tile; the sender and the receiver of the tiles' dK/dV both derive them here.
+    One kernel call per tile. A longer first tile suits a caller whose later calls hold more memory
+    besides their own outputs (the running sum of the earlier calls' dK/dV).
     """
     if block.pairs == 0:
         return []
-    n = block.q_stop - block.q_start
-    return split_range(block.q_start, block.q_stop, -(-n // tile))
+    rows = block.q_stop - block.q_start
+    n = -(-rows // tile)
+    lead = max(0, min(lead, rows - n)) if n > 1 else 0
+    rest = split_range(block.q_start + lead, block.q_stop, n)
+    return [(block.q_start, rest[0][1]), *rest[1:]]

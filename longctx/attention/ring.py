@@ -11,13 +11,15 @@ when each piece travels and the ranks advance in step.
 Forward: the own-chunk block first (while the first piece is in flight), then each piece's block,
 merged into float32 out/LSE accumulators through the LSE; pieces are `_FORWARD_PIECES` times larger
 here, since forward holds no gradients. Backward: the own-chunk block starts float32 dQ/dK/dV; each
-remote piece's block runs in tiles of `ring_query_tile` queries, each kernel call adds its dQ tile
-here and sends its dK/dV (the piece's rows) straight back to their owner, which adds them as they
-arrive. Probabilities are recomputed from the saved final LSE.
+slot's block runs in tiles of about `ring_query_tile` queries, each kernel call adding its dQ tile
+here and its dK/dV to the slot's float32 sum, which goes straight back to the owner of those rows at
+the end of the slot while the owner adds the sums arriving for its own rows. Probabilities are
+recomputed from the saved final LSE.
 
 Memory beyond a rank's own tensors (q, k, v, out, dout, dq, dk, dv) is a few pieces: in backward the
-K/V piece in use and the next one in flight, one kernel call's dK/dV and one query tile's dQ, i.e.
-6 pieces of K/V rows and 4 pieces of query rows.
+K/V piece in use and the next one in flight, the slot's dK/dV sum and one call's dK/dV, and one
+query tile's dQ — 8 pieces of K/V rows and 3 of query rows (the first tile of a slot, which runs
+before the sum exists, is longer by the sum's size).
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def ring_piece(local_len: int, piece: int | None = None, *, device: torch.device
     """Keys per K/V message of the ring's backward: `piece`, else $LONGCTX_RING_PIECE, else the rule.
 
     Rule: local_len / 16 rounded up to a multiple of 64, and at least 256 on CPU, 1024 on CUDA.
-    Backward holds 6 pieces of K/V rows and 4 of query rows beyond the 8 chunk-sized tensors a rank
-    holds anyway (q, k, v, out, dout, dq, dk, dv): with L/16 that extra is ~8 % of them (less with
+    Backward holds 8 pieces of K/V rows and 3 of query rows beyond the 8 chunk-sized tensors a rank
+    holds anyway (q, k, v, out, dout, dq, dk, dv): with L/16 that extra is ~9 % of them (less with
     GQA) whatever the CP size, and every step has the same 16 slots of two query tiles, so the
     number of messages is fixed and their cost relative to compute falls as L grows. The floor
     keeps kernel calls and messages large: every call allocates and fills its own outputs, which
@@ -164,32 +166,28 @@ def _exchange_grads(
     exchange: PeerExchange,
     slot: Slot,
     mine: tuple[Tensor, Tensor] | None,
-    theirs: tuple[int, int] | None,
     dk: Tensor,
     dv: Tensor,
-    dtype: torch.dtype,
 ) -> None:
-    """Send one kernel call's dK/dV (`mine`, rows of src's chunk) to src; receive dst's call on
-    `theirs` rows of this rank's chunk (in the kernels' `dtype`) and add it to `dk`/`dv`.
+    """End of a slot: send its float32 dK/dV (`mine`, rows of src's chunk) to src, receive dst's for
+    rows of this rank's chunk and add them to `dk`/`dv`; wait for both.
 
-    Synchronous on purpose: keeping these in flight during the next call would hold four more
-    pieces of rows (this call's and the arriving ones), and with equal-work slots both sides reach
-    this point together, so the wait is little more than one transfer.
+    Synchronous on purpose: keeping these in flight during the next slot would hold four more
+    pieces of rows (ours and the arriving ones), and with equal-work slots both sides reach this
+    point together, so the wait is little more than one transfer.
     """
     sends = [(t, slot.src) for t in mine] if mine is not None else []
+    theirs = slot.dst_block
     bufs: tuple[Tensor, Tensor] | None = None
-    if theirs is not None:
-        n = theirs[1] - theirs[0]
-        bufs = (
-            dk.new_empty(dk.shape[0], n, *dk.shape[2:], dtype=dtype),
-            dv.new_empty(dv.shape[0], n, *dv.shape[2:], dtype=dtype),
-        )
+    if theirs.pairs:
+        n = theirs.k_stop - theirs.k_start
+        bufs = (dk.new_empty(dk.shape[0], n, *dk.shape[2:]), dv.new_empty(dv.shape[0], n, *dv.shape[2:]))
     recvs = [(t, slot.dst) for t in bufs] if bufs is not None else []
     if sends or recvs:
         exchange.post(sends, recvs, tag=_DKV_TAG).wait()
-    if bufs is not None and theirs is not None:
-        dk[:, theirs[0] : theirs[1]] += bufs[0]
-        dv[:, theirs[0] : theirs[1]] += bufs[1]
+    if bufs is not None:
+        dk[:, theirs.k_start : theirs.k_stop] += bufs[0]
+        dv[:, theirs.k_start : theirs.k_stop] += bufs[1]
 
 
 def ring_forward(
@@ -257,29 +255,34 @@ def ring_backward(
     dq, dk, dv = (g.to(acc).contiguous() for g in (b_dq, b_dk, b_dv))
     del b_dq, b_dk, b_dv
     tile = ring_query_tile(piece)
+    # the slot's first call runs before its dK/dV sum exists, so it may take that many more queries
+    sum_bytes = 2 * k.shape[2] * torch.finfo(acc).bits
+    row_bytes = q.shape[2] * torch.finfo(q.dtype).bits
     for s, slot in enumerate(slots):
         kv.post(s + 1)
         held = kv.take(s)
-        block, theirs = slot.block, slot.dst_block
-        tiles, their_tiles = query_tiles(block, tile), query_tiles(theirs, tile)
-        for i in range(max(len(tiles), len(their_tiles))):
-            mine = None
-            if i < len(tiles):
-                assert held is not None
-                qs = slice(*tiles[i])
-                t_dq, t_dk, t_dv = blk.backward(
-                    dout[:, qs], q[:, qs], held[0], held[1], out[:, qs], lse[:, :, qs], False, scale
-                )
-                dq[:, qs] += t_dq
-                del t_dq
-                mine = (t_dk.contiguous(), t_dv.contiguous())  # kernel dtype: nothing to round
-                del t_dk, t_dv
-            rows = (theirs.k_start, theirs.k_stop) if i < len(their_tiles) else None
-            _exchange_grads(exchange, slot, mine, rows, dk, dv, k.dtype)
-            del mine
+        block = slot.block
+        lead = (block.k_stop - block.k_start) * sum_bytes // row_bytes
+        summed: tuple[Tensor, Tensor] | None = None  # this slot's dK/dV, float32
+        for q0, q1 in query_tiles(block, tile, lead):
+            assert held is not None
+            qs = slice(q0, q1)
+            t_dq, t_dk, t_dv = blk.backward(
+                dout[:, qs], q[:, qs], held[0], held[1], out[:, qs], lse[:, :, qs], False, scale
+            )
+            dq[:, qs] += t_dq
+            del t_dq
+            if summed is None:
+                summed = (t_dk.to(acc).contiguous(), t_dv.to(acc).contiguous())
+            else:
+                summed[0].add_(t_dk)
+                summed[1].add_(t_dv)
+            del t_dk, t_dv
         if slot.piece_done:
             kv.release()
         del held
+        _exchange_grads(exchange, slot, summed, dk, dv)
+        del summed
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -89,6 +89,11 @@ def test_query_tiles():
     slot = ring_schedule(0, 2, 12, True, 2)[0]
     assert query_tiles(slot.block, 4) == [(6, 9), (9, 12)]
     assert query_tiles(slot.block, 100) == [(6, 12)]
+    # a longer first tile: 8 pieces of queries at 8K, tiles of 4 pieces, a sum of 2 pieces
+    block = Block(1, 0, 2048, 4096, 0, 256, False)
+    assert query_tiles(block, 1024, lead=512) == [(2048, 2048 + 1280), (2048 + 1280, 4096)]
+    assert query_tiles(block, 4096, lead=512) == [(2048, 4096)]  # one tile: nothing to shift
+    assert query_tiles(Block(1, 0, 0, 5, 0, 2, False), 2, lead=100) == [(0, 3), (3, 4), (4, 5)]
     assert query_tiles(Block(1, 0, 3, 3, 0, 2, False), 4) == []  # nothing to compute, no call
 
 
