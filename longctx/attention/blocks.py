@@ -1,7 +1,8 @@
 """Which attention blocks each CP rank computes, for the ring and the all-gather variants.
 
-The attention code executes exactly these plans, and the benchmark counts FLOPs from them, so the
-balance it reports is the balance of the work actually done.
+The attention code executes exactly these plans (the ring cuts each remote step into the slots of
+`ring_schedule`, which cover the same pairs), and the benchmark counts FLOPs from what is executed,
+so the balance it reports is the balance of the work actually done.
 
 Zigzag ring, rank r holding chunks (r, 2n−1−r) and receiving at step t the K/V of rank
 j = (r − t) mod n, with h = half the local length:
