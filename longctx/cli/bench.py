@@ -45,6 +45,9 @@ def attention_cmd(
     warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed iterations first."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
     variant: str = typer.Option("ring", "--variant", help="ring or allgather."),
+    piece: int | None = typer.Option(
+        None, "--piece", min=1, help="Ring keys per K/V message (default: the rule, or $LONGCTX_RING_PIECE)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Ring attention fwd+bwd per rank at CP = n (n processes, gloo) vs one process on the full sequence.
@@ -69,6 +72,7 @@ def attention_cmd(
         warmup=warmup,
         dtype=dtype,
         variant=variant,
+        piece=piece,
     )
     validate_spec(spec)
     with progress_bar("attention bench", total=2 * len(lens), unit="runs") as advance:
@@ -82,13 +86,14 @@ def attention_cmd(
             f"h={spec.heads}/{spec.n_kv_heads} d={spec.head_dim}, {spec.threads} thread(s)/process"
         )
     )
-    columns = ("S", "t_full s", "t_cp s", "efficiency", "cpu eff", "peak full MiB", "peak/rank MiB", "peak ratio",
+    columns = ("S", "piece", "t_full s", "t_cp s", "efficiency", "cpu eff", "peak full MiB", "peak/rank MiB", "peak ratio",
                "held ratio", "balance zigzag", "balance contiguous")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right")
     for c in report.cases:
         table.add_row(
             str(c.seq_len),
+            "-" if c.piece is None else str(c.piece),
             f"{c.t_full_s:.3f}",
             f"{c.t_cp_s:.3f}",
             f"{c.efficiency:.3f}",
