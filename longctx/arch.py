@@ -109,13 +109,21 @@ class ModelArch(BaseModel):
             flags.append("--disable-bias-linear")
         if self.add_qkv_bias:
             flags.append("--add-qkv-bias")
-        flags += ["--rotary-percent", _num(self.rotary_percent), "--init-method-std", _num(self.init_method_std)]
+        flags += [
+            "--rotary-percent",
+            _num(self.rotary_percent),
+            "--init-method-std",
+            _num(self.init_method_std),
+        ]
         if self.num_experts:
             flags += ["--num-experts", str(self.num_experts), "--moe-router-topk", str(self.moe_router_topk)]
             if self.moe_ffn_hidden_size:
                 flags += ["--moe-ffn-hidden-size", str(self.moe_ffn_hidden_size)]
             if self.moe_shared_expert_intermediate_size:
-                flags += ["--moe-shared-expert-intermediate-size", str(self.moe_shared_expert_intermediate_size)]
+                flags += [
+                    "--moe-shared-expert-intermediate-size",
+                    str(self.moe_shared_expert_intermediate_size),
+                ]
         return flags
 
     def normalized(self) -> ModelArch:

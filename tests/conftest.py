@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 
 _FIXTURES = Path(__file__).parent / "fixtures"
-pytest_plugins = sorted(
-    f"tests.fixtures.{p.stem}" for p in _FIXTURES.glob("*.py") if p.stem != "__init__"
-)
+pytest_plugins = sorted(f"tests.fixtures.{p.stem}" for p in _FIXTURES.glob("*.py") if p.stem != "__init__")
 
 # Progress bars would only clutter captured output.
 os.environ.setdefault("LONGCTX_NO_PROGRESS", "1")

@@ -23,9 +23,15 @@ HELP = (
 def demo(
     dir: Path = typer.Option(Path("demo-run"), "--dir", help="working directory (created; reused to resume)"),
     plan: Path | None = typer.Option(None, "--plan", help="stage plan (default: stages/tiny.toml)"),
-    small: bool = typer.Option(False, "--small", help="a smaller corpus and base model (pair with a small --plan)"),
-    interrupt: str | None = typer.Option(None, "--interrupt", help="stage to SIGTERM after its first save "
-                                         "(default: the last stage of the full demo; none with --small)"),
+    small: bool = typer.Option(
+        False, "--small", help="a smaller corpus and base model (pair with a small --plan)"
+    ),
+    interrupt: str | None = typer.Option(
+        None,
+        "--interrupt",
+        help="stage to SIGTERM after its first save "
+        "(default: the last stage of the full demo; none with --small)",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     from longctx.demo.run import DemoConfig, run_demo
@@ -40,18 +46,37 @@ def demo(
         print_json(report)
         return
     t = Table(title="longctx demo: stages")
-    for c in ("stage", "length", "rotary base", "CP", "iterations", "launches", "loss first → last", "tokens/s"):
+    for c in (
+        "stage",
+        "length",
+        "rotary base",
+        "CP",
+        "iterations",
+        "launches",
+        "loss first → last",
+        "tokens/s",
+    ):
         t.add_column(c)
     for r in report.stages:
         loss = "—" if r["first_loss"] is None else f"{r['first_loss']:.3f} → {r['final_loss']:.3f}"
         tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
-        t.add_row(r["stage"], str(r["seq_length"]), f"{r['rotary_base']:,}", str(r["cp"]), r["iterations"],
-                  " → ".join(r["launches"]), loss, tps)
+        t.add_row(
+            r["stage"],
+            str(r["seq_length"]),
+            f"{r['rotary_base']:,}",
+            str(r["cp"]),
+            r["iterations"],
+            " → ".join(r["launches"]),
+            loss,
+            tps,
+        )
     console.print(t)
     if report.interrupted and not report.interrupted.get("finished_first"):
         i = report.interrupted
-        console.print(f"interrupted {i['stage']} with SIGTERM at iteration {i['stopped_at']}/{i['target']} "
-                      f"(exit {i['exit_code']}), then resumed from that save")
+        console.print(
+            f"interrupted {i['stage']} with SIGTERM at iteration {i['stopped_at']}/{i['target']} "
+            f"(exit {i['exit_code']}), then resumed from that save"
+        )
     if report.evaluation is not None:
         from longctx.eval.runner import render_summary
 

@@ -60,16 +60,30 @@ def _print_blends(rp) -> None:
             top = ", ".join(f"{k} {v:.3f}" for k, v in langs[:4]) + (" …" if len(langs) > 4 else "")
             parts.append(f"{t['tier']} {t['weight']:.2f} ({t['chunks']} chunks; {top})")
         missing = summary["missing_bin"]
-        console.print(f"[bold]{s.name}[/] data ({summary['prefixes']} prefixes, α {summary['alpha']}, floor "
-                      f"{summary['floor']}{f', {missing} .bin not downloaded' if missing else ''}): "
-                      + escape("; ".join(parts)), soft_wrap=True)
+        console.print(
+            f"[bold]{s.name}[/] data ({summary['prefixes']} prefixes, α {summary['alpha']}, floor "
+            f"{summary['floor']}{f', {missing} .bin not downloaded' if missing else ''}): "
+            + escape("; ".join(parts)),
+            soft_wrap=True,
+        )
 
 
 def plan_table(rp) -> Table:
     plan = rp.plan
     t = Table(title=f"{plan.name}: {plan.description}" if plan.description else plan.name)
-    for col in ("stage", "length", "rotary base", "method", "TP/CP/PP/DP", "nodes", "global batch", "iterations",
-                "tokens", "memory/GPU GiB", "fits?"):
+    for col in (
+        "stage",
+        "length",
+        "rotary base",
+        "method",
+        "TP/CP/PP/DP",
+        "nodes",
+        "global batch",
+        "iterations",
+        "tokens",
+        "memory/GPU GiB",
+        "fits?",
+    ):
         t.add_column(col, justify="right" if col not in ("stage", "method", "fits?") else "left")
     for s in rp.stages:
         m = s.memory
@@ -84,12 +98,36 @@ def plan_table(rp) -> Table:
 
 def memory_table(rp) -> Table:
     t = Table(title="memory per GPU (GiB) — formula in longctx/plan/memory.py")
-    for col in ("stage", "weights", "grads", "optimizer", "activations", "logits", "overhead", "total", "budget"):
+    for col in (
+        "stage",
+        "weights",
+        "grads",
+        "optimizer",
+        "activations",
+        "logits",
+        "overhead",
+        "total",
+        "budget",
+    ):
         t.add_column(col, justify="right")
     for s in rp.stages:
         g = s.memory.to_gib()
-        t.add_row(s.name, *(f"{g[k]:.1f}" for k in ("weights", "grads", "optimizer", "activations", "logits",
-                                                      "overhead", "total", "budget")))
+        t.add_row(
+            s.name,
+            *(
+                f"{g[k]:.1f}"
+                for k in (
+                    "weights",
+                    "grads",
+                    "optimizer",
+                    "activations",
+                    "logits",
+                    "overhead",
+                    "total",
+                    "budget",
+                )
+            ),
+        )
     return t
 
 
@@ -127,8 +165,10 @@ def show(
         console.print(plan_table(rp))
         console.print(memory_table(rp))
         for s in rp.stages:
-            console.print(f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}",
-                          soft_wrap=True)
+            console.print(
+                f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}",
+                soft_wrap=True,
+            )
         _print_blends(rp)
         print_findings(rp.findings)
     exit_for(rp.findings)
@@ -139,10 +179,18 @@ def show(
 def validate(
     plan: Path = PLAN,
     run_dir: Path | None = RUN_DIR,
-    check_data: bool = typer.Option(False, "--check-data", help="also run `data check` on each stage's blend"),
-    full_scan: bool = typer.Option(False, "--full-scan", help="with --check-data on an artifact: scan every token "
-                                   "(hours at 670 GiB) instead of reading the indexes and spot-checking tokens"),
-    check_paths: bool = typer.Option(False, "--check-paths", help="require base checkpoint and tokenizer to exist"),
+    check_data: bool = typer.Option(
+        False, "--check-data", help="also run `data check` on each stage's blend"
+    ),
+    full_scan: bool = typer.Option(
+        False,
+        "--full-scan",
+        help="with --check-data on an artifact: scan every token "
+        "(hours at 670 GiB) instead of reading the indexes and spot-checking tokens",
+    ),
+    check_paths: bool = typer.Option(
+        False, "--check-paths", help="require base checkpoint and tokenizer to exist"
+    ),
     strict: bool = typer.Option(False, "--strict", help="warnings are errors"),
     json_out: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
@@ -161,8 +209,12 @@ def validate(
         from longctx.plan.stage_data import check_plan_data
 
         tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
-        data_reports = check_plan_data(rp, tokenizer=tok if tok.exists() else None, strict=strict,
-                                       scan=full_scan or not _uses_artifact(rp))
+        data_reports = check_plan_data(
+            rp,
+            tokenizer=tok if tok.exists() else None,
+            strict=strict,
+            scan=full_scan or not _uses_artifact(rp),
+        )
         for name, rep in data_reports.items():
             for f in rep.all_findings():
                 # the supply line (sequences needed vs what the blend holds) is shown even when fine

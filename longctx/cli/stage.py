@@ -64,10 +64,16 @@ def _status_table(rp, states, step) -> Table:
         t.add_column(c)
     for s in states:
         color = {"done": "green", "in-progress": "yellow", "pending": "dim"}[s.status]
-        t.add_row(s.name, f"[{color}]{s.status}[/]", str(s.iteration), str(s.target_iterations),
-                  "—" if s.tracker is None else str(s.tracker),
-                  ", ".join(map(str, s.complete[-3:])) or "—", ", ".join(map(str, s.incomplete)) or "—",
-                  s.repair.reason if s.repair else "")
+        t.add_row(
+            s.name,
+            f"[{color}]{s.status}[/]",
+            str(s.iteration),
+            str(s.target_iterations),
+            "—" if s.tracker is None else str(s.tracker),
+            ", ".join(map(str, s.complete[-3:])) or "—",
+            ", ".join(map(str, s.incomplete)) or "—",
+            s.repair.reason if s.repair else "",
+        )
     return t
 
 
@@ -115,11 +121,20 @@ def next_(
     rp = _resolved(plan, run_dir)
     step = next_step(rp)
     if json_out:
-        print_json({"action": step.action, "stage": step.stage, "reason": step.reason,
-                    "load": str(step.load) if step.load else None, "start_iteration": step.start_iteration,
-                    "repair": step.repair.reason if step.repair else None})
+        print_json(
+            {
+                "action": step.action,
+                "stage": step.stage,
+                "reason": step.reason,
+                "load": str(step.load) if step.load else None,
+                "start_iteration": step.start_iteration,
+                "repair": step.repair.reason if step.repair else None,
+            }
+        )
     else:
-        console.print(f"{step.action}: {step.reason}" + (f" (repair: {step.repair.reason})" if step.repair else ""))
+        console.print(
+            f"{step.action}: {step.reason}" + (f" (repair: {step.repair.reason})" if step.repair else "")
+        )
     if step.action == "blocked":
         raise typer.Exit(2)
 
@@ -130,11 +145,19 @@ def run(
     plan: Path = PLAN,
     run_dir: Path | None = RUN_DIR,
     backend: str = typer.Option("local", "--backend", help="local (embedded trainer) or megatron-lm"),
-    launcher: str = typer.Option("local", "--launcher", help="local (this host) or srun (inside a Slurm job)"),
+    launcher: str = typer.Option(
+        "local", "--launcher", help="local (this host) or srun (inside a Slurm job)"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run; change nothing"),
-    force: bool = typer.Option(False, "--force", help="launch even if tokenizer/data/base/RoPE differ from the ledger"),
-    until_done: bool = typer.Option(False, "--until-done", help="keep launching steps until the plan is done"),
-    eval_after: bool = typer.Option(True, "--eval/--no-eval", help="evaluate each finished stage (local backend)"),
+    force: bool = typer.Option(
+        False, "--force", help="launch even if tokenizer/data/base/RoPE differ from the ledger"
+    ),
+    until_done: bool = typer.Option(
+        False, "--until-done", help="keep launching steps until the plan is done"
+    ),
+    eval_after: bool = typer.Option(
+        True, "--eval/--no-eval", help="evaluate each finished stage (local backend)"
+    ),
     json_out: bool = typer.Option(False, "--json", help="print the outcome as JSON"),
 ) -> None:
     """Run the next step of the plan: first launch, resume, or nothing when all stages are done (exit 0).
@@ -152,15 +175,19 @@ def run(
         if not isinstance(lp, LaunchPlan):
             console.print(f"[green]{lp.reason}[/]: nothing to run")
             break
-        console.print(f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}"
-                      + (f" — repair: {lp.step.repair.reason}" if lp.step.repair else ""))
+        console.print(
+            f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}"
+            + (f" — repair: {lp.step.repair.reason}" if lp.step.repair else "")
+        )
         if dry_run:
             console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
             break
         outcome = execute(rp, lp, _launcher(launcher), force=force)
         outcomes.append(outcome)
-        console.print(f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "
-                      f"{outcome.end_iteration} ({outcome.status}), {outcome.seconds:.0f} s")
+        console.print(
+            f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "
+            f"{outcome.end_iteration} ({outcome.status}), {outcome.seconds:.0f} s"
+        )
         if outcome.status == "done" and backend == "local" and eval_after and rp.plan.local.eval_after_stage:
             _evaluate_stage(rp, outcome.stage)
         if outcome.exit_code != 0:
@@ -194,6 +221,10 @@ def _evaluate_stage(rp, stage: str) -> None:
     try:
         evaluate_finished_stage(rp, stage)
     except Exception as err:
-        err_console.print(f"warning: evaluation of stage {stage} failed: {err} — rerun it with "
-                          f"`longctx eval run <checkpoint> --plan PLAN --stage {stage}`",
-                          markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"warning: evaluation of stage {stage} failed: {err} — rerun it with "
+            f"`longctx eval run <checkpoint> --plan PLAN --stage {stage}`",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )

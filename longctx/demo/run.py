@@ -48,8 +48,17 @@ class DemoConfig:
     @classmethod
     def small(cls, plan: Path, interrupt_stage: str | None = None) -> DemoConfig:
         """The same pipeline on a smaller corpus and base model (pair it with a small plan)."""
-        return cls(plan=plan, vocab_size=320, train_docs=160, heldout_docs=8, min_words=60, max_words=1500,
-                   base_global_batch=8, base_iters=12, interrupt_stage=interrupt_stage)
+        return cls(
+            plan=plan,
+            vocab_size=320,
+            train_docs=160,
+            heldout_docs=8,
+            min_words=60,
+            max_words=1500,
+            base_global_batch=8,
+            base_iters=12,
+            interrupt_stage=interrupt_stage,
+        )
 
 
 @dataclasses.dataclass
@@ -93,7 +102,9 @@ def _tokenizer(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
     sample = [line for d in documents(80, seed=7, min_words=50, max_words=400) for line in d.split(" . ")]
     train_sentencepiece(sample, tok_dir, cfg.vocab_size, layout="oellm", hf=True)
     m = fingerprint(tok_dir, name="demo-tokenizer")
-    write_manifest(m, manifest, header="Demo tokenizer (OpenEuroLLM special-token layout), written by `longctx demo`.")
+    write_manifest(
+        m, manifest, header="Demo tokenizer (OpenEuroLLM special-token layout), written by `longctx demo`."
+    )
     return f"SentencePiece vocab {m.vocab_size} (md5 {m.md5}) → {tok_dir}", False
 
 
@@ -103,11 +114,18 @@ def _corpus(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
     train, held = run_dir / "corpus" / "train.jsonl", run_dir / "corpus" / "heldout.jsonl"
     if train.exists() and held.exists():
         return f"{train}", True
-    n = write_jsonl(train.with_suffix(".tmp"), documents(cfg.train_docs, seed=1, min_words=cfg.min_words,
-                                                         max_words=cfg.max_words))
-    write_jsonl(held, documents(cfg.heldout_docs, seed=2, min_words=cfg.max_words // 2, max_words=cfg.max_words))
+    n = write_jsonl(
+        train.with_suffix(".tmp"),
+        documents(cfg.train_docs, seed=1, min_words=cfg.min_words, max_words=cfg.max_words),
+    )
+    write_jsonl(
+        held, documents(cfg.heldout_docs, seed=2, min_words=cfg.max_words // 2, max_words=cfg.max_words)
+    )
     train.with_suffix(".tmp").rename(train)
-    return f"{n} training documents ({cfg.min_words}–{cfg.max_words} words) + {cfg.heldout_docs} held-out", False
+    return (
+        f"{n} training documents ({cfg.min_words}–{cfg.max_words} words) + {cfg.heldout_docs} held-out",
+        False,
+    )
 
 
 def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
@@ -117,8 +135,9 @@ def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
     if Path(str(prefix) + ".idx").exists():
         return f"{prefix}", True
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    side = tokenize_jsonl([run_dir / "corpus" / "train.jsonl"], run_dir / "tokenizer", prefix,
-                          workers=cfg.processes)
+    side = tokenize_jsonl(
+        [run_dir / "corpus" / "train.jsonl"], run_dir / "tokenizer", prefix, workers=cfg.processes
+    )
     return f"{side.documents} documents, {side.tokens:,} tokens → {prefix}.{{bin,idx}}", False
 
 
@@ -129,10 +148,17 @@ def _checks(run_dir: Path, rp: Any) -> tuple[str, bool]:
 
     rep = verify_tokenizer(run_dir / "tokenizer", load_manifest(run_dir / "tokenizer" / "manifest.toml"))
     if not rep.ok:
-        raise StageError("the demo tokenizer does not match its manifest", fix="delete the demo directory and rerun")
+        raise StageError(
+            "the demo tokenizer does not match its manifest", fix="delete the demo directory and rerun"
+        )
     lengths = [rp.plan.base.seq_length] + [s.seq_length for s in rp.stages]
-    data = check_datasets(stage_blend(rp, rp.stages[0]), tokenizer=run_dir / "tokenizer", lengths=lengths,
-                          budgets={s.name: s.tokens_realized for s in rp.stages}, progress=False)
+    data = check_datasets(
+        stage_blend(rp, rp.stages[0]),
+        tokenizer=run_dir / "tokenizer",
+        lengths=lengths,
+        budgets={s.name: s.tokens_realized for s in rp.stages},
+        progress=False,
+    )
     if not data.ok:
         msgs = "; ".join(f.message for f in data.all_findings().errors)
         raise StageError(f"the demo data fails its checks: {msgs}")
@@ -166,16 +192,30 @@ def _base(run_dir: Path, rp: Any, cfg: DemoConfig, echo: Echo) -> tuple[str, boo
     )  # fmt: skip
     spec_path = run_dir / "base" / "train_spec.json"
     spec.dump(spec_path)
-    code = LocalLauncher(echo=True).run([sys.executable, "-m", "longctx.train", "--spec", str(spec_path)],
-                                        nproc=cfg.processes, env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
-                                        log=run_dir / "base" / "train.log")
+    code = LocalLauncher(echo=True).run(
+        [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)],
+        nproc=cfg.processes,
+        env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
+        log=run_dir / "base" / "train.log",
+    )
     if code != 0:
         raise StageError(f"base pretraining failed (exit {code})", where=str(run_dir / "base" / "train.log"))
     return f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,} → {save}", False
 
 
 def _stage_command(plan: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "longctx", "stage", "run", str(plan), "--run-dir", str(run_dir), "--backend", "local"]
+    return [
+        sys.executable,
+        "-m",
+        "longctx",
+        "stage",
+        "run",
+        str(plan),
+        "--run-dir",
+        str(run_dir),
+        "--backend",
+        "local",
+    ]
 
 
 def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | None:
@@ -194,7 +234,9 @@ def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | 
         if step.action == "blocked":
             raise StageError(step.reason)
         st = rp.stage(step.stage or "")
-        want_interrupt = (cfg.interrupt_stage == st.name and step.action == "first-launch" and interrupted is None)
+        want_interrupt = (
+            cfg.interrupt_stage == st.name and step.action == "first-launch" and interrupted is None
+        )
         proc = subprocess.Popen(_stage_command(cfg.plan, run_dir), env=env)
         if want_interrupt:
             tracker = st.save_dir / "latest_checkpointed_iteration.txt"
@@ -206,15 +248,24 @@ def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | 
         code = proc.wait()
         after = plan_state(resolve_plan(load_plan(cfg.plan, run_dir=run_dir)))[st.index]
         if want_interrupt:
-            interrupted = {"stage": st.name, "stopped_at": after.iteration, "target": after.target_iterations,
-                           "exit_code": code, "finished_first": after.status == "done"}
+            interrupted = {
+                "stage": st.name,
+                "stopped_at": after.iteration,
+                "target": after.target_iterations,
+                "exit_code": code,
+                "finished_first": after.status == "done",
+            }
             if after.status == "done":
                 echo(f"    stage {st.name} finished before the SIGTERM took effect")
             else:
-                echo(f"    stage {st.name} stopped at iteration {after.iteration}/{after.target_iterations} "
-                     f"(exit {code}); relaunching resumes it")
+                echo(
+                    f"    stage {st.name} stopped at iteration {after.iteration}/{after.target_iterations} "
+                    f"(exit {code}); relaunching resumes it"
+                )
         elif code != 0:
-            raise StageError(f"stage {st.name} failed (exit {code})", where=str(paths_stage_logs(rp, st.name)))
+            raise StageError(
+                f"stage {st.name} failed (exit {code})", where=str(paths_stage_logs(rp, st.name))
+            )
 
 
 def paths_stage_logs(rp: Any, stage: str) -> Path:
@@ -232,7 +283,9 @@ def _stage_rows(rp: Any, run_dir: Path) -> list[dict[str, Any]]:
     records = ledger.read(run_dir)
     for st, s in zip(rp.stages, plan_state(rp), strict=True):
         metrics_file = paths.stage_dir(rp.plan, st.name) / "metrics.jsonl"
-        metrics = [json.loads(x) for x in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
+        metrics = (
+            [json.loads(x) for x in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
+        )
         launches = [r for r in records if r.get("event") == "launch" and r.get("stage") == st.name]
         rows.append({
             "stage": st.name, "seq_length": st.seq_length, "rotary_base": st.rotary_base, "cp": st.cp,
@@ -278,7 +331,9 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
         return f"base and every stage evaluated → {evaluation['out_dir']}", False
 
     _timed(steps, "evaluation", echo, evaluate)
-    return DemoReport(run_dir, steps, _stage_rows(rp, run_dir), evaluation, interrupted, time.monotonic() - t0)
+    return DemoReport(
+        run_dir, steps, _stage_rows(rp, run_dir), evaluation, interrupted, time.monotonic() - t0
+    )
 
 
 __all__ = ["DemoConfig", "DemoReport", "LongctxError", "run_demo"]

@@ -166,7 +166,9 @@ def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
 
         inferred = inspect_checkpoint(_base_path(plan)).arch.to_model_arch()
     except LongctxError as err:
-        findings.warning("arch-unchecked", f"base checkpoint not readable, [model] not cross-checked: {err.what}")
+        findings.warning(
+            "arch-unchecked", f"base checkpoint not readable, [model] not cross-checked: {err.what}"
+        )
         return
     for name, (mine, theirs) in arch.diff(inferred).items():
         findings.error(
@@ -199,9 +201,15 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
 
     if stage.rope.base is not None:
         # an explicit base still gets the diagnostics (e.g. a base below Men's bound for this length)
-        explicit = choose_base("fixed", rotary_dim=arch.rotary_dim, head_dim=arch.head_dim,
-                               pretrain_base=plan.base.rotary_base, pretrain_length=plan.base.seq_length,
-                               target_length=stage.seq_length, base=stage.rope.base)
+        explicit = choose_base(
+            "fixed",
+            rotary_dim=arch.rotary_dim,
+            head_dim=arch.head_dim,
+            pretrain_base=plan.base.rotary_base,
+            pretrain_length=plan.base.seq_length,
+            target_length=stage.seq_length,
+            base=stage.rope.base,
+        )
         for f in explicit.findings:
             if f.level != "info":
                 findings.append(dataclasses.replace(f, where=_where(plan, i, "rope.base")))
@@ -295,41 +303,73 @@ def _resolve_stage(
     rotary_base, rope_method, rope_expl = _rope(plan, i, spec, arch, findings)
 
     if arch.num_attention_heads % tp:
-        findings.error("tp-heads", f"num_attention_heads {arch.num_attention_heads} is not divisible by TP {tp}",
-                       where=w("tensor_parallel"), fix="choose a TP that divides the heads")
+        findings.error(
+            "tp-heads",
+            f"num_attention_heads {arch.num_attention_heads} is not divisible by TP {tp}",
+            where=w("tensor_parallel"),
+            fix="choose a TP that divides the heads",
+        )
     if arch.query_groups % tp:
-        findings.error("tp-groups", f"num_query_groups {arch.query_groups} is not divisible by TP {tp}",
-                       where=w("tensor_parallel"), fix="choose a TP that divides the query groups")
+        findings.error(
+            "tp-groups",
+            f"num_query_groups {arch.query_groups} is not divisible by TP {tp}",
+            where=w("tensor_parallel"),
+            fix="choose a TP that divides the query groups",
+        )
     if arch.num_layers % pp:
-        findings.error("pp-layers", f"num_layers {arch.num_layers} is not divisible by PP {pp}",
-                       where=w("pipeline_parallel"), fix="choose a PP that divides the layers")
+        findings.error(
+            "pp-layers",
+            f"num_layers {arch.num_layers} is not divisible by PP {pp}",
+            where=w("pipeline_parallel"),
+            fix="choose a PP that divides the layers",
+        )
     if sp and seq % tp:
-        findings.error("sp-seq", f"seq_length {seq} is not divisible by TP {tp} (sequence parallel)",
-                       where=w("seq_length"), fix="make seq_length a multiple of TP")
+        findings.error(
+            "sp-seq",
+            f"seq_length {seq} is not divisible by TP {tp} (sequence parallel)",
+            where=w("seq_length"),
+            fix="make seq_length a multiple of TP",
+        )
     if max_pos < seq:
-        findings.error("max-position", f"max_position_embeddings {max_pos} is below seq_length {seq}",
-                       where=w("max_position_embeddings"), expected=f">= {seq}", found=max_pos,
-                       fix="drop max_position_embeddings (it defaults to seq_length) or raise it")
+        findings.error(
+            "max-position",
+            f"max_position_embeddings {max_pos} is below seq_length {seq}",
+            where=w("max_position_embeddings"),
+            expected=f">= {seq}",
+            found=max_pos,
+            fix="drop max_position_embeddings (it defaults to seq_length) or raise it",
+        )
 
     gbs_seqs = _merged(plan, spec, "global_batch_size", None)
     gbs_tokens = _merged(plan, spec, "global_batch_tokens", None)
     if spec.global_batch_size is not None and spec.global_batch_tokens is not None:
-        findings.error("batch-both", "give global_batch_size or global_batch_tokens, not both", where=w("global_batch_size"))
+        findings.error(
+            "batch-both",
+            "give global_batch_size or global_batch_tokens, not both",
+            where=w("global_batch_size"),
+        )
     if spec.global_batch_size is not None:
         gbs_tokens = None
     elif spec.global_batch_tokens is not None:
         gbs_seqs = None
     if gbs_seqs is None and gbs_tokens is None:
-        findings.error("batch-missing", "no global batch: set global_batch_size (sequences) or global_batch_tokens",
-                       where=w("global_batch_size"), fix="set it in the stage or in [defaults]")
+        findings.error(
+            "batch-missing",
+            "no global batch: set global_batch_size (sequences) or global_batch_tokens",
+            where=w("global_batch_size"),
+            fix="set it in the stage or in [defaults]",
+        )
         gbs = mbs
     elif gbs_seqs is not None:
         gbs = gbs_seqs
     else:
         gbs = max(1, round(gbs_tokens / seq))
         if gbs * seq != gbs_tokens:
-            findings.info("batch-rounded", f"global_batch_tokens {gbs_tokens:,} → {gbs} sequences of {seq} "
-                          f"({gbs * seq:,} tokens)", where=w("global_batch_tokens"))
+            findings.info(
+                "batch-rounded",
+                f"global_batch_tokens {gbs_tokens:,} → {gbs} sequences of {seq} ({gbs * seq:,} tokens)",
+                where=w("global_batch_tokens"),
+            )
 
     cp_cfg = _merged(plan, spec, "context_parallel", 1)
 
@@ -342,10 +382,21 @@ def _resolve_stage(
     def estimate(cp: int) -> memory.MemoryEstimate:
         _, dp = layout(cp)
         return memory.estimate(
-            memory.MemoryInputs(arch=arch, padded_vocab_size=padded, seq_length=seq, micro_batch_size=mbs,
-                                tp=tp, pp=pp, cp=cp, dp=dp, num_microbatches=max(1, gbs // max(1, mbs * dp)),
-                                sequence_parallel=sp, recompute=recompute),
-            gpu_memory_gib=plan.cluster.gpu_memory_gib, margin=plan.cluster.memory_margin,
+            memory.MemoryInputs(
+                arch=arch,
+                padded_vocab_size=padded,
+                seq_length=seq,
+                micro_batch_size=mbs,
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                dp=dp,
+                num_microbatches=max(1, gbs // max(1, mbs * dp)),
+                sequence_parallel=sp,
+                recompute=recompute,
+            ),
+            gpu_memory_gib=plan.cluster.gpu_memory_gib,
+            margin=plan.cluster.memory_margin,
         )
 
     def cp_ok(cp: int) -> bool:
@@ -357,69 +408,124 @@ def _resolve_stage(
     smallest = fitting[0] if fitting else None
     if cp_cfg == "auto":
         if smallest is None:
-            findings.error("cp-none-fits", f"no context-parallel size up to {CP_CANDIDATES[-1]} fits seq_length {seq} "
-                           f"in {plan.cluster.gpu_memory_gib:g} GiB", where=w("context_parallel"),
-                           fix="raise TP, use full recompute, lower micro_batch_size or add GPU memory")
+            findings.error(
+                "cp-none-fits",
+                f"no context-parallel size up to {CP_CANDIDATES[-1]} fits seq_length {seq} "
+                f"in {plan.cluster.gpu_memory_gib:g} GiB",
+                where=w("context_parallel"),
+                fix="raise TP, use full recompute, lower micro_batch_size or add GPU memory",
+            )
             cp = 1
         else:
             cp = smallest
     else:
         cp = int(cp_cfg)
         if cp > 1 and seq % (2 * cp):
-            findings.error("cp-seq", f"seq_length {seq} is not divisible by 2·CP = {2 * cp}", where=w("context_parallel"),
-                           expected=f"a multiple of {2 * cp}", found=seq, fix="choose a CP with seq_length % (2·CP) == 0")
+            findings.error(
+                "cp-seq",
+                f"seq_length {seq} is not divisible by 2·CP = {2 * cp}",
+                where=w("context_parallel"),
+                expected=f"a multiple of {2 * cp}",
+                found=seq,
+                fix="choose a CP with seq_length % (2·CP) == 0",
+            )
     nodes, dp = layout(cp)
     group = tp * pp * cp
     if (nodes * gpn) % group:
-        findings.error("world-divisible", f"{nodes} nodes × {gpn} GPUs = {nodes * gpn} is not a multiple of "
-                       f"TP·PP·CP = {group}", where=w("nodes"), fix="choose nodes so that the world divides by TP·PP·CP")
+        findings.error(
+            "world-divisible",
+            f"{nodes} nodes × {gpn} GPUs = {nodes * gpn} is not a multiple of TP·PP·CP = {group}",
+            where=w("nodes"),
+            fix="choose nodes so that the world divides by TP·PP·CP",
+        )
     if plan.cluster.max_nodes is not None and nodes > plan.cluster.max_nodes:
-        findings.error("too-many-nodes", f"{nodes} nodes exceed the cluster's max_nodes {plan.cluster.max_nodes}",
-                       where=w("nodes"))
+        findings.error(
+            "too-many-nodes",
+            f"{nodes} nodes exceed the cluster's max_nodes {plan.cluster.max_nodes}",
+            where=w("nodes"),
+        )
     if gbs % (mbs * dp):
-        findings.error("batch-divisible", f"global batch {gbs} is not divisible by micro_batch_size × DP = {mbs} × {dp}",
-                       where=w("global_batch_size"), expected=f"a multiple of {mbs * dp}", found=gbs,
-                       fix="change the global batch, the micro batch or the number of nodes")
+        findings.error(
+            "batch-divisible",
+            f"global batch {gbs} is not divisible by micro_batch_size × DP = {mbs} × {dp}",
+            where=w("global_batch_size"),
+            expected=f"a multiple of {mbs * dp}",
+            found=gbs,
+            fix="change the global batch, the micro batch or the number of nodes",
+        )
     est = estimate(cp)
     if not est.fits:
         hint = f"smallest CP that fits: {smallest}" if smallest else "no CP up to 64 fits"
-        findings.error("memory", f"needs {est.total / memory.GiB:.1f} GiB per GPU, over the "
-                       f"{est.budget / memory.GiB:.1f} GiB budget of a {plan.cluster.gpu_memory_gib:g} GiB GPU; {hint}",
-                       where=w("context_parallel"), expected=f"<= {est.budget / memory.GiB:.1f} GiB",
-                       found=f"{est.total / memory.GiB:.1f} GiB",
-                       fix=f"set context_parallel = {smallest}" if smallest else "raise TP or use full recompute")
+        findings.error(
+            "memory",
+            f"needs {est.total / memory.GiB:.1f} GiB per GPU, over the "
+            f"{est.budget / memory.GiB:.1f} GiB budget of a {plan.cluster.gpu_memory_gib:g} GiB GPU; {hint}",
+            where=w("context_parallel"),
+            expected=f"<= {est.budget / memory.GiB:.1f} GiB",
+            found=f"{est.total / memory.GiB:.1f} GiB",
+            fix=f"set context_parallel = {smallest}" if smallest else "raise TP or use full recompute",
+        )
 
     tokens_per_iter = gbs * seq
     if spec.tokens < tokens_per_iter:
-        findings.error("tokens-below-batch", f"tokens {spec.tokens:,} are less than one global batch "
-                       f"({gbs} × {seq} = {tokens_per_iter:,} tokens)", where=w("tokens"),
-                       fix="raise tokens or lower the global batch")
+        findings.error(
+            "tokens-below-batch",
+            f"tokens {spec.tokens:,} are less than one global batch "
+            f"({gbs} × {seq} = {tokens_per_iter:,} tokens)",
+            where=w("tokens"),
+            fix="raise tokens or lower the global batch",
+        )
     iters = max(1, math.ceil(spec.tokens / tokens_per_iter))
     lr: LRSpec = _merged(plan, spec, "lr", LRSpec())
-    warmup = lr.warmup_iters if lr.warmup_iters is not None else math.ceil((lr.warmup_fraction or 0.0) * iters)
+    warmup = (
+        lr.warmup_iters if lr.warmup_iters is not None else math.ceil((lr.warmup_fraction or 0.0) * iters)
+    )
     if warmup >= iters and iters > 1:
-        findings.error("warmup", f"warmup {warmup} iterations is not shorter than the stage ({iters})",
-                       where=w("lr.warmup_iters"), fix="shorten the warmup")
+        findings.error(
+            "warmup",
+            f"warmup {warmup} iterations is not shorter than the stage ({iters})",
+            where=w("lr.warmup_iters"),
+            fix="shorten the warmup",
+        )
     wsd = math.ceil(lr.wsd_decay_fraction * iters) if lr.decay_style == "WSD" else None
     save_interval = _merged(plan, spec, "save_interval", max(1, math.ceil(iters / 20)))
     data = _merged(plan, spec, "data", None)
     if data is None:
-        findings.error("data-missing", "no data for this stage", where=w("data"), fix="set [stages.data] or [defaults.data]")
+        findings.error(
+            "data-missing",
+            "no data for this stage",
+            where=w("data"),
+            fix="set [stages.data] or [defaults.data]",
+        )
     extra = list(_merged(plan, spec, "extra_args", []))
     for flag in extra:
         name = flag.split("=", 1)[0]
         if name in FORBIDDEN_FLAGS:
-            findings.error("forbidden-flag", f"extra_args has {name}: {FORBIDDEN_FLAGS[name]}", where=w("extra_args"),
-                           fix=f"remove {name}")
+            findings.error(
+                "forbidden-flag",
+                f"extra_args has {name}: {FORBIDDEN_FLAGS[name]}",
+                where=w("extra_args"),
+                fix=f"remove {name}",
+            )
         elif name in OWNED_FLAGS:
-            findings.error("owned-flag", f"extra_args sets {name}, which the planner derives", where=w("extra_args"),
-                           fix=f"remove {name} and set the plan field instead")
+            findings.error(
+                "owned-flag",
+                f"extra_args sets {name}, which the planner derives",
+                where=w("extra_args"),
+                fix=f"remove {name} and set the plan field instead",
+            )
     if seq < plan.base.seq_length:
-        findings.warning("shorter-than-base", f"seq_length {seq} is shorter than the base model's {plan.base.seq_length}",
-                         where=w("seq_length"))
+        findings.warning(
+            "shorter-than-base",
+            f"seq_length {seq} is shorter than the base model's {plan.base.seq_length}",
+            where=w("seq_length"),
+        )
 
-    load_from = paths.stage_save_dir(plan, plan.stages[i - 1].name) if i > 0 else (
-        paths.resolve(plan.base.path, plan, field="base.path") if plan.base.path else None)
+    load_from = (
+        paths.stage_save_dir(plan, plan.stages[i - 1].name)
+        if i > 0
+        else (paths.resolve(plan.base.path, plan, field="base.path") if plan.base.path else None)
+    )
     return ResolvedStage(
         index=i, name=spec.name, spec=spec, seq_length=seq, max_position_embeddings=max_pos,
         rotary_base=int(rotary_base), rope_method=rope_method, rope_explanation=rope_expl,

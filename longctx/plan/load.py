@@ -19,7 +19,9 @@ def load_plan(path: str | os.PathLike[str], *, run_dir: str | os.PathLike[str] |
     """Load and schema-check a plan. `run_dir` (or $LONGCTX_RUN_DIR) replaces the plan's run_dir."""
     p = Path(path)
     if not p.is_file():
-        raise PlanError(f"plan file not found: {p}", where=str(p), fix="give the path of a stages/*.toml file")
+        raise PlanError(
+            f"plan file not found: {p}", where=str(p), fix="give the path of a stages/*.toml file"
+        )
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
@@ -45,7 +47,12 @@ def _field_name(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
     for item in loc:
         if isinstance(item, int):
             label = f"[{item}]"
-            if isinstance(node, list) and item < len(node) and isinstance(node[item], dict) and "name" in node[item]:
+            if (
+                isinstance(node, list)
+                and item < len(node)
+                and isinstance(node[item], dict)
+                and "name" in node[item]
+            ):
                 label += f" ({node[item]['name']!r})"
             parts.append(label)
             node = node[item] if isinstance(node, list) and item < len(node) else None
@@ -70,7 +77,11 @@ def _plan_error(err: ValidationError, data: dict[str, Any], where: str) -> PlanE
         elif loc and loc[-1] == "base" and "rope" in loc and e["type"] in ("int_type", "int_from_float"):
             msg = f"rotary base must be an integer (Megatron's --rotary-base is int), got {e.get('input')!r}"
             fixes.append("write the base as an integer, e.g. 1000000, not 1e6 or 1000000.0")
-        elif loc and loc[-1] in ("seq_length", "tokens", "max_position_embeddings") and e["type"].startswith("int"):
+        elif (
+            loc
+            and loc[-1] in ("seq_length", "tokens", "max_position_embeddings")
+            and e["type"].startswith("int")
+        ):
             msg = f"must be an integer, got {e.get('input')!r}"
         lines.append(f"{field or '(plan)'}: {msg}")
     what = "invalid plan: " + "; ".join(lines)

@@ -107,8 +107,13 @@ def params_per_gpu(arch: ModelArch, padded_vocab_size: int, tp: int, pp: int) ->
 
 
 def activation_bytes_per_token_layer(arch: ModelArch, tp: int, sequence_parallel: bool) -> float:
-    h, a, g, k, f = (arch.hidden_size, arch.num_attention_heads, arch.query_groups, arch.head_dim,
-                     arch.ffn_hidden_size)
+    h, a, g, k, f = (
+        arch.hidden_size,
+        arch.num_attention_heads,
+        arch.query_groups,
+        arch.head_dim,
+        arch.ffn_hidden_size,
+    )
     t_sp = tp if sequence_parallel else 1
     qkv = (a + 2 * g) * k + ((a + g) * k if arch.qk_layernorm else 0) + a * k
     ffn = (3 if arch.swiglu else 2) * f

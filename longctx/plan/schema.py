@@ -83,7 +83,9 @@ class DataSpec(_Strict):
     def _one(self) -> DataSpec:
         given = [k for k in ("blend_file", "blend", "prefixes", "tier_mix") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one data source of blend_file, blend, prefixes, tier_mix (got {given or 'none'})")
+            raise ValueError(
+                f"give exactly one data source of blend_file, blend, prefixes, tier_mix (got {given or 'none'})"
+            )
         if self.blend is not None:
             for w, p in self.blend:
                 if not w > 0:
@@ -125,7 +127,9 @@ class StageSpec(StageDefaults):
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
-            raise ValueError(f"stage name {v!r} must be letters, digits, '_', '-', '.' (it names a directory)")
+            raise ValueError(
+                f"stage name {v!r} must be letters, digits, '_', '-', '.' (it names a directory)"
+            )
         return v
 
 

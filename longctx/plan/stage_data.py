@@ -24,14 +24,17 @@ def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Any:
         entries = [BlendEntry(str(paths.resolve(p, plan, field="data.blend")), float(w)) for w, p in d.blend]
         return Blend(entries, True, f"stage {st.name} data.blend")
     if d.prefixes is not None:
-        return blend_from_prefixes([paths.resolve(p, plan, field="data.prefixes") for p in d.prefixes],
-                                   check_exists=False)
+        return blend_from_prefixes(
+            [paths.resolve(p, plan, field="data.prefixes") for p in d.prefixes], check_exists=False
+        )
     from longctx.data.tiers import stage_tier_blend
 
     return stage_tier_blend(rp, st)
 
 
-def check_plan_data(rp: ResolvedPlan, *, tokenizer: Any = None, scan: bool = True, strict: bool = False) -> dict[str, Any]:
+def check_plan_data(
+    rp: ResolvedPlan, *, tokenizer: Any = None, scan: bool = True, strict: bool = False
+) -> dict[str, Any]:
     """Run the data checks of every stage against its own length and token budget."""
     from longctx.data.check import check_datasets
 

@@ -11,10 +11,18 @@ def check_paths(rp: ResolvedPlan, findings: Findings) -> None:
     plan = rp.plan
     tok = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
     if not tok.exists():
-        findings.error("tokenizer-missing", f"tokenizer not found: {tok}", where="tokenizer.path",
-                       fix="point tokenizer.path at the tokenizer directory or tokenizer.model")
+        findings.error(
+            "tokenizer-missing",
+            f"tokenizer not found: {tok}",
+            where="tokenizer.path",
+            fix="point tokenizer.path at the tokenizer directory or tokenizer.model",
+        )
     if plan.base.path:
         base = paths.resolve(plan.base.path, plan, field="base.path")
         if not base.exists():
-            findings.error("base-missing", f"base checkpoint not found: {base}", where="base.path",
-                           fix="run `longctx ckpt download` / `longctx ckpt adopt`, or fix base.path")
+            findings.error(
+                "base-missing",
+                f"base checkpoint not found: {base}",
+                where="base.path",
+                fix="run `longctx ckpt download` / `longctx ckpt adopt`, or fix base.path",
+            )

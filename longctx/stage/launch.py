@@ -61,13 +61,18 @@ class LocalLauncher:
                     wenv = dict(os.environ, **env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                                 LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                                 PYTHONUNBUFFERED="1")  # fmt: skip
-                    p = subprocess.Popen(list(argv), env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                    p = subprocess.Popen(
+                        list(argv), env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                    )
                     procs.append(p)
                     sinks: list[IO[bytes]] = [logf]
                     if self.echo and rank == 0:
                         sinks.append(sys.stdout.buffer)
-                    t = threading.Thread(target=_pump, args=(p.stdout, sinks, f"[{rank}] ".encode() if nproc > 1 else b""),
-                                         daemon=True)
+                    t = threading.Thread(
+                        target=_pump,
+                        args=(p.stdout, sinks, f"[{rank}] ".encode() if nproc > 1 else b""),
+                        daemon=True,
+                    )
                     t.start()
                     threads.append(t)
                 codes = _wait_all(procs)

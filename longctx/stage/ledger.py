@@ -67,8 +67,11 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 continue
-            raise StageError(f"ledger line {i + 1} is not JSON", where=str(path),
-                             fix="inspect the file; the ledger is append-only and must not be edited") from None
+            raise StageError(
+                f"ledger line {i + 1} is not JSON",
+                where=str(path),
+                fix="inspect the file; the ledger is append-only and must not be edited",
+            ) from None
     return out
 
 
@@ -90,7 +93,9 @@ def binding_conflicts(recorded: dict[str, Any] | None, current: Binding) -> dict
     if not recorded:
         return {}
     cur = current.as_dict()
-    return {k: (recorded.get(k), cur[k]) for k in BINDING_FIELDS if k in recorded and recorded.get(k) != cur[k]}
+    return {
+        k: (recorded.get(k), cur[k]) for k in BINDING_FIELDS if k in recorded and recorded.get(k) != cur[k]
+    }
 
 
 def check_binding(run_dir: Path, stage: str, current: Binding, *, force: bool) -> dict[str, tuple[Any, Any]]:

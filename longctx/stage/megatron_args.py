@@ -72,7 +72,9 @@ def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     plan = rp.plan
     d = st.data
     if d is None:
-        raise StageError(f"stage {st.name!r} has no data", where=str(plan.plan_path), fix="set [defaults.data]")
+        raise StageError(
+            f"stage {st.name!r} has no data", where=str(plan.plan_path), fix="set [defaults.data]"
+        )
     flags: list[Flag]
     if d.blend_file is not None:
         flags = [_f("--data-args-path", paths.resolve(d.blend_file, plan, field="data.blend_file"))]
@@ -82,12 +84,18 @@ def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
             words += [_num(w), str(paths.resolve(p, plan, field="data.blend"))]
         flags = [Flag("--data-path", tuple(words))]
     elif d.prefixes is not None:
-        flags = [Flag("--data-path", tuple(str(paths.resolve(p, plan, field="data.prefixes")) for p in d.prefixes))]
+        flags = [
+            Flag("--data-path", tuple(str(paths.resolve(p, plan, field="data.prefixes")) for p in d.prefixes))
+        ]
     else:
         from longctx.data.tiers import stage_blend_file
 
         flags = [_f("--data-args-path", stage_blend_file(rp, st))]
-    cache = paths.resolve(d.cache_dir, plan, field="data.cache_dir") if d.cache_dir else paths.run_dir(plan) / "cache"
+    cache = (
+        paths.resolve(d.cache_dir, plan, field="data.cache_dir")
+        if d.cache_dir
+        else paths.run_dir(plan) / "cache"
+    )
     flags += [_f("--split", d.split), _f("--data-cache-path", cache)]
     return flags
 
@@ -102,7 +110,10 @@ def lr_flags(st: ResolvedStage) -> list[Flag]:
         _f("--lr-decay-iters", st.train_iters),
     ]
     if lr.decay_style == "WSD":
-        flags += [_f("--lr-wsd-decay-style", lr.wsd_decay_style), _f("--lr-wsd-decay-iters", st.wsd_decay_iters)]
+        flags += [
+            _f("--lr-wsd-decay-style", lr.wsd_decay_style),
+            _f("--lr-wsd-decay-iters", st.wsd_decay_iters),
+        ]
     flags += [
         _f("--weight-decay", _num(lr.weight_decay)),
         _f("--adam-beta1", _num(lr.adam_beta1)),
@@ -133,45 +144,72 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     version = plan.megatron.version
     prev = st.load_from
     if prev is None:
-        raise StageError(f"stage {st.name!r} has nothing to start from", where=str(plan.plan_path),
-                         fix="set base.path (run `longctx ckpt download/adopt` first for hub checkpoints)")
+        raise StageError(
+            f"stage {st.name!r} has nothing to start from",
+            where=str(plan.plan_path),
+            fix="set base.path (run `longctx ckpt download/adopt` first for hub checkpoints)",
+        )
     flags: list[Flag] = []
     flags += _pairs(rp.arch.megatron_flags())
     # stages change only the base (scaling methods are refused by the planner)
     flags += [_f("--position-embedding-type", "rope"), _f("--rotary-base", int(st.rotary_base))]
-    flags += [_f("--seq-length", st.seq_length), _f("--max-position-embeddings", st.max_position_embeddings),
-              _f("--no-create-attention-mask-in-dataloader")]
+    flags += [
+        _f("--seq-length", st.seq_length),
+        _f("--max-position-embeddings", st.max_position_embeddings),
+        _f("--no-create-attention-mask-in-dataloader"),
+    ]
     flags += [_f("--attention-dropout", "0.0"), _f("--hidden-dropout", "0.0")]
     flags += tokenizer_flags(rp)
-    flags += [_f("--tensor-model-parallel-size", st.tp), _f("--pipeline-model-parallel-size", st.pp),
-              _f("--context-parallel-size", st.cp)]
+    flags += [
+        _f("--tensor-model-parallel-size", st.tp),
+        _f("--pipeline-model-parallel-size", st.pp),
+        _f("--context-parallel-size", st.cp),
+    ]
     if st.cp > 1:
         flags.append(_f("--cp-comm-type", "p2p"))
     if st.sequence_parallel:
         flags.append(_f("--sequence-parallel"))
-    flags += [_f("--use-distributed-optimizer"), _f("--bf16"), _f("--attention-softmax-in-fp32"),
-              _f("--accumulate-allreduce-grads-in-fp32")]
+    flags += [
+        _f("--use-distributed-optimizer"),
+        _f("--bf16"),
+        _f("--attention-softmax-in-fp32"),
+        _f("--accumulate-allreduce-grads-in-fp32"),
+    ]
     if st.recompute == "selective":
         flags.append(_f("--recompute-activations"))
     elif st.recompute == "full":
-        flags += [_f("--recompute-granularity", "full"), _f("--recompute-method", "uniform"),
-                  _f("--recompute-num-layers", 1)]
-    flags += [_f("--micro-batch-size", st.micro_batch_size), _f("--global-batch-size", st.global_batch_size),
-              _f("--train-iters", st.train_iters)]
+        flags += [
+            _f("--recompute-granularity", "full"),
+            _f("--recompute-method", "uniform"),
+            _f("--recompute-num-layers", 1),
+        ]
+    flags += [
+        _f("--micro-batch-size", st.micro_batch_size),
+        _f("--global-batch-size", st.global_batch_size),
+        _f("--train-iters", st.train_iters),
+    ]
     flags += lr_flags(st)
     flags += [_f("--seed", st.seed)]
     flags += data_flags(rp, st)
     stage_root = paths.stage_dir(plan, st.name)
-    flags += [_f("--ckpt-format", "torch_dist"), _f("--save", st.save_dir), _f("--load", st.save_dir),
-              _f("--pretrained-checkpoint", prev), _f("--exit-on-missing-checkpoint"),
-              _f("--save-interval", st.save_interval)]
+    flags += [
+        _f("--ckpt-format", "torch_dist"),
+        _f("--save", st.save_dir),
+        _f("--load", st.save_dir),
+        _f("--pretrained-checkpoint", prev),
+        _f("--exit-on-missing-checkpoint"),
+        _f("--save-interval", st.save_interval),
+    ]
     if st.exit_duration_in_mins:
         flags.append(_f("--exit-duration-in-mins", st.exit_duration_in_mins))
     flags.append(_f("--exit-signal-handler"))
     if parse_version(version) >= MIN_VERSION["--exit-signal"]:
         flags.append(_f("--exit-signal", "SIGTERM"))
-    flags += [_f("--log-interval", st.log_interval), _f("--log-throughput"),
-              _f("--tensorboard-dir", stage_root / "tensorboard")]
+    flags += [
+        _f("--log-interval", st.log_interval),
+        _f("--log-throughput"),
+        _f("--tensorboard-dir", stage_root / "tensorboard"),
+    ]
     if st.eval_interval:
         flags += [_f("--eval-interval", st.eval_interval), _f("--eval-iters", st.eval_iters)]
     else:

@@ -1,7 +1,7 @@
 """One step of a plan: decide from disk, check the ledger binding, repair, launch, record.
 
-    prepare_launch(rp, backend)  → LaunchPlan (what `--dry-run` prints)
-    execute(rp, launch, launcher) → LaunchOutcome (the ledger gets `launch` and `end` records)
+prepare_launch(rp, backend)  → LaunchPlan (what `--dry-run` prints)
+execute(rp, launch, launcher) → LaunchOutcome (the ledger gets `launch` and `end` records)
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class LaunchOutcome:
 
 # -- binding: what a stage launch depends on --------------------------------------------------------
 
+
 def _quick_file_digest(path: Path, h: hashlib._Hash) -> None:
     st = path.stat()
     h.update(f"{path.name}:{st.st_size}:".encode())
@@ -98,11 +99,17 @@ def binding_for(rp: ResolvedPlan, st: ResolvedStage) -> ledger.Binding:
 
     tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
     base = checkpoint_identity(st.load_from) if st.load_from is not None else "none"
-    return ledger.Binding(tokenizer_md5=tokenizer_md5(tok), data_digest=data_digest(rp, st), base_identity=base,
-                          rotary_base=st.rotary_base, seq_length=st.seq_length)
+    return ledger.Binding(
+        tokenizer_md5=tokenizer_md5(tok),
+        data_digest=data_digest(rp, st),
+        base_identity=base,
+        rotary_base=st.rotary_base,
+        seq_length=st.seq_length,
+    )
 
 
 # -- backends ---------------------------------------------------------------------------------------
+
 
 def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[object, int]:
     """The TrainSpec of a stage for the local backend, and its process count."""
@@ -112,11 +119,17 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[object, int]:
 
     plan = rp.plan
     if st.tp != 1 or st.pp != 1:
-        raise StageError(f"the local backend runs TP = PP = 1, stage {st.name} asks TP {st.tp}, PP {st.pp}",
-                         where=str(plan.plan_path), fix="use the megatron-lm backend, or TP = PP = 1 in the plan")
+        raise StageError(
+            f"the local backend runs TP = PP = 1, stage {st.name} asks TP {st.tp}, PP {st.pp}",
+            where=str(plan.plan_path),
+            fix="use the megatron-lm backend, or TP = PP = 1 in the plan",
+        )
     if st.nodes != 1:
-        raise StageError(f"the local backend runs on one host, stage {st.name} asks {st.nodes} nodes",
-                         where=str(plan.plan_path), fix="set nodes = 1 for local runs")
+        raise StageError(
+            f"the local backend runs on one host, stage {st.name} asks {st.nodes} nodes",
+            where=str(plan.plan_path),
+            fix="set nodes = 1 for local runs",
+        )
     nproc = st.world
     tok_path = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
     tok = load_tokenizer(tok_path)
@@ -157,17 +170,24 @@ def megatron_lm_script(rp: ResolvedPlan | None = None) -> Path:
     if not root and rp is not None and rp.plan.megatron.path:
         root = str(paths.resolve(rp.plan.megatron.path, rp.plan, field="megatron.path"))
     if not root:
-        raise StageError(f"the megatron-lm backend needs a Megatron-LM checkout: ${MEGATRON_ENV} is not set",
-                         fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with pretrain_gpt.py) "
-                         "or set [megatron].path in the plan")
+        raise StageError(
+            f"the megatron-lm backend needs a Megatron-LM checkout: ${MEGATRON_ENV} is not set",
+            fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with pretrain_gpt.py) "
+            "or set [megatron].path in the plan",
+        )
     script = Path(root) / "pretrain_gpt.py"
     if not script.is_file():
-        raise StageError(f"no pretrain_gpt.py in ${MEGATRON_ENV} = {root}", where=root,
-                         fix="point it at a Megatron-LM checkout (the megatron-core wheel has no pretrain_gpt.py)")
+        raise StageError(
+            f"no pretrain_gpt.py in ${MEGATRON_ENV} = {root}",
+            where=root,
+            fix="point it at a Megatron-LM checkout (the megatron-core wheel has no pretrain_gpt.py)",
+        )
     return script
 
 
-def prepare_launch(rp: ResolvedPlan, backend: Backend, *, check_megatron: bool = True) -> LaunchPlan | NextStep:
+def prepare_launch(
+    rp: ResolvedPlan, backend: Backend, *, check_megatron: bool = True
+) -> LaunchPlan | NextStep:
     """The next launch of the plan, or the NextStep when there is nothing to launch (all done)."""
     step = next_step(rp, plan_state(rp))
     if step.action == "all-done":
@@ -175,7 +195,11 @@ def prepare_launch(rp: ResolvedPlan, backend: Backend, *, check_megatron: bool =
     require_runnable(step)
     st = rp.stage(step.stage or "")
     stage_root = paths.stage_dir(rp.plan, st.name)
-    log = stage_root / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.environ.get('SLURM_JOB_ID', os.getpid())}.log"
+    log = (
+        stage_root
+        / "logs"
+        / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.environ.get('SLURM_JOB_ID', os.getpid())}.log"
+    )
     binding = binding_for(rp, st)
     if backend == "local":
         spec, nproc = local_spec(rp, st)
@@ -188,13 +212,18 @@ def prepare_launch(rp: ResolvedPlan, backend: Backend, *, check_megatron: bool =
     if check_megatron:
         script = megatron_lm_script(rp)
     else:
-        script = Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / "pretrain_gpt.py"
+        script = (
+            Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / "pretrain_gpt.py"
+        )
     # one process per GPU with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*): the
     # local launcher on one node, srun + torchrun across nodes (longctx.slurm.launch)
     words = [sys.executable, *megatron_argv(rp, st, script=str(script))]
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONPATH": str(script.parent),
-           # the srun launcher starts one torchrun per node of this stage
-           "LONGCTX_NODES": str(st.nodes)}
+    env = {
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "PYTHONPATH": str(script.parent),
+        # the srun launcher starts one torchrun per node of this stage
+        "LONGCTX_NODES": str(st.nodes),
+    }
     return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log)
 
 
@@ -220,8 +249,15 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
     t0 = time.monotonic()
     code = launcher.run(lp.argv, nproc=lp.nproc, env=lp.env, log=lp.log)
     after = plan_state(rp)[lp.stage.index]
-    outcome = LaunchOutcome(lp.stage.name, lp.step.action, code, lp.step.start_iteration, after.iteration,
-                            after.status, time.monotonic() - t0)
+    outcome = LaunchOutcome(
+        lp.stage.name,
+        lp.step.action,
+        code,
+        lp.step.start_iteration,
+        after.iteration,
+        after.status,
+        time.monotonic() - t0,
+    )
     ledger.append(run_dir, {"event": "end", "stage": lp.stage.name, "exit_code": code,
                             "start_iteration": lp.step.start_iteration, "end_iteration": after.iteration,
                             "status": after.status, "seconds": round(outcome.seconds, 1)})  # fmt: skip

@@ -96,12 +96,20 @@ def stage_state(st: ResolvedStage) -> StageState:
     if tracker_bad is not None:
         repair = Repair(tracker_path, tracker_text, newest, f"the tracker is unreadable ({tracker_bad})")
     elif tracker_it is not None and tracker_it not in complete:
-        repair = Repair(tracker_path, tracker_text, newest,
-                        f"the tracker names iteration {tracker_it}, which has no complete save")
+        repair = Repair(
+            tracker_path,
+            tracker_text,
+            newest,
+            f"the tracker names iteration {tracker_it}, which has no complete save",
+        )
     elif newest is not None and (tracker_it is None or newest > tracker_it):
-        repair = Repair(tracker_path, tracker_text, newest,
-                        f"iteration {newest} is saved completely but the tracker "
-                        + ("is missing" if tracker_it is None else f"names {tracker_it}"))
+        repair = Repair(
+            tracker_path,
+            tracker_text,
+            newest,
+            f"iteration {newest} is saved completely but the tracker "
+            + ("is missing" if tracker_it is None else f"names {tracker_it}"),
+        )
     effective = newest if repair is not None else tracker_it
     if effective is None:
         status: Status = "pending"
@@ -109,8 +117,18 @@ def stage_state(st: ResolvedStage) -> StageState:
         status = "done"
     else:
         status = "in-progress"
-    return StageState(st.name, st.index, st.train_iters, save, tracker_it, complete, incomplete, status,
-                      effective or 0, repair)
+    return StageState(
+        st.name,
+        st.index,
+        st.train_iters,
+        save,
+        tracker_it,
+        complete,
+        incomplete,
+        status,
+        effective or 0,
+        repair,
+    )
 
 
 def plan_state(rp: ResolvedPlan) -> list[StageState]:
@@ -130,8 +148,10 @@ def base_ready(rp: ResolvedPlan) -> str | None:
     except CheckpointError as err:
         return err.what
     if t is None:
-        return (f"base checkpoint {base} has no {TRACKER}: Megatron-LM's --pretrained-checkpoint needs one "
-                "(run `longctx ckpt adopt` on the snapshot)")
+        return (
+            f"base checkpoint {base} has no {TRACKER}: Megatron-LM's --pretrained-checkpoint needs one "
+            "(run `longctx ckpt adopt` on the snapshot)"
+        )
     if not (base / t.dir_name).is_dir():
         return f"the base tracker names {t.dir_name}, which is not in {base}"
     want = rp.plan.base.iteration
@@ -146,23 +166,39 @@ def next_step(rp: ResolvedPlan, states: list[StageState] | None = None) -> NextS
         if s.status == "done":
             continue
         if s.status == "in-progress":
-            return NextStep("resume", st.name,
-                            f"stage {st.name} resumes at iteration {s.iteration}/{s.target_iterations}",
-                            load=st.save_dir / iter_dir_name(s.iteration), start_iteration=s.iteration,
-                            repair=s.repair)
+            return NextStep(
+                "resume",
+                st.name,
+                f"stage {st.name} resumes at iteration {s.iteration}/{s.target_iterations}",
+                load=st.save_dir / iter_dir_name(s.iteration),
+                start_iteration=s.iteration,
+                repair=s.repair,
+            )
         if st.index == 0:
             why = base_ready(rp)
             if why:
                 return NextStep("blocked", st.name, why, load=st.load_from)
-            return NextStep("first-launch", st.name, f"stage {st.name} starts from the base checkpoint",
-                            load=st.load_from, repair=s.repair)
-        return NextStep("first-launch", st.name,
-                        f"stage {st.name} starts from stage {rp.stages[st.index - 1].name}'s final weights",
-                        load=st.load_from, repair=s.repair)
+            return NextStep(
+                "first-launch",
+                st.name,
+                f"stage {st.name} starts from the base checkpoint",
+                load=st.load_from,
+                repair=s.repair,
+            )
+        return NextStep(
+            "first-launch",
+            st.name,
+            f"stage {st.name} starts from stage {rp.stages[st.index - 1].name}'s final weights",
+            load=st.load_from,
+            repair=s.repair,
+        )
     return NextStep("all-done", None, f"all {len(rp.stages)} stages are done")
 
 
 def require_runnable(step: NextStep) -> None:
     if step.action == "blocked":
-        raise StageError(f"cannot launch stage {step.stage}: {step.reason}", where=str(step.load),
-                         fix="fix the base checkpoint (see `longctx ckpt verify`)")
+        raise StageError(
+            f"cannot launch stage {step.stage}: {step.reason}",
+            where=str(step.load),
+            fix="fix the base checkpoint (see `longctx ckpt verify`)",
+        )

@@ -74,19 +74,22 @@ class MicroBatch:
 def global_batch_indices(consumed: int, gbs: int, mbs: int, dp: int, dp_rank: int) -> list[list[int]]:
     """Sample indices of this DP rank's micro batches in the global batch starting at `consumed`."""
     per_step = mbs * dp
-    return [
-        [consumed + m * per_step + dp_rank * mbs + j for j in range(mbs)]
-        for m in range(gbs // per_step)
-    ]
+    return [[consumed + m * per_step + dp_rank * mbs + j for j in range(mbs)] for m in range(gbs // per_step)]
 
 
 def micro_batch(dataset: Any, indices: list[int], cp_rank: int, cp_size: int) -> MicroBatch:
     samples = [dataset[i] for i in indices]
-    stack = {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in ("tokens", "labels", "loss_mask",
-                                                                                "position_ids")}
+    stack = {
+        k: torch.stack([torch.as_tensor(s[k]) for s in samples])
+        for k in ("tokens", "labels", "loss_mask", "position_ids")
+    }
     if cp_size > 1:
         from longctx.attention.zigzag import zigzag_split
 
         stack = {k: zigzag_split(v, cp_rank, cp_size, seq_dim=1).contiguous() for k, v in stack.items()}
-    return MicroBatch(stack["tokens"].long(), stack["labels"].long(), stack["loss_mask"].float(),
-                      stack["position_ids"].long())
+    return MicroBatch(
+        stack["tokens"].long(),
+        stack["labels"].long(),
+        stack["loss_mask"].float(),
+        stack["position_ids"].long(),
+    )

@@ -54,7 +54,9 @@ def init_distributed(spec: TrainSpec) -> None:
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if "RANK" not in os.environ:  # a single process without torchrun
-            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            os.environ.update(
+                RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+            )
         dist.init_process_group(backend)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -63,11 +65,13 @@ def init_distributed(spec: TrainSpec) -> None:
     if world % group:
         from longctx.errors import TrainError
 
-        raise TrainError(f"world size {world} is not a multiple of TP × CP = {group}",
-                         fix="launch TP × CP × DP processes")
+        raise TrainError(
+            f"world size {world} is not a multiple of TP × CP = {group}", fix="launch TP × CP × DP processes"
+        )
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=spec.tensor_parallel,
-                                     context_parallel_size=spec.context_parallel)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel
+        )
     seed_model_parallel_rng(spec.seed)
 
 
@@ -118,8 +122,11 @@ def _rng_object() -> Any:
         "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
     return ShardedObject(
-        "rng_state", [state], (1, ps.get_tensor_model_parallel_world_size()),
-        (0, ps.get_tensor_model_parallel_rank()), replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
+        "rng_state",
+        [state],
+        (1, ps.get_tensor_model_parallel_world_size()),
+        (0, ps.get_tensor_model_parallel_rank()),
+        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
     )
 
 
@@ -196,8 +203,11 @@ class Trainer:
             if pit is None:
                 from longctx.errors import TrainError
 
-                raise TrainError(f"no checkpoint tracker in the previous stage {pre}", where=str(pre),
-                                 fix="finish the previous stage first (or adopt the base checkpoint)")
+                raise TrainError(
+                    f"no checkpoint tracker in the previous stage {pre}",
+                    where=str(pre),
+                    fix="finish the previous stage first (or adopt the base checkpoint)",
+                )
             src = pre / ("release" if (pre / "release").is_dir() and pit == 0 else iter_dir_name(pit))
             load_model_weights(self.model, src)
             return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
@@ -209,15 +219,20 @@ class Trainer:
         from longctx.train.optim import load_sharded, sharded_state_dict
 
         model_sd = self.model.sharded_state_dict()
-        template = {"model": model_sd, "optimizer": sharded_state_dict(self.optimizer, model_sd),
-                    "rng_state": _rng_object()}
+        template = {
+            "model": model_sd,
+            "optimizer": sharded_state_dict(self.optimizer, model_sd),
+            "rng_state": _rng_object(),
+        }
         state = dist_checkpointing.load(template, str(ckpt))
         model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
         self.model.load_state_dict(model_state, strict=False)
         load_sharded(self.optimizer, state["optimizer"])
         common = dist_checkpointing.load_common_state_dict(str(ckpt))
         self.iteration = int(common["iteration"])
-        self.consumed = int(getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size))
+        self.consumed = int(
+            getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size)
+        )
         self.scheduler.load_megatron_state(common["opt_param_scheduler"], self.spec.global_batch_size)
         rng = state["rng_state"]
         _set_rng(rng[0] if isinstance(rng, list) else rng)
@@ -244,9 +259,12 @@ class Trainer:
         lr = self.scheduler.current_lr
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        batches = [micro_batch(self.dataset, idx, self.cp_rank, self.cp)
-                   for idx in global_batch_indices(self.consumed, spec.global_batch_size, spec.micro_batch_size,
-                                                   self.dp, self.dp_rank)]
+        batches = [
+            micro_batch(self.dataset, idx, self.cp_rank, self.cp)
+            for idx in global_batch_indices(
+                self.consumed, spec.global_batch_size, spec.micro_batch_size, self.dp, self.dp_rank
+            )
+        ]
         n_local = sum(float(b.loss_mask.sum()) for b in batches)
         counts = torch.tensor([n_local], dtype=torch.float64)
         dist.all_reduce(counts, group=self.reduce_group)
@@ -266,7 +284,9 @@ class Trainer:
                 g.copy_(synced)
         total = torch.tensor([loss_sum], dtype=torch.float64)
         dist.all_reduce(total, group=self.reduce_group)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.lr.clip_grad or float("inf")))
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.lr.clip_grad or float("inf"))
+        )
         self.optimizer.step()
         self.scheduler.step()
         self.iteration += 1
@@ -280,8 +300,10 @@ class Trainer:
         spec = self.spec
         signals.install()
         how = self.load()
-        _log(f"[longctx] stage {spec.stage}: {how}; target {spec.train_iters} iterations "
-             f"(seq {spec.seq_length}, rotary base {spec.rotary_base:,}, DP {self.dp}, CP {self.cp})")
+        _log(
+            f"[longctx] stage {spec.stage}: {how}; target {spec.train_iters} iterations "
+            f"(seq {spec.seq_length}, rotary base {spec.rotary_base:,}, DP {self.dp}, CP {self.cp})"
+        )
         start = self.iteration
         losses: list[float] = []
         if self.iteration >= spec.train_iters:
@@ -308,11 +330,14 @@ class Trainer:
                     metrics.write(json.dumps(rec) + "\n")
                     metrics.flush()
                 if self.iteration % spec.log_interval == 0 or self.iteration == spec.train_iters:
-                    _log(f"[longctx] {spec.stage} iteration {self.iteration}/{spec.train_iters} loss {loss:.4f} "
-                         f"lr {lr:.3e} grad-norm {gnorm:.3f} tokens/s {tokens_per_iter / dt:,.0f}")
+                    _log(
+                        f"[longctx] {spec.stage} iteration {self.iteration}/{spec.train_iters} loss {loss:.4f} "
+                        f"lr {lr:.3e} grad-norm {gnorm:.3f} tokens/s {tokens_per_iter / dt:,.0f}"
+                    )
                 want_signal = signals.agree(signals.received() is not None)
                 over_time = spec.exit_duration_in_mins is not None and signals.agree(
-                    signals.elapsed_minutes() >= spec.exit_duration_in_mins)
+                    signals.elapsed_minutes() >= spec.exit_duration_in_mins
+                )
                 at_interval = spec.exit_interval is not None and self.iteration % spec.exit_interval == 0
                 periodic = self.iteration % spec.save_interval == 0
                 finished = self.iteration >= spec.train_iters
@@ -344,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     signals.install()
     spec = TrainSpec.read(ns.spec)
     result = run(spec)
-    _log(f"[longctx] {spec.stage}: iterations {result.start_iteration} → {result.end_iteration} ({result.reason})")
+    _log(
+        f"[longctx] {spec.stage}: iterations {result.start_iteration} → {result.end_iteration} ({result.reason})"
+    )
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -91,8 +91,10 @@ def layer_spec(arch: ModelArch, s: ModelSettings) -> Any:
         if importlib.util.find_spec("transformer_engine") is None:
             from longctx.errors import TrainError
 
-            raise TrainError("attention = \"te\" needs TransformerEngine, which is not installed",
-                             fix="pip install 'longctx[gpu]' on a CUDA machine, or use attention = \"longctx\"")
+            raise TrainError(
+                'attention = "te" needs TransformerEngine, which is not installed',
+                fix="pip install 'longctx[gpu]' on a CUDA machine, or use attention = \"longctx\"",
+            )
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec(
@@ -111,7 +113,9 @@ def layer_spec(arch: ModelArch, s: ModelSettings) -> Any:
     )
 
 
-def build_gpt_model(arch: ModelArch, s: ModelSettings, *, pre_process: bool = True, post_process: bool = True) -> Any:
+def build_gpt_model(
+    arch: ModelArch, s: ModelSettings, *, pre_process: bool = True, post_process: bool = True
+) -> Any:
     """A megatron-core GPTModel; model-parallel state must already be initialised."""
     apply_cpu_compat()
     from megatron.core.models.gpt import GPTModel

@@ -25,8 +25,9 @@ def build_optimizer(model: torch.nn.Module, cfg: LRSchedule) -> torch.optim.Adam
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                             foreach=False)
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=False
+    )
 
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:

@@ -23,7 +23,9 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w", *, encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
+def atomic_open(
+    path: str | os.PathLike[str], mode: str = "w", *, encoding: str | None = "utf-8"
+) -> Iterator[IO[Any]]:
     """Open a temp file beside `path`; on success fsync it and rename it over `path`."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

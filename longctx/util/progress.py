@@ -29,17 +29,30 @@ def progress_disabled() -> bool:
 
 
 @contextlib.contextmanager
-def progress_bar(description: str, total: float | None, *, unit: str = "items") -> Iterator[Callable[..., None]]:
+def progress_bar(
+    description: str, total: float | None, *, unit: str = "items"
+) -> Iterator[Callable[..., None]]:
     """Yield `advance(n)`; shows a bar on stderr (bytes get transfer-speed columns)."""
     if progress_disabled():
         yield lambda n=1: None
         return
     if unit == "bytes":
-        columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn()]
+        columns = [
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        ]
     else:
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
-                   TimeElapsedColumn(), TimeRemainingColumn()]
+        columns = [
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        ]
     with Progress(*columns, console=stderr_console, transient=not sys.stderr.isatty()) as prog:
         task = prog.add_task(description, total=total)
 

@@ -23,8 +23,15 @@ def test_small_demo_then_resume(tmp_path: Path) -> None:
     lines: list[str] = []
     report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
 
-    assert [s.step for s in report.steps] == ["tokenizer", "corpus", "data", "checks", "base model", "stages",
-                                              "evaluation"]
+    assert [s.step for s in report.steps] == [
+        "tokenizer",
+        "corpus",
+        "data",
+        "checks",
+        "base model",
+        "stages",
+        "evaluation",
+    ]
     assert not any(s.skipped for s in report.steps)
     rows = {r["stage"]: r for r in report.stages}
     assert rows["s1"]["status"] == rows["s2"]["status"] == "done"

@@ -29,8 +29,23 @@ def test_activations_match_korthikanti_without_the_attention_score_term() -> Non
 def test_leonardo_32k_smoke_test_peak() -> None:
     # Leonardo, A100-64GB: 32K tokens, Llama-like 8B with the 262K OpenEuroLLM vocabulary, 2 nodes,
     # TP 4 + SP, distributed optimizer, full recompute → measured peak 55.4 GB.
-    e = estimate(MemoryInputs(LLAMA3_8B, 262144, 32768, 1, tp=4, pp=1, cp=1, dp=2, num_microbatches=64,
-                              sequence_parallel=True, recompute="full"), gpu_memory_gib=64, margin=0.1)
+    e = estimate(
+        MemoryInputs(
+            LLAMA3_8B,
+            262144,
+            32768,
+            1,
+            tp=4,
+            pp=1,
+            cp=1,
+            dp=2,
+            num_microbatches=64,
+            sequence_parallel=True,
+            recompute="full",
+        ),
+        gpu_memory_gib=64,
+        margin=0.1,
+    )
     assert e.total / 1e9 == pytest.approx(55.4, rel=0.15)
     assert e.fits
 
@@ -39,15 +54,44 @@ def test_leonardo_32k_smoke_test_peak() -> None:
 def test_nemo_llama3_8b_recipes_fit_on_80gb(seq: int, cp: int, nodes: int) -> None:
     # NeMo 2 llama3_8b_{16k,64k,128k}: TP 4, PP 2, CP 2/4/8, 8 GPUs per node, GBS 512, MBS 1.
     dp = nodes * 8 // (4 * 2 * cp)
-    e = estimate(MemoryInputs(LLAMA3_8B, 128256, seq, 1, tp=4, pp=2, cp=cp, dp=dp, num_microbatches=512 // dp,
-                              sequence_parallel=True, recompute="none"), gpu_memory_gib=80, margin=0.1)
+    e = estimate(
+        MemoryInputs(
+            LLAMA3_8B,
+            128256,
+            seq,
+            1,
+            tp=4,
+            pp=2,
+            cp=cp,
+            dp=dp,
+            num_microbatches=512 // dp,
+            sequence_parallel=True,
+            recompute="none",
+        ),
+        gpu_memory_gib=80,
+        margin=0.1,
+    )
     assert e.fits, e.to_gib()
 
 
 def test_memory_falls_with_cp_and_activation_share_halves() -> None:
     def est(cp: int):
-        return estimate(MemoryInputs(BABY, 262656, 131072, 1, tp=4, pp=1, cp=cp, dp=32 // cp, num_microbatches=2,
-                                     sequence_parallel=True), gpu_memory_gib=64, margin=0.1)
+        return estimate(
+            MemoryInputs(
+                BABY,
+                262656,
+                131072,
+                1,
+                tp=4,
+                pp=1,
+                cp=cp,
+                dp=32 // cp,
+                num_microbatches=2,
+                sequence_parallel=True,
+            ),
+            gpu_memory_gib=64,
+            margin=0.1,
+        )
 
     e4, e8 = est(4), est(8)
     assert e8.activations == pytest.approx(e4.activations / 2, rel=0.01)

@@ -58,8 +58,11 @@ def test_flags_that_matter(baby) -> None:
     rp, _ = baby
     f16, f64, f128 = (_flags(rp, s) for s in ("16k", "64k", "128k"))
     # integers where Megatron wants integers; the base each stage planned
-    assert (f16["--rotary-base"], f64["--rotary-base"], f128["--rotary-base"]) == (("1200000",), ("8400000",),
-                                                                                  ("31000000",))
+    assert (f16["--rotary-base"], f64["--rotary-base"], f128["--rotary-base"]) == (
+        ("1200000",),
+        ("8400000",),
+        ("31000000",),
+    )
     for f, s, cp in ((f16, "16384", "1"), (f64, "65536", "4"), (f128, "131072", "8")):
         assert f["--seq-length"] == f["--max-position-embeddings"] == (s,)
         assert f["--context-parallel-size"] == (cp,)
@@ -72,13 +75,19 @@ def test_flags_that_matter(baby) -> None:
         assert f["--tokenizer-type"] == ("HuggingFaceTokenizer",)
         assert f["--data-args-path"][0].endswith("data_args.txt")
     # each stage starts from the previous one (the first from the base checkpoint)
-    assert f16["--pretrained-checkpoint"] == ("/leonardo_scratch/fast/OELLM_prod2026/production_training/"
-                                              "baby_9b_dense/checkpoints",)
-    assert f64["--pretrained-checkpoint"] == f16["--save"] and f128["--pretrained-checkpoint"] == f64["--save"]
+    assert f16["--pretrained-checkpoint"] == (
+        "/leonardo_scratch/fast/OELLM_prod2026/production_training/baby_9b_dense/checkpoints",
+    )
+    assert (
+        f64["--pretrained-checkpoint"] == f16["--save"] and f128["--pretrained-checkpoint"] == f64["--save"]
+    )
     assert "--cp-comm-type" not in f16 and f64["--cp-comm-type"] == ("p2p",)
     # 8,388,608 tokens per iteration at every length
     assert (f16["--global-batch-size"], f64["--global-batch-size"], f128["--global-batch-size"]) == (
-        ("512",), ("128",), ("64",))
+        ("512",),
+        ("128",),
+        ("64",),
+    )
 
 
 def test_data_args_file_is_the_tier_blend(baby) -> None:

@@ -22,13 +22,15 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
     mlm = tmp_path / "Megatron-LM"
     mlm.mkdir()
     record = tmp_path / "calls.jsonl"
-    (mlm / "pretrain_gpt.py").write_text(textwrap.dedent(f"""\
+    (mlm / "pretrain_gpt.py").write_text(
+        textwrap.dedent(f"""\
         import json, os, sys
         with open({str(record)!r}, "a") as f:
             f.write(json.dumps({{"argv": sys.argv[1:], "rank": os.environ["RANK"],
                                 "world": os.environ["WORLD_SIZE"],
                                 "cuda_max_conn": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}}) + "\\n")
-        """))
+        """)
+    )
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
 

@@ -173,13 +173,16 @@ def test_ledger_refuses_a_relaunch_with_other_inputs(plan: Path, fresh_run: Path
 
     # the same stage, relaunched with another RoPE base → refused, nothing launched, nothing recorded
     changed = write_plan(tmp_path / "plan2.toml", fresh_run, s2_base="base = 1234567")
-    text = changed.read_text().replace('rope = { method = "men-safe", params = { source = "exact" } }',
-                                       "rope = { base = 123456 }", 1)
+    text = changed.read_text().replace(
+        'rope = { method = "men-safe", params = { source = "exact" } }', "rope = { base = 123456 }", 1
+    )
     changed.write_text(text)
     rp2 = resolve_plan(load_plan(changed))
     lp2 = prepare_launch(rp2, "local")
     before = ledger.read(fresh_run)
-    with pytest.raises(StageError, match=r"launched with different inputs.*rotary_base: ledger \d+, now 123456"):
+    with pytest.raises(
+        StageError, match=r"launched with different inputs.*rotary_base: ledger \d+, now 123456"
+    ):
         execute(rp2, lp2, rec)
     assert len(rec.calls) == 1 and ledger.read(fresh_run) == before
 

@@ -54,14 +54,18 @@ def run(spec_obj: Any, path: Path, nproc: int = 1, timeout: float = 600) -> None
         raise AssertionError(f"worker failed ({rc}):\n" + Path(str(path) + ".log").read_text()[-4000:])
 
 
-def saved_tensors(iter_dir: Path, prefixes: tuple[str, ...] = ("decoder", "embedding", "output_layer",
-                                                              "optimizer.state")) -> dict[str, torch.Tensor]:
+def saved_tensors(
+    iter_dir: Path, prefixes: tuple[str, ...] = ("decoder", "embedding", "output_layer", "optimizer.state")
+) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
     md = FileSystemReader(str(iter_dir)).read_metadata()
-    out = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
-           if hasattr(v, "size") and k.startswith(prefixes)}
+    out = {
+        k: torch.empty(v.size, dtype=v.properties.dtype)
+        for k, v in md.state_dict_metadata.items()
+        if hasattr(v, "size") and k.startswith(prefixes)
+    }
     dcp.load(out, storage_reader=FileSystemReader(str(iter_dir)), no_dist=True)
     return out
 

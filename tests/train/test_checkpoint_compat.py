@@ -44,8 +44,14 @@ def test_inspect_and_verify_report_it(tiny_run: Path) -> None:
     rep = json.loads(r.output)
     assert rep["iteration"] == BASE_ITERS
     arch = rep["arch"]
-    for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-              "kv_channels"):
+    for k in (
+        "num_layers",
+        "hidden_size",
+        "ffn_hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "kv_channels",
+    ):
         assert arch[k] == ARCH[k], k
     assert arch["qk_layernorm"] is True and arch["untie_embeddings_and_output_weights"] is True
     assert rep["saved_args"]["rotary_base"] == 10000 and rep["saved_args"]["seq_length"] == BASE_SEQ

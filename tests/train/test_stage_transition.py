@@ -26,13 +26,19 @@ def test_two_stages_until_done(fresh_run: Path, tmp_path: Path) -> None:
     rp = resolve_plan(load_plan(plan))
     s1, s2 = rp.stages
     assert (s1.train_iters, s2.train_iters, s2.cp) == (4, 2, 2)
-    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "local", "--until-done", "--no-eval"])
+    r = CliRunner().invoke(
+        app, ["stage", "run", str(plan), "--backend", "local", "--until-done", "--no-eval"]
+    )
     assert r.exit_code == 0, r.output
 
     a1 = _common(s1.save_dir / "iter_0000004")
     a2 = _common(s2.save_dir / "iter_0000002")
     assert (a1["args"].seq_length, a1["args"].rotary_base) == (128, s1.rotary_base)
-    assert (a2["args"].seq_length, a2["args"].rotary_base, a2["args"].context_parallel_size) == (256, s2.rotary_base, 2)
+    assert (a2["args"].seq_length, a2["args"].rotary_base, a2["args"].context_parallel_size) == (
+        256,
+        s2.rotary_base,
+        2,
+    )
     assert s2.rotary_base > s1.rotary_base
     # the iteration count restarts: the second stage's saves are numbered from its own start
     assert a2["iteration"] == 2 and sorted(p.name for p in s2.save_dir.glob("iter_*")) == ["iter_0000002"]

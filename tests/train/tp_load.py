@@ -27,8 +27,15 @@ def main(ckpt: str, out: str) -> None:
     rep = inspect_checkpoint(ckpt)
     a = rep.args
     arch = ModelArch(**{k: a[k] for k in ModelArch.model_fields if k in a and a[k] is not None})
-    model = build_gpt_model(arch, ModelSettings(seq_length=a["seq_length"], rotary_base=a["rotary_base"],
-                                                padded_vocab_size=a["padded_vocab_size"], tensor_model_parallel_size=tp))
+    model = build_gpt_model(
+        arch,
+        ModelSettings(
+            seq_length=a["seq_length"],
+            rotary_base=a["rotary_base"],
+            padded_vocab_size=a["padded_vocab_size"],
+            tensor_model_parallel_size=tp,
+        ),
+    )
     load_model_weights(model, rep.resolved.path)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, 300, (2, 64), generator=g)
