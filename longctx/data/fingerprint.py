@@ -48,15 +48,7 @@ def fingerprint_dataset(
     sidecar = DatasetSidecar(
         origin="fingerprint",
         longctx_version=__version__,
-        tokenizer=SidecarTokenizer(
-            md5=tok.md5,
-            md5_of=tok.md5_of,
-            kind=tok.kind,
-            vocab_size=tok.vocab_size,
-            eod_id=tok.eod_id,
-            bos_id=tok.bos_id,
-            path=str(tok.path),
-        ),
+        tokenizer=SidecarTokenizer.of(tok),
         dtype=info.dtype.name,
         documents=info.documents,
         sequences=info.sequence_count,

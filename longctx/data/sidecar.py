@@ -10,7 +10,7 @@ import datetime as _dt
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,6 +31,19 @@ class SidecarTokenizer(BaseModel):
     eod_id: int | None
     bos_id: int | None = None
     path: str | None = None
+
+    @classmethod
+    def of(cls, tok: Any) -> SidecarTokenizer:
+        """The identity of a loaded tokenizer, as a sidecar records it."""
+        return cls(
+            md5=tok.md5,
+            md5_of=tok.md5_of,
+            kind=tok.kind,
+            vocab_size=tok.vocab_size,
+            eod_id=tok.eod_id,
+            bos_id=tok.bos_id,
+            path=str(Path(tok.path).resolve()),
+        )
 
 
 class SidecarInput(BaseModel):

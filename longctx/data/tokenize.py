@@ -309,15 +309,7 @@ def tokenize_jsonl(
         sidecar = DatasetSidecar(
             origin="tokenize",
             longctx_version=__version__,
-            tokenizer=SidecarTokenizer(
-                md5=tok.md5,
-                md5_of=tok.md5_of,
-                kind=tok.kind,
-                vocab_size=tok.vocab_size,
-                eod_id=tok.eod_id,
-                bos_id=tok.bos_id,
-                path=str(Path(tok.path).resolve()),
-            ),
+            tokenizer=SidecarTokenizer.of(tok),
             dtype=np.dtype(dtype).name,
             documents=documents,
             sequences=documents,
