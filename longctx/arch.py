@@ -6,7 +6,6 @@ shapes), the Megatron-LM argv builder and the local trainer's model builder.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -139,16 +138,3 @@ class ModelArch(BaseModel):
 def _num(x: float) -> str:
     """Shortest faithful text for a float flag (1e-05 → 1e-05, 1.0 → 1.0)."""
     return repr(float(x))
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelSizes:
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    dp: int = 1
-    sequence_parallel: bool = False
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.cp * self.dp

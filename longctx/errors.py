@@ -71,3 +71,7 @@ class SlurmError(LongctxError):
 
 class EvalError(LongctxError):
     """An evaluation cannot run as asked."""
+
+
+class ParallelError(LongctxError):
+    """torch.distributed / megatron model-parallel state that does not fit what was asked."""

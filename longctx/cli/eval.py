@@ -125,7 +125,7 @@ def _threads(n: int | None) -> None:
 
 
 def _show(report, json_out: bool) -> None:
-    from longctx.eval.load import is_main_process
+    from longctx.mcore.parallel import is_main_process
 
     if not is_main_process():
         return

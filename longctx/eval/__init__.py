@@ -8,5 +8,6 @@ Public API (torch and megatron-core are imported by the submodules that need the
     from longctx.eval.settings import EvalSettings            # what is measured (no torch import)
     from longctx.eval.grid import PasskeyGrid                 # exact-length passkey prompts
     from longctx.eval.score import model_scorer, score_passkey
-    from longctx.eval.load import checkpoint_info, eval_parallel, load_model
+    from longctx.eval.load import checkpoint_info, load_model
+    from longctx.mcore.parallel import eval_parallel
 """

@@ -1,29 +1,29 @@
 """A torch_dist checkpoint → a megatron-core GPTModel ready for evaluation.
 
 `checkpoint_info(path)` reads what the model needs (architecture, RoPE base, trained length, padded
-vocabulary) from the checkpoint's metadata and saved args, without tensors. `eval_parallel(cp)` sets
-up torch.distributed and megatron's model-parallel state for an evaluation (a private single-process
-gloo group when nothing is running, the launcher's world under torchrun) and tears down only what it
-created. `load_model(info, …)` builds the GPTModel with longctx's attention (so long inputs never
-materialise an S×S mask, and CP > 1 runs the ring) and loads the weights (TP = 1; dist_checkpointing
-reshards checkpoints saved at any TP).
+vocabulary) from the checkpoint's metadata and saved args, without tensors. `load_model(info, …)`,
+inside `longctx.mcore.parallel.eval_parallel(cp)`, builds the GPTModel with longctx's attention (so
+long inputs never materialise an S×S mask, and CP > 1 runs the ring) and loads the weights (TP = 1;
+dist_checkpointing reshards checkpoints saved at any TP).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from longctx.arch import ModelArch
+from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.errors import CheckpointError, EvalError
+from longctx.mcore.checkpoint import load_model_weights
+from longctx.mcore.model import GPTModel, ModelSettings, build_gpt_model
+from longctx.mcore.parallel import EvalParallel
 
 MEGATRON_DEFAULT_ROTARY_BASE = 10000
 
@@ -92,8 +92,6 @@ def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = N
     `rotary_base` overrides the saved base (to evaluate a model with another base than it was trained
     with); otherwise the saved `args.rotary_base` is used, or Megatron's default 10000 when absent.
     """
-    from longctx.checkpoint.inspect import inspect_checkpoint
-
     p = Path(path)
     if not p.exists():
         raise EvalError(
@@ -151,114 +149,12 @@ def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = N
     )
 
 
-# -- process groups ---------------------------------------------------------------------------------
-
-
-def is_main_process() -> bool:
-    """Rank 0 of a torchrun launch, or a plain process: the one that writes files and prints."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalParallel:
-    cp: int
-    rank: int  # rank in the CP group (= global rank: evaluation runs CP ranks only)
-    group: Any  # the CP process group (None at CP = 1)
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-@contextlib.contextmanager
-def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
-    """torch.distributed + megatron model-parallel state for an evaluation with CP = `cp`.
-
-    Single process: a private gloo group on an in-memory store (no port, no environment variables
-    changed, so processes launched later from the same process are unaffected). Under torchrun:
-    the launcher's world, which must hold exactly `cp` ranks. Whatever this creates is destroyed
-    on exit; state that already existed (a trainer's, a test's) is reused and left alone.
-    """
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from longctx.train.cpu_compat import apply_cpu_compat
-
-    if cp < 1:
-        raise EvalError(f"context-parallel size must be ≥ 1, got {cp}")
-    apply_cpu_compat()
-    made_pg = made_mp = False
-    if not dist.is_initialized():
-        world_env = int(os.environ.get("WORLD_SIZE", "1"))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if world_env > 1 and "RANK" in os.environ:
-            dist.init_process_group(backend)
-        else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        made_pg = True
-    try:
-        world = dist.get_world_size()
-        if world != cp:
-            raise EvalError(
-                f"evaluation with CP = {cp} needs exactly {cp} process(es); this world has {world}",
-                fix=f"launch with torchrun --nproc-per-node {cp}, or pass --cp {world}",
-            )
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        if ps.model_parallel_is_initialized():
-            have = ps.get_context_parallel_world_size()
-            if have != cp or ps.get_tensor_model_parallel_world_size() != 1:
-                raise EvalError(
-                    f"model-parallel state is already set up with CP = {have}, "
-                    f"TP = {ps.get_tensor_model_parallel_world_size()}; evaluation asked CP = {cp}, TP = 1",
-                    fix="evaluate in a fresh process",
-                )
-        else:
-            ps.initialize_model_parallel(tensor_model_parallel_size=1, context_parallel_size=cp)
-            made_mp = True
-        group = ps.get_context_parallel_group() if cp > 1 else None
-        rank = ps.get_context_parallel_rank() if cp > 1 else 0
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        yield EvalParallel(cp=cp, rank=rank, group=group, device=device)
-    finally:
-        if made_mp:
-            ps.destroy_model_parallel()
-        if made_pg:
-            dist.destroy_process_group()
-
-
 # -- the model -------------------------------------------------------------------------------------
-
-
-def _load_weights_without_common_pt(model: Any, directory: str) -> None:
-    """Model weights of a checkpoint that keeps its common state inside the DCP shards
-    (megatron-core ≥ 0.19, no common.pt), which 0.16's loader cannot open: its common strategy reads
-    common.pt first. The weights need nothing from the common state, so an empty one stands in."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
-    from megatron.core.dist_checkpointing.validation import StrictHandling
-
-    class _NoCommonPt(TorchCommonLoadStrategy):
-        def load_common(self, checkpoint_dir: Any) -> dict[str, Any]:
-            return {}
-
-    state = dist_checkpointing.load(
-        {"model": model.sharded_state_dict()},
-        directory,
-        common_strategy=_NoCommonPt(),
-        strict=StrictHandling.ASSUME_OK_UNEXPECTED,
-    )
-    weights = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
-    if missing or unexpected:
-        raise RuntimeError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
 
 
 @dataclasses.dataclass
 class LoadedModel:
-    model: Any  # megatron.core GPTModel in eval mode
+    model: GPTModel  # in eval mode
     info: CheckpointInfo
     parallel: EvalParallel
     max_length: int  # the longest sequence it was built for (RoPE itself has no limit)
@@ -272,9 +168,6 @@ def load_model(
 
     `dtype` defaults to float32 on CPU and to the training precision (bf16 when args.bf16) on GPU;
     log-softmax and the scores are computed in float32 either way."""
-    from longctx.train.checkpointing import load_model_weights
-    from longctx.train.model import ModelSettings, build_gpt_model
-
     if dtype is None:
         dtype = torch.bfloat16 if parallel.device.type == "cuda" and info.bf16 else torch.float32
     settings = ModelSettings(
@@ -292,10 +185,7 @@ def load_model(
         with warnings.catch_warnings():
             # torch.distributed.checkpoint warns about its own deprecated internals on every load
             warnings.simplefilter("ignore")
-            if (Path(info.path) / "common.pt").is_file():
-                load_model_weights(model, info.path)
-            else:
-                _load_weights_without_common_pt(model, info.path)
+            load_model_weights(model, info.path)
     except (RuntimeError, KeyError, ValueError) as err:
         raise EvalError(
             f"the weights do not fit the model built from the checkpoint's args: {err}",

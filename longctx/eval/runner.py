@@ -26,14 +26,7 @@ from typing import Any
 from longctx.errors import EvalError
 from longctx.eval.data import HeldOut, heldout_for_stage
 from longctx.eval.grid import PasskeyGrid, check_depths
-from longctx.eval.load import (
-    CheckpointInfo,
-    EvalParallel,
-    checkpoint_info,
-    eval_parallel,
-    is_main_process,
-    load_model,
-)
+from longctx.eval.load import CheckpointInfo, checkpoint_info, load_model
 from longctx.eval.loss_position import loss_by_position, position_buckets
 from longctx.eval.results import (
     METHOD_TEXT,
@@ -45,6 +38,7 @@ from longctx.eval.results import (
 from longctx.eval.score import forwards_needed, model_scorer, score_passkey
 from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss, short_context_loss
+from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
 from longctx.util.fs import atomic_write_json
 from longctx.util.progress import progress_bar
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -24,9 +23,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+from longctx.checkpoint.layout import read_tracker
+from longctx.errors import TrainError
+from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
+from longctx.mcore.model import ModelSettings, build_gpt_model
+from longctx.mcore.parallel import init_training_parallel
 from longctx.train import signals
-from longctx.train.checkpointing import TRACKER, iter_dir_name, save_checkpoint
+from longctx.train.data import build_train_dataset, global_batch_indices, micro_batch
+from longctx.train.optim import build_optimizer, load_sharded, sharded_state_dict
+from longctx.train.schedule import LRScheduler
 from longctx.train.spec import TrainSpec
 
 EXIT_OK = 0
@@ -43,44 +52,6 @@ class RunResult:
 def _log(msg: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(msg, flush=True)
-
-
-def init_distributed(spec: TrainSpec) -> None:
-    from megatron.core import parallel_state as ps
-
-    from longctx.train.cpu_compat import apply_cpu_compat, seed_model_parallel_rng
-
-    apply_cpu_compat()
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if "RANK" not in os.environ:  # a single process without torchrun
-            os.environ.update(
-                RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
-            )
-        dist.init_process_group(backend)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    world = dist.get_world_size()
-    group = spec.tensor_parallel * spec.context_parallel
-    if world % group:
-        from longctx.errors import TrainError
-
-        raise TrainError(
-            f"world size {world} is not a multiple of TP × CP = {group}", fix="launch TP × CP × DP processes"
-        )
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel
-        )
-    seed_model_parallel_rng(spec.seed)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.Namespace:
@@ -111,10 +82,7 @@ def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.
     return ns
 
 
-def _rng_object() -> Any:
-    from megatron.core import parallel_state as ps
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
-
+def _rng_object() -> ShardedObject:
     state = {
         "random_rng_state": random.getstate(),
         "np_rng_state": np.random.get_state(),
@@ -138,39 +106,23 @@ def _set_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda_rng_state"])
 
 
-def read_tracker_iteration(save_dir: Path) -> int | None:
-    path = Path(save_dir) / TRACKER
-    if not path.exists():
-        return None
-    text = path.read_text().strip()
-    return 0 if text == "release" else int(text)
-
-
 class Trainer:
     def __init__(self, spec: TrainSpec) -> None:
-        from megatron.core import parallel_state as ps
-
-        from longctx.train.model import ModelSettings, build_gpt_model
-        from longctx.train.optim import build_optimizer
-        from longctx.train.schedule import LRScheduler
-
         self.spec = spec
         if spec.threads_per_process:
             torch.set_num_threads(spec.threads_per_process)
-        init_distributed(spec)
-        self.ps = ps
+        init_training_parallel(spec.tensor_parallel, spec.context_parallel, spec.seed)
         self.bf16 = torch.cuda.is_available() if spec.bf16 is None else spec.bf16
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.settings = ModelSettings(
             seq_length=spec.seq_length, rotary_base=spec.rotary_base, padded_vocab_size=spec.padded_vocab_size,
             tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,
             params_dtype=dtype, recompute=None if spec.recompute == "none" else spec.recompute,
-            attention=spec.attention,
+            attention=spec.attention, cp_comm=spec.cp_comm,
         )  # fmt: skip
         self.model = build_gpt_model(spec.arch, self.settings)
         if torch.cuda.is_available():
             self.model.cuda()
-        self._set_cp_comm()
         self.optimizer = build_optimizer(self.model, spec.lr)
         self.scheduler = LRScheduler(spec.lr)
         self.iteration = 0
@@ -182,42 +134,29 @@ class Trainer:
         self.reduce_group = ps.get_data_parallel_group(with_context_parallel=True)
         self.dataset = None
 
-    def _set_cp_comm(self) -> None:
-        for m in self.model.modules():
-            if hasattr(m, "cp_comm"):
-                m.cp_comm = self.spec.cp_comm
-
     # -- loading -------------------------------------------------------------------------------
     def load(self) -> str:
         """Resume from `save` when it has a checkpoint, else load `pretrained` weights, else random."""
-        from longctx.train.checkpointing import load_model_weights
-
         save = Path(self.spec.save)
-        it = read_tracker_iteration(save)
-        if it is not None:
-            self._resume(save / iter_dir_name(it))
-            return f"resumed from {save / iter_dir_name(it)} at iteration {self.iteration}"
+        tracker = read_tracker(save) if save.is_dir() else None
+        if tracker is not None:
+            self._resume(save / tracker.dir_name)
+            return f"resumed from {save / tracker.dir_name} at iteration {self.iteration}"
         if self.spec.pretrained:
             pre = Path(self.spec.pretrained)
-            pit = read_tracker_iteration(pre)
-            if pit is None:
-                from longctx.errors import TrainError
-
+            pre_tracker = read_tracker(pre) if pre.is_dir() else None
+            if pre_tracker is None:
                 raise TrainError(
                     f"no checkpoint tracker in the previous stage {pre}",
                     where=str(pre),
                     fix="finish the previous stage first (or adopt the base checkpoint)",
                 )
-            src = pre / ("release" if (pre / "release").is_dir() and pit == 0 else iter_dir_name(pit))
+            src = pre / pre_tracker.dir_name
             load_model_weights(self.model, src)
             return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
         return "random initialisation"
 
     def _resume(self, ckpt: Path) -> None:
-        from megatron.core import dist_checkpointing
-
-        from longctx.train.optim import load_sharded, sharded_state_dict
-
         model_sd = self.model.sharded_state_dict()
         template = {
             "model": model_sd,
@@ -239,8 +178,6 @@ class Trainer:
 
     # -- saving --------------------------------------------------------------------------------
     def save(self) -> Path:
-        from longctx.train.optim import sharded_state_dict
-
         model_sd = self.model.sharded_state_dict()
         return save_checkpoint(
             self.spec.save, self.iteration, model=self.model,
@@ -252,8 +189,6 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> tuple[float, float]:
-        from longctx.train.data import global_batch_indices, micro_batch
-
         spec = self.spec
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         lr = self.scheduler.current_lr
@@ -295,8 +230,6 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        from longctx.train.data import build_train_dataset
-
         spec = self.spec
         signals.install()
         how = self.load()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 CHUNK = 8 * 1024 * 1024
 
@@ -40,13 +39,5 @@ def sha256_file(path: str | os.PathLike[str], on_bytes: Callable[[int], None] | 
     return file_digest(path, "sha256", on_bytes=on_bytes)
 
 
-def digest_text(text: str, algorithm: str = "sha256") -> str:
-    return hashlib.new(algorithm, text.encode("utf-8")).hexdigest()
-
-
 def is_hex_digest(value: str, length: int) -> bool:
     return len(value) == length and all(c in "0123456789abcdef" for c in value.lower())
-
-
-def total_size(paths: list[Path]) -> int:
-    return sum(p.stat().st_size for p in paths)

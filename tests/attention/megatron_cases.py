@@ -39,7 +39,7 @@ def adapter_vs_megatron_local_case(rank: int, world: int, group: Any, *, seq: in
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from longctx.attention.megatron_adapter import LongctxCoreAttention
-    from longctx.train.cpu_compat import apply_cpu_compat, seed_model_parallel_rng
+    from longctx.mcore.cpu import apply_cpu_compat, seed_model_parallel_rng
 
     apply_cpu_compat()
     _init_parallel(1)
@@ -96,8 +96,8 @@ def gpt_cp_case(rank: int, world: int, group: Any, *, cp: int, seq: int, batch: 
     """
     from megatron.core import parallel_state
 
-    from longctx.train.cpu_compat import apply_cpu_compat, seed_model_parallel_rng
-    from longctx.train.model import ModelSettings, build_gpt_model
+    from longctx.mcore.cpu import apply_cpu_compat, seed_model_parallel_rng
+    from longctx.mcore.model import ModelSettings, build_gpt_model
 
     apply_cpu_compat()
     arch = _tiny_arch()

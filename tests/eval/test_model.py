@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from longctx.errors import EvalError
+from longctx.errors import EvalError, ParallelError
 from longctx.eval.grid import PasskeyGrid
-from longctx.eval.load import checkpoint_info, eval_parallel, load_model
+from longctx.eval.load import checkpoint_info, load_model
 from longctx.eval.runner import check_length, check_tokenizer
 from longctx.eval.score import model_scorer, score_passkey
+from longctx.mcore.parallel import eval_parallel
 from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, PADDED, S2_LEN, EvalRun
 
 
@@ -150,7 +151,7 @@ def test_tokenizer_mismatch(eval_run: EvalRun, gpt2_like_dir: Path) -> None:
 
 
 def test_world_must_equal_cp() -> None:
-    with pytest.raises(EvalError) as err, eval_parallel(2):
+    with pytest.raises(ParallelError) as err, eval_parallel(2):
         pass
     assert err.value.what == "evaluation with CP = 2 needs exactly 2 process(es); this world has 1"
     # nothing is left behind: a fresh evaluation can still start

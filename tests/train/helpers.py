@@ -40,7 +40,7 @@ def launch(spec_obj: Any, path: Path, nproc: int = 1) -> subprocess.Popen[bytes]
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from longctx.stage.launch import LocalLauncher\n"
+        "from longctx.launch.local import LocalLauncher\n"
         f"sys.exit(LocalLauncher(echo=False).run([sys.executable, '-m', 'longctx.train', '--spec', {str(path)!r}], "
         f"nproc={nproc}, env={{'OMP_NUM_THREADS': '1'}}, log=Path({str(path)!r} + '.log')))\n"
     )

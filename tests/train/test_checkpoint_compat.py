@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 
 def _load_loss(ckpt: Path, out: Path, nproc: int) -> float:
     code = (
-        "import sys\nfrom pathlib import Path\nfrom longctx.stage.launch import LocalLauncher\n"
+        "import sys\nfrom pathlib import Path\nfrom longctx.launch.local import LocalLauncher\n"
         f"sys.exit(LocalLauncher(echo=False).run([sys.executable, {str(HERE / 'tp_load.py')!r}, {str(ckpt)!r}, "
         f"{str(out)!r}], nproc={nproc}, env={{'OMP_NUM_THREADS': '1', 'PYTHONPATH': {str(HERE.parents[1])!r}}}, "
         f"log=Path({str(out)!r} + '.log')))\n"

@@ -15,9 +15,9 @@ def main(ckpt: str, out: str) -> None:
 
     from longctx.arch import ModelArch
     from longctx.checkpoint import inspect_checkpoint
-    from longctx.train.checkpointing import load_model_weights
-    from longctx.train.cpu_compat import apply_cpu_compat, seed_model_parallel_rng
-    from longctx.train.model import ModelSettings, build_gpt_model
+    from longctx.mcore.checkpoint import load_model_weights
+    from longctx.mcore.cpu import apply_cpu_compat, seed_model_parallel_rng
+    from longctx.mcore.model import ModelSettings, build_gpt_model
 
     apply_cpu_compat()
     dist.init_process_group("gloo")

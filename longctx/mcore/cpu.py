@@ -31,8 +31,9 @@ def apply_cpu_compat() -> bool:
             return True
         _patch_torch_cuda_queries()
         _patch_rope()
-        _patch_memory_buffer()
-        _patch_rng()
+        # GlobalMemoryBuffer.get_tensor (megatron/core/utils.py) allocates on torch.cuda.current_device(),
+        # covered by the first patch; tensor_parallel.random.model_parallel_cuda_manual_seed needs a
+        # driver, so training seeds through `seed_model_parallel_rng` below instead.
         _applied = True
     return True
 
@@ -70,19 +71,6 @@ def _patch_rope() -> None:
         yarn_rotary_pos_embedding.get_pos_emb_on_this_cp_rank = get_pos_emb_on_this_cp_rank
     except ImportError:  # pragma: no cover - older layouts
         pass
-
-
-def _patch_memory_buffer() -> None:
-    # GlobalMemoryBuffer.get_tensor (megatron/core/utils.py) allocates on torch.cuda.current_device();
-    # with current_device() patched to "cpu" it already works, but the buffer is keyed per process and
-    # may have been created before the patch: nothing else to do. Kept as a named step for clarity.
-    return None
-
-
-def _patch_rng() -> None:
-    # tensor_parallel.random.model_parallel_cuda_manual_seed calls torch.cuda.manual_seed and fails with
-    # "Found no NVIDIA driver". Use `seed_model_parallel_rng` below instead on CPU.
-    return None
 
 
 def seed_model_parallel_rng(seed: int) -> None:

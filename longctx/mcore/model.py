@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+import importlib.util
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
 
 from longctx.arch import ModelArch
-from longctx.train.cpu_compat import apply_cpu_compat
+from longctx.attention.megatron_adapter import longctx_local_layer_spec
+from longctx.errors import TrainError
+from longctx.mcore.cpu import apply_cpu_compat
+
+# the plan's names for the context-parallel exchange → TransformerConfig.cp_comm_type
+CP_COMM_TYPES = {"ring": "p2p", "allgather": "all_gather"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +40,12 @@ class ModelSettings:
     # "longctx": our ring/all-gather attention (CP without TE); "te": TransformerEngine spec;
     # "megatron-local": megatron's DotProductAttention (CP 1 only, needs CUDA for its mask).
     attention: Literal["longctx", "te", "megatron-local"] = "longctx"
+    cp_comm: Literal["ring", "allgather"] = "ring"  # how CP ranks exchange K/V (longctx attention)
 
 
-def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
+def transformer_config(arch: ModelArch, s: ModelSettings) -> TransformerConfig:
     on_cpu = not torch.cuda.is_available()
-    kwargs: dict[str, Any] = dict(
+    kwargs: dict[str, object] = dict(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         ffn_hidden_size=arch.ffn_hidden_size,
@@ -52,6 +64,7 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
         attention_dropout=0.0,
         tensor_model_parallel_size=s.tensor_model_parallel_size,
         context_parallel_size=s.context_parallel_size,
+        cp_comm_type=CP_COMM_TYPES[s.cp_comm],
         sequence_parallel=s.sequence_parallel,
         params_dtype=s.params_dtype,
         bf16=s.params_dtype == torch.bfloat16,
@@ -83,31 +96,21 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> Any:
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(arch: ModelArch, s: ModelSettings) -> Any:
+def layer_spec(arch: ModelArch, s: ModelSettings) -> ModuleSpec:
     """Megatron's local GPT layer spec with longctx's core attention (CP without TransformerEngine)."""
     if s.attention == "te":
-        import importlib.util
-
         if importlib.util.find_spec("transformer_engine") is None:
-            from longctx.errors import TrainError
-
             raise TrainError(
                 'attention = "te" needs TransformerEngine, which is not installed',
                 fix="pip install 'longctx[gpu]' on a CUDA machine, or use attention = \"longctx\"",
             )
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
         return get_gpt_layer_with_transformer_engine_spec(
             num_experts=arch.num_experts, qk_layernorm=arch.qk_layernorm
         )
     if s.attention == "megatron-local":
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
         return get_gpt_layer_local_spec(
             num_experts=arch.num_experts, qk_layernorm=arch.qk_layernorm, normalization=arch.normalization
         )
-    from longctx.attention.megatron_adapter import longctx_local_layer_spec
-
     return longctx_local_layer_spec(
         num_experts=arch.num_experts, qk_layernorm=arch.qk_layernorm, normalization=arch.normalization
     )
@@ -115,11 +118,9 @@ def layer_spec(arch: ModelArch, s: ModelSettings) -> Any:
 
 def build_gpt_model(
     arch: ModelArch, s: ModelSettings, *, pre_process: bool = True, post_process: bool = True
-) -> Any:
+) -> GPTModel:
     """A megatron-core GPTModel; model-parallel state must already be initialised."""
     apply_cpu_compat()
-    from megatron.core.models.gpt import GPTModel
-
     config = transformer_config(arch, s)
     return GPTModel(
         config=config,

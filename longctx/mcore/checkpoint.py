@@ -16,17 +16,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
+from megatron.core.dist_checkpointing.validation import StrictHandling
+from megatron.core.transformer.module import MegatronModule
 
+from longctx.checkpoint.layout import TRACKER, iter_dir_name
 from longctx.util.fs import atomic_write_text
 
-TRACKER = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 3.0
-
-
-def iter_dir_name(iteration: int) -> str:
-    return f"iter_{iteration:07d}"
 
 
 def _rank() -> int:
@@ -46,8 +46,6 @@ def use_fork_write_queue() -> None:
     torch + megatron imported, and an EOFError when the entry point lacks a __main__ guard). A forked
     manager starts in milliseconds and needs neither.
     """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
     if getattr(filesystem_async, "_results_queue", None) is None:
         filesystem_async._results_queue = mp.get_context("fork").Manager().Queue()
 
@@ -56,7 +54,7 @@ def save_checkpoint(
     save_dir: str | Path,
     iteration: int,
     *,
-    model: Any,
+    model: MegatronModule,
     args: argparse.Namespace,
     sharded_extra: Mapping[str, Any] | None = None,
     common_extra: Mapping[str, Any] | None = None,
@@ -67,8 +65,6 @@ def save_checkpoint(
     `sharded_extra` may hold ShardedTensor/ShardedObject trees (optimizer, rng_state); `common_extra`
     plain picklable values (opt_param_scheduler, consumed samples). Every rank must call this.
     """
-    from megatron.core import dist_checkpointing
-
     use_fork_write_queue()
     root = Path(save_dir)
     target = root / iter_dir_name(iteration)
@@ -96,27 +92,26 @@ def save_checkpoint(
     return target
 
 
-def load_model_weights(model: Any, checkpoint_dir: str | Path, *, strict: bool = True) -> None:
-    """Load only the model weights of a torch_dist checkpoint directory (iter_N) into `model`."""
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.validation import StrictHandling
+class _NoCommonPt(TorchCommonLoadStrategy):
+    """An empty common state for saves that keep it inside the DCP shards (megatron-core ≥ 0.19, no
+    common.pt): 0.16's loader reads common.pt first, and the weights need nothing from it."""
 
+    def load_common(self, checkpoint_dir: Any) -> dict[str, Any]:
+        return {}
+
+
+def load_model_weights(model: MegatronModule, checkpoint_dir: str | Path, *, strict: bool = True) -> None:
+    """Load only the model weights of a torch_dist checkpoint directory (iter_N) into `model`."""
+    directory = Path(checkpoint_dir)
+    extra = {} if (directory / "common.pt").is_file() else {"common_strategy": _NoCommonPt()}
     state = dist_checkpointing.load(
         {"model": model.sharded_state_dict()},
-        str(checkpoint_dir),
+        str(directory),
         strict=StrictHandling.ASSUME_OK_UNEXPECTED,
+        **extra,
     )
     model_sd = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
     missing, unexpected = model.load_state_dict(model_sd, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if strict and (missing or unexpected):
         raise RuntimeError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
-
-
-def tensor_count_bytes(model: Any) -> tuple[int, int]:
-    n = sum(p.numel() for p in model.parameters())
-    return n, sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def cpu_state_copy(model: Any) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}

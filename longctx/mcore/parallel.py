@@ -1,0 +1,123 @@
+"""torch.distributed and megatron-core's model-parallel state, set up the same way for training and
+evaluation: NCCL on GPU, gloo on CPU, with the CPU shims applied first.
+
+- `init_training_parallel(tp, cp, seed)`: the launcher's world (or a one-process world of its own)
+  split into TP × CP × DP; kept for the life of the process, as Megatron-LM does.
+- `eval_parallel(cp)`: a context that reuses whatever state exists or creates a private one and
+  tears down only what it created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+from longctx.errors import ParallelError
+from longctx.mcore.cpu import apply_cpu_compat, seed_model_parallel_rng
+from longctx.util.net import free_port
+
+
+def backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun launch, or a plain process: the one that writes files and prints."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _set_local_device() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init_training_parallel(tensor_parallel: int, context_parallel: int, seed: int) -> None:
+    """Process group + TP/CP/DP groups for training, then the seeded RNG streams megatron expects."""
+    apply_cpu_compat()
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # a single process without torchrun
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group(backend())
+    _set_local_device()
+    world = dist.get_world_size()
+    group = tensor_parallel * context_parallel
+    if world % group:
+        raise ParallelError(
+            f"world size {world} is not a multiple of TP × CP = {group}", fix="launch TP × CP × DP processes"
+        )
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel, context_parallel_size=context_parallel
+        )
+    seed_model_parallel_rng(seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalParallel:
+    cp: int
+    rank: int  # rank in the CP group (= global rank: evaluation runs CP ranks only)
+    group: dist.ProcessGroup | None  # the CP process group (None at CP = 1)
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _check_existing_model_parallel(cp: int) -> None:
+    have = ps.get_context_parallel_world_size()
+    if have != cp or ps.get_tensor_model_parallel_world_size() != 1:
+        raise ParallelError(
+            f"model-parallel state is already set up with CP = {have}, "
+            f"TP = {ps.get_tensor_model_parallel_world_size()}; evaluation asked CP = {cp}, TP = 1",
+            fix="evaluate in a fresh process",
+        )
+
+
+@contextlib.contextmanager
+def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
+    """torch.distributed + megatron model-parallel state for an evaluation with CP = `cp`.
+
+    Single process: a private gloo group on an in-memory store (no port, no environment variables
+    changed, so processes launched later from the same process are unaffected). Under torchrun:
+    the launcher's world, which must hold exactly `cp` ranks. Whatever this creates is destroyed
+    on exit; state that already existed (a trainer's, a test's) is reused and left alone.
+    """
+    if cp < 1:
+        raise ParallelError(f"context-parallel size must be ≥ 1, got {cp}")
+    apply_cpu_compat()
+    made_pg = made_mp = False
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
+            dist.init_process_group(backend())
+        else:
+            dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1)
+        made_pg = True
+    try:
+        world = dist.get_world_size()
+        if world != cp:
+            raise ParallelError(
+                f"evaluation with CP = {cp} needs exactly {cp} process(es); this world has {world}",
+                fix=f"launch with torchrun --nproc-per-node {cp}, or pass --cp {world}",
+            )
+        _set_local_device()
+        if ps.model_parallel_is_initialized():
+            _check_existing_model_parallel(cp)
+        else:
+            ps.initialize_model_parallel(tensor_model_parallel_size=1, context_parallel_size=cp)
+            made_mp = True
+        group = ps.get_context_parallel_group() if cp > 1 else None
+        rank = ps.get_context_parallel_rank() if cp > 1 else 0
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        yield EvalParallel(cp=cp, rank=rank, group=group, device=device)
+    finally:
+        if made_mp:
+            ps.destroy_model_parallel()
+        if made_pg:
+            dist.destroy_process_group()
