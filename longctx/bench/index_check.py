@@ -146,7 +146,7 @@ def run_index_check_bench(
     big_gib: float = 0.0,
     advance: Callable[[int], None] | None = None,
 ) -> IndexCheckBench:
-    from longctx.data.artifact_check import check_artifact
+    from longctx.data.artifact.check import check_artifact
 
     workdir = Path(tempfile.mkdtemp(prefix="longctx-bench-index-", dir=tmp_dir))
     try:

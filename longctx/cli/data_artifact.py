@@ -1,7 +1,7 @@
 """`longctx data fetch` and `longctx data check ARTIFACT_DIR`: tokenized long-context artifacts.
 
-Registered on the `data` app by `longctx/cli/data.py`; the logic lives in `longctx.data.fetch` and
-`longctx.data.artifact_check`.
+Registered on the `data` app by `longctx/cli/data.py`; the logic lives in `longctx.data.artifact.fetch` and
+`longctx.data.artifact.check`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from longctx.report import Findings
 
 
 def _size(n: int) -> str:
-    from longctx.data.tiers import fmt_bytes
+    from longctx.util.units import fmt_bytes
 
     return fmt_bytes(n)
 
@@ -34,7 +34,7 @@ def names(value: str | None) -> list[str] | None:
 
 
 def check_artifact_cmd(path: str, *, json_out: bool, **kw: Any) -> None:
-    from longctx.data.artifact_check import check_artifact
+    from longctx.data.artifact.check import check_artifact
 
     report = check_artifact(path, **kw)
     if json_out:
@@ -45,7 +45,7 @@ def check_artifact_cmd(path: str, *, json_out: bool, **kw: Any) -> None:
 
 
 def render_artifact_report(report: Any) -> None:
-    from longctx.data.artifact_check import coverage_text
+    from longctx.data.artifact.check import coverage_text
     from longctx.data.stats import label
 
     bi = report.build_info or {}
@@ -130,7 +130,7 @@ def fetch_cmd(
     Example: longctx data fetch birgermoell/oellm-longctx-tokenized-streamed-all-v2 --into /data/oellm-longctx
     --run lc16k_full_20260507 --tiers 16k_plus,4_16k,under4k --languages en,de
     """
-    from longctx.data.fetch import fetch_artifact
+    from longctx.data.artifact.fetch import fetch_artifact
 
     if manifests_only and idx_only:
         raise DatasetError("give at most one of --manifests-only and --idx-only")

@@ -48,7 +48,7 @@ def _print_blends(rp) -> None:
         if s.data is None or s.data.tier_mix is None:
             continue
         try:
-            from longctx.data.tiers import stage_tier_blend_info
+            from longctx.plan.stage_artifact import stage_tier_blend_info
 
             summary = stage_tier_blend_info(rp, s).summary()
         except LongctxError as err:
@@ -196,8 +196,8 @@ def validate(
 ) -> None:
     """Check a plan: schema, divisibility, bases, batch, memory; optionally its data and paths. Exit 2 on error."""
     from longctx.plan.derive import validate_plan
+    from longctx.plan.inputs import check_paths as _check_paths
     from longctx.plan.load import load_plan
-    from longctx.plan.validate import check_paths as _check_paths
 
     rp = validate_plan(load_plan(plan, run_dir=run_dir))
     findings = rp.findings

@@ -48,7 +48,7 @@ def args(
     st = rp.stage(stage)
     if st.data is not None and st.data.tier_mix is not None:
         from longctx.cli._common import err_console
-        from longctx.data.tiers import stage_blend_notes
+        from longctx.plan.stage_artifact import stage_blend_notes
 
         for note in stage_blend_notes(rp, st):
             err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
@@ -202,11 +202,11 @@ def _launcher(name: str):
     from longctx.errors import StageError
 
     if name == "local":
-        from longctx.stage.launch import LocalLauncher
+        from longctx.launch.local import LocalLauncher
 
         return LocalLauncher()
     if name == "srun":
-        from longctx.slurm.launch import SrunLauncher
+        from longctx.launch.srun import SrunLauncher
 
         return SrunLauncher.from_environment()
     raise StageError(f"unknown launcher {name!r}", fix="use --launcher local or --launcher srun")

@@ -58,7 +58,7 @@ class LRSpec(_Strict):
 
 
 class TierMix(_Strict):
-    """Stage data drawn from length tiers of a tokenized artifact (see `longctx.data.artifact`)."""
+    """Stage data drawn from length tiers of a tokenized artifact (see `longctx.data.artifact.layout`)."""
 
     artifact: str
     tiers: dict[str, float]

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend, read_data_args
+from longctx.data.check import DataReport, check_datasets
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.stage_artifact import StageDataReport, stage_data_report, stage_tier_blend
 
 
-def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Any:
-    """The `longctx.data.blend.Blend` a stage trains on (paths absolute, existence not checked)."""
-    from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend
-
+def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Blend:
+    """The blend a stage trains on (paths absolute, existence not checked)."""
     plan, d = rp.plan, st.data
     if d is None:
         return parse_blend([], source=f"stage {st.name}")
     if d.blend_file is not None:
         path = paths.resolve(d.blend_file, plan, field="data.blend_file")
-        from longctx.data.blend import read_data_args
-
         return read_data_args(path, check_exists=False)
     if d.blend is not None:
         entries = [BlendEntry(str(paths.resolve(p, plan, field="data.blend")), float(w)) for w, p in d.blend]
@@ -27,23 +26,17 @@ def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Any:
         return blend_from_prefixes(
             [paths.resolve(p, plan, field="data.prefixes") for p in d.prefixes], check_exists=False
         )
-    from longctx.data.tiers import stage_tier_blend
-
     return stage_tier_blend(rp, st)
 
 
 def check_plan_data(
     rp: ResolvedPlan, *, tokenizer: Any = None, scan: bool = True, strict: bool = False
-) -> dict[str, Any]:
+) -> dict[str, DataReport | StageDataReport]:
     """Run the data checks of every stage against its own length and token budget."""
-    from longctx.data.check import check_datasets
-
-    out: dict[str, Any] = {}
+    out: dict[str, DataReport | StageDataReport] = {}
     for st in rp.stages:
         if st.data is not None and st.data.tier_mix is not None:
             # an artifact: checked once per stage at its length, with how many sequences the blend supplies
-            from longctx.data.tiers import stage_data_report
-
             out[st.name] = stage_data_report(rp, st, tokenizer=tokenizer, scan=scan, strict=strict)
             continue
         out[st.name] = check_datasets(

@@ -88,7 +88,7 @@ def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
             Flag("--data-path", tuple(str(paths.resolve(p, plan, field="data.prefixes")) for p in d.prefixes))
         ]
     else:
-        from longctx.data.tiers import stage_blend_file
+        from longctx.plan.stage_artifact import stage_blend_file
 
         flags = [_f("--data-args-path", stage_blend_file(rp, st))]
     cache = (

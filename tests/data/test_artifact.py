@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
-from longctx.data.artifact import open_artifact, parse_prefix_name
+from longctx.data.artifact.fetch import fetch_artifact, verify_artifact
+from longctx.data.artifact.layout import open_artifact, parse_prefix_name
 from longctx.data.blend import read_data_args
-from longctx.data.fetch import fetch_artifact, verify_artifact
 from longctx.errors import DatasetError
 from tests.fixtures.artifact import (
     ARTIFACT_RUN,

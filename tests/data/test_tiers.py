@@ -11,21 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
-from longctx.data.artifact import open_artifact
+from longctx.data.artifact.layout import open_artifact
+from longctx.data.artifact.tiers import blend_supply, tempered_weights, tier_blend, weight_text
 from longctx.data.blend import parse_blend, read_data_args
 from longctx.data.indexed import read_index
-from longctx.data.tiers import (
-    blend_supply,
-    stage_blend_file,
-    stage_blend_notes,
-    stage_supply,
-    tempered_weights,
-    tier_blend,
-    weight_text,
-)
 from longctx.errors import DatasetError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
+from longctx.plan.stage_artifact import stage_blend_file, stage_blend_notes, stage_supply
 from longctx.plan.stage_data import stage_blend
 from tests.fixtures.artifact import ARTIFACT_RUN, copy_artifact
 from tests.fixtures.run import ARCH
@@ -305,7 +298,7 @@ def test_supply_from_manifests_and_bounds(oellm_artifact: Path, tmp_path: Path) 
 def test_stage_data_report(
     plan_file: Path, oellm_artifact: Path, oellm_like_hf_dir: Path, oellm_like_manifest: Path, tmp_path: Path
 ) -> None:
-    from longctx.data.tiers import stage_data_report
+    from longctx.plan.stage_artifact import stage_data_report
 
     rp = resolve_plan(load_plan(plan_file))
     reports = {

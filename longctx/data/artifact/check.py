@@ -20,11 +20,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from longctx.data.artifact import Artifact, Chunk, open_artifact, tier_order, tokenizer_findings
+from longctx.data.artifact.layout import Artifact, Chunk, open_artifact, tier_order, tokenizer_findings
 from longctx.data.stats import LengthStats, label
-from longctx.data.tiers import fmt_bytes
 from longctx.errors import DatasetError
 from longctx.report import Finding, Findings
+from longctx.util.units import fmt_bytes
 
 SHOWN_PER_CODE = 3
 # per-prefix findings that the per language × tier table or the build info replace

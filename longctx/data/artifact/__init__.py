@@ -1,0 +1,1 @@
+"""The OpenEuroLLM tokenized long-context artifact: layout, fetch, checks and tier mixes."""
