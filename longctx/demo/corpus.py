@@ -9,44 +9,18 @@ learnable) interleaved with two kinds of long-range structure:
 
 A model that uses its context has lower loss on restatements and echoes than on filler, and the gap
 needs attention over the distance between them: exactly what a context extension must deliver. The
-same phrasing is what the passkey evaluation asks about.
+sentences and phrasing are the passkey evaluation's own (`longctx.eval.passkey_text`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
 
-_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "pa", "do", "fe")
-# two-syllable names: 132 distinct, so a long document can hold many keys with unique names
-NAMES = tuple(a + b for a in _SYLLABLES for b in _SYLLABLES if a != b)
-SUBJECTS = ("the farmer", "a sailor", "the old clock", "my neighbour", "the river", "a small bird", "the teacher",
-            "the baker", "a quiet train", "the mountain", "our garden", "the library")  # fmt: skip
-VERBS = ("watched", "carried", "painted", "followed", "remembered", "found", "built", "crossed", "opened",
-         "described", "counted", "visited")  # fmt: skip
-OBJECTS = ("the green door", "a long road", "seven lanterns", "the northern field", "a wooden box", "the harbour",
-           "an empty room", "the morning light", "a paper map", "the stone bridge", "three apples", "the winter sky")  # fmt: skip
-TAILS = ("before noon", "in the rain", "without a word", "for many years", "at the end of the day", "with great care",
-         "near the village", "after the storm", "once again", "as usual")  # fmt: skip
-
-
-def passkey_statement(name: str, key: str) -> str:
-    return f"the pass key of {name} is {key} ."
-
-
-def passkey_prompt(name: str) -> str:
-    """The question the evaluation asks; the model should continue with the key."""
-    return f"the pass key of {name} is"
-
-
-def filler_sentence(rng: random.Random) -> str:
-    return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)} ."
-
-
-def random_key(rng: random.Random, digits: int = 5) -> str:
-    return " ".join(str(rng.randrange(10)) for _ in range(digits))
+from longctx.eval.passkey_text import NAMES, filler_sentence, passkey_statement, random_key
 
 
 def document(rng: random.Random, approx_words: int, *, key_every: int = 6) -> str:
@@ -58,8 +32,6 @@ def document(rng: random.Random, approx_words: int, *, key_every: int = 6) -> st
     bridge) both occur at every training length. Names are unique within a document, so a restatement
     has exactly one answer.
     """
-    import math
-
     n_sent = max(4, approx_words // 8)
     sentences = [filler_sentence(rng) for _ in range(n_sent)]
     n_keys = min(len(NAMES), max(1, n_sent // key_every))
@@ -84,8 +56,6 @@ def document(rng: random.Random, approx_words: int, *, key_every: int = 6) -> st
 
 def documents(count: int, *, seed: int, min_words: int, max_words: int) -> Iterator[str]:
     """`count` documents with lengths spread log-uniformly between min_words and max_words."""
-    import math
-
     rng = random.Random(seed)
     lo, hi = math.log(min_words), math.log(max_words)
     for _ in range(count):

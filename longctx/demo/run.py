@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.layout import TRACKER
 from longctx.errors import LongctxError, StageError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -167,8 +168,8 @@ def _checks(run_dir: Path, rp: Any) -> tuple[str, bool]:
 
 def _base(run_dir: Path, rp: Any, cfg: DemoConfig, echo: Echo) -> tuple[str, bool]:
     from longctx.checkpoint.layout import read_tracker
+    from longctx.launch.local import LocalLauncher
     from longctx.plan.stage_data import stage_blend
-    from longctx.stage.launch import LocalLauncher
     from longctx.tokenizer import load_tokenizer, padded_vocab_size
     from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 
@@ -239,7 +240,7 @@ def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | 
         )
         proc = subprocess.Popen(_stage_command(cfg.plan, run_dir), env=env)
         if want_interrupt:
-            tracker = st.save_dir / "latest_checkpointed_iteration.txt"
+            tracker = st.save_dir / TRACKER
             while proc.poll() is None and not tracker.exists():
                 time.sleep(0.05)
             if proc.poll() is None:

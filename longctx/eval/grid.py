@@ -9,8 +9,8 @@ model's training length stays inside its window (and splits evenly for context p
 haystack is the first H = length − |question| − |answer| tokens; the needle starts at token
 `round(depth · (H − |needle|))`: depth 0 puts it at token 0, depth 1 right before the question.
 
-The phrasing is the demo corpus' own (`longctx.demo.corpus`), so models trained on it are asked in
-the form they saw. Segments are tokenized as they appear mid-text (after ". "), so joined segments
+The phrasing is `longctx.eval.passkey_text`'s, which the demo corpus trains on, so models trained
+on it are asked in the form they saw. Segments are tokenized as they appear mid-text (after ". "), so joined segments
 are what the tokenizer produces for the joined text. Synthetic filler is whole sentences wherever
 the arithmetic allows: the part before the needle is the tail of a sentence stream (only its first
 sentence is cut, like a training sample that starts mid-document) and the part after it is whole
@@ -25,8 +25,8 @@ import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from longctx.demo.corpus import NAMES, filler_sentence, passkey_prompt, passkey_statement, random_key
 from longctx.errors import EvalError
+from longctx.eval.passkey_text import NAMES, filler_sentence, passkey_prompt, passkey_statement, random_key
 
 FillerKind = Literal["synthetic", "heldout"]
 _CONTEXT = "."  # what precedes a segment when it is tokenized "mid-text"
