@@ -16,9 +16,9 @@ Nothing here imports torch at import time; reading `.metadata` and the common st
 """
 
 from longctx.checkpoint.adopt import AdoptResult, adopt
-from longctx.checkpoint.arch import InferredArch, infer_arch
 from longctx.checkpoint.compare import CompareReport, compare
 from longctx.checkpoint.download import DownloadResult, download
+from longctx.checkpoint.infer_arch import InferredArch, infer_arch
 from longctx.checkpoint.inspect import CheckpointReport, inspect_checkpoint
 from longctx.checkpoint.layout import (
     TRACKER,

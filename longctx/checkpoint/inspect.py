@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.arch import InferredArch, infer_arch
+from longctx.checkpoint.infer_arch import InferredArch, infer_arch
 from longctx.checkpoint.layout import ResolvedCheckpoint, Tracker, resolve_in_tree
 from longctx.checkpoint.metadata import (
     COMMON_STATE_KEY,

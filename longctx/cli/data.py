@@ -181,7 +181,7 @@ def check_cmd(
     """
     from longctx.cli.data_artifact import check_artifact_cmd, names
     from longctx.data import check_datasets, read_data_args
-    from longctx.data.artifact import looks_like_artifact
+    from longctx.data.artifact.layout import looks_like_artifact
 
     if (
         prefixes

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,18 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
+from longctx.util.net import free_port
+
 
 class Launcher(Protocol):
     def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int: ...
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _pump(src: IO[bytes], sinks: list[IO[bytes]], prefix: bytes) -> None:
+def pump_lines(src: IO[bytes], sinks: list[IO[bytes]], prefix: bytes = b"") -> None:
+    """Copy `src` line by line to every sink, each line flushed at once (logs stay live)."""
     for line in iter(src.readline, b""):
         for s in sinks:
             s.write(prefix + line)
@@ -43,7 +39,7 @@ class LocalLauncher:
 
     def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int:
         log.parent.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port = free_port()
         procs: list[subprocess.Popen[bytes]] = []
         threads: list[threading.Thread] = []
         forwarded: list[int] = []
@@ -69,7 +65,7 @@ class LocalLauncher:
                     if self.echo and rank == 0:
                         sinks.append(sys.stdout.buffer)
                     t = threading.Thread(
-                        target=_pump,
+                        target=pump_lines,
                         args=(p.stdout, sinks, f"[{rank}] ".encode() if nproc > 1 else b""),
                         daemon=True,
                     )

@@ -1,4 +1,4 @@
-"""`python -m longctx.slurm.local_step --nproc N --log L -- ARGV…`: the local trainer's workers, started
+"""`python -m longctx.launch.local_step --nproc N --log L -- ARGV…`: the local trainer's workers, started
 inside a job step by `SrunLauncher` so that the time-limit signal reaches them.
 
 Exit status: the workers' worst, with death by signal S reported as 128 + S (as a shell does).
@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m longctx.slurm.local_step")
+    p = argparse.ArgumentParser(prog="python -m longctx.launch.local_step")
     p.add_argument("--nproc", type=int, required=True)
     p.add_argument("--log", required=True)
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
         p.error("no command after --")
-    from longctx.stage.launch import LocalLauncher
+    from longctx.launch.local import LocalLauncher
 
     # Slurm signals every process of the step; the launcher passes signals on to the workers while they
     # run. Before and after that, a signal must not kill this process: its exit status is the workers'.

@@ -10,7 +10,7 @@ the step, and records the launch's end in the ledger.
   The node rank is read on each node by a fixed `bash -c` shim; every other word is passed as an
   argument, never re-parsed by a shell.
 - The local trainer (`python -m longctx.train …`): one task on one node that starts the worker
-  processes with `LocalLauncher` (`python -m longctx.slurm.local_step`).
+  processes with `LocalLauncher` (`python -m longctx.launch.local_step`).
 
 Settings come from $LONGCTX_SRUN_CONFIG (JSON written into the batch script by `slurm render`) and
 the SLURM_* variables of the job.
@@ -30,9 +30,10 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from longctx.errors import SlurmError
+from longctx.launch.local import pump_lines
 
 SRUN_CONFIG_ENV = "LONGCTX_SRUN_CONFIG"
 NODES_ENV = "LONGCTX_NODES"  # a launch may use fewer nodes than the job holds
@@ -110,7 +111,7 @@ class SrunLauncher:
         ]  # fmt: skip
 
     def local_command(self, argv: Sequence[str], *, nproc: int, log: Path) -> list[str]:
-        return [*self.step_prefix(1), sys.executable, "-m", "longctx.slurm.local_step", "--nproc", str(nproc),
+        return [*self.step_prefix(1), sys.executable, "-m", "longctx.launch.local_step", "--nproc", str(nproc),
                 "--log", str(log), "--", *argv]  # fmt: skip
 
     def command(
@@ -148,7 +149,7 @@ class SrunLauncher:
                                     stderr=subprocess.STDOUT if tee else None)  # fmt: skip
             if tee:
                 with open(log, "ab") as logf:
-                    pump = threading.Thread(target=_pump, args=(proc.stdout, [logf, sys.stdout.buffer] if self.echo
+                    pump = threading.Thread(target=pump_lines, args=(proc.stdout, [logf, sys.stdout.buffer] if self.echo
                                                                  else [logf]), daemon=True)  # fmt: skip
                     pump.start()
                     rc = proc.wait()
@@ -163,13 +164,6 @@ class SrunLauncher:
 
 def is_local_trainer(argv: Sequence[str]) -> bool:
     return len(argv) >= 3 and list(argv[1:3]) == ["-m", "longctx.train"]
-
-
-def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
-    for line in iter(src.readline, b""):
-        for s in sinks:
-            s.write(line)
-            s.flush()
 
 
 def _hostnames(nodelist: str) -> list[str]:

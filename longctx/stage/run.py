@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from longctx.errors import StageError
+from longctx.launch.local import Launcher
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.stage import ledger
-from longctx.stage.launch import Launcher
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 
 Backend = Literal["local", "megatron-lm"]
@@ -216,7 +216,7 @@ def prepare_launch(
             Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / "pretrain_gpt.py"
         )
     # one process per GPU with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*): the
-    # local launcher on one node, srun + torchrun across nodes (longctx.slurm.launch)
+    # local launcher on one node, srun + torchrun across nodes (longctx.launch.srun)
     words = [sys.executable, *megatron_argv(rp, st, script=str(script))]
     env = {
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",

@@ -10,6 +10,7 @@ Public API::
     train_sentencepiece(...), train_gpt2_bpe(...), synthetic_corpus()   # tiny tokenizers for tests/demo
 """
 
+from longctx.tokenizer.build import synthetic_corpus, train_gpt2_bpe, train_sentencepiece
 from longctx.tokenizer.load import (
     KINDS,
     MEGATRON_TOKENIZER_TYPE,
@@ -26,7 +27,6 @@ from longctx.tokenizer.manifest import (
     write_manifest,
 )
 from longctx.tokenizer.padding import DEFAULT_DIVISIBLE_BY, padded_vocab_size, padding_table
-from longctx.tokenizer.train import synthetic_corpus, train_gpt2_bpe, train_sentencepiece
 from longctx.tokenizer.verify import DEFAULT_ROUND_TRIP, TokenizerReport, fingerprint, verify_tokenizer
 
 __all__ = [

@@ -281,7 +281,7 @@ def test_srun_launcher_runs_torchrun_on_every_node(slurm_cluster: None, tmp_path
     log = tmp_path / "logs" / "launch.log"
     driver = tmp_path / "driver.py"
     driver.write_text(
-        "import json, sys\nfrom pathlib import Path\nfrom longctx.slurm.launch import SrunLauncher\n"
+        "import json, sys\nfrom pathlib import Path\nfrom longctx.launch.srun import SrunLauncher\n"
         f"rc = SrunLauncher.from_environment().run(['/m/pretrain_gpt.py', '--data-path', 'a b $(c)'], nproc=2, "
         f"env={{'LONGCTX_TEST_X': 'y z'}}, log=Path({str(log)!r}))\nsys.exit(rc)\n"
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from longctx.errors import SlurmError
-from longctx.slurm.launch import SrunLauncher, is_local_trainer
+from longctx.launch.srun import SrunLauncher, is_local_trainer
 
 CONTAINER = {
     "runtime": "singularity",
@@ -71,7 +71,7 @@ def test_local_trainer_command() -> None:
     cmd, tee = ln.command(argv, nproc=2, env={}, log=Path("/r/log"))
     assert not tee  # the local step writes the log itself
     assert cmd == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", sys.executable, "-m",
-                   "longctx.slurm.local_step", "--nproc", "2", "--log", "/r/log", "--", *argv]  # fmt: skip
+                   "longctx.launch.local_step", "--nproc", "2", "--log", "/r/log", "--", *argv]  # fmt: skip
     with pytest.raises(SlurmError, match="runs a Python script under torchrun"):
         ln.command(["/bin/true"], nproc=1, env={}, log=Path("/l"))
 

@@ -1,0 +1,1 @@
+"""Starting the worker processes of one launch: on this host, or as a Slurm job step."""

@@ -1,0 +1,181 @@
+"""The import graph of `longctx/` obeys the layering README's Architecture section describes: each
+folder imports only the folders below it, and no two modules import each other (directly or round
+a cycle). Imports inside functions count too: a lazy import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "longctx"
+
+# The shared vocabulary every folder may use: errors, findings, the architecture type, small utilities.
+FOUNDATION = {"errors", "report", "arch", "util", "__init__"}
+
+# folder → the folders it may import (besides itself and FOUNDATION). Lower layers first.
+ALLOWED: dict[str, set[str]] = {
+    "util": set(),
+    "tokenizer": set(),
+    "rope": set(),
+    "attention": set(),
+    "launch": set(),
+    "data": {"tokenizer"},
+    "checkpoint": {"tokenizer"},
+    "mcore": {"attention", "checkpoint"},
+    "plan": {"tokenizer", "rope", "data", "checkpoint"},
+    "train": {"attention", "checkpoint", "mcore"},
+    "eval": {"tokenizer", "attention", "data", "checkpoint", "mcore", "plan"},
+    "stage": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "train", "eval"},
+    "slurm": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "stage"},
+    "bench": {"tokenizer", "rope", "attention", "data", "checkpoint", "mcore", "plan"},
+    "demo": {"tokenizer", "data", "checkpoint", "plan", "launch", "train", "eval", "stage"},
+    "cli": {"*"},
+    "__main__": {"*"},  # `python -m longctx`: the CLI
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        rel = p.relative_to(ROOT.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every longctx module `module` imports, anywhere in the file."""
+    pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        for n in names:
+            if n.startswith("longctx"):
+                r = _resolve(n)
+                if r and r != module:
+                    found.add(r)
+    return found
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    head = parts[1]
+    return head if (ROOT / head).is_dir() else head.removesuffix(".py")
+
+
+def test_every_folder_has_a_rule() -> None:
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    folders.discard("resources")
+    assert folders <= set(ALLOWED), f"folders without an import rule: {sorted(folders - set(ALLOWED))}"
+
+
+def test_no_forbidden_arrow() -> None:
+    bad: list[str] = []
+    for m, targets in GRAPH.items():
+        src = _folder(m)
+        allowed = ALLOWED.get(src, set())
+        if "*" in allowed:
+            continue
+        for t in targets:
+            dst = _folder(t)
+            if dst == src or dst in FOUNDATION or dst in allowed:
+                continue
+            bad.append(f"{m} → {t} ({src} must not import {dst})")
+    assert not bad, "forbidden imports:\n" + "\n".join(sorted(bad))
+
+
+def test_foundation_imports_only_foundation() -> None:
+    bad = [
+        f"{m} → {t}"
+        for m, ts in GRAPH.items()
+        if _folder(m) in FOUNDATION - {"__init__"}
+        for t in ts
+        if _folder(t) not in FOUNDATION
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_module_cycle() -> None:
+    # a package __init__ importing its own children is a re-export, not a cycle
+    g = {
+        m: {t for t in ts if not (t.startswith(m + ".") or m.startswith(t + "."))} for m, ts in GRAPH.items()
+    }
+    assert not _cycles(g)
+
+
+def test_no_folder_cycle() -> None:
+    fg: dict[str, set[str]] = defaultdict(set)
+    for m, ts in GRAPH.items():
+        for t in ts:
+            if _folder(m) != _folder(t) and _folder(t) not in FOUNDATION:
+                fg[_folder(m)].add(_folder(t))
+    assert not _cycles(dict(fg))
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "ok"),
+    [("eval", "demo", False), ("data", "plan", False), ("stage", "slurm", False), ("plan", "data", True)],
+)
+def test_rules_say_what_the_readme_says(src: str, dst: str, ok: bool) -> None:
+    assert (dst in ALLOWED[src]) is ok
