@@ -12,10 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from longctx.arch import ModelArch
+from longctx.checkpoint import inspect_checkpoint
 from longctx.errors import LongctxError, PlanError
 from longctx.plan import memory, paths
 from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
 from longctx.report import Findings
+from longctx.rope import choose_base
+from longctx.tokenizer.manifest import load_manifest
+from longctx.tokenizer.padding import padded_vocab_size
 
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -142,8 +146,6 @@ def _arch(plan: Plan, findings: Findings) -> ModelArch:
             _cross_check_arch(plan, plan.model, findings)
         return plan.model
     try:
-        from longctx.checkpoint import inspect_checkpoint
-
         report = inspect_checkpoint(_base_path(plan))
         return report.arch.to_model_arch()
     except LongctxError as err:
@@ -162,8 +164,6 @@ def _base_path(plan: Plan) -> Path:
 
 def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
     try:
-        from longctx.checkpoint import inspect_checkpoint
-
         inferred = inspect_checkpoint(_base_path(plan)).arch.to_model_arch()
     except LongctxError as err:
         findings.warning(
@@ -182,8 +182,6 @@ def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
 
 
 def _tokenizer_vocab(plan: Plan, findings: Findings) -> tuple[int, int]:
-    from longctx.tokenizer.manifest import load_manifest
-
     manifest_path = paths.resolve(plan.tokenizer.manifest, plan, field="tokenizer.manifest")
     try:
         manifest = load_manifest(manifest_path)
@@ -197,8 +195,6 @@ def _tokenizer_vocab(plan: Plan, findings: Findings) -> tuple[int, int]:
 
 
 def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findings) -> tuple[int, str, str]:
-    from longctx.rope import choose_base
-
     if stage.rope.base is not None:
         # an explicit base still gets the diagnostics (e.g. a base below Men's bound for this length)
         explicit = choose_base(
@@ -284,258 +280,384 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
     return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings)
 
 
-def _resolve_stage(
-    plan: Plan, i: int, spec: StageSpec, arch: ModelArch, vocab: int, divisible_by: int, findings: Findings
-) -> ResolvedStage:
-    from longctx.tokenizer.padding import padded_vocab_size
+# -- one stage, step by step ----------------------------------------------------------------------------
+# settings → parallelism checks → global batch → CP → layout → memory → schedule → data → extra_args.
+# Findings keep the order the steps run in and `resolve_plan` reports the first error, so keep it.
 
-    w = lambda field: _where(plan, i, field)  # noqa: E731
-    gpn = plan.cluster.gpus_per_node
-    seq = spec.seq_length
-    tp = _merged(plan, spec, "tensor_parallel", 1)
-    pp = _merged(plan, spec, "pipeline_parallel", 1)
-    sp = bool(_merged(plan, spec, "sequence_parallel", tp > 1)) and tp > 1
-    recompute = _merged(plan, spec, "recompute", "selective")
-    mbs = _merged(plan, spec, "micro_batch_size", 1)
-    nodes_given = _merged(plan, spec, "nodes", None)
-    padded = padded_vocab_size(vocab, divisible_by, tp)
-    max_pos = spec.max_position_embeddings or seq
-    rotary_base, rope_method, rope_expl = _rope(plan, i, spec, arch, findings)
 
-    if arch.num_attention_heads % tp:
-        findings.error(
+@dataclasses.dataclass(frozen=True)
+class _StageContext:
+    """What every step of resolving one stage reads: the plan, the stage, and where findings go."""
+
+    plan: Plan
+    index: int
+    spec: StageSpec
+    findings: Findings
+
+    def where(self, field: str) -> str:
+        return _where(self.plan, self.index, field)
+
+    def merged(self, field: str, default: Any) -> Any:
+        return _merged(self.plan, self.spec, field, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The stage's length and parallelism settings, merged over [defaults] (CP is chosen later)."""
+
+    seq: int
+    max_pos: int
+    gpn: int
+    tp: int
+    pp: int
+    sp: bool
+    recompute: str
+    mbs: int
+    nodes_given: int | None
+
+
+def _settings(ctx: _StageContext) -> _Settings:
+    tp = ctx.merged("tensor_parallel", 1)
+    return _Settings(
+        seq=ctx.spec.seq_length,
+        max_pos=ctx.spec.max_position_embeddings or ctx.spec.seq_length,
+        gpn=ctx.plan.cluster.gpus_per_node,
+        tp=tp,
+        pp=ctx.merged("pipeline_parallel", 1),
+        sp=bool(ctx.merged("sequence_parallel", tp > 1)) and tp > 1,
+        recompute=ctx.merged("recompute", "selective"),
+        mbs=ctx.merged("micro_batch_size", 1),
+        nodes_given=ctx.merged("nodes", None),
+    )
+
+
+def _check_parallelism(ctx: _StageContext, s: _Settings, arch: ModelArch) -> None:
+    """TP must divide heads and query groups, PP the layers, TP the length (with SP); max_pos ≥ seq."""
+    if arch.num_attention_heads % s.tp:
+        ctx.findings.error(
             "tp-heads",
-            f"num_attention_heads {arch.num_attention_heads} is not divisible by TP {tp}",
-            where=w("tensor_parallel"),
+            f"num_attention_heads {arch.num_attention_heads} is not divisible by TP {s.tp}",
+            where=ctx.where("tensor_parallel"),
             fix="choose a TP that divides the heads",
         )
-    if arch.query_groups % tp:
-        findings.error(
+    if arch.query_groups % s.tp:
+        ctx.findings.error(
             "tp-groups",
-            f"num_query_groups {arch.query_groups} is not divisible by TP {tp}",
-            where=w("tensor_parallel"),
+            f"num_query_groups {arch.query_groups} is not divisible by TP {s.tp}",
+            where=ctx.where("tensor_parallel"),
             fix="choose a TP that divides the query groups",
         )
-    if arch.num_layers % pp:
-        findings.error(
+    if arch.num_layers % s.pp:
+        ctx.findings.error(
             "pp-layers",
-            f"num_layers {arch.num_layers} is not divisible by PP {pp}",
-            where=w("pipeline_parallel"),
+            f"num_layers {arch.num_layers} is not divisible by PP {s.pp}",
+            where=ctx.where("pipeline_parallel"),
             fix="choose a PP that divides the layers",
         )
-    if sp and seq % tp:
-        findings.error(
+    if s.sp and s.seq % s.tp:
+        ctx.findings.error(
             "sp-seq",
-            f"seq_length {seq} is not divisible by TP {tp} (sequence parallel)",
-            where=w("seq_length"),
+            f"seq_length {s.seq} is not divisible by TP {s.tp} (sequence parallel)",
+            where=ctx.where("seq_length"),
             fix="make seq_length a multiple of TP",
         )
-    if max_pos < seq:
-        findings.error(
+    if s.max_pos < s.seq:
+        ctx.findings.error(
             "max-position",
-            f"max_position_embeddings {max_pos} is below seq_length {seq}",
-            where=w("max_position_embeddings"),
-            expected=f">= {seq}",
-            found=max_pos,
+            f"max_position_embeddings {s.max_pos} is below seq_length {s.seq}",
+            where=ctx.where("max_position_embeddings"),
+            expected=f">= {s.seq}",
+            found=s.max_pos,
             fix="drop max_position_embeddings (it defaults to seq_length) or raise it",
         )
 
-    gbs_seqs = _merged(plan, spec, "global_batch_size", None)
-    gbs_tokens = _merged(plan, spec, "global_batch_tokens", None)
+
+def _global_batch(ctx: _StageContext, s: _Settings) -> int:
+    """The global batch in sequences, from global_batch_size or global_batch_tokens (the stage's own
+    setting wins over [defaults]); the micro batch when neither is set (an error finding)."""
+    spec = ctx.spec
+    gbs_seqs = ctx.merged("global_batch_size", None)
+    gbs_tokens = ctx.merged("global_batch_tokens", None)
     if spec.global_batch_size is not None and spec.global_batch_tokens is not None:
-        findings.error(
+        ctx.findings.error(
             "batch-both",
             "give global_batch_size or global_batch_tokens, not both",
-            where=w("global_batch_size"),
+            where=ctx.where("global_batch_size"),
         )
     if spec.global_batch_size is not None:
         gbs_tokens = None
     elif spec.global_batch_tokens is not None:
         gbs_seqs = None
     if gbs_seqs is None and gbs_tokens is None:
-        findings.error(
+        ctx.findings.error(
             "batch-missing",
             "no global batch: set global_batch_size (sequences) or global_batch_tokens",
-            where=w("global_batch_size"),
+            where=ctx.where("global_batch_size"),
             fix="set it in the stage or in [defaults]",
         )
-        gbs = mbs
-    elif gbs_seqs is not None:
-        gbs = gbs_seqs
-    else:
-        gbs = max(1, round(gbs_tokens / seq))
-        if gbs * seq != gbs_tokens:
-            findings.info(
-                "batch-rounded",
-                f"global_batch_tokens {gbs_tokens:,} → {gbs} sequences of {seq} ({gbs * seq:,} tokens)",
-                where=w("global_batch_tokens"),
-            )
+        return s.mbs
+    if gbs_seqs is not None:
+        return gbs_seqs
+    gbs = max(1, round(gbs_tokens / s.seq))
+    if gbs * s.seq != gbs_tokens:
+        ctx.findings.info(
+            "batch-rounded",
+            f"global_batch_tokens {gbs_tokens:,} → {gbs} sequences of {s.seq} ({gbs * s.seq:,} tokens)",
+            where=ctx.where("global_batch_tokens"),
+        )
+    return gbs
 
-    cp_cfg = _merged(plan, spec, "context_parallel", 1)
 
-    def layout(cp: int) -> tuple[int, int]:
-        group = tp * pp * cp
-        nodes = nodes_given if nodes_given is not None else max(1, math.ceil(group / gpn))
-        world = nodes * gpn
+@dataclasses.dataclass(frozen=True)
+class _Sizing:
+    """Nodes, DP and the per-GPU memory estimate for a candidate CP, given the stage's settings and batch."""
+
+    plan: Plan
+    arch: ModelArch
+    s: _Settings
+    padded_vocab_size: int
+    gbs: int
+
+    def layout(self, cp: int) -> tuple[int, int]:
+        """(nodes, DP): the given nodes, else as few as hold one TP·PP·CP group."""
+        s = self.s
+        group = s.tp * s.pp * cp
+        nodes = s.nodes_given if s.nodes_given is not None else max(1, math.ceil(group / s.gpn))
+        world = nodes * s.gpn
         return nodes, max(1, world // group)
 
-    def estimate(cp: int) -> memory.MemoryEstimate:
-        _, dp = layout(cp)
+    def estimate(self, cp: int) -> memory.MemoryEstimate:
+        s = self.s
+        _, dp = self.layout(cp)
         return memory.estimate(
             memory.MemoryInputs(
-                arch=arch,
-                padded_vocab_size=padded,
-                seq_length=seq,
-                micro_batch_size=mbs,
-                tp=tp,
-                pp=pp,
+                arch=self.arch,
+                padded_vocab_size=self.padded_vocab_size,
+                seq_length=s.seq,
+                micro_batch_size=s.mbs,
+                tp=s.tp,
+                pp=s.pp,
                 cp=cp,
                 dp=dp,
-                num_microbatches=max(1, gbs // max(1, mbs * dp)),
-                sequence_parallel=sp,
-                recompute=recompute,
+                num_microbatches=max(1, self.gbs // max(1, s.mbs * dp)),
+                sequence_parallel=s.sp,
+                recompute=s.recompute,
             ),
-            gpu_memory_gib=plan.cluster.gpu_memory_gib,
-            margin=plan.cluster.memory_margin,
+            gpu_memory_gib=self.plan.cluster.gpu_memory_gib,
+            margin=self.plan.cluster.memory_margin,
         )
 
-    def cp_ok(cp: int) -> bool:
-        if cp > 1 and seq % (2 * cp):
+    def cp_ok(self, cp: int) -> bool:
+        """Whether a CP splits the length (seq % 2·CP) and, with nodes given, divides the world."""
+        s = self.s
+        if cp > 1 and s.seq % (2 * cp):
             return False
-        return nodes_given is None or (nodes_given * gpn) % (tp * pp * cp) == 0
+        return s.nodes_given is None or (s.nodes_given * s.gpn) % (s.tp * s.pp * cp) == 0
 
-    fitting = [c for c in CP_CANDIDATES if cp_ok(c) and estimate(c).fits]
+
+def _choose_cp(ctx: _StageContext, sizing: _Sizing) -> tuple[int, int | None]:
+    """(CP, the smallest candidate CP that fits in memory or None): "auto" takes the smallest, a number is
+    checked against the length."""
+    seq = sizing.s.seq
+    fitting = [c for c in CP_CANDIDATES if sizing.cp_ok(c) and sizing.estimate(c).fits]
     smallest = fitting[0] if fitting else None
+    cp_cfg = ctx.merged("context_parallel", 1)
     if cp_cfg == "auto":
-        if smallest is None:
-            findings.error(
-                "cp-none-fits",
-                f"no context-parallel size up to {CP_CANDIDATES[-1]} fits seq_length {seq} "
-                f"in {plan.cluster.gpu_memory_gib:g} GiB",
-                where=w("context_parallel"),
-                fix="raise TP, use full recompute, lower micro_batch_size or add GPU memory",
-            )
-            cp = 1
-        else:
-            cp = smallest
-    else:
-        cp = int(cp_cfg)
-        if cp > 1 and seq % (2 * cp):
-            findings.error(
-                "cp-seq",
-                f"seq_length {seq} is not divisible by 2·CP = {2 * cp}",
-                where=w("context_parallel"),
-                expected=f"a multiple of {2 * cp}",
-                found=seq,
-                fix="choose a CP with seq_length % (2·CP) == 0",
-            )
-    nodes, dp = layout(cp)
-    group = tp * pp * cp
-    if (nodes * gpn) % group:
-        findings.error(
+        if smallest is not None:
+            return smallest, smallest
+        ctx.findings.error(
+            "cp-none-fits",
+            f"no context-parallel size up to {CP_CANDIDATES[-1]} fits seq_length {seq} "
+            f"in {ctx.plan.cluster.gpu_memory_gib:g} GiB",
+            where=ctx.where("context_parallel"),
+            fix="raise TP, use full recompute, lower micro_batch_size or add GPU memory",
+        )
+        return 1, smallest
+    cp = int(cp_cfg)
+    if cp > 1 and seq % (2 * cp):
+        ctx.findings.error(
+            "cp-seq",
+            f"seq_length {seq} is not divisible by 2·CP = {2 * cp}",
+            where=ctx.where("context_parallel"),
+            expected=f"a multiple of {2 * cp}",
+            found=seq,
+            fix="choose a CP with seq_length % (2·CP) == 0",
+        )
+    return cp, smallest
+
+
+def _check_layout(ctx: _StageContext, sizing: _Sizing, cp: int) -> tuple[int, int]:
+    """(nodes, DP) for the chosen CP; the world must divide by TP·PP·CP, the nodes fit the cluster, and the
+    global batch divide by micro batch × DP."""
+    s, gbs = sizing.s, sizing.gbs
+    nodes, dp = sizing.layout(cp)
+    group = s.tp * s.pp * cp
+    if (nodes * s.gpn) % group:
+        ctx.findings.error(
             "world-divisible",
-            f"{nodes} nodes × {gpn} GPUs = {nodes * gpn} is not a multiple of TP·PP·CP = {group}",
-            where=w("nodes"),
+            f"{nodes} nodes × {s.gpn} GPUs = {nodes * s.gpn} is not a multiple of TP·PP·CP = {group}",
+            where=ctx.where("nodes"),
             fix="choose nodes so that the world divides by TP·PP·CP",
         )
-    if plan.cluster.max_nodes is not None and nodes > plan.cluster.max_nodes:
-        findings.error(
+    max_nodes = ctx.plan.cluster.max_nodes
+    if max_nodes is not None and nodes > max_nodes:
+        ctx.findings.error(
             "too-many-nodes",
-            f"{nodes} nodes exceed the cluster's max_nodes {plan.cluster.max_nodes}",
-            where=w("nodes"),
+            f"{nodes} nodes exceed the cluster's max_nodes {max_nodes}",
+            where=ctx.where("nodes"),
         )
-    if gbs % (mbs * dp):
-        findings.error(
+    if gbs % (s.mbs * dp):
+        ctx.findings.error(
             "batch-divisible",
-            f"global batch {gbs} is not divisible by micro_batch_size × DP = {mbs} × {dp}",
-            where=w("global_batch_size"),
-            expected=f"a multiple of {mbs * dp}",
+            f"global batch {gbs} is not divisible by micro_batch_size × DP = {s.mbs} × {dp}",
+            where=ctx.where("global_batch_size"),
+            expected=f"a multiple of {s.mbs * dp}",
             found=gbs,
             fix="change the global batch, the micro batch or the number of nodes",
         )
-    est = estimate(cp)
-    if not est.fits:
-        hint = f"smallest CP that fits: {smallest}" if smallest else "no CP up to 64 fits"
-        findings.error(
-            "memory",
-            f"needs {est.total / memory.GiB:.1f} GiB per GPU, over the "
-            f"{est.budget / memory.GiB:.1f} GiB budget of a {plan.cluster.gpu_memory_gib:g} GiB GPU; {hint}",
-            where=w("context_parallel"),
-            expected=f"<= {est.budget / memory.GiB:.1f} GiB",
-            found=f"{est.total / memory.GiB:.1f} GiB",
-            fix=f"set context_parallel = {smallest}" if smallest else "raise TP or use full recompute",
-        )
+    return nodes, dp
 
+
+def _check_memory(ctx: _StageContext, est: memory.MemoryEstimate, smallest: int | None) -> None:
+    if est.fits:
+        return
+    gpu_gib = ctx.plan.cluster.gpu_memory_gib
+    hint = f"smallest CP that fits: {smallest}" if smallest else "no CP up to 64 fits"
+    ctx.findings.error(
+        "memory",
+        f"needs {est.total / memory.GiB:.1f} GiB per GPU, over the "
+        f"{est.budget / memory.GiB:.1f} GiB budget of a {gpu_gib:g} GiB GPU; {hint}",
+        where=ctx.where("context_parallel"),
+        expected=f"<= {est.budget / memory.GiB:.1f} GiB",
+        found=f"{est.total / memory.GiB:.1f} GiB",
+        fix=f"set context_parallel = {smallest}" if smallest else "raise TP or use full recompute",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    """Iterations and the learning-rate schedule in iterations."""
+
+    tokens_per_iter: int
+    iters: int
+    lr: LRSpec
+    warmup: int
+    wsd: int | None
+    save_interval: int
+
+
+def _schedule(ctx: _StageContext, seq: int, gbs: int) -> _Schedule:
+    """Iterations enough for the stage's tokens (at least one global batch of them), warmup shorter than
+    the stage, the WSD decay and the save interval (default: 20 saves per stage) in iterations."""
+    spec = ctx.spec
     tokens_per_iter = gbs * seq
     if spec.tokens < tokens_per_iter:
-        findings.error(
+        ctx.findings.error(
             "tokens-below-batch",
             f"tokens {spec.tokens:,} are less than one global batch "
             f"({gbs} × {seq} = {tokens_per_iter:,} tokens)",
-            where=w("tokens"),
+            where=ctx.where("tokens"),
             fix="raise tokens or lower the global batch",
         )
     iters = max(1, math.ceil(spec.tokens / tokens_per_iter))
-    lr: LRSpec = _merged(plan, spec, "lr", LRSpec())
+    lr: LRSpec = ctx.merged("lr", LRSpec())
     warmup = (
         lr.warmup_iters if lr.warmup_iters is not None else math.ceil((lr.warmup_fraction or 0.0) * iters)
     )
     if warmup >= iters and iters > 1:
-        findings.error(
+        ctx.findings.error(
             "warmup",
             f"warmup {warmup} iterations is not shorter than the stage ({iters})",
-            where=w("lr.warmup_iters"),
+            where=ctx.where("lr.warmup_iters"),
             fix="shorten the warmup",
         )
     wsd = math.ceil(lr.wsd_decay_fraction * iters) if lr.decay_style == "WSD" else None
-    save_interval = _merged(plan, spec, "save_interval", max(1, math.ceil(iters / 20)))
-    data = _merged(plan, spec, "data", None)
+    save_interval = ctx.merged("save_interval", max(1, math.ceil(iters / 20)))
+    return _Schedule(tokens_per_iter, iters, lr, warmup, wsd, save_interval)
+
+
+def _data(ctx: _StageContext) -> DataSpec | None:
+    data: DataSpec | None = ctx.merged("data", None)
     if data is None:
-        findings.error(
+        ctx.findings.error(
             "data-missing",
             "no data for this stage",
-            where=w("data"),
+            where=ctx.where("data"),
             fix="set [stages.data] or [defaults.data]",
         )
-    extra = list(_merged(plan, spec, "extra_args", []))
+    return data
+
+
+def _extra_args(ctx: _StageContext) -> list[str]:
+    """The stage's extra_args; a flag the planner owns or forbids is an error finding."""
+    extra = list(ctx.merged("extra_args", []))
     for flag in extra:
         name = flag.split("=", 1)[0]
         if name in FORBIDDEN_FLAGS:
-            findings.error(
+            ctx.findings.error(
                 "forbidden-flag",
                 f"extra_args has {name}: {FORBIDDEN_FLAGS[name]}",
-                where=w("extra_args"),
+                where=ctx.where("extra_args"),
                 fix=f"remove {name}",
             )
         elif name in OWNED_FLAGS:
-            findings.error(
+            ctx.findings.error(
                 "owned-flag",
                 f"extra_args sets {name}, which the planner derives",
-                where=w("extra_args"),
+                where=ctx.where("extra_args"),
                 fix=f"remove {name} and set the plan field instead",
             )
-    if seq < plan.base.seq_length:
-        findings.warning(
+    return extra
+
+
+def _check_not_shorter_than_base(ctx: _StageContext, seq: int) -> None:
+    base_len = ctx.plan.base.seq_length
+    if seq < base_len:
+        ctx.findings.warning(
             "shorter-than-base",
-            f"seq_length {seq} is shorter than the base model's {plan.base.seq_length}",
-            where=w("seq_length"),
+            f"seq_length {seq} is shorter than the base model's {base_len}",
+            where=ctx.where("seq_length"),
         )
 
-    load_from = (
-        paths.stage_save_dir(plan, plan.stages[i - 1].name)
-        if i > 0
-        else (paths.resolve(plan.base.path, plan, field="base.path") if plan.base.path else None)
-    )
+
+def _load_from(plan: Plan, i: int) -> Path | None:
+    """The previous stage's save dir, or (first stage) the base checkpoint."""
+    if i > 0:
+        return paths.stage_save_dir(plan, plan.stages[i - 1].name)
+    return paths.resolve(plan.base.path, plan, field="base.path") if plan.base.path else None
+
+
+def _resolve_stage(
+    plan: Plan, i: int, spec: StageSpec, arch: ModelArch, vocab: int, divisible_by: int, findings: Findings
+) -> ResolvedStage:
+    ctx = _StageContext(plan, i, spec, findings)
+    s = _settings(ctx)
+    padded = padded_vocab_size(vocab, divisible_by, s.tp)
+    rotary_base, rope_method, rope_expl = _rope(plan, i, spec, arch, findings)
+    _check_parallelism(ctx, s, arch)
+    sizing = _Sizing(plan, arch, s, padded, _global_batch(ctx, s))
+    cp, smallest = _choose_cp(ctx, sizing)
+    nodes, dp = _check_layout(ctx, sizing, cp)
+    est = sizing.estimate(cp)
+    _check_memory(ctx, est, smallest)
+    sched = _schedule(ctx, s.seq, sizing.gbs)
+    data = _data(ctx)
+    extra = _extra_args(ctx)
+    _check_not_shorter_than_base(ctx, s.seq)
+    load_from = _load_from(plan, i)
+    gbs, mbs = sizing.gbs, s.mbs
     return ResolvedStage(
-        index=i, name=spec.name, spec=spec, seq_length=seq, max_position_embeddings=max_pos,
+        index=i, name=spec.name, spec=spec, seq_length=s.seq, max_position_embeddings=s.max_pos,
         rotary_base=int(rotary_base), rope_method=rope_method, rope_explanation=rope_expl,
-        tp=tp, pp=pp, cp=cp, dp=dp, nodes=nodes, gpus_per_node=gpn, sequence_parallel=sp, recompute=recompute,
-        micro_batch_size=mbs, global_batch_size=gbs, num_microbatches=max(1, gbs // max(1, mbs * dp)),
-        train_iters=iters, tokens_planned=spec.tokens, tokens_realized=iters * tokens_per_iter, lr=lr,
-        warmup_iters=warmup, wsd_decay_iters=wsd, save_interval=save_interval,
-        eval_interval=_merged(plan, spec, "eval_interval", None), eval_iters=_merged(plan, spec, "eval_iters", 0),
-        log_interval=_merged(plan, spec, "log_interval", 1),
-        exit_duration_in_mins=_merged(plan, spec, "exit_duration_in_mins", None),
-        data=data, extra_args=extra, seed=_merged(plan, spec, "seed", 1234), padded_vocab_size=padded,
-        memory=est, smallest_fitting_cp=smallest, save_dir=paths.stage_save_dir(plan, spec.name), load_from=load_from,
+        tp=s.tp, pp=s.pp, cp=cp, dp=dp, nodes=nodes, gpus_per_node=s.gpn, sequence_parallel=s.sp,
+        recompute=s.recompute, micro_batch_size=mbs, global_batch_size=gbs,
+        num_microbatches=max(1, gbs // max(1, mbs * dp)), train_iters=sched.iters, tokens_planned=spec.tokens,
+        tokens_realized=sched.iters * sched.tokens_per_iter, lr=sched.lr, warmup_iters=sched.warmup,
+        wsd_decay_iters=sched.wsd, save_interval=sched.save_interval,
+        eval_interval=ctx.merged("eval_interval", None), eval_iters=ctx.merged("eval_iters", 0),
+        log_interval=ctx.merged("log_interval", 1),
+        exit_duration_in_mins=ctx.merged("exit_duration_in_mins", None),
+        data=data, extra_args=extra, seed=ctx.merged("seed", 1234), padded_vocab_size=padded,
+        memory=est, smallest_fitting_cp=smallest, save_dir=paths.stage_save_dir(plan, spec.name),
+        load_from=load_from,
     )  # fmt: skip

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from longctx.arch import ModelArch
+from longctx.errors import PlanError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -219,8 +220,6 @@ class Plan(_Strict):
         for s in self.stages:
             if s.name == name:
                 return s
-        from longctx.errors import PlanError
-
         raise PlanError(
             f"plan {self.name!r} has no stage {name!r}",
             where=str(self.plan_path or self.name),

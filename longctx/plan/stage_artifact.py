@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.schema import TierMix
 from longctx.report import Findings
+from longctx.tokenizer.load import LoadedTokenizer
 from longctx.util.fs import atomic_write_text
 
 
@@ -143,7 +145,7 @@ def stage_data_report(
     rp: ResolvedPlan,
     st: ResolvedStage,
     *,
-    tokenizer: Any = None,
+    tokenizer: LoadedTokenizer | str | os.PathLike[str] | None = None,
     scan: bool = True,
     strict: bool = False,
     workers: int | None = None,

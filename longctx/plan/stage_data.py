@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
 
 from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend, read_data_args
 from longctx.data.check import DataReport, check_datasets
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.stage_artifact import StageDataReport, stage_data_report, stage_tier_blend
+from longctx.tokenizer.load import LoadedTokenizer
 
 
 def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Blend:
@@ -30,7 +31,11 @@ def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Blend:
 
 
 def check_plan_data(
-    rp: ResolvedPlan, *, tokenizer: Any = None, scan: bool = True, strict: bool = False
+    rp: ResolvedPlan,
+    *,
+    tokenizer: LoadedTokenizer | str | os.PathLike[str] | None = None,
+    scan: bool = True,
+    strict: bool = False,
 ) -> dict[str, DataReport | StageDataReport]:
     """Run the data checks of every stage against its own length and token budget."""
     out: dict[str, DataReport | StageDataReport] = {}

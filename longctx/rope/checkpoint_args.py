@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,15 +31,15 @@ class RopeModelArgs:
 
 
 def rope_args_from_checkpoint_args(
-    args: Mapping[str, Any] | Any,
+    args: Mapping[str, Any] | Namespace,
     *,
     kv_channels: int | None = None,
     rotary_percent: float | None = None,
     where: str | None = None,
 ) -> RopeModelArgs:
-    """Read rotary dim, base and length from saved Megatron args (`kv_channels`, `rotary_percent`,
-    `rotary_base`, `seq_length`); `kv_channels` and `rotary_percent` (e.g. from the architecture
-    inferred from tensor shapes) fill missing ones."""
+    """Read rotary dim, base and length from saved Megatron args (a mapping or the saved Namespace:
+    `kv_channels`, `rotary_percent`, `rotary_base`, `seq_length`); `kv_channels` and `rotary_percent`
+    (e.g. from the architecture inferred from tensor shapes) fill missing ones."""
     if not isinstance(args, Mapping):
         args = vars(args)
     pe_type = str(args.get("position_embedding_type") or "rope")

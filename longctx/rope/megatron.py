@@ -95,48 +95,64 @@ def megatron_rope_flags(
     if scaling is None:
         return flags
     if scaling.type == "linear":
-        if version < CLI_PI_MIN:
-            raise _refuse(
-                "linear interpolation: --rotary-seq-len-interpolation-factor does not reach GPT models "
-                "before megatron-core 0.19.0 (the GPT builder does not pass it)",
-                v,
-                "use a base method (men-safe, abf) or Megatron-LM ≥ 0.19",
-            )
-        if not float(scaling.factor).is_integer():
-            raise _refuse(
-                f"linear interpolation factor {scaling.factor:g} is not an integer, and "
-                "--rotary-seq-len-interpolation-factor is type=int",
-                v,
-                "choose an integer factor (target / pretraining length is one for power-of-two stages)",
-            )
-        return [*flags, "--rotary-seq-len-interpolation-factor", _num(scaling.factor)]
+        return [*flags, *_linear_flags(scaling, version, v)]
     if scaling.type == "llama3":
-        wanted = {
-            "low_freq_factor": scaling.low_freq_factor,
-            "high_freq_factor": scaling.high_freq_factor,
-            "original_length": scaling.original_length,
-        }
-        off = [
-            f"{k} {_num(val)} (Megatron: {_num(MEGATRON_LLAMA3[k])})"
-            for k, val in wanted.items()
-            if float(val) != MEGATRON_LLAMA3[k]
-        ]
-        if off:
-            raise _refuse(
-                "llama3: Megatron hard-codes low/high frequency factors 1/4 and original length 8192; "
-                + "; ".join(off),
-                v,
-                "use llama3 only for an 8K-pretrained model, or a base method",
-            )
-        if float(scaling.factor) != MEGATRON_LLAMA3_CLI_FACTOR:
-            raise _refuse(
-                f"llama3 factor {scaling.factor:g}: --rope-scaling-factor is ignored by pretrain_gpt (the "
-                "GPT builder passes only --use-rope-scaling), so GPT always gets factor 8",
-                v,
-                "use factor 8, or the local backend (megatron-core honours the factor)",
-            )
-        return [*flags, "--use-rope-scaling"]
-    # yarn
+        return [*flags, *_llama3_flags(scaling, v)]
+    return _yarn_flags(scaling, rotary_base, full, version, v)
+
+
+def _linear_flags(scaling: RopeScaling, version: tuple[int, int, int], v: str) -> list[str]:
+    """PI: an integer --rotary-seq-len-interpolation-factor, which reaches GPT from 0.19."""
+    if version < CLI_PI_MIN:
+        raise _refuse(
+            "linear interpolation: --rotary-seq-len-interpolation-factor does not reach GPT models "
+            "before megatron-core 0.19.0 (the GPT builder does not pass it)",
+            v,
+            "use a base method (men-safe, abf) or Megatron-LM ≥ 0.19",
+        )
+    if not float(scaling.factor).is_integer():
+        raise _refuse(
+            f"linear interpolation factor {scaling.factor:g} is not an integer, and "
+            "--rotary-seq-len-interpolation-factor is type=int",
+            v,
+            "choose an integer factor (target / pretraining length is one for power-of-two stages)",
+        )
+    return ["--rotary-seq-len-interpolation-factor", _num(scaling.factor)]
+
+
+def _llama3_flags(scaling: RopeScaling, v: str) -> list[str]:
+    """llama3: only --use-rope-scaling reaches GPT, so only Megatron's hard-coded settings are honoured."""
+    wanted = {
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_length": scaling.original_length,
+    }
+    off = [
+        f"{k} {_num(val)} (Megatron: {_num(MEGATRON_LLAMA3[k])})"
+        for k, val in wanted.items()
+        if float(val) != MEGATRON_LLAMA3[k]
+    ]
+    if off:
+        raise _refuse(
+            "llama3: Megatron hard-codes low/high frequency factors 1/4 and original length 8192; "
+            + "; ".join(off),
+            v,
+            "use llama3 only for an 8K-pretrained model, or a base method",
+        )
+    if float(scaling.factor) != MEGATRON_LLAMA3_CLI_FACTOR:
+        raise _refuse(
+            f"llama3 factor {scaling.factor:g}: --rope-scaling-factor is ignored by pretrain_gpt (the "
+            "GPT builder passes only --use-rope-scaling), so GPT always gets factor 8",
+            v,
+            "use factor 8, or the local backend (megatron-core honours the factor)",
+        )
+    return ["--use-rope-scaling"]
+
+
+def _yarn_flags(
+    scaling: RopeScaling, rotary_base: int, full: bool, version: tuple[int, int, int], v: str
+) -> list[str]:
+    """YaRN: its own position-embedding type and --yarn-* flags (from 0.19), full rotary only."""
     if version < CLI_YARN_MIN:
         raise _refuse(
             "yarn: --position-embedding-type yarn and the --yarn-* flags exist for GPT only from "

@@ -3,7 +3,8 @@
 Every method returns an integer base (Megatron's `--rotary-base` is an int) with an explanation.
 Base methods change only the base: `fixed`, `abf`, `men`, `men-safe`, `liu`, `ntk`. Scaling methods
 keep a base and change the frequencies: `yarn`, `llama3`, `linear` (PI); whether a Megatron version
-honours them is decided by `longctx.rope.megatron`.
+honours them is decided by `longctx.rope.megatron`. Each method is a function registered in `METHODS`
+by the `@register(name, kind, summary, *params)` decorator above it.
 
 A base below the pretraining base is a **warning** (finding `base-below-pretrain`), not an error:
 Liu et al.'s small-base regime lowers the base on purpose, but in ABF-style extension a lower base
@@ -32,7 +33,7 @@ class _Required:
         return "<required>"
 
 
-REQUIRED: Any = _Required()
+REQUIRED = _Required()
 
 
 @dataclass(frozen=True)
@@ -98,13 +99,17 @@ class Outcome:
     scaling: RopeScaling | None = None
 
 
+#: A method's computation: validated parameters (defaults filled in) → Outcome.
+Compute = Callable[[RopeInputs, dict[str, Any]], Outcome]
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
     kind: Kind
     summary: str
     params: tuple[Param, ...]
-    compute: Callable[[RopeInputs, dict[str, Any]], Outcome] = field(repr=False)
+    compute: Compute = field(repr=False)
 
     def resolve(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Validated parameters with defaults filled in; unknown or missing ones raise RopeError."""
@@ -273,12 +278,39 @@ _EXACT_NOTE = (
 
 # --- the methods -----------------------------------------------------------------------------------
 
+#: Every method by name, in the order they are registered below (the order help and errors list them).
+METHODS: dict[str, Method] = {}
 
+
+def register(name: str, kind: Kind, summary: str, *params: Param) -> Callable[[Compute], Compute]:
+    """Decorator: register the function as method `name` of this kind, with these parameters, in METHODS."""
+
+    def add(compute: Compute) -> Compute:
+        if name in METHODS:
+            raise ValueError(f"RoPE method {name!r} is registered twice")
+        METHODS[name] = Method(name, kind, summary, params, compute)
+        return compute
+
+    return add
+
+
+@register(
+    "fixed",
+    "base",
+    "a given base",
+    Param("base", int, REQUIRED, "the rotary base, an integer > 1", above=1),
+)
 def _fixed(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = p["base"]
     return Outcome(float(base), base, f"fixed: the given base {_fmt(base)}.")
 
 
+@register(
+    "abf",
+    "base",
+    "one fixed large base (Xiong et al. 2023), default 500 000",
+    Param("base", int, 500_000, "the rotary base (default 500000)", above=1),
+)
 def _abf(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = p["base"]
     text = (
@@ -290,6 +322,18 @@ def _abf(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     return Outcome(float(base), base, text)
 
 
+@register(
+    "men",
+    "base",
+    "Men et al.'s lower bound: exact search, or the paper's table or fit",
+    Param(
+        "source",
+        str,
+        "exact",
+        "exact (search for the model's rotary dim), table or fit (paper, d = 128)",
+        choices=("exact", "table", "fit"),
+    ),
+)
 def _men(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     value, label = _men_value(inp, p["source"])
     base = math.ceil(value - 1e-9)
@@ -303,6 +347,19 @@ def _men(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     return Outcome(value, base, text)
 
 
+@register(
+    "men-safe",
+    "base",
+    "Men et al.'s bound × factor (default 4), two significant digits",
+    Param("factor", float, 4.0, "multiplier of the bound (default 4)", at_least=1.0),
+    Param(
+        "source",
+        str,
+        "paper",
+        "paper (table, else fit, for d = 128; else exact), exact, table or fit",
+        choices=("paper", "exact", "table", "fit"),
+    ),
+)
 def _men_safe(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     value, label = _men_value(inp, p["source"])
     factor = p["factor"]
@@ -320,6 +377,7 @@ def _men_safe(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     return Outcome(raw, base, text)
 
 
+@register("liu", "base", "Liu et al.'s critical-dimension base (T/2π)^(d/d_extra)")
 def _liu(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     d = inp.rotary_dim
     d_extra = formulas.liu_d_extra(inp.pretrain_base, inp.pretrain_length, d)
@@ -337,6 +395,12 @@ def _liu(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     return Outcome(value, base, text)
 
 
+@register(
+    "ntk",
+    "base",
+    "NTK-aware base b·s^(d/(d−2))",
+    Param("scale", float, None, "s (default target / pretraining length)", at_least=1.0),
+)
 def _ntk(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     d = inp.rotary_dim
     scale = inp.scale if p["scale"] is None else p["scale"]
@@ -351,10 +415,26 @@ def _ntk(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     return Outcome(value, base, text)
 
 
+#: the scaling methods' `base`: they keep a base and change the frequencies
+_BASE_PARAM = Param("base", int, None, "rotary base to keep (default: the pretraining base)", above=1)
+
+
 def _scaling_base(inp: RopeInputs, p: dict[str, Any]) -> int:
     return to_int(inp.pretrain_base) if p["base"] is None else p["base"]
 
 
+@register(
+    "yarn",
+    "scaling",
+    "YaRN NTK-by-parts interpolation with attention temperature",
+    _BASE_PARAM,
+    Param("factor", float, None, "s (default target / original length)", at_least=1.0),
+    Param("original_length", int, None, "original context (default the pretraining length)", above=0),
+    Param("beta_fast", float, 32.0, "β_fast (default 32)", above=0),
+    Param("beta_slow", float, 1.0, "β_slow (default 1)", above=0),
+    Param("mscale", float, 1.0, "mscale (default 1.0)", at_least=0),
+    Param("mscale_all_dim", float, 0.0, "mscale_all_dim (default 0.0)", at_least=0),
+)
 def _yarn(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = _scaling_base(inp, p)
     original = inp.pretrain_length if p["original_length"] is None else p["original_length"]
@@ -373,6 +453,16 @@ def _yarn(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     return Outcome(float(base), base, text, scaling)
 
 
+@register(
+    "llama3",
+    "scaling",
+    "Llama 3.1 frequency-band scaling",
+    _BASE_PARAM,
+    Param("factor", float, 8.0, "divisor of the low frequencies (default 8, Llama 3.1)", at_least=1.0),
+    Param("low_freq_factor", float, 1.0, "default 1", above=0),
+    Param("high_freq_factor", float, 4.0, "default 4", above=0),
+    Param("original_length", int, None, "original context (default the pretraining length)", above=0),
+)
 def _llama3(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = _scaling_base(inp, p)
     original = inp.pretrain_length if p["original_length"] is None else p["original_length"]
@@ -395,6 +485,13 @@ def _llama3(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     return Outcome(float(base), base, text, scaling)
 
 
+@register(
+    "linear",
+    "scaling",
+    "linear position interpolation (PI)",
+    _BASE_PARAM,
+    Param("factor", float, None, "s (default target / pretraining length)", at_least=1.0),
+)
 def _linear(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = _scaling_base(inp, p)
     factor = inp.scale if p["factor"] is None else p["factor"]
@@ -406,115 +503,6 @@ def _linear(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     )
     return Outcome(float(base), base, text, scaling)
 
-
-_BASE_PARAM = Param("base", int, None, "rotary base to keep (default: the pretraining base)", above=1)
-
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (
-        Method(
-            "fixed",
-            "base",
-            "a given base",
-            (Param("base", int, REQUIRED, "the rotary base, an integer > 1", above=1),),
-            _fixed,
-        ),
-        Method(
-            "abf",
-            "base",
-            "one fixed large base (Xiong et al. 2023), default 500 000",
-            (Param("base", int, 500_000, "the rotary base (default 500000)", above=1),),
-            _abf,
-        ),
-        Method(
-            "men",
-            "base",
-            "Men et al.'s lower bound: exact search, or the paper's table or fit",
-            (
-                Param(
-                    "source",
-                    str,
-                    "exact",
-                    "exact (search for the model's rotary dim), table or fit (paper, d = 128)",
-                    choices=("exact", "table", "fit"),
-                ),
-            ),
-            _men,
-        ),
-        Method(
-            "men-safe",
-            "base",
-            "Men et al.'s bound × factor (default 4), two significant digits",
-            (
-                Param("factor", float, 4.0, "multiplier of the bound (default 4)", at_least=1.0),
-                Param(
-                    "source",
-                    str,
-                    "paper",
-                    "paper (table, else fit, for d = 128; else exact), exact, table or fit",
-                    choices=("paper", "exact", "table", "fit"),
-                ),
-            ),
-            _men_safe,
-        ),
-        Method("liu", "base", "Liu et al.'s critical-dimension base (T/2π)^(d/d_extra)", (), _liu),
-        Method(
-            "ntk",
-            "base",
-            "NTK-aware base b·s^(d/(d−2))",
-            (Param("scale", float, None, "s (default target / pretraining length)", at_least=1.0),),
-            _ntk,
-        ),
-        Method(
-            "yarn",
-            "scaling",
-            "YaRN NTK-by-parts interpolation with attention temperature",
-            (
-                _BASE_PARAM,
-                Param("factor", float, None, "s (default target / original length)", at_least=1.0),
-                Param(
-                    "original_length", int, None, "original context (default the pretraining length)", above=0
-                ),
-                Param("beta_fast", float, 32.0, "β_fast (default 32)", above=0),
-                Param("beta_slow", float, 1.0, "β_slow (default 1)", above=0),
-                Param("mscale", float, 1.0, "mscale (default 1.0)", at_least=0),
-                Param("mscale_all_dim", float, 0.0, "mscale_all_dim (default 0.0)", at_least=0),
-            ),
-            _yarn,
-        ),
-        Method(
-            "llama3",
-            "scaling",
-            "Llama 3.1 frequency-band scaling",
-            (
-                _BASE_PARAM,
-                Param(
-                    "factor",
-                    float,
-                    8.0,
-                    "divisor of the low frequencies (default 8, Llama 3.1)",
-                    at_least=1.0,
-                ),
-                Param("low_freq_factor", float, 1.0, "default 1", above=0),
-                Param("high_freq_factor", float, 4.0, "default 4", above=0),
-                Param(
-                    "original_length", int, None, "original context (default the pretraining length)", above=0
-                ),
-            ),
-            _llama3,
-        ),
-        Method(
-            "linear",
-            "scaling",
-            "linear position interpolation (PI)",
-            (
-                _BASE_PARAM,
-                Param("factor", float, None, "s (default target / pretraining length)", at_least=1.0),
-            ),
-            _linear,
-        ),
-    )
-}
 
 BASE_METHODS: tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.kind == "base")
 SCALING_METHODS: tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.kind == "scaling")
