@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -29,8 +29,10 @@ from longctx.data.sidecar import DatasetSidecar, read_sidecar, sidecar_path
 from longctx.data.stats import LengthStats, label, length_stats
 from longctx.errors import DatasetError
 from longctx.report import Findings
+from longctx.tokenizer import LoadedTokenizer, load_tokenizer
 
 Datasets = Blend | str | Sequence[str | os.PathLike[str]]
+TokenizerArg = LoadedTokenizer | str | os.PathLike[str]  # a loaded tokenizer, or the path to load
 
 
 @dataclasses.dataclass
@@ -82,11 +84,14 @@ def _as_blend(datasets: Datasets) -> Blend:
     return blend_from_prefixes(list(datasets), check_exists=False)
 
 
-def _load_tokenizer(tokenizer: Any) -> Any:
+@overload
+def resolve_tokenizer(tokenizer: TokenizerArg) -> LoadedTokenizer: ...
+@overload
+def resolve_tokenizer(tokenizer: None) -> None: ...
+def resolve_tokenizer(tokenizer: TokenizerArg | None) -> LoadedTokenizer | None:
+    """The tokenizer a check compares against: a `LoadedTokenizer` as given, a path loaded, None kept."""
     if tokenizer is None:
         return None
-    from longctx.tokenizer import LoadedTokenizer, load_tokenizer
-
     return tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
 
 
@@ -103,7 +108,7 @@ class _Prepared:
 def check_datasets(
     datasets: Datasets,
     *,
-    tokenizer: Any = None,
+    tokenizer: TokenizerArg | None = None,
     vocab_size: int | None = None,
     eod_id: int | None = None,
     lengths: Sequence[int] = (),
@@ -120,17 +125,12 @@ def check_datasets(
     Raises only for unusable arguments; every problem of the data is a finding.
     """
     blend = _as_blend(datasets)
-    tok = _load_tokenizer(tokenizer)
+    tok = resolve_tokenizer(tokenizer)
     vocab = vocab_size if vocab_size is not None else (tok.vocab_size if tok is not None else None)
     eod = eod_id if eod_id is not None else (tok.eod_id if tok is not None else None)
     bos = tok.bos_id if tok is not None else None
-    budgets = dict(budgets or {})
-    for stage, tokens in budgets.items():
-        if tokens <= 0:
-            raise DatasetError(f"token budget of stage {stage!r} must be positive, got {tokens}")
-    wanted = sorted({int(n) for n in lengths})
-    if any(n <= 0 for n in wanted):
-        raise DatasetError(f"stage lengths must be positive, got {wanted}")
+    budgets = _checked_budgets(budgets)
+    wanted = _checked_lengths(lengths)
 
     findings = Findings(blend.findings)
     if tok is None and vocab is None:
@@ -145,42 +145,8 @@ def check_datasets(
     n_workers = workers or min(os.cpu_count() or 1, 8)
     with ThreadPoolExecutor(max_workers=max(1, min(n_workers, len(entries) or 1))) as pool:
         prepared = list(pool.map(lambda e: _prepare(e, tok, vocab, eod, bos), entries))
-
-    to_scan = [p for p in prepared if scan and p.scannable and p.info is not None]
-    if to_scan:
-        results = scan_datasets(
-            [p.info for p in to_scan],  # type: ignore[misc]
-            [p.params for p in to_scan],
-            workers=workers,
-            progress=progress,
-            block_bytes=block_bytes,
-        )
-        scanned = {id(p): r for p, r in zip(to_scan, results, strict=True)}
-    else:
-        scanned = {}
-
-    reports: list[PrefixReport] = []
-    for p in prepared:
-        res = scanned.get(id(p))
-        if res is not None and p.info is not None:
-            _scan_findings(p.info, p.params, res, p.findings)
-        stats = None
-        if p.info is not None and p.scannable:
-            stats = length_stats(p.info, wanted)
-            _length_findings(stats, p.findings, p.entry.prefix)
-        reports.append(
-            PrefixReport(
-                prefix=p.entry.prefix,
-                weight=p.entry.weight,
-                share=None,
-                index=_index_facts(p.info) if p.info is not None else None,
-                scan=res,
-                lengths=stats,
-                sidecar=p.sidecar.model_dump(mode="json") if p.sidecar is not None else None,
-                epochs={},
-                findings=p.findings,
-            )
-        )
+    scanned = _scan_prepared(prepared, scan, workers, progress, block_bytes)
+    reports = [_prefix_report(p, scanned.get(id(p)), wanted) for p in prepared]
 
     total = _budget_findings(blend, reports, budgets, findings)
     if strict:
@@ -193,17 +159,7 @@ def check_datasets(
             "weighted": blend.weighted,
             "entries": [dataclasses.asdict(e) for e in blend.entries],
         },
-        tokenizer=(
-            {
-                "path": str(tok.path),
-                "kind": tok.kind,
-                "md5": tok.md5,
-                "vocab_size": tok.vocab_size,
-                "eod_id": tok.eod_id,
-            }
-            if tok is not None
-            else None
-        ),
+        tokenizer=_tokenizer_facts(tok),
         vocab_size=vocab,
         eod_id=eod,
         lengths=wanted,
@@ -215,7 +171,73 @@ def check_datasets(
     )
 
 
-def _prepare(entry: BlendEntry, tok: Any, vocab: int | None, eod: int | None, bos: int | None) -> _Prepared:
+def _checked_budgets(budgets: Mapping[str, int] | None) -> dict[str, int]:
+    out = dict(budgets or {})
+    for stage, tokens in out.items():
+        if tokens <= 0:
+            raise DatasetError(f"token budget of stage {stage!r} must be positive, got {tokens}")
+    return out
+
+
+def _checked_lengths(lengths: Sequence[int]) -> list[int]:
+    wanted = sorted({int(n) for n in lengths})
+    if any(n <= 0 for n in wanted):
+        raise DatasetError(f"stage lengths must be positive, got {wanted}")
+    return wanted
+
+
+def _scan_prepared(
+    prepared: list[_Prepared], scan: bool, workers: int | None, progress: bool, block_bytes: int
+) -> dict[int, ScanResult]:
+    """Full token scans of the prefixes that can be scanned, keyed by `id()` of their `_Prepared`."""
+    to_scan = [p for p in prepared if scan and p.scannable and p.info is not None]
+    if not to_scan:
+        return {}
+    results = scan_datasets(
+        [p.info for p in to_scan],  # type: ignore[misc]
+        [p.params for p in to_scan],
+        workers=workers,
+        progress=progress,
+        block_bytes=block_bytes,
+    )
+    return {id(p): r for p, r in zip(to_scan, results, strict=True)}
+
+
+def _prefix_report(p: _Prepared, res: ScanResult | None, wanted: list[int]) -> PrefixReport:
+    if res is not None and p.info is not None:
+        _scan_findings(p.info, p.params, res, p.findings)
+    stats = None
+    if p.info is not None and p.scannable:
+        stats = length_stats(p.info, wanted)
+        _length_findings(stats, p.findings, p.entry.prefix)
+    return PrefixReport(
+        prefix=p.entry.prefix,
+        weight=p.entry.weight,
+        share=None,
+        index=_index_facts(p.info) if p.info is not None else None,
+        scan=res,
+        lengths=stats,
+        sidecar=p.sidecar.model_dump(mode="json") if p.sidecar is not None else None,
+        epochs={},
+        findings=p.findings,
+    )
+
+
+def _tokenizer_facts(tok: LoadedTokenizer | None) -> dict[str, Any] | None:
+    if tok is None:
+        return None
+    return {
+        "path": str(tok.path),
+        "kind": tok.kind,
+        "md5": tok.md5,
+        "vocab_size": tok.vocab_size,
+        "eod_id": tok.eod_id,
+    }
+
+
+def _prepare(
+    entry: BlendEntry, tok: LoadedTokenizer | None, vocab: int | None, eod: int | None, bos: int | None
+) -> _Prepared:
     f = Findings()
     prefix = entry.prefix
     try:
@@ -269,7 +291,12 @@ def _prepare(entry: BlendEntry, tok: Any, vocab: int | None, eod: int | None, bo
 
 
 def _sidecar_findings(
-    info: IndexInfo, sc: DatasetSidecar | None, tok: Any, vocab: int | None, eod: int | None, f: Findings
+    info: IndexInfo,
+    sc: DatasetSidecar | None,
+    tok: LoadedTokenizer | None,
+    vocab: int | None,
+    eod: int | None,
+    f: Findings,
 ) -> None:
     where = str(sidecar_path(info.prefix))
     if sc is None:

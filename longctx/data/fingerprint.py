@@ -8,25 +8,23 @@ visibly does not fit the tokenizer.
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from longctx.data.check import check_datasets
+from longctx import __version__
+from longctx.data.check import TokenizerArg, check_datasets
 from longctx.data.indexed import read_index
 from longctx.data.sidecar import DatasetSidecar, SidecarTokenizer, sidecar_path, write_sidecar
 from longctx.errors import DatasetError
+from longctx.tokenizer import LoadedTokenizer, load_tokenizer
 
 
 def fingerprint_dataset(
     prefix: str | os.PathLike[str],
-    tokenizer: Any,
+    tokenizer: TokenizerArg,
     *,
     force: bool = False,
     workers: int | None = None,
     progress: bool = True,
 ) -> DatasetSidecar:
-    from longctx import __version__
-    from longctx.tokenizer import LoadedTokenizer, load_tokenizer
-
     prefix = os.fspath(prefix)
     tok = tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
     target = sidecar_path(prefix)

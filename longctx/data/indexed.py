@@ -143,6 +143,46 @@ def read_index(prefix: str | os.PathLike[str]) -> IndexInfo:
     """
     prefix = os.fspath(prefix)
     ipath, bpath = idx_path(prefix), bin_path(prefix)
+    _require_files(prefix, ipath, bpath)
+    idx_size = ipath.stat().st_size
+    bin_size = bpath.stat().st_size
+    version, code, n, d = _read_header(ipath, idx_size)
+    extra = idx_size - (HEADER_BYTES + 4 * n + 8 * n + 8 * d)
+    multimodal = n > 0 and extra == n
+    trailing = 0 if multimodal else extra
+
+    def mapped(dt: type[np.generic], count: int, offset: int) -> np.ndarray:
+        if count == 0:
+            return np.zeros(0, dtype=dt)
+        return np.memmap(ipath, dtype=dt, mode="r", offset=offset, shape=(count,))
+
+    lengths = mapped(np.int32, n, HEADER_BYTES)
+    pointers = mapped(np.int64, n, HEADER_BYTES + 4 * n)
+    doc_idx = mapped(np.int64, d, HEADER_BYTES + 12 * n)
+    tokens = 0
+    for start in range(0, n, CHUNK_ITEMS):
+        tokens += int(lengths[start : start + CHUNK_ITEMS].sum(dtype=np.int64))
+    return IndexInfo(
+        prefix=prefix,
+        idx_path=ipath,
+        bin_path=bpath,
+        version=version,
+        dtype_code=code,
+        dtype=DTYPE_CODES[code],
+        sequence_count=n,
+        document_index_count=d,
+        idx_size=idx_size,
+        bin_size=bin_size,
+        multimodal=multimodal,
+        trailing_idx_bytes=trailing,
+        sequence_lengths=lengths,
+        sequence_pointers=pointers,
+        document_indices=doc_idx,
+        tokens=tokens,
+    )
+
+
+def _require_files(prefix: str, ipath: Path, bpath: Path) -> None:
     missing = [p.name for p in (ipath, bpath) if not p.is_file()]
     if missing:
         hint = ""
@@ -155,8 +195,10 @@ def read_index(prefix: str | os.PathLike[str]) -> IndexInfo:
             fix="check the path (Megatron resolves relative prefixes from the working directory)"
             + ("; drop the .bin/.idx suffix" if hint else ""),
         )
-    idx_size = ipath.stat().st_size
-    bin_size = bpath.stat().st_size
+
+
+def _read_header(ipath: Path, idx_size: int) -> tuple[int, int, int, int]:
+    """(version, dtype code, sequence count, document-index count) of a well-formed, long enough `.idx`."""
     with open(ipath, "rb") as fh:
         header = fh.read(HEADER_BYTES)
     if header[:9] != MAGIC and not (len(header) < 9 and MAGIC.startswith(header)):
@@ -189,7 +231,6 @@ def read_index(prefix: str | os.PathLike[str]) -> IndexInfo:
             where=str(ipath),
             fix="the index is corrupt; re-create it",
         )
-    dtype = DTYPE_CODES[code]
     n, d = struct.unpack("<QQ", header[18:34])
     arrays = HEADER_BYTES + 4 * n + 8 * n + 8 * d
     if idx_size < arrays:
@@ -199,39 +240,7 @@ def read_index(prefix: str | os.PathLike[str]) -> IndexInfo:
             where=str(ipath),
             fix="the index was cut short (interrupted copy?); copy or re-create it",
         )
-    extra = idx_size - arrays
-    multimodal = n > 0 and extra == n
-    trailing = 0 if multimodal else extra
-
-    def mapped(dt: type[np.generic], count: int, offset: int) -> np.ndarray:
-        if count == 0:
-            return np.zeros(0, dtype=dt)
-        return np.memmap(ipath, dtype=dt, mode="r", offset=offset, shape=(count,))
-
-    lengths = mapped(np.int32, n, HEADER_BYTES)
-    pointers = mapped(np.int64, n, HEADER_BYTES + 4 * n)
-    doc_idx = mapped(np.int64, d, HEADER_BYTES + 12 * n)
-    tokens = 0
-    for start in range(0, n, CHUNK_ITEMS):
-        tokens += int(lengths[start : start + CHUNK_ITEMS].sum(dtype=np.int64))
-    return IndexInfo(
-        prefix=prefix,
-        idx_path=ipath,
-        bin_path=bpath,
-        version=version,
-        dtype_code=code,
-        dtype=dtype,
-        sequence_count=n,
-        document_index_count=d,
-        idx_size=idx_size,
-        bin_size=bin_size,
-        multimodal=multimodal,
-        trailing_idx_bytes=trailing,
-        sequence_lengths=lengths,
-        sequence_pointers=pointers,
-        document_indices=doc_idx,
-        tokens=tokens,
-    )
+    return version, code, n, d
 
 
 def validate_index(info: IndexInfo) -> Findings:

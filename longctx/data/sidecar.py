@@ -10,11 +10,12 @@ import datetime as _dt
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longctx.errors import DatasetError
+from longctx.tokenizer import LoadedTokenizer
 from longctx.util.fs import atomic_write_json
 
 SIDECAR_SUFFIX = ".longctx.json"
@@ -33,7 +34,7 @@ class SidecarTokenizer(BaseModel):
     path: str | None = None
 
     @classmethod
-    def of(cls, tok: Any) -> SidecarTokenizer:
+    def of(cls, tok: LoadedTokenizer) -> SidecarTokenizer:
         """The identity of a loaded tokenizer, as a sidecar records it."""
         return cls(
             md5=tok.md5,

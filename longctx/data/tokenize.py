@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -20,18 +21,23 @@ import signal
 import threading
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from longctx import __version__
 from longctx.data.indexed import bin_path, idx_path, optimal_dtype
 from longctx.data.sidecar import DatasetSidecar, SidecarInput, SidecarTokenizer, sidecar_path, write_sidecar
 from longctx.errors import DatasetError, LongctxError
+from longctx.tokenizer import LoadedTokenizer, load_tokenizer
 from longctx.util.fs import fsync_dir
 from longctx.util.progress import progress_bar
+
+if TYPE_CHECKING:  # megatron-core pulls in torch; tokenize_jsonl imports it when it runs
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 BATCH_LINES = 256
 BATCH_BYTES = 4 * 1024 * 1024
@@ -43,8 +49,6 @@ _worker: dict[str, Any] = {}
 def _init_worker(tokenizer_path: str, json_key: str, add_bos: bool, in_pool: bool = False) -> None:
     if in_pool:  # one thread per worker process; in-process encoding keeps the library's own threads
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from longctx.tokenizer import load_tokenizer
-
     _worker["tok"] = load_tokenizer(tokenizer_path)
     _worker["key"] = json_key
     _worker["add_bos"] = add_bos
@@ -145,7 +149,9 @@ class _Tee:
             yield line
 
 
-def _batches(path: Path, reader: _HashingReader, advance: Any) -> Iterator[tuple[str, int, list[bytes]]]:
+def _batches(
+    path: Path, reader: _HashingReader, advance: Callable[..., None]
+) -> Iterator[tuple[str, int, list[bytes]]]:
     lines: list[bytes] = []
     size = 0
     first = 1
@@ -214,7 +220,7 @@ def _check_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
 
 def tokenize_jsonl(
     inputs: Sequence[str | os.PathLike[str]],
-    tokenizer: Any,
+    tokenizer: LoadedTokenizer | str | os.PathLike[str],
     output_prefix: str | os.PathLike[str],
     *,
     json_key: str = "text",
@@ -229,10 +235,8 @@ def tokenize_jsonl(
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+        # lazy: megatron-core pulls in torch, which no other data command needs
         from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-
-    from longctx import __version__
-    from longctx.tokenizer import LoadedTokenizer, load_tokenizer
 
     paths = _check_inputs(inputs)
     tok = tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
@@ -258,54 +262,13 @@ def tokenize_jsonl(
     dtype = DType.optimal_dtype(tok.vocab_size)
     if np.dtype(dtype) != optimal_dtype(tok.vocab_size):  # our reader and megatron-core must agree
         raise LongctxError(f"dtype rule mismatch for vocab {tok.vocab_size}")
-    stats: list[SidecarInput] = []
-    documents = tokens = 0
     stack_outer = contextlib.ExitStack()
     try:
         stack_outer.enter_context(_terminate_raises())
         builder = IndexedDatasetBuilder(str(bin_path(tmp_prefix)), dtype=dtype)
-        total = sum(p.stat().st_size for p in paths)
-        with contextlib.ExitStack() as stack:
-            pool = None
-            if workers > 1:
-                pool = stack.enter_context(_start_pool(workers, str(tok.path), json_key, add_bos))
-            else:
-                _init_worker(str(tok.path), json_key, add_bos)
-            advance = (
-                stack.enter_context(progress_bar("tokenize", total, unit="bytes"))
-                if progress
-                else (lambda n=1: None)
-            )
-            for path in paths:
-                reader = _HashingReader(path)
-                docs_in = skipped_in = 0
-                try:
-                    batches = _batches(path, reader, advance)
-                    results = _ordered(pool, batches, 4 * workers) if pool else map(_encode_batch, batches)
-                    for result in results:
-                        if isinstance(result, dict):
-                            raise DatasetError(str(result["what"]), where=result["where"], fix=result["fix"])
-                        flat, lengths, skipped = result
-                        skipped_in += skipped
-                        pos = 0
-                        for n in lengths.tolist():
-                            builder.add_document(flat[pos : pos + n], [n])
-                            pos += n
-                        docs_in += len(lengths)
-                        tokens += int(flat.size)
-                finally:
-                    reader.close()
-                documents += docs_in
-                stats.append(
-                    SidecarInput(
-                        path=str(path.resolve()),
-                        bytes=path.stat().st_size,
-                        sha256=reader.sha.hexdigest(),
-                        documents=docs_in,
-                        skipped_empty=skipped_in,
-                    )
-                )
+        stats = _tokenize_inputs(paths, builder, str(tok.path), json_key, add_bos, workers, progress)
         builder.finalize(str(idx_path(tmp_prefix)))
+        documents = sum(s.documents for s in stats)
         sidecar = DatasetSidecar(
             origin="tokenize",
             longctx_version=__version__,
@@ -313,11 +276,11 @@ def tokenize_jsonl(
             dtype=np.dtype(dtype).name,
             documents=documents,
             sequences=documents,
-            tokens=tokens,
+            tokens=sum(s.tokens for s in stats),
             append_eod=True,
             add_bos=add_bos,
             json_key=json_key,
-            inputs=stats,
+            inputs=[s.record for s in stats],
         )
         write_sidecar(tmp_prefix, sidecar, path=sidecar_path(tmp_prefix))
         for tmp in tmp_files[:2]:
@@ -334,6 +297,76 @@ def tokenize_jsonl(
         raise
     finally:
         stack_outer.close()
+
+
+@dataclasses.dataclass
+class _InputStats:
+    record: SidecarInput
+    documents: int
+    tokens: int
+
+
+def _tokenize_inputs(
+    paths: list[Path],
+    builder: IndexedDatasetBuilder,
+    tokenizer_path: str,
+    json_key: str,
+    add_bos: bool,
+    workers: int,
+    progress: bool,
+) -> list[_InputStats]:
+    """Encode every input in order into `builder`: in worker processes when `workers` > 1, else here."""
+    stats: list[_InputStats] = []
+    total = sum(p.stat().st_size for p in paths)
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if workers > 1:
+            pool = stack.enter_context(_start_pool(workers, tokenizer_path, json_key, add_bos))
+        else:
+            _init_worker(tokenizer_path, json_key, add_bos)
+        advance = (
+            stack.enter_context(progress_bar("tokenize", total, unit="bytes"))
+            if progress
+            else (lambda n=1: None)
+        )
+        for path in paths:
+            stats.append(_tokenize_input(path, builder, pool, workers, advance))
+    return stats
+
+
+def _tokenize_input(
+    path: Path,
+    builder: IndexedDatasetBuilder,
+    pool: ProcessPoolExecutor | None,
+    workers: int,
+    advance: Callable[..., None],
+) -> _InputStats:
+    reader = _HashingReader(path)
+    docs_in = skipped_in = tokens = 0
+    try:
+        batches = _batches(path, reader, advance)
+        results = _ordered(pool, batches, 4 * workers) if pool else map(_encode_batch, batches)
+        for result in results:
+            if isinstance(result, dict):
+                raise DatasetError(str(result["what"]), where=result["where"], fix=result["fix"])
+            flat, lengths, skipped = result
+            skipped_in += skipped
+            pos = 0
+            for n in lengths.tolist():
+                builder.add_document(flat[pos : pos + n], [n])
+                pos += n
+            docs_in += len(lengths)
+            tokens += int(flat.size)
+    finally:
+        reader.close()
+    record = SidecarInput(
+        path=str(path.resolve()),
+        bytes=path.stat().st_size,
+        sha256=reader.sha.hexdigest(),
+        documents=docs_in,
+        skipped_empty=skipped_in,
+    )
+    return _InputStats(record, docs_in, tokens)
 
 
 @contextlib.contextmanager

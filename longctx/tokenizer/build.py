@@ -76,7 +76,7 @@ def train_sentencepiece(
     `tokenizer_json=True` adds a `tokenizer.json` equivalent to the model. `byte_fallback=False` makes
     characters unseen in training decode as `<unk>` (for tests of failing round trips).
     """
-    import sentencepiece as spm
+    import sentencepiece as spm  # lazy: a native library that only training needs
 
     if layout != "oellm":
         raise TokenizerError(f"unknown tokenizer layout {layout!r}", fix="use layout='oellm'")
@@ -172,6 +172,7 @@ def write_tokenizer_json(model: Path, out_path: Path, *, added: dict[str, int]) 
     Merges are recovered from the vocabulary: every split of a piece into two pieces is a merge, ranked
     by the merged piece's score — the same rule SentencePiece's BPE applies when encoding.
     """
+    # lazy: the `tokenizers` native library only for writing tokenizer.json, not for every import
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers
     from tokenizers.models import BPE
 
@@ -229,7 +230,7 @@ def train_gpt2_bpe(
 
     `<|endoftext|>` is the last id (vocab_size - 1), as in GPT-2 (50256 of 50257). Returns `out_dir`.
     """
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import ByteLevelBPETokenizer  # lazy: the native library only when training
 
     if vocab_size < 258:
         raise TokenizerError("a byte-level BPE needs vocab_size ≥ 258 (256 bytes, one merge, <|endoftext|>)")

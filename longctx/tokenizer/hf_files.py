@@ -68,49 +68,18 @@ def read_side_files(directory: Path) -> HfSideFiles:
     add_bos = add_eos = None
 
     if "added_tokens.json" in present:
-        data = read_json(directory / "added_tokens.json")
-        if not isinstance(data, dict):
-            raise TokenizerError(
-                "added_tokens.json is not a JSON object", where=str(directory / "added_tokens.json")
-            )
-        for content, idx in data.items():
-            if not isinstance(idx, int):
-                raise TokenizerError(
-                    f"added_tokens.json maps {content!r} to a non-integer id {idx!r}",
-                    where=str(directory / "added_tokens.json"),
-                )
-            declared.append((content, idx, "added_tokens.json"))
-
+        declared += _added_tokens_json(directory / "added_tokens.json")
     if "tokenizer_config.json" in present:
         cfg = read_json(directory / "tokenizer_config.json")
         if not isinstance(cfg, dict):
             raise TokenizerError(
                 "tokenizer_config.json is not a JSON object", where=str(directory / "tokenizer_config.json")
             )
-        for sid, entry in (cfg.get("added_tokens_decoder") or {}).items():
-            content = _token_content(entry)
-            try:
-                idx = int(sid)
-            except ValueError:
-                idx = -1
-            if content is None or idx < 0:
-                raise TokenizerError(
-                    f"tokenizer_config.json added_tokens_decoder has a malformed entry {sid!r}",
-                    where=str(directory / "tokenizer_config.json"),
-                )
-            declared.append((content, idx, "tokenizer_config.json"))
-        for key in NAMED_SPECIALS:
-            content = _token_content(cfg.get(key))
-            if content is not None:
-                named[key] = content
+        declared += _added_tokens_decoder(cfg, directory / "tokenizer_config.json")
+        _read_specials(cfg, named, additional)
         tokenizer_class = cfg.get("tokenizer_class") if isinstance(cfg.get("tokenizer_class"), str) else None
         add_bos = cfg.get("add_bos_token") if isinstance(cfg.get("add_bos_token"), bool) else None
         add_eos = cfg.get("add_eos_token") if isinstance(cfg.get("add_eos_token"), bool) else None
-        for tok in cfg.get("additional_special_tokens") or []:
-            content = _token_content(tok)
-            if content is not None and content not in additional:
-                additional.append(content)
-
     if "special_tokens_map.json" in present:
         smap = read_json(directory / "special_tokens_map.json")
         if not isinstance(smap, dict):
@@ -118,27 +87,81 @@ def read_side_files(directory: Path) -> HfSideFiles:
                 "special_tokens_map.json is not a JSON object",
                 where=str(directory / "special_tokens_map.json"),
             )
-        for key in NAMED_SPECIALS:
-            content = _token_content(smap.get(key))
-            if content is not None:
-                named[key] = content
-        for tok in smap.get("additional_special_tokens") or []:
-            content = _token_content(tok)
-            if content is not None and content not in additional:
-                additional.append(content)
-
+        _read_specials(smap, named, additional)  # overrides tokenizer_config.json's named specials
     if "tokenizer.json" in present:
-        tj = read_json(directory / "tokenizer.json")
-        for entry in (tj.get("added_tokens") or []) if isinstance(tj, dict) else []:
-            content = _token_content(entry)
-            idx = entry.get("id") if isinstance(entry, dict) else None
-            if content is None or not isinstance(idx, int):
-                raise TokenizerError(
-                    "tokenizer.json has a malformed added_tokens entry",
-                    where=str(directory / "tokenizer.json"),
-                )
-            declared.append((content, idx, "tokenizer.json"))
+        declared += _tokenizer_json_added(directory / "tokenizer.json")
 
+    added, conflicts = _merge_declared(declared)
+    return HfSideFiles(
+        present=present,
+        added_tokens=added,
+        named_specials=named,
+        additional_special_tokens=additional,
+        tokenizer_class=tokenizer_class,
+        add_bos_token=add_bos,
+        add_eos_token=add_eos,
+        conflicts=conflicts,
+    )
+
+
+def _added_tokens_json(path: Path) -> list[tuple[str, int, str]]:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise TokenizerError("added_tokens.json is not a JSON object", where=str(path))
+    out = []
+    for content, idx in data.items():
+        if not isinstance(idx, int):
+            raise TokenizerError(
+                f"added_tokens.json maps {content!r} to a non-integer id {idx!r}",
+                where=str(path),
+            )
+        out.append((content, idx, "added_tokens.json"))
+    return out
+
+
+def _added_tokens_decoder(cfg: dict[str, Any], path: Path) -> list[tuple[str, int, str]]:
+    out = []
+    for sid, entry in (cfg.get("added_tokens_decoder") or {}).items():
+        content = _token_content(entry)
+        try:
+            idx = int(sid)
+        except ValueError:
+            idx = -1
+        if content is None or idx < 0:
+            raise TokenizerError(
+                f"tokenizer_config.json added_tokens_decoder has a malformed entry {sid!r}",
+                where=str(path),
+            )
+        out.append((content, idx, "tokenizer_config.json"))
+    return out
+
+
+def _read_specials(data: dict[str, Any], named: dict[str, str], additional: list[str]) -> None:
+    """Named specials (later files override) and additional special tokens (first mention kept)."""
+    for key in NAMED_SPECIALS:
+        content = _token_content(data.get(key))
+        if content is not None:
+            named[key] = content
+    for tok in data.get("additional_special_tokens") or []:
+        content = _token_content(tok)
+        if content is not None and content not in additional:
+            additional.append(content)
+
+
+def _tokenizer_json_added(path: Path) -> list[tuple[str, int, str]]:
+    tj = read_json(path)
+    out = []
+    for entry in (tj.get("added_tokens") or []) if isinstance(tj, dict) else []:
+        content = _token_content(entry)
+        idx = entry.get("id") if isinstance(entry, dict) else None
+        if content is None or not isinstance(idx, int):
+            raise TokenizerError("tokenizer.json has a malformed added_tokens entry", where=str(path))
+        out.append((content, idx, "tokenizer.json"))
+    return out
+
+
+def _merge_declared(declared: list[tuple[str, int, str]]) -> tuple[dict[str, int], list[str]]:
+    """content -> id over all sources, first declaration kept; contradicting ones listed as conflicts."""
     added: dict[str, int] = {}
     source_of: dict[str, str] = {}
     by_id: dict[int, tuple[str, str]] = {}
@@ -155,14 +178,4 @@ def read_side_files(directory: Path) -> HfSideFiles:
         added[content] = idx
         source_of[content] = source
         by_id[idx] = (content, source)
-
-    return HfSideFiles(
-        present=present,
-        added_tokens=added,
-        named_specials=named,
-        additional_special_tokens=additional,
-        tokenizer_class=tokenizer_class,
-        add_bos_token=add_bos,
-        add_eos_token=add_eos,
-        conflicts=conflicts,
-    )
+    return added, conflicts

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from longctx.errors import TokenizerError
 from longctx.tokenizer.hf_files import HfSideFiles, read_json, read_side_files
-from longctx.tokenizer.spm_proto import PieceType, ProtoError, parse_model
+from longctx.tokenizer.spm_proto import PieceType, ProtoError, SpmModel, parse_model
 from longctx.util.hashing import CHUNK, md5_file
 
 Kind = Literal["sentencepiece", "hf-sentencepiece", "gpt2-bpe"]
@@ -212,8 +212,8 @@ def _require_nonempty(path: Path) -> None:
         )
 
 
-def _read_spm(path: Path) -> tuple[Any, Any]:
-    import sentencepiece as spm
+def _read_spm(path: Path) -> tuple[Any, SpmModel]:
+    import sentencepiece as spm  # lazy: a native library that only SentencePiece tokenizers need
 
     _require_nonempty(path)
     data = path.read_bytes()
@@ -327,7 +327,7 @@ def _load_hf_sentencepiece(directory: Path) -> LoadedTokenizer:
 
 
 def _load_tokenizer_json(path: Path) -> Any:
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: the native library only where a tokenizer.json is loaded
 
     _require_nonempty(path)
     try:
@@ -341,6 +341,7 @@ def _load_tokenizer_json(path: Path) -> Any:
 
 
 def _load_gpt2(directory: Path) -> LoadedTokenizer:
+    # lazy: the `tokenizers` native library only for GPT-2 BPE tokenizers
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
 

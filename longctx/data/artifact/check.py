@@ -20,10 +20,25 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from longctx.data.artifact.layout import Artifact, Chunk, open_artifact, tier_order, tokenizer_findings
+import numpy as np
+
+from longctx.data.artifact.layout import (
+    Artifact,
+    BuildInfo,
+    Chunk,
+    open_artifact,
+    tier_order,
+    tokenizer_findings,
+)
+from longctx.data.blend import blend_from_prefixes
+from longctx.data.check import TokenizerArg, check_datasets, resolve_tokenizer
+from longctx.data.index_scan import scan_indexes
+from longctx.data.indexed import dtype_holds_vocab, optimal_dtype
+from longctx.data.scan import ScanParams
 from longctx.data.stats import LengthStats, label
 from longctx.errors import DatasetError
 from longctx.report import Finding, Findings
+from longctx.tokenizer import LoadedTokenizer, TokenizerManifest, load_manifest
 from longctx.util.units import fmt_bytes
 
 SHOWN_PER_CODE = 3
@@ -155,8 +170,8 @@ def check_artifact(
     run: str | None = None,
     languages: Sequence[str] | None = None,
     tiers: Sequence[str] | None = None,
-    tokenizer: Any = None,
-    manifest: Any = None,
+    tokenizer: TokenizerArg | None = None,
+    manifest: TokenizerManifest | str | os.PathLike[str] | None = None,
     vocab_size: int | None = None,
     eod_id: int | None = None,
     lengths: Sequence[int] = (),
@@ -167,22 +182,14 @@ def check_artifact(
 ) -> ArtifactReport:
     """Check an artifact (see the module docstring). `tokenizer` is a path or LoadedTokenizer,
     `manifest` a tokenization/*.toml path or TokenizerManifest (names the tokenizer goes by)."""
-    from longctx.data.check import _load_tokenizer
-    from longctx.data.indexed import dtype_holds_vocab, optimal_dtype
-    from longctx.data.scan import ScanParams
-
     started = time.perf_counter()
     wanted = sorted({int(n) for n in lengths})
     if any(n <= 0 for n in wanted):
         raise DatasetError(f"stage lengths must be positive, got {wanted}")
     art = open_artifact(path, run=run)
     chunks = art.select(languages, tiers)
-    tok = _load_tokenizer(tokenizer)
-    man = manifest
-    if isinstance(manifest, (str, os.PathLike)):
-        from longctx.tokenizer import load_manifest
-
-        man = load_manifest(manifest)
+    tok = resolve_tokenizer(tokenizer)
+    man = load_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else manifest
     findings = Findings(art.findings)
     findings.extend(tokenizer_findings(art.build_info, tok, man))
     vocab = vocab_size if vocab_size is not None else (tok.vocab_size if tok is not None else None)
@@ -193,97 +200,162 @@ def check_artifact(
         findings.info("vocab", f"token ids are checked against the recorded vocab size {vocab:,}")
     present = _missing(art, chunks, index_only, findings)
 
-    per_chunk: dict[str, tuple[LengthStats | None, int | None]] = {}
-    dtypes: dict[str, int] = {}
-    prefix_findings: list[Finding] = []
-    scanned = 0
     if index_only:
-        from longctx.data.index_scan import scan_indexes
-
-        summaries, _ = scan_indexes(
-            [c.prefix for c in present],
-            wanted,
-            params=ScanParams(vocab, eod, bos),
-            workers=workers,
-            progress=progress,
-        )
-        sampled = ending = max_id = 0
-        for c, s in zip(present, summaries, strict=True):
-            per_chunk[c.prefix] = (s.lengths, s.tokens)
-            if s.dtype:
-                dtypes[s.dtype] = dtypes.get(s.dtype, 0) + 1
-            prefix_findings += s.findings
-            if s.spot is not None:
-                sampled += s.spot.documents
-                ending += s.spot.ending_in_eod
-                max_id = max(max_id, s.spot.max_id or 0)
-        if sampled:
-            findings.info(
-                "spot",
-                f"spot check of {sampled:,} documents: "
-                + (f"{ending:,} end with EOD {eod}; " if eod is not None else "")
-                + f"max sampled id {max_id:,}"
-                + (f" (vocab {vocab:,})" if vocab is not None else "")
-                + " — run without --index-only for the full token scan",
-            )
+        seen = _index_pass(present, wanted, ScanParams(vocab, eod, bos), workers, progress, findings)
     elif present:
-        from longctx.data.blend import blend_from_prefixes
-        from longctx.data.check import check_datasets
-
-        rep = check_datasets(
-            blend_from_prefixes([c.prefix for c in present], check_exists=False),
-            tokenizer=tok,
-            vocab_size=vocab,
-            eod_id=eod,
-            lengths=wanted,
-            workers=workers,
-            progress=progress,
-        )
-        docs = without_eod = max_id = 0
-        for c, p in zip(present, rep.prefixes, strict=True):
-            per_chunk[c.prefix] = (p.lengths, p.index["tokens"] if p.index else None)
-            if p.index:
-                dtypes[p.index["dtype"]] = dtypes.get(p.index["dtype"], 0) + 1
-            if p.scan is not None:
-                scanned += p.scan.bytes_scanned
-                docs += p.scan.documents_checked
-                without_eod += p.scan.documents_without_eod
-                max_id = max(max_id, p.scan.max_id or 0)
-            prefix_findings += p.findings
-        prefix_findings += rep.findings
-        if scanned:
-            findings.info(
-                "scan",
-                f"full scan of {fmt_bytes(scanned)}: max token id {max_id:,}"
-                + (f" (vocab {vocab:,})" if vocab is not None else "")
-                + (
-                    f"; {docs - without_eod:,} of {docs:,} documents end with EOD {eod}"
-                    if eod is not None
-                    else ""
-                ),
-            )
+        seen = _full_pass(present, tok, vocab, eod, wanted, workers, progress, findings)
+    else:
+        seen = _Seen()
     if vocab is not None:
-        import numpy as np
-
-        for name in dtypes:
-            dt = np.dtype(name)
-            if dt.kind in "iu" and not dtype_holds_vocab(dt, vocab):
-                findings.error(
-                    "dtype-vocab",
-                    f"{dtypes[name]} prefixes store tokens as {name}, which cannot hold a vocabulary of {vocab:,}",
-                    where=str(art.bin_dir),
-                    fix="re-tokenize the data with the model's tokenizer",
-                )
-            elif dt != optimal_dtype(vocab):
-                findings.info("dtype-vocab", f"{dtypes[name]} prefixes are {name} (Megatron's tools would use "
-                                             f"{optimal_dtype(vocab).name} for {vocab:,})")  # fmt: skip
-            else:
-                findings.info(
-                    "dtype-vocab", f"{dtypes[name]} prefixes are {name}, as Megatron stores {vocab:,} ids"
-                )
+        _dtype_findings(seen.dtypes, vocab, art, findings)
     # per-prefix context (info) is summed up above and in the tables; problems are kept, condensed
-    _condense([x for x in prefix_findings if x.level != "info" and x.code not in REPLACED_CODES], findings)
+    _condense([x for x in seen.findings if x.level != "info" and x.code not in REPLACED_CODES], findings)
 
+    groups, tier_totals, total = _group_stats(art, chunks, seen.per_chunk, wanted)
+    if strict:
+        findings.escalate_warnings()
+    return ArtifactReport(
+        root=str(art.root),
+        run=art.run,
+        mode="index-only" if index_only else "full",
+        lengths=wanted,
+        build_info=_build_info_facts(art.build_info),
+        tokenizer=None
+        if tok is None
+        else {"path": str(tok.path), "md5": tok.md5, "vocab_size": tok.vocab_size, "eod_id": tok.eod_id},
+        vocab_size=vocab,
+        eod_id=eod,
+        chunks=len(chunks),
+        checked=len(present),
+        dtypes=seen.dtypes,
+        groups=groups,
+        tiers=tier_totals,
+        total=total,
+        findings=findings,
+        seconds=time.perf_counter() - started,
+        bytes_scanned=seen.scanned,
+    )
+
+
+@dataclasses.dataclass
+class _Seen:
+    """What one pass over the present prefixes found, per chunk and in sum."""
+
+    per_chunk: dict[str, tuple[LengthStats | None, int | None]] = dataclasses.field(default_factory=dict)
+    dtypes: dict[str, int] = dataclasses.field(default_factory=dict)  # dtype name -> prefixes
+    findings: list[Finding] = dataclasses.field(default_factory=list)  # per prefix, condensed later
+    scanned: int = 0  # bytes of the full scan
+
+
+def _index_pass(
+    present: list[Chunk],
+    wanted: list[int],
+    params: ScanParams,
+    workers: int | None,
+    progress: bool,
+    findings: Findings,
+) -> _Seen:
+    """Index-only: every `.idx` plus a spot check of a few tokens per prefix."""
+    seen = _Seen()
+    summaries, _ = scan_indexes(
+        [c.prefix for c in present], wanted, params=params, workers=workers, progress=progress
+    )
+    sampled = ending = max_id = 0
+    for c, s in zip(present, summaries, strict=True):
+        seen.per_chunk[c.prefix] = (s.lengths, s.tokens)
+        if s.dtype:
+            seen.dtypes[s.dtype] = seen.dtypes.get(s.dtype, 0) + 1
+        seen.findings += s.findings
+        if s.spot is not None:
+            sampled += s.spot.documents
+            ending += s.spot.ending_in_eod
+            max_id = max(max_id, s.spot.max_id or 0)
+    if sampled:
+        eod, vocab = params.eod_id, params.vocab_size
+        findings.info(
+            "spot",
+            f"spot check of {sampled:,} documents: "
+            + (f"{ending:,} end with EOD {eod}; " if eod is not None else "")
+            + f"max sampled id {max_id:,}"
+            + (f" (vocab {vocab:,})" if vocab is not None else "")
+            + " — run without --index-only for the full token scan",
+        )
+    return seen
+
+
+def _full_pass(
+    present: list[Chunk],
+    tok: LoadedTokenizer | None,
+    vocab: int | None,
+    eod: int | None,
+    wanted: list[int],
+    workers: int | None,
+    progress: bool,
+    findings: Findings,
+) -> _Seen:
+    """Full: `check_datasets` on every present prefix (every token read)."""
+    seen = _Seen()
+    rep = check_datasets(
+        blend_from_prefixes([c.prefix for c in present], check_exists=False),
+        tokenizer=tok,
+        vocab_size=vocab,
+        eod_id=eod,
+        lengths=wanted,
+        workers=workers,
+        progress=progress,
+    )
+    docs = without_eod = max_id = 0
+    for c, p in zip(present, rep.prefixes, strict=True):
+        seen.per_chunk[c.prefix] = (p.lengths, p.index["tokens"] if p.index else None)
+        if p.index:
+            seen.dtypes[p.index["dtype"]] = seen.dtypes.get(p.index["dtype"], 0) + 1
+        if p.scan is not None:
+            seen.scanned += p.scan.bytes_scanned
+            docs += p.scan.documents_checked
+            without_eod += p.scan.documents_without_eod
+            max_id = max(max_id, p.scan.max_id or 0)
+        seen.findings += p.findings
+    seen.findings += rep.findings
+    if seen.scanned:
+        findings.info(
+            "scan",
+            f"full scan of {fmt_bytes(seen.scanned)}: max token id {max_id:,}"
+            + (f" (vocab {vocab:,})" if vocab is not None else "")
+            + (
+                f"; {docs - without_eod:,} of {docs:,} documents end with EOD {eod}"
+                if eod is not None
+                else ""
+            ),
+        )
+    return seen
+
+
+def _dtype_findings(dtypes: dict[str, int], vocab: int, art: Artifact, findings: Findings) -> None:
+    for name in dtypes:
+        dt = np.dtype(name)
+        if dt.kind in "iu" and not dtype_holds_vocab(dt, vocab):
+            findings.error(
+                "dtype-vocab",
+                f"{dtypes[name]} prefixes store tokens as {name}, which cannot hold a vocabulary of {vocab:,}",
+                where=str(art.bin_dir),
+                fix="re-tokenize the data with the model's tokenizer",
+            )
+        elif dt != optimal_dtype(vocab):
+            findings.info("dtype-vocab", f"{dtypes[name]} prefixes are {name} (Megatron's tools would use "
+                                         f"{optimal_dtype(vocab).name} for {vocab:,})")  # fmt: skip
+        else:
+            findings.info(
+                "dtype-vocab", f"{dtypes[name]} prefixes are {name}, as Megatron stores {vocab:,} ids"
+            )
+
+
+def _group_stats(
+    art: Artifact,
+    chunks: list[Chunk],
+    per_chunk: dict[str, tuple[LengthStats | None, int | None]],
+    wanted: list[int],
+) -> tuple[list[GroupStats], list[GroupStats], GroupStats]:
+    """Per language × tier, per tier and grand totals; longest tier first."""
     groups: dict[tuple[str, str], GroupStats] = {}
     tier_tot: dict[str, GroupStats] = {}
     total = GroupStats("*", "*")
@@ -299,40 +371,25 @@ def check_artifact(
     order = {t: i for i, t in enumerate(tier_order(art, tier_tot))}
     for g in [*groups.values(), *tier_tot.values(), total]:
         g.finish()
-    if strict:
-        findings.escalate_warnings()
-    bi = art.build_info
-    return ArtifactReport(
-        root=str(art.root),
-        run=art.run,
-        mode="index-only" if index_only else "full",
-        lengths=wanted,
-        build_info=None
-        if bi is None
-        else {
-            "path": str(bi.path),
-            "artifact_format": bi.artifact_format,
-            "tokenizer_type": bi.tokenizer_type,
-            "tokenizer_model": bi.tokenizer_model,
-            "tokenizer_revision": bi.tokenizer_revision,
-            "vocab_size": bi.vocab_size,
-            "megatron_git_commit": bi.megatron_git_commit,
-        },
-        tokenizer=None
-        if tok is None
-        else {"path": str(tok.path), "md5": tok.md5, "vocab_size": tok.vocab_size, "eod_id": tok.eod_id},
-        vocab_size=vocab,
-        eod_id=eod,
-        chunks=len(chunks),
-        checked=len(present),
-        dtypes=dtypes,
-        groups=sorted(groups.values(), key=lambda g: (order.get(g.tier, 99), g.language)),
-        tiers=sorted(tier_tot.values(), key=lambda g: order.get(g.tier, 99)),
-        total=total,
-        findings=findings,
-        seconds=time.perf_counter() - started,
-        bytes_scanned=scanned,
+    return (
+        sorted(groups.values(), key=lambda g: (order.get(g.tier, 99), g.language)),
+        sorted(tier_tot.values(), key=lambda g: order.get(g.tier, 99)),
+        total,
     )
+
+
+def _build_info_facts(bi: BuildInfo | None) -> dict[str, Any] | None:
+    if bi is None:
+        return None
+    return {
+        "path": str(bi.path),
+        "artifact_format": bi.artifact_format,
+        "tokenizer_type": bi.tokenizer_type,
+        "tokenizer_model": bi.tokenizer_model,
+        "tokenizer_revision": bi.tokenizer_revision,
+        "vocab_size": bi.vocab_size,
+        "megatron_git_commit": bi.megatron_git_commit,
+    }
 
 
 def coverage_text(c: Coverage) -> str:

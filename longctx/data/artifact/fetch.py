@@ -47,6 +47,7 @@ from longctx.errors import DatasetError
 from longctx.report import Findings
 from longctx.util.fs import atomic_write_json
 from longctx.util.hashing import sha256_file
+from longctx.util.hub import hub_offline, local_dir_commit, local_dir_metadata, resolve_commit, snapshot
 from longctx.util.progress import progress_bar
 
 Content = Literal["all", "idx", "manifests"]
@@ -135,12 +136,41 @@ def verify_files(
     started = time.perf_counter()
     cache = _load_cache(root) if use_cache else {}
     new_cache = dict(_load_cache(root))
-    rewritten = set(rewritten)
-    bad: list[FileCheck] = []
-    unverified: list[str] = []
-    to_hash: list[tuple[str, Path, Expected, int]] = []
-    total = 0
-    cached = 0
+    todo = _triage(root, expected, set(rewritten), cache)
+    hashed = sum(x[3] for x in todo.to_hash)
+    _hash_files(todo, new_cache, hashed, workers, progress)
+    if todo.to_hash:  # a read-only artifact loses only the shortcut, not the verification
+        with contextlib.suppress(OSError):
+            atomic_write_json(_cache_path(root), dict(sorted(new_cache.items())))
+    bad = todo.bad
+    bad.sort(key=lambda b: b.rel)
+    return VerifyReport(
+        files=len(expected),
+        bytes_total=todo.total,
+        bytes_hashed=hashed,
+        cached=todo.cached,
+        seconds=time.perf_counter() - started,
+        bad=bad,
+        unverified=todo.unverified,
+        findings=_verify_findings(root, bad, todo.unverified),
+    )
+
+
+@dataclasses.dataclass
+class _Triage:
+    """What stat() and the verified cache decide before any hashing."""
+
+    bad: list[FileCheck] = dataclasses.field(default_factory=list)
+    unverified: list[str] = dataclasses.field(default_factory=list)
+    to_hash: list[tuple[str, Path, Expected, int]] = dataclasses.field(default_factory=list)
+    total: int = 0  # bytes of the files present
+    cached: int = 0
+
+
+def _triage(
+    root: Path, expected: dict[str, Expected], rewritten: set[str], cache: dict[str, list[Any]]
+) -> _Triage:
+    t = _Triage()
     for rel in sorted(expected):
         exp = expected[rel]
         path = root / STATE_DIR / "original" / rel if rel in rewritten else root / rel
@@ -149,26 +179,32 @@ def verify_files(
         try:
             st = path.stat()
         except FileNotFoundError:
-            bad.append(FileCheck(rel, "missing", exp.bytes, None, exp.sha256, None, exp.source))
+            t.bad.append(FileCheck(rel, "missing", exp.bytes, None, exp.sha256, None, exp.source))
             continue
-        total += st.st_size
+        t.total += st.st_size
         if exp.bytes is not None and st.st_size != exp.bytes:
-            bad.append(FileCheck(rel, "size", exp.bytes, st.st_size, exp.sha256, None, exp.source))
+            t.bad.append(FileCheck(rel, "size", exp.bytes, st.st_size, exp.sha256, None, exp.source))
             continue
         if exp.sha256 is None:
             if exp.bytes is None and exp.source != "present":
-                unverified.append(rel)
+                t.unverified.append(rel)
             continue
         hit = cache.get(rel)
         if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
-            cached += 1
+            t.cached += 1
             if hit[2] != exp.sha256:
-                bad.append(FileCheck(rel, "sha256", exp.bytes, st.st_size, exp.sha256, hit[2], exp.source))
+                t.bad.append(FileCheck(rel, "sha256", exp.bytes, st.st_size, exp.sha256, hit[2], exp.source))
             continue
-        to_hash.append((rel, path, exp, st.st_size))
+        t.to_hash.append((rel, path, exp, st.st_size))
+    return t
 
+
+def _hash_files(
+    todo: _Triage, new_cache: dict[str, list[Any]], hashed: int, workers: int | None, progress: bool
+) -> None:
+    """sha256 of `todo.to_hash` in parallel: results go to `new_cache`, mismatches to `todo.bad`."""
+    to_hash = todo.to_hash
     lock = threading.Lock()
-    hashed = sum(x[3] for x in to_hash)
     n_workers = max(1, min(workers or min(os.cpu_count() or 1, 8), len(to_hash) or 1))
     with (
         progress_bar(f"sha256 {len(to_hash)} files", hashed, unit="bytes") if progress else _null() as advance
@@ -181,7 +217,7 @@ def verify_files(
             with lock:
                 new_cache[rel] = [size, mtime, digest]
                 if digest != exp.sha256:
-                    bad.append(FileCheck(rel, "sha256", exp.bytes, size, exp.sha256, digest, exp.source))
+                    todo.bad.append(FileCheck(rel, "sha256", exp.bytes, size, exp.sha256, digest, exp.source))
 
         if n_workers == 1:
             for item in to_hash:
@@ -190,10 +226,9 @@ def verify_files(
             with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="longctx-sha") as pool:
                 for fut in [pool.submit(one, item) for item in to_hash]:
                     fut.result()
-    if to_hash:  # a read-only artifact loses only the shortcut, not the verification
-        with contextlib.suppress(OSError):
-            atomic_write_json(_cache_path(root), dict(sorted(new_cache.items())))
-    bad.sort(key=lambda b: b.rel)
+
+
+def _verify_findings(root: Path, bad: list[FileCheck], unverified: list[str]) -> Findings:
     f = Findings()
     for b in bad:
         if b.status == "missing":
@@ -220,16 +255,7 @@ def verify_files(
             f"{len(unverified)} file(s) have no checksum in any manifest (first: {unverified[0]})",
             where=str(root),
         )
-    return VerifyReport(
-        files=len(expected),
-        bytes_total=total,
-        bytes_hashed=hashed,
-        cached=cached,
-        seconds=time.perf_counter() - started,
-        bad=bad,
-        unverified=unverified,
-        findings=f,
-    )
+    return f
 
 
 class _null:
@@ -323,12 +349,26 @@ def data_patterns(art: Artifact, chunks: Sequence[Chunk], content: Content) -> l
 
 def _drop(root: Path, rels: Iterable[str]) -> None:
     """Delete files that failed verification, and huggingface_hub's record of them, so they are fetched again."""
-    from longctx.util.hub import local_dir_metadata
-
     for rel in rels:
         for p in (root / rel, local_dir_metadata(root, rel)):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+
+
+@dataclasses.dataclass
+class _Download:
+    """One Hub dataset at one commit, downloaded into `root` (huggingface_hub's local_dir mode)."""
+
+    repo_id: str
+    commit: str | None
+    root: Path
+    token: str | None
+    max_workers: int
+
+    def get(self, patterns: list[str]) -> None:
+        snapshot(self.repo_id, repo_type="dataset", revision=self.commit, allow_patterns=patterns,
+                 local_dir=self.root, offline=False, token=self.token, max_workers=self.max_workers,
+                 error=DatasetError)  # fmt: skip
 
 
 def fetch_artifact(
@@ -349,39 +389,16 @@ def fetch_artifact(
     progress: bool = True,
 ) -> FetchResult:
     """Download (or, offline, adopt) an artifact into INTO; see the module docstring."""
-    from longctx.util.hub import hub_offline, local_dir_commit, resolve_commit, snapshot
-
     root = Path(into).absolute()
     offline = hub_offline() if offline is None else offline
-    if repo_id is None and not offline:
-        raise DatasetError(
-            "no repository given",
-            fix=f"pass the Hub dataset id (e.g. {DEFAULT_REPO_ID}) or --offline to adopt INTO",
-        )
-    commit = None
-    if not offline:
-        assert repo_id is not None
-        commit = resolve_commit(
-            repo_id, repo_type="dataset", revision=revision, token=token, error=DatasetError
-        )
-        root.mkdir(parents=True, exist_ok=True)
-        snapshot(repo_id, repo_type="dataset", revision=commit, allow_patterns=manifest_patterns(run),
-                 local_dir=root, offline=False, token=token, max_workers=max_downloads, error=DatasetError)  # fmt: skip
-    elif not root.is_dir():
-        raise DatasetError(
-            f"offline, and nothing was downloaded to {root}",
-            where=str(root),
-            fix=f"run `longctx data fetch {repo_id or DEFAULT_REPO_ID} --into {root}` with network access "
-            "(HF_HUB_OFFLINE unset), or give --into the directory that holds the download",
-        )
+    download = _fetch_manifests(repo_id, root, run, revision, offline, token, max_downloads)
     art = open_artifact(root, run=run)
     chunks = art.select(languages, tiers)
-    if not offline and content != "manifests":
-        assert repo_id is not None
-        snapshot(repo_id, repo_type="dataset", revision=commit, allow_patterns=data_patterns(art, chunks, content),
-                 local_dir=root, offline=False, token=token, max_workers=max_downloads, error=DatasetError)  # fmt: skip
+    if download is not None and content != "manifests":
+        download.get(data_patterns(art, chunks, content))
         art = open_artifact(root, run=run)
         chunks = art.select(languages, tiers)
+    commit = download.commit if download is not None else None
     if commit is None:
         commit = local_dir_commit(root)
 
@@ -390,23 +407,10 @@ def fetch_artifact(
     report = None
     refetched: list[str] = []
     if verify:
-        expected = expected_for(art, chunks, content)
-        rewritten = rewritten_files(root)
-        report = verify_files(root, expected, workers=workers, progress=progress, use_cache=not recheck,
-                              rewritten=rewritten)  # fmt: skip
-        broken = [b.rel for b in report.bad]
-        if broken and not offline:
-            assert repo_id is not None
-            _drop(root, broken)
-            for rel in set(broken) & set(rewritten):  # the download is taken afresh, then rewritten again
-                (root / STATE_DIR / "original" / rel).unlink(missing_ok=True)
-            snapshot(repo_id, repo_type="dataset", revision=commit, allow_patterns=broken, local_dir=root,
-                     offline=False, token=token, max_workers=max_downloads, error=DatasetError)  # fmt: skip
-            refetched = broken
-            art = open_artifact(root, run=run)
-            chunks = art.select(languages, tiers)
-            report = verify_files(root, expected_for(art, chunks, content), workers=workers, progress=progress,
-                                  use_cache=True, rewritten=rewritten_files(root))  # fmt: skip
+        select = _Selection(run, languages, tiers, content)
+        art, chunks, report, refetched = _verify_fetched(
+            art, chunks, select, download, workers, progress, recheck
+        )
         findings.extend(report.findings)
         if report.bad:
             names = ", ".join(b.rel for b in report.bad[:5]) + (" …" if len(report.bad) > 5 else "")
@@ -414,25 +418,9 @@ def fetch_artifact(
                 "verify",
                 f"{len(report.bad)} file(s) failed verification: {names}",
                 where=str(root),
-                fix=(
-                    f"run `longctx data fetch {repo_id or DEFAULT_REPO_ID} --into {root}"
-                    + (f" --run {art.run}" if art.run else "")
-                    + (f" --languages {','.join(languages)}" if languages else "")
-                    + (f" --tiers {','.join(tiers)}" if tiers else "")
-                    + {"all": "", "idx": " --idx-only", "manifests": " --manifests-only"}[content]
-                    + "` with network access: it deletes and re-downloads the failed files"
-                ),
+                fix=_refetch_hint(repo_id, root, art, select),
             )
-    rewrite = None
-    if art.mix_dir is not None and (report is None or all(b.rel not in _mix_rels(art) for b in report.bad)):
-        rewrite = rewrite_mix_paths(art)
-        if rewrite.prefixes and rewrite.local < rewrite.prefixes:
-            findings.info(
-                "mix-local",
-                f"mix/data_path.args names {rewrite.prefixes} prefixes, {rewrite.local} of them are here "
-                "(the others were not selected); stage plans build their own blends from the tiers",
-                where=str(art.mix_dir / "data_path.args"),
-            )
+    rewrite = _rewrite_mix(art, report, findings)
     result = FetchResult(
         repo_id=repo_id,
         revision=revision,
@@ -455,6 +443,106 @@ def fetch_artifact(
     )
     _record(root, result, languages, tiers)
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _Selection:
+    """What of the artifact a fetch takes."""
+
+    run: str | None
+    languages: Sequence[str] | None
+    tiers: Sequence[str] | None
+    content: Content
+
+
+def _fetch_manifests(
+    repo_id: str | None,
+    root: Path,
+    run: str | None,
+    revision: str | None,
+    offline: bool,
+    token: str | None,
+    max_downloads: int,
+) -> _Download | None:
+    """Online: resolve the commit and download the manifests at it. Offline: None, once INTO holds a download."""
+    if repo_id is None and not offline:
+        raise DatasetError(
+            "no repository given",
+            fix=f"pass the Hub dataset id (e.g. {DEFAULT_REPO_ID}) or --offline to adopt INTO",
+        )
+    if not offline:
+        assert repo_id is not None
+        commit = resolve_commit(
+            repo_id, repo_type="dataset", revision=revision, token=token, error=DatasetError
+        )
+        root.mkdir(parents=True, exist_ok=True)
+        download = _Download(repo_id, commit, root, token, max_downloads)
+        download.get(manifest_patterns(run))
+        return download
+    if not root.is_dir():
+        raise DatasetError(
+            f"offline, and nothing was downloaded to {root}",
+            where=str(root),
+            fix=f"run `longctx data fetch {repo_id or DEFAULT_REPO_ID} --into {root}` with network access "
+            "(HF_HUB_OFFLINE unset), or give --into the directory that holds the download",
+        )
+    return None
+
+
+def _verify_fetched(
+    art: Artifact,
+    chunks: list[Chunk],
+    select: _Selection,
+    download: _Download | None,
+    workers: int | None,
+    progress: bool,
+    recheck: bool,
+) -> tuple[Artifact, list[Chunk], VerifyReport, list[str]]:
+    """Verify the selected files; online, delete and download once more what fails, and verify again.
+    Returns the artifact and chunks (read again after a re-download), the report and the re-fetched files."""
+    root = art.root
+    expected = expected_for(art, chunks, select.content)
+    rewritten = rewritten_files(root)
+    report = verify_files(root, expected, workers=workers, progress=progress, use_cache=not recheck,
+                          rewritten=rewritten)  # fmt: skip
+    broken = [b.rel for b in report.bad]
+    if not broken or download is None:
+        return art, chunks, report, []
+    _drop(root, broken)
+    for rel in set(broken) & set(rewritten):  # the download is taken afresh, then rewritten again
+        (root / STATE_DIR / "original" / rel).unlink(missing_ok=True)
+    download.get(broken)
+    art = open_artifact(root, run=select.run)
+    chunks = art.select(select.languages, select.tiers)
+    report = verify_files(root, expected_for(art, chunks, select.content), workers=workers, progress=progress,
+                          use_cache=True, rewritten=rewritten_files(root))  # fmt: skip
+    return art, chunks, report, broken
+
+
+def _refetch_hint(repo_id: str | None, root: Path, art: Artifact, select: _Selection) -> str:
+    return (
+        f"run `longctx data fetch {repo_id or DEFAULT_REPO_ID} --into {root}"
+        + (f" --run {art.run}" if art.run else "")
+        + (f" --languages {','.join(select.languages)}" if select.languages else "")
+        + (f" --tiers {','.join(select.tiers)}" if select.tiers else "")
+        + {"all": "", "idx": " --idx-only", "manifests": " --manifests-only"}[select.content]
+        + "` with network access: it deletes and re-downloads the failed files"
+    )
+
+
+def _rewrite_mix(art: Artifact, report: VerifyReport | None, findings: Findings) -> RewriteResult | None:
+    """Point the mix at this machine's prefixes, unless a mix file failed verification."""
+    if art.mix_dir is None or (report is not None and any(b.rel in _mix_rels(art) for b in report.bad)):
+        return None
+    rewrite = rewrite_mix_paths(art)
+    if rewrite.prefixes and rewrite.local < rewrite.prefixes:
+        findings.info(
+            "mix-local",
+            f"mix/data_path.args names {rewrite.prefixes} prefixes, {rewrite.local} of them are here "
+            "(the others were not selected); stage plans build their own blends from the tiers",
+            where=str(art.mix_dir / "data_path.args"),
+        )
+    return rewrite
 
 
 def _mix_rels(art: Artifact) -> set[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -31,8 +32,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from longctx.data.blend import parse_blend
 from longctx.errors import DatasetError
 from longctx.report import Findings
+from longctx.tokenizer import MEGATRON_TOKENIZER_TYPE, LoadedTokenizer, TokenizerManifest
+from longctx.util.fs import atomic_write_json, atomic_write_text
 
 SUFFIX = "_text_document"
 FORMATS = ("openeuro-longctx-megatron-v1", "openeuro-longctx-megatron-stream-v1")
@@ -364,92 +368,19 @@ def open_artifact(path: str | os.PathLike[str], *, run: str | None = None) -> Ar
     manifest_dirs = list(dict.fromkeys([run_root / "manifests", root / "manifests"]))
     mix_dirs = [d for d in dict.fromkeys([run_root / "mix", root / "mix"]) if d.is_dir()]
     mix_dir = mix_dirs[0] if mix_dirs else None
-    manifest_files: list[str] = []
 
-    chunks: dict[str, Chunk] = {}  # keyed by prefix file name (<name>_text_document)
-    tiers: dict[str, TierBounds] = {}
-
-    def add(entry: dict[str, Any], described_by: str) -> None:
-        name = str(entry.get("name") or "")
-        prefix_name = os.path.basename(str(entry.get("prefix") or "")) or (name + SUFFIX if name else "")
-        if not prefix_name:
-            return
-        if described_by in ("files", "checksums") and prefix_name in chunks:
-            return
-        name = name or prefix_name.removesuffix(SUFFIX)
-        if entry.get("language") and entry.get("tier"):
-            lang, tier = entry["language"], entry["tier"]
-        else:
-            lang, tier = parse_prefix_name(prefix_name, run=run, tiers=tuple(tiers))
-        new = Chunk(
-            name=name,
-            language=entry.get("language") or lang,
-            tier=entry.get("tier") or tier,
-            prefix=str(bin_dir / prefix_name),
-            bin_bytes=_int(entry.get("bin_bytes")),
-            idx_bytes=_int(entry.get("idx_bytes")),
-            bin_sha256=_sha(entry.get("bin_sha256")),
-            idx_sha256=_sha(entry.get("idx_sha256")),
-            documents=_int(entry.get("docs", entry.get("documents"))),
-            source_tokens=_int(entry.get("source_token_count")),
-            described_by=described_by,
-        )
-        old = chunks.get(prefix_name)
-        if old is None:
-            chunks[prefix_name] = new
-            return
-        for field in ("language", "tier", "bin_bytes", "bin_sha256", "idx_sha256"):
-            a, b = getattr(old, field), getattr(new, field)
-            if a is not None and b is not None and a != b:
-                findings.warning(
-                    "manifest-conflict",
-                    f"{name}: {old.described_by} says {field} {a!r}, {described_by} says {b!r} (keeping the first)",
-                    where=described_by,
-                )
-            elif a is None and b is not None:
-                setattr(old, field, b)
-
+    table = _ChunkTable(run, bin_dir, findings)
     # tier bounds first (names are parsed against them): the artifact's own spec wins over presets
     mix_json = None
     if mix_dir is not None and (mix_dir / "data_mix.json").is_file():
         mix_json = _read_json(mix_dir / "data_mix.json")
         if isinstance(mix_json, dict):
-            tiers.update(_tier_bounds(mix_json.get("tiers")))
-    build_info = None
-    for d in manifest_dirs:
-        for fname in BUILD_INFO_FILES:
-            p = d / fname
-            if p.is_file() and build_info is None:
-                raw = _read_json(p)
-                if isinstance(raw, dict):
-                    build_info = _build_info(p, raw)
-                    for k, v in _tier_bounds(raw.get("tiers")).items():
-                        tiers.setdefault(k, v)
-
-    # 1. per-chunk manifests: the authority
-    for d in manifest_dirs:
-        chunk_dir = d / "chunks"
-        if chunk_dir.is_dir():
-            for p in sorted(chunk_dir.glob("*.json"), key=lambda x: x.name):
-                raw = _read_json(p)
-                if isinstance(raw, dict):
-                    add(raw, _rel(p, root))
-    # 2. the stream manifest's entries, 3. data_mix.json's entries
-    if build_info is not None and isinstance(build_info.raw.get("entries"), list):
-        for e in build_info.raw["entries"]:
-            if isinstance(e, dict):
-                add(e, _rel(build_info.path, root))
-    if isinstance(mix_json, dict) and isinstance(mix_json.get("languages"), dict):
-        for key, e in mix_json["languages"].items():
-            if isinstance(e, dict):
-                add({"name": key, **e}, _rel(mix_dir / "data_mix.json", root))  # type: ignore[operator]
-    # 4. files nobody described
-    if bin_dir.is_dir():
-        for p in sorted(bin_dir.iterdir()):
-            if p.suffix in (".bin", ".idx") and p.stem.endswith(SUFFIX):
-                add({"prefix": p.stem}, "files")
+            table.tiers.update(_tier_bounds(mix_json.get("tiers")))
+    build_info = _find_build_info(manifest_dirs, table.tiers)
+    _describe_chunks(table, root, manifest_dirs, build_info, mix_dir, mix_json)
 
     checksums: dict[str, Expected] = {}
+    manifest_files: list[str] = []
     for d in manifest_dirs:
         _read_checksums(d, root, checksums, findings)
         if d.is_dir():
@@ -461,40 +392,146 @@ def open_artifact(path: str | os.PathLike[str], *, run: str | None = None) -> Ar
     for rel in sorted(checksums):
         p = root / rel
         if p.suffix == ".bin" and p.stem.endswith(SUFFIX) and p.parent == bin_dir:
-            add({"prefix": p.stem}, "checksums")
+            table.add({"prefix": p.stem}, "checksums")
 
-    if not chunks:
-        raise DatasetError(
-            "the artifact describes no Megatron prefixes (no chunk manifests, data_mix.json entries or "
-            f"{SUFFIX}.bin/.idx files)",
-            where=str(run_root),
-            fix=f"fetch it: longctx data fetch {DEFAULT_REPO_ID} --into {root}"
-            + (f" --run {run}" if run else ""),
-        )
-    for c in chunks.values():
-        if c.tier is not None and c.tier not in tiers and c.tier in KNOWN_TIERS:
-            tiers[c.tier] = KNOWN_TIERS[c.tier]
-    unnamed = [c.name for c in chunks.values() if c.language is None or c.tier is None]
-    if unnamed:
-        findings.warning(
-            "chunk-names",
-            f"{len(unnamed)} prefix(es) have no language or tier (first: {unnamed[0]}); tier mixes skip them",
-            where=str(bin_dir),
-        )
-    ordered = sorted(chunks.values(), key=lambda c: c.name)
+    _finish_chunks(table, root, run_root)
     return Artifact(
         root=root,
         run=run,
         run_root=run_root,
         bin_dir=bin_dir,
-        chunks=ordered,
-        tiers=tiers,
+        chunks=sorted(table.chunks.values(), key=lambda c: c.name),
+        tiers=table.tiers,
         build_info=build_info,
         checksums=checksums,
         mix_dir=mix_dir,
         manifest_files=sorted(set(manifest_files)),
         findings=findings,
     )
+
+
+class _ChunkTable:
+    """The chunks the manifests describe, merged: the first description of a field wins, later ones
+    fill its gaps, and a disagreement is a warning."""
+
+    def __init__(self, run: str | None, bin_dir: Path, findings: Findings) -> None:
+        self.run = run
+        self.bin_dir = bin_dir
+        self.findings = findings
+        self.chunks: dict[str, Chunk] = {}  # keyed by prefix file name (<name>_text_document)
+        self.tiers: dict[str, TierBounds] = {}
+
+    def add(self, entry: dict[str, Any], described_by: str) -> None:
+        name = str(entry.get("name") or "")
+        prefix_name = os.path.basename(str(entry.get("prefix") or "")) or (name + SUFFIX if name else "")
+        if not prefix_name:
+            return
+        if described_by in ("files", "checksums") and prefix_name in self.chunks:
+            return
+        name = name or prefix_name.removesuffix(SUFFIX)
+        if entry.get("language") and entry.get("tier"):
+            lang, tier = entry["language"], entry["tier"]
+        else:
+            lang, tier = parse_prefix_name(prefix_name, run=self.run, tiers=tuple(self.tiers))
+        new = Chunk(
+            name=name,
+            language=entry.get("language") or lang,
+            tier=entry.get("tier") or tier,
+            prefix=str(self.bin_dir / prefix_name),
+            bin_bytes=_int(entry.get("bin_bytes")),
+            idx_bytes=_int(entry.get("idx_bytes")),
+            bin_sha256=_sha(entry.get("bin_sha256")),
+            idx_sha256=_sha(entry.get("idx_sha256")),
+            documents=_int(entry.get("docs", entry.get("documents"))),
+            source_tokens=_int(entry.get("source_token_count")),
+            described_by=described_by,
+        )
+        old = self.chunks.get(prefix_name)
+        if old is None:
+            self.chunks[prefix_name] = new
+            return
+        for field in ("language", "tier", "bin_bytes", "bin_sha256", "idx_sha256"):
+            a, b = getattr(old, field), getattr(new, field)
+            if a is not None and b is not None and a != b:
+                self.findings.warning(
+                    "manifest-conflict",
+                    f"{name}: {old.described_by} says {field} {a!r}, {described_by} says {b!r} (keeping the first)",
+                    where=described_by,
+                )
+            elif a is None and b is not None:
+                setattr(old, field, b)
+
+
+def _find_build_info(manifest_dirs: list[Path], tiers: dict[str, TierBounds]) -> BuildInfo | None:
+    """The first build info found; its tier bounds fill those the mix does not give."""
+    build_info = None
+    for d in manifest_dirs:
+        for fname in BUILD_INFO_FILES:
+            p = d / fname
+            if p.is_file() and build_info is None:
+                raw = _read_json(p)
+                if isinstance(raw, dict):
+                    build_info = _build_info(p, raw)
+                    for k, v in _tier_bounds(raw.get("tiers")).items():
+                        tiers.setdefault(k, v)
+    return build_info
+
+
+def _describe_chunks(
+    table: _ChunkTable,
+    root: Path,
+    manifest_dirs: list[Path],
+    build_info: BuildInfo | None,
+    mix_dir: Path | None,
+    mix_json: Any,
+) -> None:
+    """Add the chunks every manifest describes, the authority first."""
+    # 1. per-chunk manifests: the authority
+    for d in manifest_dirs:
+        chunk_dir = d / "chunks"
+        if chunk_dir.is_dir():
+            for p in sorted(chunk_dir.glob("*.json"), key=lambda x: x.name):
+                raw = _read_json(p)
+                if isinstance(raw, dict):
+                    table.add(raw, _rel(p, root))
+    # 2. the stream manifest's entries, 3. data_mix.json's entries
+    if build_info is not None and isinstance(build_info.raw.get("entries"), list):
+        for e in build_info.raw["entries"]:
+            if isinstance(e, dict):
+                table.add(e, _rel(build_info.path, root))
+    if isinstance(mix_json, dict) and isinstance(mix_json.get("languages"), dict):
+        for key, e in mix_json["languages"].items():
+            if isinstance(e, dict):
+                table.add({"name": key, **e}, _rel(mix_dir / "data_mix.json", root))  # type: ignore[operator]
+    # 4. files nobody described
+    if table.bin_dir.is_dir():
+        for p in sorted(table.bin_dir.iterdir()):
+            if p.suffix in (".bin", ".idx") and p.stem.endswith(SUFFIX):
+                table.add({"prefix": p.stem}, "files")
+
+
+def _finish_chunks(table: _ChunkTable, root: Path, run_root: Path) -> None:
+    """Refuse an artifact without chunks; add the presets' bounds of the tiers present; warn of
+    chunks without language or tier."""
+    chunks = table.chunks
+    if not chunks:
+        raise DatasetError(
+            "the artifact describes no Megatron prefixes (no chunk manifests, data_mix.json entries or "
+            f"{SUFFIX}.bin/.idx files)",
+            where=str(run_root),
+            fix=f"fetch it: longctx data fetch {DEFAULT_REPO_ID} --into {root}"
+            + (f" --run {table.run}" if table.run else ""),
+        )
+    for c in chunks.values():
+        if c.tier is not None and c.tier not in table.tiers and c.tier in KNOWN_TIERS:
+            table.tiers[c.tier] = KNOWN_TIERS[c.tier]
+    unnamed = [c.name for c in chunks.values() if c.language is None or c.tier is None]
+    if unnamed:
+        table.findings.warning(
+            "chunk-names",
+            f"{len(unnamed)} prefix(es) have no language or tier (first: {unnamed[0]}); tier mixes skip them",
+            where=str(table.bin_dir),
+        )
 
 
 def _build_info(path: Path, raw: dict[str, Any]) -> BuildInfo:
@@ -544,7 +581,7 @@ def _read_checksums(manifests: Path, root: Path, out: dict[str, Expected], findi
 
 
 # -- tokenizer identity --------------------------------------------------------------------------------
-def tokenizer_aliases(tok: Any, manifest: Any = None) -> set[str]:
+def tokenizer_aliases(tok: LoadedTokenizer | None, manifest: TokenizerManifest | None = None) -> set[str]:
     """Names the given tokenizer goes by: manifest name, Hub ids in its source, directory names."""
     names: set[str] = set()
     if manifest is not None:
@@ -559,7 +596,9 @@ def tokenizer_aliases(tok: Any, manifest: Any = None) -> set[str]:
     return {n.lower() for n in names if n}
 
 
-def tokenizer_findings(info: BuildInfo | None, tok: Any = None, manifest: Any = None) -> Findings:
+def tokenizer_findings(
+    info: BuildInfo | None, tok: LoadedTokenizer | None = None, manifest: TokenizerManifest | None = None
+) -> Findings:
     """The recorded tokenizer (name, type, vocabulary) against the given one. The producer pins no
     hash, so names are weak evidence: a different vocabulary size is an error, and so is a Hub id that
     is none of the names the tokenizer's manifest gives; anything less certain is a warning."""
@@ -581,6 +620,21 @@ def tokenizer_findings(info: BuildInfo | None, tok: Any = None, manifest: Any = 
             fix="pass --tokenizer PATH",
         )
         return f
+    _build_vocab_finding(info, tok, where, f)
+    own_type = getattr(manifest, "megatron_tokenizer_type", None) or MEGATRON_TOKENIZER_TYPE.get(tok.kind)
+    if info.tokenizer_type and own_type and info.tokenizer_type != own_type:
+        f.warning(
+            "build-tokenizer-type",
+            f"the data was made with Megatron tokenizer type {info.tokenizer_type}, the model uses {own_type}",
+            where=where,
+            fix="the same vocabulary loaded by another class can give other ids for special tokens; the token-id "
+            "checks (EOD, id range) decide",
+        )
+    _build_name_finding(info, tok, manifest, where, f)
+    return f
+
+
+def _build_vocab_finding(info: BuildInfo, tok: LoadedTokenizer, where: str, f: Findings) -> None:
     if info.vocab_size is None:
         f.warning("build-vocab", "build info records no vocab_size", where=where)
     elif info.vocab_size not in (tok.vocab_size, tok.model_vocab_size):
@@ -593,56 +647,48 @@ def tokenizer_findings(info: BuildInfo | None, tok: Any = None, manifest: Any = 
             found=info.vocab_size,
             fix="use the tokenizer the data was made with, or re-tokenize the data with the model's tokenizer",
         )
-    from longctx.tokenizer import MEGATRON_TOKENIZER_TYPE
 
-    own_type = getattr(manifest, "megatron_tokenizer_type", None) or MEGATRON_TOKENIZER_TYPE.get(tok.kind)
-    if info.tokenizer_type and own_type and info.tokenizer_type != own_type:
-        f.warning(
-            "build-tokenizer-type",
-            f"the data was made with Megatron tokenizer type {info.tokenizer_type}, the model uses {own_type}",
-            where=where,
-            fix="the same vocabulary loaded by another class can give other ids for special tokens; the token-id "
-            "checks (EOD, id range) decide",
-        )
+
+def _build_name_finding(
+    info: BuildInfo, tok: LoadedTokenizer, manifest: TokenizerManifest | None, where: str, f: Findings
+) -> None:
+    """The recorded tokenizer_model against the names the given tokenizer goes by."""
     model = info.tokenizer_model
     aliases = tokenizer_aliases(tok, manifest)
     if not model:
         f.warning("build-tokenizer", "build info records no tokenizer_model", where=where)
+        return
+    hub_like = _HUB_ID.match(model) and not model.startswith((".", "~"))
+    base = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    if model.lower() in aliases or base in aliases:
+        f.info("build-tokenizer", f"recorded tokenizer {model!r} is the given tokenizer by name", where=where)
+    elif hub_like and manifest is not None:
+        f.error(
+            "build-tokenizer",
+            f"the data was tokenized with {model!r}; the given tokenizer is "
+            f"{', '.join(sorted(aliases)) or str(tok.path)}",
+            where=where,
+            expected=sorted(aliases),
+            found=model,
+            fix="use the tokenizer the data was made with, or re-tokenize the data with the model's tokenizer",
+        )
+    elif hub_like:
+        f.warning(
+            "build-tokenizer",
+            f"the data was tokenized with {model!r}; the given tokenizer's name is not known "
+            f"(directory {', '.join(sorted(aliases))})",
+            where=where,
+            fix="pass its manifest (--tokenizer-manifest tokenization/….toml) to compare names; the token-id "
+            "checks (dtype, id range, EOD) decide",
+        )
     else:
-        hub_like = _HUB_ID.match(model) and not model.startswith((".", "~"))
-        base = model.rstrip("/").rsplit("/", 1)[-1].lower()
-        if model.lower() in aliases or base in aliases:
-            f.info(
-                "build-tokenizer", f"recorded tokenizer {model!r} is the given tokenizer by name", where=where
-            )
-        elif hub_like and manifest is not None:
-            f.error(
-                "build-tokenizer",
-                f"the data was tokenized with {model!r}; the given tokenizer is "
-                f"{', '.join(sorted(aliases)) or str(tok.path)}",
-                where=where,
-                expected=sorted(aliases),
-                found=model,
-                fix="use the tokenizer the data was made with, or re-tokenize the data with the model's tokenizer",
-            )
-        elif hub_like:
-            f.warning(
-                "build-tokenizer",
-                f"the data was tokenized with {model!r}; the given tokenizer's name is not known "
-                f"(directory {', '.join(sorted(aliases))})",
-                where=where,
-                fix="pass its manifest (--tokenizer-manifest tokenization/….toml) to compare names; the token-id "
-                "checks (dtype, id range, EOD) decide",
-            )
-        else:
-            f.warning(
-                "build-tokenizer",
-                f"recorded tokenizer is the local path {model!r} of the machine that built the data; its name "
-                f"does not identify it (given: {', '.join(sorted(aliases))})",
-                where=where,
-                fix="the token-id checks (dtype, id range, EOD) decide; run `longctx data check` without --index-only",
-            )
-    return f
+        f.warning(
+            "build-tokenizer",
+            f"recorded tokenizer is the local path {model!r} of the machine that built the data; its name "
+            f"does not identify it (given: {', '.join(sorted(aliases))})",
+            where=where,
+            fix="the token-id checks (dtype, id range, EOD) decide; run `longctx data check` without --index-only",
+        )
 
 
 # -- rewriting the mix to local paths --------------------------------------------------------------------
@@ -672,8 +718,6 @@ def refresh_originals(art: Artifact) -> list[str]:
     """Take a mix file that is not longctx's own output (a fresh download) as the new original.
 
     Returns the files whose saved original was replaced."""
-    import hashlib
-
     record_path = _written_record(art)
     try:
         written = json.loads(record_path.read_text(encoding="utf-8"))
@@ -711,11 +755,6 @@ def rewrite_mix_paths(art: Artifact) -> RewriteResult:
     The downloaded originals are kept under `.longctx/original/` (so checksums still verify and a
     second rewrite starts from them). Weights are kept word for word. Files change only if their
     text does."""
-    import hashlib
-
-    from longctx.data.blend import parse_blend
-    from longctx.util.fs import atomic_write_json, atomic_write_text
-
     result = RewriteResult([], 0, 0, [])
     if art.mix_dir is None:
         return result

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from longctx.data.artifact.layout import DEFAULT_REPO_ID, Artifact, Chunk, TierBounds
 from longctx.data.blend import Blend, BlendEntry
+from longctx.data.index_scan import scan_indexes
 from longctx.data.stats import label
 from longctx.errors import DatasetError
 from longctx.report import Findings
@@ -147,6 +148,35 @@ def tier_blend(
     floor: float = 0.0,
 ) -> TierBlend:
     """The weighted blend of a tier mix over an artifact (see the module docstring)."""
+    used = _used_tier_weights(art, tiers)
+    chunks = art.select(languages, list(tiers))
+    findings = Findings()
+    total_w = sum(used.values())
+    shares: list[TierShare] = []
+    entries: list[tuple[Chunk, float]] = []
+    for tier in tiers:
+        if tier not in used:
+            findings.info("tier-zero", f"tier {tier} has weight 0 and is left out")
+            continue
+        share = _tier_share(
+            art, tier, used[tier] / total_w, chunks, languages, alpha, floor, entries, findings
+        )
+        shares.append(share)
+    missing_bin = sum(1 for c, _ in entries if not c.has_bin)
+    missing_idx = sum(1 for c, _ in entries if not c.has_idx)
+    if missing_bin:
+        findings.warning(
+            "manifest-only",
+            f"{missing_bin} of {len(entries)} prefixes of the blend are not downloaded (the blend comes from the "
+            "manifests): the stage cannot train until they are",
+            where=str(art.run_root),
+            fix=fetch_hint(art, list(tiers), languages),
+        )
+    return TierBlend(art, entries, shares, alpha, floor, missing_bin, missing_idx, findings)
+
+
+def _used_tier_weights(art: Artifact, tiers: Mapping[str, float]) -> dict[str, float]:
+    """The positive tier weights; refuses an empty mix, bad weights and a mix of zeros."""
     if not tiers:
         raise DatasetError("the tier mix names no tiers", fix="give tiers = { NAME = WEIGHT, … }")
     bad = {
@@ -163,69 +193,59 @@ def tier_blend(
         raise DatasetError(
             "every tier weight is zero", where=str(art.root), fix="give at least one tier a weight"
         )
-    chunks = art.select(languages, list(tiers))
-    findings = Findings()
-    total_w = sum(used.values())
-    shares: list[TierShare] = []
-    entries: list[tuple[Chunk, float]] = []
-    for tier in tiers:
-        if tier not in used:
-            findings.info("tier-zero", f"tier {tier} has weight 0 and is left out")
-            continue
-        in_tier = [c for c in chunks if c.tier == tier and c.language]
-        by_lang: dict[str, list[Chunk]] = {}
-        for c in in_tier:
-            by_lang.setdefault(c.language, []).append(c)  # type: ignore[arg-type]
-        if not by_lang:
-            raise DatasetError(
-                f"tier {tier} has no chunks for the chosen languages ({', '.join(languages or [])})",
-                where=str(art.run_root),
-                fix="drop the tier or choose other languages",
-            )
-        lang_bytes = {lang: sum(_chunk_size(c) for c in cs) for lang, cs in by_lang.items()}
-        if sum(lang_bytes.values()) <= 0:
-            raise DatasetError(
-                f"tier {tier} is empty (0 bytes)", where=str(art.run_root), fix="drop the tier"
-            )
-        lw = tempered_weights(lang_bytes, alpha, floor)
-        tw = used[tier] / total_w
-        if languages:
-            absent = [x for x in languages if x not in by_lang]
-            if absent:
-                findings.info(
-                    "tier-languages",
-                    f"tier {tier} has no chunks for {', '.join(absent)}",
-                    where=str(art.run_root),
-                )
-        for lang in sorted(lw, key=lambda k: (-lw[k], k)):
-            cs = sorted(by_lang[lang], key=lambda c: c.name)
-            lb = lang_bytes[lang]
-            for c in cs:
-                share = _chunk_size(c) / lb if lb else 1.0 / len(cs)
-                if share > 0:
-                    entries.append((c, tw * lw[lang] * share))
-        shares.append(
-            TierShare(
-                tier=tier,
-                weight=tw,
-                bounds=art.tiers.get(tier),
-                languages=dict(sorted(lw.items(), key=lambda kv: (-kv[1], kv[0]))),
-                language_bytes=dict(sorted(lang_bytes.items())),
-                chunks=len(in_tier),
-                bin_bytes=sum(lang_bytes.values()),
-            )
-        )
-    missing_bin = sum(1 for c, _ in entries if not c.has_bin)
-    missing_idx = sum(1 for c, _ in entries if not c.has_idx)
-    if missing_bin:
-        findings.warning(
-            "manifest-only",
-            f"{missing_bin} of {len(entries)} prefixes of the blend are not downloaded (the blend comes from the "
-            "manifests): the stage cannot train until they are",
+    return used
+
+
+def _tier_share(
+    art: Artifact,
+    tier: str,
+    tw: float,
+    chunks: list[Chunk],
+    languages: Sequence[str] | None,
+    alpha: float | None,
+    floor: float,
+    entries: list[tuple[Chunk, float]],
+    findings: Findings,
+) -> TierShare:
+    """One tier of weight `tw`: its languages tempered by size, its chunks' weights appended to `entries`."""
+    in_tier = [c for c in chunks if c.tier == tier and c.language]
+    by_lang: dict[str, list[Chunk]] = {}
+    for c in in_tier:
+        by_lang.setdefault(c.language, []).append(c)  # type: ignore[arg-type]
+    if not by_lang:
+        raise DatasetError(
+            f"tier {tier} has no chunks for the chosen languages ({', '.join(languages or [])})",
             where=str(art.run_root),
-            fix=fetch_hint(art, list(tiers), languages),
+            fix="drop the tier or choose other languages",
         )
-    return TierBlend(art, entries, shares, alpha, floor, missing_bin, missing_idx, findings)
+    lang_bytes = {lang: sum(_chunk_size(c) for c in cs) for lang, cs in by_lang.items()}
+    if sum(lang_bytes.values()) <= 0:
+        raise DatasetError(f"tier {tier} is empty (0 bytes)", where=str(art.run_root), fix="drop the tier")
+    lw = tempered_weights(lang_bytes, alpha, floor)
+    if languages:
+        absent = [x for x in languages if x not in by_lang]
+        if absent:
+            findings.info(
+                "tier-languages",
+                f"tier {tier} has no chunks for {', '.join(absent)}",
+                where=str(art.run_root),
+            )
+    for lang in sorted(lw, key=lambda k: (-lw[k], k)):
+        cs = sorted(by_lang[lang], key=lambda c: c.name)
+        lb = lang_bytes[lang]
+        for c in cs:
+            share = _chunk_size(c) / lb if lb else 1.0 / len(cs)
+            if share > 0:
+                entries.append((c, tw * lw[lang] * share))
+    return TierShare(
+        tier=tier,
+        weight=tw,
+        bounds=art.tiers.get(tier),
+        languages=dict(sorted(lw.items(), key=lambda kv: (-kv[1], kv[0]))),
+        language_bytes=dict(sorted(lang_bytes.items())),
+        chunks=len(in_tier),
+        bin_bytes=sum(lang_bytes.values()),
+    )
 
 
 def fetch_hint(art: Artifact | None, tiers: Sequence[str], languages: Sequence[str] | None, *, root: Path | None = None,
@@ -303,88 +323,19 @@ def blend_supply(
     progress: bool = False,
 ) -> SupplyReport:
     """How far the blend goes at this stage length and budget (see the module docstring)."""
-    from longctx.data.index_scan import scan_indexes
-
     L = int(seq_length)
     needed = int(tokens // L)
-    art = tb.artifact
-    indexed = [c for c, _ in tb.entries if use_index and c.has_idx]
-    summaries = {}
-    if indexed:
-        got, _ = scan_indexes(
-            [c.prefix for c in indexed], [L], workers=workers, progress=progress, validate=False
-        )
-        summaries = {s.prefix: s for s in got}
-    per_chunk: list[dict[str, Any]] = []
+    per_chunk = _chunk_rows(tb, L, use_index, workers, progress)
     findings = Findings()
-    for c, w in tb.entries:
-        s = summaries.get(c.prefix)
-        bounds = art.tiers.get(c.tier or "")
-        if s is not None and s.lengths is not None:
-            cov = s.lengths.coverage[0]
-            row = dict(tokens=s.tokens, packed=cov.packed_samples, docs=cov.documents_at_least,
-                       tok_long=cov.tokens_in_documents_at_least, single=cov.single_document_samples,
-                       longest=s.lengths.max_length, basis="index")  # fmt: skip
-        else:
-            t = _estimated_tokens(art, c)
-            row = dict(tokens=t, packed=max(t - 1, 0) // L, docs=None, tok_long=None, single=None, longest=None,
-                       basis="manifests")  # fmt: skip
-            if bounds is not None and bounds.max is not None and bounds.max <= L:
-                row.update(docs=0, tok_long=0, single=0)  # by its bounds no document reaches L
-            elif bounds is not None and bounds.min >= L:
-                row.update(docs=c.documents, tok_long=t)  # every document is at least L (source tokens)
-        row.update(chunk=c, weight=w)
-        per_chunk.append(row)
-
-    tiers: list[TierSupply] = []
-    for share in tb.tiers:
-        rows = [r for r in per_chunk if r["chunk"].tier == share.tier]
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
-            groups.setdefault(r["chunk"].language, []).append(r)
-        worst, worst_lang = 0.0, None
-        for lang, rs in groups.items():
-            packed = sum(r["packed"] for r in rs)
-            e = sum(r["weight"] for r in rs) * needed / packed if packed else math.inf
-            if e > worst:
-                worst, worst_lang = e, lang
-        packed = sum(r["packed"] for r in rows)
-
-        def total(key: str, rs: list[dict[str, Any]] = rows) -> int | None:
-            vals = [r[key] for r in rs]
-            return None if any(v is None for v in vals) else int(sum(vals))
-
-        longest = [r["longest"] for r in rows if r["longest"] is not None]
-        tiers.append(
-            TierSupply(
-                tier=share.tier,
-                weight=share.weight,
-                chunks=len(rows),
-                indexed=sum(1 for r in rows if r["basis"] == "index"),
-                tokens=int(sum(r["tokens"] for r in rows)),
-                packed_sequences=packed,
-                documents_at_least=total("docs"),
-                tokens_in_documents_at_least=total("tok_long"),
-                single_document_sequences=total("single"),
-                longest_document=max(longest) if longest and len(longest) == len(rows) else None,
-                sequences_needed=share.weight * needed,
-                epochs=share.weight * needed / packed if packed else math.inf,
-                worst_epochs=worst,
-                worst_language=worst_lang,
-            )
-        )
-    ratios = [r["packed"] / r["weight"] for r in per_chunk if r["weight"] > 0]
+    tiers = [_tier_supply(share, per_chunk, needed) for share in tb.tiers]
+    ratios = [r.packed / r.weight for r in per_chunk if r.weight > 0]
     without_repeat = min(ratios) if ratios else None
-    long_share = _weighted(
-        per_chunk, lambda r: None if r["tok_long"] is None else r["tok_long"] / max(r["tokens"], 1)
-    )
+    long_share = _weighted(per_chunk, lambda r: None if r.tok_long is None else r.tok_long / max(r.tokens, 1))
     single_share = _weighted(
         per_chunk,
-        lambda r: (
-            None if r["single"] is None else min(r["single"] / r["packed"], 1.0) if r["packed"] else 0.0
-        ),
+        lambda r: None if r.single is None else min(r.single / r.packed, 1.0) if r.packed else 0.0,
     )
-    bases = {r["basis"] for r in per_chunk}
+    bases = {r.basis for r in per_chunk}
     basis = bases.pop() if len(bases) == 1 else "mixed"
     report = SupplyReport(
         stage, L, tokens, needed, without_repeat, long_share, single_share, tiers, basis, findings
@@ -393,17 +344,98 @@ def blend_supply(
     return report
 
 
-def _weighted(rows: Iterable[dict[str, Any]], value: Any) -> float | None:
+@dataclasses.dataclass
+class _Row:
+    """One chunk of the blend at the stage length L: exact from its .idx, else estimated."""
+
+    chunk: Chunk
+    weight: float
+    tokens: int
+    packed: int  # sequences of L per epoch
+    docs: int | None  # documents ≥ L (None: unknown)
+    tok_long: int | None  # tokens in those documents
+    single: int | None  # sequences of L inside one document
+    longest: int | None
+    basis: str  # "index" or "manifests"
+
+
+def _chunk_rows(tb: TierBlend, L: int, use_index: bool, workers: int | None, progress: bool) -> list[_Row]:
+    art = tb.artifact
+    indexed = [c for c, _ in tb.entries if use_index and c.has_idx]
+    summaries = {}
+    if indexed:
+        got, _ = scan_indexes(
+            [c.prefix for c in indexed], [L], workers=workers, progress=progress, validate=False
+        )
+        summaries = {s.prefix: s for s in got}
+    rows: list[_Row] = []
+    for c, w in tb.entries:
+        s = summaries.get(c.prefix)
+        bounds = art.tiers.get(c.tier or "")
+        if s is not None and s.lengths is not None:
+            cov = s.lengths.coverage[0]
+            row = _Row(c, w, tokens=s.tokens, packed=cov.packed_samples, docs=cov.documents_at_least,
+                       tok_long=cov.tokens_in_documents_at_least, single=cov.single_document_samples,
+                       longest=s.lengths.max_length, basis="index")  # fmt: skip
+        else:
+            t = _estimated_tokens(art, c)
+            row = _Row(c, w, tokens=t, packed=max(t - 1, 0) // L, docs=None, tok_long=None, single=None,
+                       longest=None, basis="manifests")  # fmt: skip
+            if bounds is not None and bounds.max is not None and bounds.max <= L:
+                row.docs, row.tok_long, row.single = 0, 0, 0  # by its bounds no document reaches L
+            elif bounds is not None and bounds.min >= L:
+                row.docs, row.tok_long = c.documents, t  # every document is at least L (source tokens)
+        rows.append(row)
+    return rows
+
+
+def _tier_supply(share: TierShare, per_chunk: list[_Row], needed: int) -> TierSupply:
+    rows = [r for r in per_chunk if r.chunk.tier == share.tier]
+    groups: dict[str, list[_Row]] = {}
+    for r in rows:
+        groups.setdefault(r.chunk.language, []).append(r)  # type: ignore[arg-type]
+    worst, worst_lang = 0.0, None
+    for lang, rs in groups.items():
+        packed = sum(r.packed for r in rs)
+        e = sum(r.weight for r in rs) * needed / packed if packed else math.inf
+        if e > worst:
+            worst, worst_lang = e, lang
+    packed = sum(r.packed for r in rows)
+
+    def total(key: str) -> int | None:
+        vals = [getattr(r, key) for r in rows]
+        return None if any(v is None for v in vals) else int(sum(vals))
+
+    longest = [r.longest for r in rows if r.longest is not None]
+    return TierSupply(
+        tier=share.tier,
+        weight=share.weight,
+        chunks=len(rows),
+        indexed=sum(1 for r in rows if r.basis == "index"),
+        tokens=int(sum(r.tokens for r in rows)),
+        packed_sequences=packed,
+        documents_at_least=total("docs"),
+        tokens_in_documents_at_least=total("tok_long"),
+        single_document_sequences=total("single"),
+        longest_document=max(longest) if longest and len(longest) == len(rows) else None,
+        sequences_needed=share.weight * needed,
+        epochs=share.weight * needed / packed if packed else math.inf,
+        worst_epochs=worst,
+        worst_language=worst_lang,
+    )
+
+
+def _weighted(rows: Iterable[_Row], value: Callable[[_Row], float | None]) -> float | None:
     acc = 0.0
     for r in rows:
         v = value(r)
         if v is None:
             return None
-        acc += r["weight"] * v
+        acc += r.weight * v
     return acc
 
 
-def _supply_findings(rep: SupplyReport, tb: TierBlend, rows: list[dict[str, Any]]) -> None:
+def _supply_findings(rep: SupplyReport, tb: TierBlend, rows: list[_Row]) -> None:
     f, L, where = rep.findings, rep.seq_length, str(tb.artifact.run_root)
     lab = label(L)
     head = (
@@ -420,7 +452,7 @@ def _supply_findings(rep: SupplyReport, tb: TierBlend, rows: list[dict[str, Any]
         head += f", ~{rep.single_document_share:.1%} of sequences lie inside one document"
     f.info("supply", head, where=where)
     if rep.basis != "index":
-        n = sum(1 for r in rows if r["basis"] == "manifests")
+        n = sum(1 for r in rows if r.basis == "manifests")
         f.info(
             "supply-estimate",
             f"{n} of {len(rows)} prefixes have no .idx here: their figures are estimates from the manifests "
