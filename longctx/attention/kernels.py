@@ -20,6 +20,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -141,7 +142,7 @@ CPU_FLASH = BlockKernel("cpu_flash", _cpu_flash_forward, _cpu_flash_backward)
 # ---------------------------------------------------------------------------------- CUDA: flash-attn
 
 
-def _flash_attn_module() -> Any | None:
+def _flash_attn_module() -> ModuleType | None:
     try:  # optional dependency (extra `gpu`); imported only when a CUDA kernel is asked for
         from flash_attn import flash_attn_interface
     except Exception:

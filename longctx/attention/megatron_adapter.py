@@ -17,9 +17,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 from torch import Tensor
@@ -47,7 +52,7 @@ class LongctxCoreAttention(MegatronModule):
         attention_dropout: float | None = None,
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
-        pg_collection: Any | None = None,
+        pg_collection: ProcessGroupCollection | None = None,
     ) -> None:
         super().__init__(config=config)
         self.layer_number = max(1, layer_number)
@@ -97,7 +102,9 @@ class LongctxCoreAttention(MegatronModule):
         )
 
     @staticmethod
-    def _cp_group(config: TransformerConfig, pg_collection: Any | None) -> Any:
+    def _cp_group(
+        config: TransformerConfig, pg_collection: ProcessGroupCollection | None
+    ) -> dist.ProcessGroup | None:
         cp = config.context_parallel_size
         group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
         if group is None and cp > 1:
@@ -118,7 +125,7 @@ class LongctxCoreAttention(MegatronModule):
         attention_mask: Tensor | None,
         attn_mask_type: AttnMaskType | None = None,
         attention_bias: Tensor | None = None,
-        packed_seq_params: Any | None = None,
+        packed_seq_params: PackedSeqParams | None = None,
     ) -> Tensor:
         if packed_seq_params is not None:
             raise AttentionError(
@@ -151,13 +158,11 @@ class LongctxCoreAttention(MegatronModule):
         return out.transpose(0, 1).reshape(sq, b, heads * head_dim)
 
 
-def longctx_local_layer_spec(**kwargs: Any) -> Any:
+def longctx_local_layer_spec(**kwargs: Any) -> ModuleSpec:
     """megatron-core's `get_gpt_layer_local_spec(**kwargs)` with `LongctxCoreAttention` as core attention.
 
     Every keyword (num_experts, qk_layernorm, normalization, …) is passed through unchanged.
     """
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
     if kwargs.get("multi_latent_attention"):
         raise AttentionError(
             "multi-latent attention has different q/k and v head dims", where="longctx_local_layer_spec"

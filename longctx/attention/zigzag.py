@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
+from longctx.attention.comm import all_gather_dim0, group_size
 from longctx.errors import AttentionError
 
 
@@ -80,11 +82,9 @@ def zigzag_positions(seq_len: int, cp_rank: int, cp_size: int, device: torch.dev
     return zigzag_split(torch.arange(seq_len, device=device), cp_rank, cp_size, seq_dim=0)
 
 
-def zigzag_all_gather(x: Tensor, group: object, seq_dim: int = 1) -> Tensor:
+def zigzag_all_gather(x: Tensor, group: dist.ProcessGroup | None, seq_dim: int = 1) -> Tensor:
     """Collective form of `zigzag_gather`: every rank of `group` gets the full tensor (no autograd)."""
-    from longctx.attention.comm import all_gather_dim0, group_size
-
-    if group_size(group) == 1:  # type: ignore[arg-type]
+    if group_size(group) == 1:
         return x
-    gathered = all_gather_dim0(x, group)  # type: ignore[arg-type]
+    gathered = all_gather_dim0(x, group)
     return zigzag_gather(list(gathered.unbind(0)), seq_dim=seq_dim)

@@ -5,6 +5,7 @@ Public API (torch and megatron-core are imported by the submodules that need the
 
     from longctx.eval.runner import (evaluate_finished_stage, summarize_plan, evaluate_path,
                                      evaluate_checkpoints, demo_summary, render_summary)
+    from longctx.eval.engine import evaluate_checkpoints, CheckpointRef   # the engine runner builds on
     from longctx.eval.settings import EvalSettings            # what is measured (no torch import)
     from longctx.eval.grid import PasskeyGrid                 # exact-length passkey prompts
     from longctx.eval.score import model_scorer, score_passkey

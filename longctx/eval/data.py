@@ -11,17 +11,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from megatron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from longctx.errors import EvalError
+from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.stage_data import stage_blend
 
 
 def train_end(n_sequences: int, split: str) -> int:
     """First held-out sequence index under Megatron's split semantics."""
-    from megatron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
-
     try:
         shares = parse_and_normalize_split(split)
     except (AssertionError, ValueError, ZeroDivisionError) as err:
@@ -37,11 +38,9 @@ class HeldOut:
 
     prefixes: list[str]
     split: str | None = None
-    _datasets: list[Any] = dataclasses.field(default_factory=list, repr=False)
+    _datasets: list[IndexedDataset] = dataclasses.field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
-
         if not self.prefixes:
             raise EvalError(
                 "no data to take held-out documents from", fix="give the plan's data or --data PREFIX"
@@ -64,7 +63,7 @@ class HeldOut:
             )
         return "|".join(parts)
 
-    def _ranges(self) -> Iterator[tuple[Any, int, int]]:
+    def _ranges(self) -> Iterator[tuple[IndexedDataset, int, int]]:
         for ds in self._datasets:
             n = len(ds.sequence_lengths)
             start = 0 if self.split is None else train_end(n, self.split)
@@ -137,12 +136,12 @@ class HeldOut:
         return out
 
 
-def heldout_for_stage(rp: Any, stage: Any, prefixes: Sequence[str] | None = None) -> HeldOut:
+def heldout_for_stage(
+    rp: ResolvedPlan, stage: ResolvedStage, prefixes: Sequence[str] | None = None
+) -> HeldOut:
     """The held-out part of a stage's data (or `prefixes`, entirely unseen, when given)."""
     if prefixes:
         return HeldOut([str(p) for p in prefixes], None)
-    from longctx.plan.stage_data import stage_blend
-
     blend = stage_blend(rp, stage)
     split = stage.data.split if stage.data is not None else "99,1,0"
     return HeldOut([e.prefix for e in blend.entries], split)

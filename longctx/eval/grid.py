@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from longctx.errors import EvalError
 from longctx.eval.passkey_text import NAMES, filler_sentence, passkey_prompt, passkey_statement, random_key
+from longctx.tokenizer.load import LoadedTokenizer
 
 FillerKind = Literal["synthetic", "heldout"]
 _CONTEXT = "."  # what precedes a segment when it is tokenized "mid-text"
@@ -65,7 +66,7 @@ class PasskeyItem:
         return [self.tokens] + [self.prompt + d for _, d in self.distractors]
 
 
-def segment_tokens(tokenizer: Any, text: str) -> list[int]:
+def segment_tokens(tokenizer: LoadedTokenizer, text: str) -> list[int]:
     """Tokens of `text` as it appears after ". " in running text (SentencePiece and GPT-2 BPE alike)."""
     ctx = tokenizer.encode(_CONTEXT)
     both = tokenizer.encode(f"{_CONTEXT} {text}")
@@ -96,7 +97,7 @@ class PasskeyGrid:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: LoadedTokenizer,
         *,
         seed: int = 1234,
         key_digits: int = 5,

@@ -5,11 +5,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
+
 from longctx.eval.results import CheckpointEval, EvalReport
 from longctx.util.fs import atomic_write_bytes
 
 
 def _plt():
+    # matplotlib loads only when a plot is drawn (a slow import), with the Agg backend chosen first
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,8 +38,6 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
 
     Each cell shows the headline accuracy, the greedy accuracy and the mean margin; lengths beyond a
     checkpoint's trained window are marked with '*'."""
-    import numpy as np
-
     plt = _plt()
     evals = [ce for ce in report.checkpoints if ce.results]
     depths = sorted({c.depth for ce in evals for r in ce.results for c in r.passkey.cells})

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
 from longctx.eval.results import EvalReport
 
 
@@ -30,9 +35,7 @@ def _legend(report: EvalReport) -> str:
             "(change vs base)")  # fmt: skip
 
 
-def report_table(report: EvalReport):
-    from rich.table import Table
-
+def report_table(report: EvalReport) -> Table:
     title = f"evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})"
     table = Table(title=title, caption=_legend(report), caption_justify="left")
     table.add_column("checkpoint")
@@ -62,10 +65,6 @@ def markdown_table(report: EvalReport) -> str:
 
 
 def print_report(report: EvalReport, *, stderr: bool = False) -> None:
-    import sys
-
-    from rich.console import Console
-
     stream = sys.stderr if stderr else sys.stdout
     con = Console(file=stream, width=None if stream.isatty() else 180)
     con.print(report_table(report))

@@ -1,332 +1,96 @@
-"""Evaluate checkpoints: passkey grid, loss by position, short-context loss; write JSON and plots.
+"""Evaluate a plan's checkpoints: after a stage, a summary of the whole ladder, or one checkpoint.
 
 Entry points:
 
-    evaluate_checkpoints(refs, lengths=…, tokenizer=…, heldout=…)  → EvalReport   (the engine)
-    evaluate_path(rp, ckpt, stage=…)                                 → EvalReport   (`longctx eval run`)
     evaluate_finished_stage(rp, stage)                               → EvalReport   (after a local stage)
     summarize_plan(rp)                                               → EvalReport   (`longctx eval summary`)
+    evaluate_path(rp, ckpt, stage=…)                                 → EvalReport   (`longctx eval run`)
+    demo_summary(rp) / render_summary(summary, console)                             (the demo's step)
 
-Results per (checkpoint contents, length, settings, tokenizer, held-out data) are cached as JSON under
-`<run_dir>/eval/cache/`, so the evaluation after the last stage re-uses what earlier stages measured
-and only adds the new length and the new checkpoint.
+Each builds `CheckpointRef`s from the plan (its base, its stages' save dirs, its tokenizer and
+held-out data) and runs the engine, `longctx.eval.engine.evaluate_checkpoints` (re-exported here with
+the rest of the engine's public names). Results are cached as JSON under `<run_dir>/eval/cache/`, so
+the evaluation after the last stage re-uses what earlier stages measured and only adds the new length
+and the new checkpoint.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from longctx.errors import EvalError
-from longctx.eval.data import HeldOut, heldout_for_stage
-from longctx.eval.grid import PasskeyGrid, check_depths
-from longctx.eval.load import CheckpointInfo, checkpoint_info, load_model
-from longctx.eval.loss_position import loss_by_position, position_buckets
-from longctx.eval.results import (
-    METHOD_TEXT,
-    CheckpointEval,
-    EvalReport,
-    LengthResult,
-    PasskeyResult,
-)
-from longctx.eval.score import forwards_needed, model_scorer, score_passkey
-from longctx.eval.settings import EvalSettings
-from longctx.eval.short_context import ShortLoss, short_context_loss
-from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
-from longctx.util.fs import atomic_write_json
-from longctx.util.progress import progress_bar
+from rich.console import Console
 
-BASE_LABEL = "base"
+from longctx.checkpoint.layout import read_tracker
+from longctx.errors import EvalError
+from longctx.eval.data import heldout_for_stage
+from longctx.eval.engine import (
+    BASE_LABEL,
+    CheckpointRef,
+    ResultCache,
+    check_length,
+    check_tokenizer,
+    evaluate_checkpoints,
+    write_outputs,
+)
+from longctx.eval.load import checkpoint_info
+from longctx.eval.render import markdown_table, print_report, report_table
+from longctx.eval.results import EvalReport
+from longctx.eval.settings import EvalSettings
+from longctx.mcore.parallel import is_main_process
+from longctx.plan import paths
+from longctx.plan.derive import ResolvedPlan
+from longctx.tokenizer.load import LoadedTokenizer, load_tokenizer
+
 # what runs after each local stage; `eval summary` and the demo use the same, so they re-use those results
 STAGE_SETTINGS = EvalSettings()
 
-
-@dataclasses.dataclass
-class CheckpointRef:
-    """A checkpoint to evaluate and how."""
-
-    label: str
-    path: Path
-    rotary_base: int | None = None  # None: the base the checkpoint was trained with
-    allow_extrapolation: bool = False  # evaluate lengths beyond its trained window
-    lengths: list[int] | None = None  # None: the report's lengths
-    passkey: bool = True  # False: only the short-context loss (a base reference)
-    expected_rotary_base: int | None = None  # what the plan says; a difference becomes a note
-
-
-class ResultCache:
-    """JSON results keyed by everything that determines them; `root=None` disables caching."""
-
-    def __init__(self, root: Path | None) -> None:
-        self.root = root
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        if self.root is None:
-            return None
-        path = self.root / f"{key}.json"
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-
-    def put(self, key: str, obj: Any) -> None:
-        if self.root is not None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.root / f"{key}.json", obj)
+__all__ = [
+    "BASE_LABEL",
+    "STAGE_SETTINGS",
+    "CheckpointRef",
+    "ResultCache",
+    "check_length",
+    "check_tokenizer",
+    "demo_summary",
+    "evaluate_checkpoints",
+    "evaluate_finished_stage",
+    "evaluate_path",
+    "plan_lengths",
+    "render_summary",
+    "summarize_plan",
+    "write_outputs",
+]
 
 
-def _key(*parts: object) -> str:
-    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
-
-
-def check_length(info: CheckpointInfo, length: int, *, allow_extrapolation: bool, cp: int) -> bool:
-    """Raise EvalError for lengths this checkpoint cannot be evaluated at; True when extrapolating."""
-    if length < 2:
-        raise EvalError(f"length {length} is too short to evaluate")
-    if cp > 1 and length % (2 * cp):
-        raise EvalError(
-            f"length {length} does not split into 2·CP = {2 * cp} equal chunks (CP = {cp})",
-            fix=f"use lengths that are multiples of {2 * cp}",
-        )
-    beyond = info.max_position is not None and length > info.max_position
-    if beyond and not allow_extrapolation:
-        raise EvalError(
-            f"length {length} is above the checkpoint's max position {info.max_position} (its trained window)",
-            where=info.path,
-            fix=f"evaluate at lengths ≤ {info.max_position}, or pass --extrapolate to measure RoPE beyond it",
-        )
-    return beyond
-
-
-def check_tokenizer(info: CheckpointInfo, tokenizer: Any) -> None:
-    if info.tokenizer_md5 and tokenizer.md5 != info.tokenizer_md5:
-        raise EvalError(
-            f"the tokenizer (md5 {tokenizer.md5}) is not the one the checkpoint was trained with "
-            f"(md5 {info.tokenizer_md5})",
-            where=info.path,
-            fix="evaluate with the plan whose tokenizer trained this checkpoint",
-        )
-    if tokenizer.vocab_size > info.padded_vocab_size:
-        raise EvalError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens, the model only {info.padded_vocab_size} rows",
-            where=info.path,
-            fix="evaluate with the checkpoint's own tokenizer",
-        )
-
-
-@dataclasses.dataclass
-class _Context:
-    tokenizer: Any
-    heldout: HeldOut
-    settings: EvalSettings
-    short_length: int
-    parallel: EvalParallel
-    cache: ResultCache
-    grid: PasskeyGrid
-    notes: list[str]
-
-
-def _evaluate_one(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> CheckpointEval:
-    t0 = time.perf_counter()
-    s = ctx.settings
-    info = checkpoint_info(ref.path, rotary_base=ref.rotary_base)
-    check_tokenizer(info, ctx.tokenizer)
-    if (
-        ref.expected_rotary_base is not None
-        and ref.rotary_base is None
-        and info.rotary_base != ref.expected_rotary_base
-    ):
-        ctx.notes.append(
-            f"{ref.label}: the checkpoint's rotary base {info.rotary_base:,} differs from the "
-            f"plan's {ref.expected_rotary_base:,}; evaluated with the checkpoint's"
-        )
-    lens = list(ref.lengths if ref.lengths is not None else lengths) if ref.passkey else []
-    extrapolated = {n: check_length(info, n, allow_extrapolation=ref.allow_extrapolation, cp=ctx.parallel.cp)
-                    for n in lens}  # fmt: skip
-    common = (info.identity, info.rotary_base, ctx.tokenizer.md5, ctx.heldout.identity(), ctx.parallel.cp)
-    out = CheckpointEval(label=ref.label, checkpoint=info.to_json(), trained_length=info.max_position,
-                         rotary_base=info.rotary_base)  # fmt: skip
-    todo: list[int] = []
-    results: dict[int, LengthResult] = {}
-    for n in lens:
-        hit = ctx.cache.get(_key("length", n, s.fingerprint(*common)))
-        if hit is not None:
-            results[n] = LengthResult.model_validate(hit)
-            out.cached.append(str(n))
-        else:
-            todo.append(n)
-    short_key = _key("short", ctx.short_length, s.fingerprint(*common))
-    short: ShortLoss | None = None
-    if s.short_docs > 0:
-        hit = ctx.cache.get(short_key)
-        if hit is not None:
-            short = ShortLoss.model_validate(hit)
-            out.cached.append("short")
-    need_short = s.short_docs > 0 and short is None
-    if todo or need_short:
-        items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
-        loss_docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
-        short_docs = ctx.heldout.short_documents(ctx.short_length, s.short_docs) if need_short else []
-        total = sum(forwards_needed(v) for v in items.values()) + sum(len(d[0]) for d in loss_docs.values())
-        total += len(short_docs)
-        loaded = load_model(info, ctx.parallel, max_length=max([*todo, ctx.short_length]))
-        score = model_scorer(loaded)
-        with progress_bar(f"eval {ref.label}", total, unit="forwards") as advance:
-            for n in todo:
-                t1 = time.perf_counter()
-                scores = score_passkey(items[n], score, batch_size=s.batch_size, advance=advance)
-                natural = sum(it.natural for it in items[n]) / len(items[n])
-                docs, packed = loss_docs[n]
-                if packed:
-                    ctx.notes.append(
-                        f"loss by position at {n}: no held-out document is {n} tokens long; "
-                        "held-out documents were packed back to back (positions are sample positions)"
-                    )
-                position = loss_by_position(score, docs, buckets=position_buckets(n, kind=s.buckets, first=s.bucket_first),
-                                            packed=packed, batch_size=s.batch_size, advance=advance)  # fmt: skip
-                results[n] = LengthResult(
-                    length=n, extrapolated=extrapolated[n], position=position,
-                    passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
-                    seconds=time.perf_counter() - t1,
-                )  # fmt: skip
-                if ctx.parallel.is_main:
-                    ctx.cache.put(
-                        _key("length", n, s.fingerprint(*common)), results[n].model_dump(mode="json")
-                    )
-            if need_short:
-                short = short_context_loss(score, short_docs, length=ctx.short_length, batch_size=s.batch_size,
-                                           cp=ctx.parallel.cp, advance=advance)  # fmt: skip
-                if ctx.parallel.is_main:
-                    ctx.cache.put(short_key, short.model_dump(mode="json"))
-        del loaded, score
-    for n in lens:
-        r = results[n]
-        r.extrapolated = extrapolated[n]  # cached results keep the flag current
-        out.results.append(r)
-    out.short = short
-    out.seconds = time.perf_counter() - t0
-    return out
-
-
-def evaluate_checkpoints(
-    refs: Sequence[CheckpointRef],
-    *,
-    lengths: Sequence[int],
-    tokenizer: Any,
-    heldout: HeldOut,
-    settings: EvalSettings | None = None,
-    short_length: int,
-    cp: int = 1,
-    cache_dir: Path | None = None,
-    plan: str | None = None,
-    stage: str | None = None,
-    log: Callable[[str], None] | None = None,
-) -> EvalReport:
-    """Evaluate every checkpoint at `lengths` (each ref may narrow them); the ref labelled `base`
-    is the reference for the short-context regression."""
-    t0 = time.perf_counter()
-    s = settings or EvalSettings()
-    check_depths(s.depths)
-    lengths = sorted({int(n) for n in lengths})
-    if not refs:
-        raise EvalError("no checkpoints to evaluate")
-    if cp > 1:
-        for n in lengths:
-            if n % (2 * cp):
-                raise EvalError(
-                    f"length {n} does not split into 2·CP = {2 * cp} equal chunks (CP = {cp})",
-                    fix=f"use lengths that are multiples of {2 * cp}",
-                )
-    filler = heldout.filler_tokens(2 * max(lengths, default=0)) if s.filler == "heldout" else None
-    grid = PasskeyGrid(tokenizer, seed=s.seed, key_digits=s.key_digits, distractors=s.distractors,
-                       filler=s.filler, heldout_tokens=filler)  # fmt: skip
-    notes: list[str] = []
-    evals: list[CheckpointEval] = []
-    with eval_parallel(cp) as par:
-        ctx = _Context(tokenizer, heldout, s, short_length, par, ResultCache(cache_dir), grid, notes)
-        for ref in refs:
-            if log is not None:
-                log(f"evaluating {ref.label}: {ref.path}")
-            evals.append(_evaluate_one(ref, lengths, ctx))
-    base = next((e for e in evals if e.label == BASE_LABEL and e.short is not None), None)
-    for e in evals:
-        if base is not None and e.short is not None:
-            e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
-    unnatural = [f"{e.label}@{r.length}" for e in evals for r in e.results if r.passkey.natural < 1.0]
-    if unnatural:
-        notes.append(
-            "some passkey items cut a filler sentence right before the question (few tokens left "
-            f"after the needle): {', '.join(unnatural)}"
-        )
-    return EvalReport(
-        plan=plan, stage=stage, settings=s, method=METHOD_TEXT.format(n=s.distractors), lengths=lengths,
-        checkpoints=evals,
-        heldout={"prefixes": heldout.prefixes, "split": heldout.split,
-                 "held_out_documents": heldout.count()},
-        notes=list(dict.fromkeys(notes)), seconds=time.perf_counter() - t0,
-    )  # fmt: skip
-
-
-def write_outputs(report: EvalReport, out_dir: Path) -> EvalReport:
-    """report.json, niah.png, loss_by_position.png, summary.md under `out_dir` (atomically)."""
-    from longctx.eval.plots import plot_loss_by_position, plot_niah
-    from longctx.eval.render import markdown_table
-    from longctx.util.fs import atomic_write_text
-
-    report.out_dir = str(out_dir)
-    if not is_main_process():
-        return report
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plots: dict[str, str] = {}
-    if any(ce.results for ce in report.checkpoints):
-        plots["niah"] = str(plot_niah(report, out_dir / "niah.png"))
-        plots["loss_by_position"] = str(plot_loss_by_position(report, out_dir / "loss_by_position.png"))
-    report.plots = plots
-    atomic_write_text(out_dir / "summary.md", markdown_table(report))
-    atomic_write_json(out_dir / "report.json", report.model_dump(mode="json"))
-    return report
-
-
-# -- plans -----------------------------------------------------------------------------------------
-
-
-def plan_lengths(rp: Any, upto: int | None = None) -> list[int]:
+def plan_lengths(rp: ResolvedPlan, upto: int | None = None) -> list[int]:
     """The base's length and each stage's (up to stage index `upto`)."""
     stages = rp.stages if upto is None else rp.stages[: upto + 1]
     return sorted({int(rp.plan.base.seq_length), *(int(s.seq_length) for s in stages)})
 
 
-def _plan_tokenizer(rp: Any) -> Any:
-    from longctx.plan import paths
-    from longctx.tokenizer import load_tokenizer
-
+def _plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
     return load_tokenizer(paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path"))
 
 
-def _base_path(rp: Any) -> Path | None:
-    from longctx.plan import paths
-
+def _base_path(rp: ResolvedPlan) -> Path | None:
     if rp.plan.base.path is None:
         return None
     return paths.resolve(rp.plan.base.path, rp.plan, field="base.path")
 
 
 def _has_checkpoint(save_dir: Path) -> bool:
-    from longctx.checkpoint.layout import read_tracker
-
     try:
         return read_tracker(save_dir) is not None
     except Exception:  # a garbage tracker: the stage has no usable checkpoint
         return False
 
 
-def _ladder_refs(rp: Any, upto: int, notes: list[str], base: Path | None = None) -> list[CheckpointRef]:
+def _ladder_refs(
+    rp: ResolvedPlan, upto: int, notes: list[str], base: Path | None = None
+) -> list[CheckpointRef]:
     """Base + stages[0..upto], each allowed to extrapolate (the comparison is the point)."""
     refs: list[CheckpointRef] = []
     base = base or _base_path(rp)
@@ -344,20 +108,18 @@ def _ladder_refs(rp: Any, upto: int, notes: list[str], base: Path | None = None)
     return refs
 
 
-def _run_dir_cache(rp: Any) -> Path:
+def _run_dir_cache(rp: ResolvedPlan) -> Path:
     return Path(rp.run_dir) / "eval" / "cache"
 
 
 def evaluate_finished_stage(
-    rp: Any, stage_name: str, *, settings: EvalSettings | None = None, echo: bool = True
+    rp: ResolvedPlan, stage_name: str, *, settings: EvalSettings | None = None, echo: bool = True
 ) -> EvalReport:
     """Evaluate a finished stage against the base and the earlier stages at every length so far.
 
     Writes `<run_dir>/stages/<stage>/eval/{report.json, niah.png, loss_by_position.png, summary.md}`;
     results measured by earlier stages' evaluations are re-used from the cache.
     """
-    from longctx.plan import paths
-
     st = rp.stage(stage_name)  # PlanError naming the stages for unknown names
     if not _has_checkpoint(st.save_dir):
         raise EvalError(f"stage {stage_name} has no finished checkpoint", where=str(st.save_dir),
@@ -373,14 +135,12 @@ def evaluate_finished_stage(
     report.notes = notes + report.notes
     write_outputs(report, paths.stage_dir(rp.plan, stage_name) / "eval")
     if echo and is_main_process():
-        from longctx.eval.render import print_report
-
         print_report(report, stderr=True)
     return report
 
 
 def summarize_plan(
-    rp: Any,
+    rp: ResolvedPlan,
     *,
     lengths: Sequence[int] | None = None,
     settings: EvalSettings | None = None,
@@ -408,12 +168,10 @@ def summarize_plan(
 
 
 def demo_summary(
-    rp: Any, *, base: Path | None = None, settings: EvalSettings | None = None
+    rp: ResolvedPlan, *, base: Path | None = None, settings: EvalSettings | None = None
 ) -> dict[str, Any]:
     """The demo's evaluation step: `summarize_plan` with the per-stage settings (so everything the
     stages measured is re-used), as a JSON-able dict with the table, plots and a Markdown rendering."""
-    from longctx.eval.render import markdown_table
-
     report = summarize_plan(rp, settings=settings or STAGE_SETTINGS, base=base)
     return {
         "lengths": report.lengths,
@@ -427,10 +185,8 @@ def demo_summary(
     }
 
 
-def render_summary(summary: dict[str, Any], console: Any) -> None:
+def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print a `demo_summary` result on a rich console: the table, the notes, the plot paths."""
-    from longctx.eval.render import report_table
-
     report = EvalReport.model_validate_json(Path(summary["report"]).read_text(encoding="utf-8"))
     console.print(report_table(report))
     for note in report.notes:
@@ -440,7 +196,7 @@ def render_summary(summary: dict[str, Any], console: Any) -> None:
 
 
 def evaluate_path(
-    rp: Any,
+    rp: ResolvedPlan,
     checkpoint: Path,
     *,
     stage: str | None = None,

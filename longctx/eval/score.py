@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel
 
+from longctx.attention.zigzag import check_zigzag_len, zigzag_gather, zigzag_split
 from longctx.eval.grid import PasskeyItem
+from longctx.eval.load import LoadedModel
 
 # logits → log-softmax in slices of this many positions (bounds float32 memory for large vocabularies)
 _SLICE = 2048
@@ -67,13 +69,9 @@ def scores_from_logits(
     return torch.cat(lp_out, 1), torch.cat(am_out, 1), torch.cat(mg_out, 1)
 
 
-def model_scorer(loaded: Any) -> ScoreFn:
-    """A ScoreFn running `loaded.model` (a `LoadedModel`); every CP rank must call it with the same
-    tokens, and every rank gets the full result."""
-    import torch.distributed as dist
-
-    from longctx.attention.zigzag import check_zigzag_len, zigzag_gather, zigzag_split
-
+def model_scorer(loaded: LoadedModel) -> ScoreFn:
+    """A ScoreFn running `loaded.model`; every CP rank must call it with the same tokens, and every
+    rank gets the full result."""
     par = loaded.parallel
     model = loaded.model
 

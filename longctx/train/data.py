@@ -9,12 +9,18 @@ Under context parallelism each sample is cut into the zigzag shards of this CP r
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 import torch.distributed as dist
+from megatron.core.datasets.blended_dataset import BlendedDataset
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+from longctx.attention.zigzag import zigzag_split
 from longctx.train.spec import TrainSpec
+
+# one prefix builds a GPTDataset, several a BlendedDataset over them
+TrainDataset = GPTDataset | BlendedDataset
 
 
 class _Tokenizer:
@@ -27,11 +33,8 @@ class _Tokenizer:
         self.unique_identifiers = {"class": "longctx", "md5": spec.tokenizer.md5}
 
 
-def build_train_dataset(spec: TrainSpec) -> Any:
+def build_train_dataset(spec: TrainSpec) -> TrainDataset:
     """Build (rank 0 first, so the index cache is written once) and return the train dataset."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
     weights = [w for w, _ in spec.data]
     prefixes = [p for _, p in spec.data]
     blend = (prefixes, None if any(w is None for w in weights) else [float(w) for w in weights])
@@ -51,7 +54,7 @@ def build_train_dataset(spec: TrainSpec) -> Any:
     sizes = [spec.train_iters * spec.global_batch_size, 0, 0]
     rank = dist.get_rank() if dist.is_initialized() else 0
 
-    def build() -> Any:
+    def build() -> TrainDataset:
         return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[0]
 
     if rank == 0:
@@ -77,15 +80,13 @@ def global_batch_indices(consumed: int, gbs: int, mbs: int, dp: int, dp_rank: in
     return [[consumed + m * per_step + dp_rank * mbs + j for j in range(mbs)] for m in range(gbs // per_step)]
 
 
-def micro_batch(dataset: Any, indices: list[int], cp_rank: int, cp_size: int) -> MicroBatch:
+def micro_batch(dataset: TrainDataset, indices: list[int], cp_rank: int, cp_size: int) -> MicroBatch:
     samples = [dataset[i] for i in indices]
     stack = {
         k: torch.stack([torch.as_tensor(s[k]) for s in samples])
         for k in ("tokens", "labels", "loss_mask", "position_ids")
     }
     if cp_size > 1:
-        from longctx.attention.zigzag import zigzag_split
-
         stack = {k: zigzag_split(v, cp_rank, cp_size, seq_dim=1).contiguous() for k, v in stack.items()}
     return MicroBatch(
         stack["tokens"].long(),

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -33,7 +33,13 @@ from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model
 from longctx.mcore.parallel import init_training_parallel
 from longctx.train import signals
-from longctx.train.data import build_train_dataset, global_batch_indices, micro_batch
+from longctx.train.data import (
+    MicroBatch,
+    TrainDataset,
+    build_train_dataset,
+    global_batch_indices,
+    micro_batch,
+)
 from longctx.train.optim import build_optimizer, load_sharded, sharded_state_dict
 from longctx.train.schedule import LRScheduler
 from longctx.train.spec import TrainSpec
@@ -52,6 +58,234 @@ class RunResult:
 def _log(msg: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(msg, flush=True)
+
+
+class Trainer:
+    """One stage on this process: set up (process groups, model, optimizer), load, then step until the
+    stage's iterations are done or an exit is asked for; `save` writes Megatron-LM's checkpoint layout."""
+
+    # -- set up --------------------------------------------------------------------------------
+    def __init__(self, spec: TrainSpec) -> None:
+        self.spec = spec
+        if spec.threads_per_process:
+            torch.set_num_threads(spec.threads_per_process)
+        init_training_parallel(spec.tensor_parallel, spec.context_parallel, spec.seed)
+        self.bf16 = torch.cuda.is_available() if spec.bf16 is None else spec.bf16
+        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.settings = self._model_settings()
+        self.model = build_gpt_model(spec.arch, self.settings)
+        if torch.cuda.is_available():
+            self.model.cuda()
+        self.optimizer = build_optimizer(self.model, spec.lr)
+        self.scheduler = LRScheduler(spec.lr)
+        self.iteration = 0
+        self.consumed = 0
+        self.dp = ps.get_data_parallel_world_size()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.cp = ps.get_context_parallel_world_size()
+        self.cp_rank = ps.get_context_parallel_rank()
+        self.reduce_group = ps.get_data_parallel_group(with_context_parallel=True)
+        self.dataset: TrainDataset | None = None  # built by `run`, once it knows there is work left
+
+    def _model_settings(self) -> ModelSettings:
+        spec = self.spec
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        return ModelSettings(
+            seq_length=spec.seq_length, rotary_base=spec.rotary_base, padded_vocab_size=spec.padded_vocab_size,
+            tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,
+            params_dtype=dtype, recompute=None if spec.recompute == "none" else spec.recompute,
+            attention=spec.attention, cp_comm=spec.cp_comm,
+        )  # fmt: skip
+
+    # -- load ----------------------------------------------------------------------------------
+    def load(self) -> str:
+        """Resume from `save` when it has a checkpoint, else load `pretrained` weights, else random."""
+        save = Path(self.spec.save)
+        tracker = read_tracker(save) if save.is_dir() else None
+        if tracker is not None:
+            self._resume(save / tracker.dir_name)
+            return f"resumed from {save / tracker.dir_name} at iteration {self.iteration}"
+        if self.spec.pretrained:
+            pre = Path(self.spec.pretrained)
+            pre_tracker = read_tracker(pre) if pre.is_dir() else None
+            if pre_tracker is None:
+                raise TrainError(
+                    f"no checkpoint tracker in the previous stage {pre}",
+                    where=str(pre),
+                    fix="finish the previous stage first (or adopt the base checkpoint)",
+                )
+            src = pre / pre_tracker.dir_name
+            load_model_weights(self.model, src)
+            return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
+        return "random initialisation"
+
+    def _resume(self, ckpt: Path) -> None:
+        """Model, optimizer, counters, LR schedule and random state of checkpoint `ckpt`."""
+        model_sd = self.model.sharded_state_dict()
+        template = {
+            "model": model_sd,
+            "optimizer": sharded_state_dict(self.optimizer, model_sd),
+            "rng_state": _rng_object(),
+        }
+        state = dist_checkpointing.load(template, str(ckpt))
+        model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
+        self.model.load_state_dict(model_state, strict=False)
+        load_sharded(self.optimizer, state["optimizer"])
+        common = dist_checkpointing.load_common_state_dict(str(ckpt))
+        self.iteration = int(common["iteration"])
+        self.consumed = int(
+            getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size)
+        )
+        self.scheduler.load_megatron_state(common["opt_param_scheduler"], self.spec.global_batch_size)
+        rng = state["rng_state"]
+        _set_rng(rng[0] if isinstance(rng, list) else rng)
+
+    # -- one step ------------------------------------------------------------------------------
+    def train_step(self) -> tuple[float, float]:
+        """One global batch: forward/backward per micro batch, gradients summed over DP × CP, clip,
+        AdamW step. Returns (the batch's per-token loss, the gradient norm before clipping)."""
+        spec = self.spec
+        device = self.device
+        lr = self.scheduler.current_lr
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        batches = self._micro_batches()
+        n_tokens = self._all_sum(sum(float(b.loss_mask.sum()) for b in batches))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for b in batches:
+            out = self.model(b.tokens.to(device), b.position_ids.to(device), None, labels=b.labels.to(device))
+            token_loss = (out.float() * b.loss_mask.to(device)).sum()
+            (token_loss / n_tokens).backward()
+            loss_sum += float(token_loss.detach())
+        self._sum_gradients()
+        total = self._all_sum(loss_sum)
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.lr.clip_grad or float("inf"))
+        )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.iteration += 1
+        self.consumed += spec.global_batch_size
+        return total / n_tokens, grad_norm
+
+    def _micro_batches(self) -> list[MicroBatch]:
+        """This rank's micro batches of the global batch starting at `consumed` (its CP shard of each)."""
+        spec = self.spec
+        return [
+            micro_batch(self.dataset, idx, self.cp_rank, self.cp)
+            for idx in global_batch_indices(
+                self.consumed, spec.global_batch_size, spec.micro_batch_size, self.dp, self.dp_rank
+            )
+        ]
+
+    def _all_sum(self, value: float) -> float:
+        """`value` summed over the DP × CP group (in float64)."""
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, group=self.reduce_group)
+        return float(t.item())
+
+    def _sum_gradients(self) -> None:
+        """Sum the gradients over the DP × CP group, in one flat all-reduce."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.dp * self.cp > 1:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.reduce_group)
+            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+                g.copy_(synced)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Load, then step until done or asked to exit; saves every `save_interval`, at the end and before an exit."""
+        spec = self.spec
+        signals.install()
+        how = self.load()
+        _log(
+            f"[longctx] stage {spec.stage}: {how}; target {spec.train_iters} iterations "
+            f"(seq {spec.seq_length}, rotary base {spec.rotary_base:,}, DP {self.dp}, CP {self.cp})"
+        )
+        start = self.iteration
+        losses: list[float] = []
+        if self.iteration >= spec.train_iters:
+            return RunResult(start, self.iteration, "done", losses)
+        self.dataset = build_train_dataset(spec)
+        self.model.train()
+        metrics = None
+        if spec.metrics_file and dist.get_rank() == 0:
+            Path(spec.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+            metrics = open(spec.metrics_file, "a")  # noqa: SIM115 - closed in the finally below
+        reason = "done"
+        t_last = time.perf_counter()
+        try:
+            while self.iteration < spec.train_iters:
+                lr = self.scheduler.current_lr
+                loss, gnorm = self.train_step()
+                losses.append(loss)
+                now = time.perf_counter()
+                dt, t_last = now - t_last, now
+                self._report(metrics, loss, lr, gnorm, dt)
+                exit_reason = self._exit_reason()
+                finished = self.iteration >= spec.train_iters
+                if exit_reason is not None or self.iteration % spec.save_interval == 0 or finished:
+                    path = self.save()
+                    _log(f"[longctx] saved {path}")
+                if finished:
+                    break
+                if exit_reason is not None:
+                    reason = exit_reason
+                    _log(f"[longctx] exiting after iteration {self.iteration} ({reason}); relaunch to resume")
+                    break
+        finally:
+            if metrics is not None:
+                metrics.close()
+        return RunResult(start, self.iteration, reason, losses)
+
+    def _report(self, metrics: IO[str] | None, loss: float, lr: float, gnorm: float, dt: float) -> None:
+        """One JSON line per iteration to the metrics file; a log line every `log_interval` and at the end."""
+        spec = self.spec
+        tokens_per_iter = spec.global_batch_size * spec.seq_length
+        rec = {"stage": spec.stage, "iteration": self.iteration, "loss": loss, "lr": lr, "grad_norm": gnorm,
+               "tokens_per_s": tokens_per_iter / dt, "consumed_samples": self.consumed}  # fmt: skip
+        if metrics is not None:
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+        if self.iteration % spec.log_interval == 0 or self.iteration == spec.train_iters:
+            _log(
+                f"[longctx] {spec.stage} iteration {self.iteration}/{spec.train_iters} loss {loss:.4f} "
+                f"lr {lr:.3e} grad-norm {gnorm:.3f} tokens/s {tokens_per_iter / dt:,.0f}"
+            )
+
+    def _exit_reason(self) -> str | None:
+        """Why this launch stops after this iteration ("signal", "duration", "interval"), or None; every
+        rank agrees (a signal or the time limit seen by one rank stops them all here)."""
+        spec = self.spec
+        want_signal = signals.agree(signals.received() is not None)
+        over_time = spec.exit_duration_in_mins is not None and signals.agree(
+            signals.elapsed_minutes() >= spec.exit_duration_in_mins
+        )
+        at_interval = spec.exit_interval is not None and self.iteration % spec.exit_interval == 0
+        if want_signal:
+            return "signal"
+        if over_time:
+            return "duration"
+        if at_interval:
+            return "interval"
+        return None
+
+    # -- save ----------------------------------------------------------------------------------
+    def save(self) -> Path:
+        """A torch_dist checkpoint of iteration `iteration` in `save`, as Megatron-LM writes it."""
+        model_sd = self.model.sharded_state_dict()
+        return save_checkpoint(
+            self.spec.save, self.iteration, model=self.model,
+            args=checkpoint_args(self.spec, self.iteration, self.consumed),
+            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd), "rng_state": _rng_object()},
+            common_extra={"opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
+                          "num_floating_point_operations_so_far": 0},
+        )  # fmt: skip
+
+
+# -- what a checkpoint holds besides the model and optimizer ------------------------------------
 
 
 def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.Namespace:
@@ -104,189 +338,6 @@ def _set_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch_rng_state"])
     if torch.cuda.is_available() and state.get("cuda_rng_state") is not None:
         torch.cuda.set_rng_state(state["cuda_rng_state"])
-
-
-class Trainer:
-    def __init__(self, spec: TrainSpec) -> None:
-        self.spec = spec
-        if spec.threads_per_process:
-            torch.set_num_threads(spec.threads_per_process)
-        init_training_parallel(spec.tensor_parallel, spec.context_parallel, spec.seed)
-        self.bf16 = torch.cuda.is_available() if spec.bf16 is None else spec.bf16
-        dtype = torch.bfloat16 if self.bf16 else torch.float32
-        self.settings = ModelSettings(
-            seq_length=spec.seq_length, rotary_base=spec.rotary_base, padded_vocab_size=spec.padded_vocab_size,
-            tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,
-            params_dtype=dtype, recompute=None if spec.recompute == "none" else spec.recompute,
-            attention=spec.attention, cp_comm=spec.cp_comm,
-        )  # fmt: skip
-        self.model = build_gpt_model(spec.arch, self.settings)
-        if torch.cuda.is_available():
-            self.model.cuda()
-        self.optimizer = build_optimizer(self.model, spec.lr)
-        self.scheduler = LRScheduler(spec.lr)
-        self.iteration = 0
-        self.consumed = 0
-        self.dp = ps.get_data_parallel_world_size()
-        self.dp_rank = ps.get_data_parallel_rank()
-        self.cp = ps.get_context_parallel_world_size()
-        self.cp_rank = ps.get_context_parallel_rank()
-        self.reduce_group = ps.get_data_parallel_group(with_context_parallel=True)
-        self.dataset = None
-
-    # -- loading -------------------------------------------------------------------------------
-    def load(self) -> str:
-        """Resume from `save` when it has a checkpoint, else load `pretrained` weights, else random."""
-        save = Path(self.spec.save)
-        tracker = read_tracker(save) if save.is_dir() else None
-        if tracker is not None:
-            self._resume(save / tracker.dir_name)
-            return f"resumed from {save / tracker.dir_name} at iteration {self.iteration}"
-        if self.spec.pretrained:
-            pre = Path(self.spec.pretrained)
-            pre_tracker = read_tracker(pre) if pre.is_dir() else None
-            if pre_tracker is None:
-                raise TrainError(
-                    f"no checkpoint tracker in the previous stage {pre}",
-                    where=str(pre),
-                    fix="finish the previous stage first (or adopt the base checkpoint)",
-                )
-            src = pre / pre_tracker.dir_name
-            load_model_weights(self.model, src)
-            return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
-        return "random initialisation"
-
-    def _resume(self, ckpt: Path) -> None:
-        model_sd = self.model.sharded_state_dict()
-        template = {
-            "model": model_sd,
-            "optimizer": sharded_state_dict(self.optimizer, model_sd),
-            "rng_state": _rng_object(),
-        }
-        state = dist_checkpointing.load(template, str(ckpt))
-        model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
-        self.model.load_state_dict(model_state, strict=False)
-        load_sharded(self.optimizer, state["optimizer"])
-        common = dist_checkpointing.load_common_state_dict(str(ckpt))
-        self.iteration = int(common["iteration"])
-        self.consumed = int(
-            getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size)
-        )
-        self.scheduler.load_megatron_state(common["opt_param_scheduler"], self.spec.global_batch_size)
-        rng = state["rng_state"]
-        _set_rng(rng[0] if isinstance(rng, list) else rng)
-
-    # -- saving --------------------------------------------------------------------------------
-    def save(self) -> Path:
-        model_sd = self.model.sharded_state_dict()
-        return save_checkpoint(
-            self.spec.save, self.iteration, model=self.model,
-            args=checkpoint_args(self.spec, self.iteration, self.consumed),
-            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd), "rng_state": _rng_object()},
-            common_extra={"opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
-                          "num_floating_point_operations_so_far": 0},
-        )  # fmt: skip
-
-    # -- one step ------------------------------------------------------------------------------
-    def train_step(self) -> tuple[float, float]:
-        spec = self.spec
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        lr = self.scheduler.current_lr
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        batches = [
-            micro_batch(self.dataset, idx, self.cp_rank, self.cp)
-            for idx in global_batch_indices(
-                self.consumed, spec.global_batch_size, spec.micro_batch_size, self.dp, self.dp_rank
-            )
-        ]
-        n_local = sum(float(b.loss_mask.sum()) for b in batches)
-        counts = torch.tensor([n_local], dtype=torch.float64)
-        dist.all_reduce(counts, group=self.reduce_group)
-        n_tokens = float(counts.item())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for b in batches:
-            out = self.model(b.tokens.to(device), b.position_ids.to(device), None, labels=b.labels.to(device))
-            token_loss = (out.float() * b.loss_mask.to(device)).sum()
-            (token_loss / n_tokens).backward()
-            loss_sum += float(token_loss.detach())
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.dp * self.cp > 1:
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.reduce_group)
-            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
-                g.copy_(synced)
-        total = torch.tensor([loss_sum], dtype=torch.float64)
-        dist.all_reduce(total, group=self.reduce_group)
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.lr.clip_grad or float("inf"))
-        )
-        self.optimizer.step()
-        self.scheduler.step()
-        self.iteration += 1
-        self.consumed += spec.global_batch_size
-        return float(total.item()) / n_tokens, grad_norm
-
-    # -- the loop ------------------------------------------------------------------------------
-    def run(self) -> RunResult:
-        spec = self.spec
-        signals.install()
-        how = self.load()
-        _log(
-            f"[longctx] stage {spec.stage}: {how}; target {spec.train_iters} iterations "
-            f"(seq {spec.seq_length}, rotary base {spec.rotary_base:,}, DP {self.dp}, CP {self.cp})"
-        )
-        start = self.iteration
-        losses: list[float] = []
-        if self.iteration >= spec.train_iters:
-            return RunResult(start, self.iteration, "done", losses)
-        self.dataset = build_train_dataset(spec)
-        self.model.train()
-        tokens_per_iter = spec.global_batch_size * spec.seq_length
-        metrics = None
-        if spec.metrics_file and dist.get_rank() == 0:
-            Path(spec.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-            metrics = open(spec.metrics_file, "a")  # noqa: SIM115 - closed in the finally below
-        reason = "done"
-        t_last = time.perf_counter()
-        try:
-            while self.iteration < spec.train_iters:
-                lr = self.scheduler.current_lr
-                loss, gnorm = self.train_step()
-                losses.append(loss)
-                now = time.perf_counter()
-                dt, t_last = now - t_last, now
-                rec = {"stage": spec.stage, "iteration": self.iteration, "loss": loss, "lr": lr, "grad_norm": gnorm,
-                       "tokens_per_s": tokens_per_iter / dt, "consumed_samples": self.consumed}  # fmt: skip
-                if metrics is not None:
-                    metrics.write(json.dumps(rec) + "\n")
-                    metrics.flush()
-                if self.iteration % spec.log_interval == 0 or self.iteration == spec.train_iters:
-                    _log(
-                        f"[longctx] {spec.stage} iteration {self.iteration}/{spec.train_iters} loss {loss:.4f} "
-                        f"lr {lr:.3e} grad-norm {gnorm:.3f} tokens/s {tokens_per_iter / dt:,.0f}"
-                    )
-                want_signal = signals.agree(signals.received() is not None)
-                over_time = spec.exit_duration_in_mins is not None and signals.agree(
-                    signals.elapsed_minutes() >= spec.exit_duration_in_mins
-                )
-                at_interval = spec.exit_interval is not None and self.iteration % spec.exit_interval == 0
-                periodic = self.iteration % spec.save_interval == 0
-                finished = self.iteration >= spec.train_iters
-                if want_signal or over_time or at_interval or periodic or finished:
-                    path = self.save()
-                    _log(f"[longctx] saved {path}")
-                if finished:
-                    break
-                if want_signal or over_time or at_interval:
-                    reason = "signal" if want_signal else ("duration" if over_time else "interval")
-                    _log(f"[longctx] exiting after iteration {self.iteration} ({reason}); relaunch to resume")
-                    break
-        finally:
-            if metrics is not None:
-                metrics.close()
-        return RunResult(start, self.iteration, reason, losses)
 
 
 def run(spec: TrainSpec) -> RunResult:

@@ -8,9 +8,12 @@ Megatron's DistributedOptimizer needs CUDA buffers; a plain torch AdamW with Meg
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from megatron.core.dist_checkpointing.mapping import ShardedStateDict, StateDict
+from megatron.core.dist_checkpointing.optimizer import (
+    get_param_id_to_sharded_param_map,
+    optim_state_to_sharding_state,
+)
 
 from longctx.train.spec import LRSchedule
 
@@ -44,12 +47,8 @@ def init_state(opt: torch.optim.AdamW) -> None:
             st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def sharded_state_dict(opt: torch.optim.AdamW, model_sharded: dict[str, Any]) -> dict[str, Any]:
-    from megatron.core.dist_checkpointing.optimizer import (
-        get_param_id_to_sharded_param_map,
-        optim_state_to_sharding_state,
-    )
-
+def sharded_state_dict(opt: torch.optim.AdamW, model_sharded: ShardedStateDict) -> ShardedStateDict:
+    """The optimizer's state with each moment as a ShardedTensor of its parameter (Megatron's layout)."""
     init_state(opt)
     id_map = get_param_id_to_sharded_param_map(model_sharded, _params(opt))
     sd = opt.state_dict()
@@ -60,7 +59,8 @@ def sharded_state_dict(opt: torch.optim.AdamW, model_sharded: dict[str, Any]) ->
     return sd
 
 
-def load_sharded(opt: torch.optim.AdamW, loaded: dict[str, Any]) -> None:
+def load_sharded(opt: torch.optim.AdamW, loaded: StateDict) -> None:
+    """Load what `dist_checkpointing.load` returned for `sharded_state_dict`'s template."""
     step = float(loaded.pop("common_step", 0.0))
     state = {int(pid): {k: v for k, v in st.items()} for pid, st in loaded["state"].items()}
     for st in state.values():

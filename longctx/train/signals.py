@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any
+from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ _received: list[int] = []
 
 
 def install() -> None:
-    def handler(signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         _received.append(signum)
 
     for sig in (signal.SIGTERM, signal.SIGUSR1):

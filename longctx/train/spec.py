@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from longctx.arch import ModelArch
+from longctx.util.fs import atomic_write_text
 
 
 class LRSchedule(BaseModel):
@@ -82,8 +83,6 @@ class TrainSpec(BaseModel):
     extra_args: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
     def dump(self, path: Path) -> None:
-        from longctx.util.fs import atomic_write_text
-
         atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
 
     @classmethod

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from longctx.report import to_jsonable
+
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Flush a directory entry so a rename inside it survives a crash."""
@@ -59,8 +61,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    from longctx.report import to_jsonable
-
     atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
 
 

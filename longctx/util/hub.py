@@ -9,7 +9,20 @@ branch or tag to a commit so several transfers of one fetch see the same revisio
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import disable_progress_bars
 
 from longctx.errors import LongctxError
 from longctx.util.progress import progress_disabled
@@ -26,8 +39,6 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 def hub_offline() -> bool:
     """True when huggingface_hub is told to stay off the network (HF_HUB_OFFLINE)."""
-    from huggingface_hub import constants
-
     return bool(constants.HF_HUB_OFFLINE)
 
 
@@ -40,12 +51,8 @@ def resolve_commit(
     error: type[LongctxError] = LongctxError,
 ) -> str:
     """The commit a branch/tag points at now (a 40-hex revision is returned as it is)."""
-    import re
-
     if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
         return revision
-    from huggingface_hub import HfApi
-
     where = f"{repo_id}@{revision or 'main'}"
     with _mapped_errors(where, error):
         info = HfApi(token=token).repo_info(repo_id, repo_type=repo_type, revision=revision or "main")
@@ -64,16 +71,6 @@ class _mapped_errors:
     def __exit__(self, typ: type[BaseException] | None, err: BaseException | None, tb: object) -> bool:
         if err is None:
             return False
-        from huggingface_hub.errors import (
-            EntryNotFoundError,
-            GatedRepoError,
-            HfHubHTTPError,
-            LocalEntryNotFoundError,
-            OfflineModeIsEnabled,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
-
         where, error = self.where, self.error
         if isinstance(err, (RepositoryNotFoundError, GatedRepoError)):
             raise error(
@@ -120,11 +117,7 @@ def snapshot(
     """Download the files matching `allow_patterns` (None: all) into `local_dir` (a plain tree, with
     huggingface_hub's resume metadata under `.cache/huggingface/`) or into the Hub cache; returns the
     directory holding them."""
-    from huggingface_hub import snapshot_download
-
     if progress_disabled():
-        from huggingface_hub.utils import disable_progress_bars
-
         disable_progress_bars()
     with _mapped_errors(f"{repo_id}@{revision or 'main'}", error):
         path = snapshot_download(

@@ -1,0 +1,349 @@
+"""The evaluation engine: a list of checkpoints → passkey grid, loss by position and short-context loss
+per checkpoint, as one EvalReport; `write_outputs` puts it on disk with its plots.
+
+    evaluate_checkpoints(refs, lengths=…, tokenizer=…, heldout=…)  → EvalReport
+    write_outputs(report, out_dir)                                   → EvalReport (report.json, plots, summary.md)
+
+Results per (checkpoint contents, length, settings, tokenizer, held-out data) are cached as JSON in a
+`ResultCache`; a checkpoint whose results are all cached is not even loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from longctx.errors import EvalError
+from longctx.eval.data import HeldOut
+from longctx.eval.grid import PasskeyGrid, PasskeyItem, check_depths
+from longctx.eval.load import CheckpointInfo, checkpoint_info, load_model
+from longctx.eval.loss_position import loss_by_position, position_buckets
+from longctx.eval.plots import plot_loss_by_position, plot_niah
+from longctx.eval.render import markdown_table
+from longctx.eval.results import (
+    METHOD_TEXT,
+    CheckpointEval,
+    EvalReport,
+    LengthResult,
+    PasskeyResult,
+)
+from longctx.eval.score import ScoreFn, forwards_needed, model_scorer, score_passkey
+from longctx.eval.settings import EvalSettings
+from longctx.eval.short_context import ShortLoss, short_context_loss
+from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
+from longctx.tokenizer.load import LoadedTokenizer
+from longctx.util.fs import atomic_write_json, atomic_write_text
+from longctx.util.progress import progress_bar
+
+# the reference model of the short-context regression
+BASE_LABEL = "base"
+
+
+@dataclasses.dataclass
+class CheckpointRef:
+    """A checkpoint to evaluate and how."""
+
+    label: str
+    path: Path
+    rotary_base: int | None = None  # None: the base the checkpoint was trained with
+    allow_extrapolation: bool = False  # evaluate lengths beyond its trained window
+    lengths: list[int] | None = None  # None: the report's lengths
+    passkey: bool = True  # False: only the short-context loss (a base reference)
+    expected_rotary_base: int | None = None  # what the plan says; a difference becomes a note
+
+
+class ResultCache:
+    """JSON results keyed by everything that determines them; `root=None` disables caching."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if self.root is None:
+            return None
+        path = self.root / f"{key}.json"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, obj: Any) -> None:
+        if self.root is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.root / f"{key}.json", obj)
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
+
+
+def check_length(info: CheckpointInfo, length: int, *, allow_extrapolation: bool, cp: int) -> bool:
+    """Raise EvalError for lengths this checkpoint cannot be evaluated at; True when extrapolating."""
+    if length < 2:
+        raise EvalError(f"length {length} is too short to evaluate")
+    if cp > 1 and length % (2 * cp):
+        raise EvalError(
+            f"length {length} does not split into 2·CP = {2 * cp} equal chunks (CP = {cp})",
+            fix=f"use lengths that are multiples of {2 * cp}",
+        )
+    beyond = info.max_position is not None and length > info.max_position
+    if beyond and not allow_extrapolation:
+        raise EvalError(
+            f"length {length} is above the checkpoint's max position {info.max_position} (its trained window)",
+            where=info.path,
+            fix=f"evaluate at lengths ≤ {info.max_position}, or pass --extrapolate to measure RoPE beyond it",
+        )
+    return beyond
+
+
+def check_tokenizer(info: CheckpointInfo, tokenizer: LoadedTokenizer) -> None:
+    if info.tokenizer_md5 and tokenizer.md5 != info.tokenizer_md5:
+        raise EvalError(
+            f"the tokenizer (md5 {tokenizer.md5}) is not the one the checkpoint was trained with "
+            f"(md5 {info.tokenizer_md5})",
+            where=info.path,
+            fix="evaluate with the plan whose tokenizer trained this checkpoint",
+        )
+    if tokenizer.vocab_size > info.padded_vocab_size:
+        raise EvalError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, the model only {info.padded_vocab_size} rows",
+            where=info.path,
+            fix="evaluate with the checkpoint's own tokenizer",
+        )
+
+
+@dataclasses.dataclass
+class _Context:
+    """What every checkpoint of one report is evaluated with."""
+
+    tokenizer: LoadedTokenizer
+    heldout: HeldOut
+    settings: EvalSettings
+    short_length: int
+    parallel: EvalParallel
+    cache: ResultCache
+    grid: PasskeyGrid
+    notes: list[str]
+
+
+@dataclasses.dataclass
+class _Job:
+    """One checkpoint's evaluation: its info, its lengths, and the fingerprint its cached results carry."""
+
+    ref: CheckpointRef
+    info: CheckpointInfo
+    lens: list[int]
+    extrapolated: dict[int, bool]
+    fingerprint: str
+
+    def length_key(self, n: int) -> str:
+        return _key("length", n, self.fingerprint)
+
+    def short_key(self, short_length: int) -> str:
+        return _key("short", short_length, self.fingerprint)
+
+
+def _evaluate_one(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> CheckpointEval:
+    """Cached results first; the model is loaded only for what the cache does not hold."""
+    t0 = time.perf_counter()
+    job = _start_job(ref, lengths, ctx)
+    info = job.info
+    out = CheckpointEval(label=ref.label, checkpoint=info.to_json(), trained_length=info.max_position,
+                         rotary_base=info.rotary_base)  # fmt: skip
+    results, todo = _cached_lengths(job, ctx, out.cached)
+    short = _cached_short(job, ctx, out.cached)
+    need_short = ctx.settings.short_docs > 0 and short is None
+    if todo or need_short:
+        measured_short = _measure(job, todo, need_short, ctx, results)
+        if need_short:
+            short = measured_short
+    for n in job.lens:
+        r = results[n]
+        r.extrapolated = job.extrapolated[n]  # cached results keep the flag current
+        out.results.append(r)
+    out.short = short
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _start_job(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> _Job:
+    """Read the checkpoint and check it against the tokenizer and the lengths; a rotary base other than
+    the plan's becomes a note."""
+    info = checkpoint_info(ref.path, rotary_base=ref.rotary_base)
+    check_tokenizer(info, ctx.tokenizer)
+    if (
+        ref.expected_rotary_base is not None
+        and ref.rotary_base is None
+        and info.rotary_base != ref.expected_rotary_base
+    ):
+        ctx.notes.append(
+            f"{ref.label}: the checkpoint's rotary base {info.rotary_base:,} differs from the "
+            f"plan's {ref.expected_rotary_base:,}; evaluated with the checkpoint's"
+        )
+    lens = list(ref.lengths if ref.lengths is not None else lengths) if ref.passkey else []
+    extrapolated = {n: check_length(info, n, allow_extrapolation=ref.allow_extrapolation, cp=ctx.parallel.cp)
+                    for n in lens}  # fmt: skip
+    common = (info.identity, info.rotary_base, ctx.tokenizer.md5, ctx.heldout.identity(), ctx.parallel.cp)
+    return _Job(ref, info, lens, extrapolated, ctx.settings.fingerprint(*common))
+
+
+def _cached_lengths(job: _Job, ctx: _Context, cached: list[str]) -> tuple[dict[int, LengthResult], list[int]]:
+    """The lengths the cache holds (their names appended to `cached`), and the lengths still to measure."""
+    results: dict[int, LengthResult] = {}
+    todo: list[int] = []
+    for n in job.lens:
+        hit = ctx.cache.get(job.length_key(n))
+        if hit is not None:
+            results[n] = LengthResult.model_validate(hit)
+            cached.append(str(n))
+        else:
+            todo.append(n)
+    return results, todo
+
+
+def _cached_short(job: _Job, ctx: _Context, cached: list[str]) -> ShortLoss | None:
+    if not ctx.settings.short_docs > 0:
+        return None
+    hit = ctx.cache.get(job.short_key(ctx.short_length))
+    if hit is None:
+        return None
+    cached.append("short")
+    return ShortLoss.model_validate(hit)
+
+
+def _measure(
+    job: _Job, todo: list[int], need_short: bool, ctx: _Context, results: dict[int, LengthResult]
+) -> ShortLoss | None:
+    """Load the model once and measure the lengths in `todo` (into `results`) and, when asked, the short
+    loss (returned); each result is cached as soon as it is measured."""
+    s = ctx.settings
+    items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
+    loss_docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
+    short_docs = ctx.heldout.short_documents(ctx.short_length, s.short_docs) if need_short else []
+    total = sum(forwards_needed(v) for v in items.values()) + sum(len(d[0]) for d in loss_docs.values())
+    total += len(short_docs)
+    loaded = load_model(job.info, ctx.parallel, max_length=max([*todo, ctx.short_length]))
+    score = model_scorer(loaded)
+    short: ShortLoss | None = None
+    with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
+        for n in todo:
+            results[n] = _measure_length(job, n, items[n], loss_docs[n], score, advance, ctx)
+            if ctx.parallel.is_main:
+                ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
+        if need_short:
+            short = short_context_loss(score, short_docs, length=ctx.short_length, batch_size=s.batch_size,
+                                       cp=ctx.parallel.cp, advance=advance)  # fmt: skip
+            if ctx.parallel.is_main:
+                ctx.cache.put(job.short_key(ctx.short_length), short.model_dump(mode="json"))
+    return short
+
+
+def _measure_length(
+    job: _Job,
+    n: int,
+    items: list[PasskeyItem],
+    loss_docs: tuple[list[np.ndarray], bool],
+    score: ScoreFn,
+    advance: Callable[..., None],
+    ctx: _Context,
+) -> LengthResult:
+    """The passkey grid and the loss by position at length `n`."""
+    s = ctx.settings
+    t1 = time.perf_counter()
+    scores = score_passkey(items, score, batch_size=s.batch_size, advance=advance)
+    natural = sum(it.natural for it in items) / len(items)
+    docs, packed = loss_docs
+    if packed:
+        ctx.notes.append(
+            f"loss by position at {n}: no held-out document is {n} tokens long; "
+            "held-out documents were packed back to back (positions are sample positions)"
+        )
+    position = loss_by_position(score, docs, buckets=position_buckets(n, kind=s.buckets, first=s.bucket_first),
+                                packed=packed, batch_size=s.batch_size, advance=advance)  # fmt: skip
+    return LengthResult(
+        length=n, extrapolated=job.extrapolated[n], position=position,
+        passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
+        seconds=time.perf_counter() - t1,
+    )  # fmt: skip
+
+
+def evaluate_checkpoints(
+    refs: Sequence[CheckpointRef],
+    *,
+    lengths: Sequence[int],
+    tokenizer: LoadedTokenizer,
+    heldout: HeldOut,
+    settings: EvalSettings | None = None,
+    short_length: int,
+    cp: int = 1,
+    cache_dir: Path | None = None,
+    plan: str | None = None,
+    stage: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> EvalReport:
+    """Evaluate every checkpoint at `lengths` (each ref may narrow them); the ref labelled `base`
+    is the reference for the short-context regression."""
+    t0 = time.perf_counter()
+    s = settings or EvalSettings()
+    check_depths(s.depths)
+    lengths = sorted({int(n) for n in lengths})
+    if not refs:
+        raise EvalError("no checkpoints to evaluate")
+    if cp > 1:
+        for n in lengths:
+            if n % (2 * cp):
+                raise EvalError(
+                    f"length {n} does not split into 2·CP = {2 * cp} equal chunks (CP = {cp})",
+                    fix=f"use lengths that are multiples of {2 * cp}",
+                )
+    filler = heldout.filler_tokens(2 * max(lengths, default=0)) if s.filler == "heldout" else None
+    grid = PasskeyGrid(tokenizer, seed=s.seed, key_digits=s.key_digits, distractors=s.distractors,
+                       filler=s.filler, heldout_tokens=filler)  # fmt: skip
+    notes: list[str] = []
+    evals: list[CheckpointEval] = []
+    with eval_parallel(cp) as par:
+        ctx = _Context(tokenizer, heldout, s, short_length, par, ResultCache(cache_dir), grid, notes)
+        for ref in refs:
+            if log is not None:
+                log(f"evaluating {ref.label}: {ref.path}")
+            evals.append(_evaluate_one(ref, lengths, ctx))
+    base = next((e for e in evals if e.label == BASE_LABEL and e.short is not None), None)
+    for e in evals:
+        if base is not None and e.short is not None:
+            e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
+    unnatural = [f"{e.label}@{r.length}" for e in evals for r in e.results if r.passkey.natural < 1.0]
+    if unnatural:
+        notes.append(
+            "some passkey items cut a filler sentence right before the question (few tokens left "
+            f"after the needle): {', '.join(unnatural)}"
+        )
+    return EvalReport(
+        plan=plan, stage=stage, settings=s, method=METHOD_TEXT.format(n=s.distractors), lengths=lengths,
+        checkpoints=evals,
+        heldout={"prefixes": heldout.prefixes, "split": heldout.split,
+                 "held_out_documents": heldout.count()},
+        notes=list(dict.fromkeys(notes)), seconds=time.perf_counter() - t0,
+    )  # fmt: skip
+
+
+def write_outputs(report: EvalReport, out_dir: Path) -> EvalReport:
+    """report.json, niah.png, loss_by_position.png, summary.md under `out_dir` (atomically)."""
+    report.out_dir = str(out_dir)
+    if not is_main_process():
+        return report
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, str] = {}
+    if any(ce.results for ce in report.checkpoints):
+        plots["niah"] = str(plot_niah(report, out_dir / "niah.png"))
+        plots["loss_by_position"] = str(plot_loss_by_position(report, out_dir / "loss_by_position.png"))
+    report.plots = plots
+    atomic_write_text(out_dir / "summary.md", markdown_table(report))
+    atomic_write_json(out_dir / "report.json", report.model_dump(mode="json"))
+    return report
