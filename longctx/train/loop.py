@@ -30,7 +30,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 from longctx.checkpoint.layout import read_tracker
 from longctx.errors import TrainError
 from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
-from longctx.mcore.model import ModelSettings, build_gpt_model
+from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import init_training_parallel
 from longctx.train import signals
 from longctx.train.data import (
@@ -200,9 +200,11 @@ class Trainer:
         spec = self.spec
         signals.install()
         how = self.load()
+        # the exchange the attention layers dispatch on, read from the model: proof the plan's choice arrived
+        exchange = f" via {'/'.join(sorted(cp_exchanges(self.model)))}" if self.cp > 1 else ""
         _log(
             f"[longctx] stage {spec.stage}: {how}; target {spec.train_iters} iterations "
-            f"(seq {spec.seq_length}, rotary base {spec.rotary_base:,}, DP {self.dp}, CP {self.cp})"
+            f"(seq {spec.seq_length}, rotary base {spec.rotary_base:,}, DP {self.dp}, CP {self.cp}{exchange})"
         )
         start = self.iteration
         losses: list[float] = []
