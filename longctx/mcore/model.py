@@ -17,7 +17,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from longctx.arch import ModelArch
-from longctx.attention.megatron_adapter import longctx_local_layer_spec
+from longctx.attention.megatron_adapter import LongctxCoreAttention, longctx_local_layer_spec
 from longctx.errors import TrainError
 from longctx.mcore.cpu import apply_cpu_compat
 
@@ -134,3 +134,9 @@ def build_gpt_model(
         rotary_percent=arch.rotary_percent,
         rotary_base=int(s.rotary_base),
     )
+
+
+def cp_exchanges(model: GPTModel) -> set[str]:
+    """The context-parallel exchanges the model's longctx attention layers dispatch on ("p2p" for the
+    ring, "all_gather"): what the forward actually runs, read from the modules rather than the settings."""
+    return {m.cp_comm_type for m in model.modules() if isinstance(m, LongctxCoreAttention)}
