@@ -22,6 +22,8 @@ actually computes. The ring's K/V piece size (keys per message, `ring_piece`) is
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import queue
 import resource
@@ -29,6 +31,8 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -221,22 +225,14 @@ def _fixed_mmap_threshold() -> None:
     # grows; a fixed 64 KiB threshold keeps every tensor-sized block mmap'd (down to a ring piece's
     # buffers and the CPU kernel's work tiles), so RSS follows live memory and repeated iterations
     # do not ratchet the peak through heap fragmentation. Applied identically to every process.
-    try:
-        import ctypes
-
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 def _trim_heap() -> None:
     # hand freed heap pages back to the OS so the warm-up's leftovers are not reused unseen
-    try:
-        import ctypes
-
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class _PeakMemory:
@@ -267,6 +263,7 @@ class _PeakMemory:
 
 def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, out: Any) -> None:
     try:
+        # torch and the torch-based kernels load in the spawned worker only, not when the CLI imports this
         import torch
         import torch.distributed as dist
 
@@ -336,13 +333,11 @@ def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq
             dist.barrier(group)
             dist.destroy_process_group()
     except BaseException as err:  # reported to the parent, which raises
-        import traceback
-
         out.put(("error", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 
 def _measure(spec: AttentionBenchSpec, seq_len: int, world: int) -> list[RankMeasure]:
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # torch: see _worker
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -387,7 +382,9 @@ def _measure(spec: AttentionBenchSpec, seq_len: int, world: int) -> list[RankMea
     return [got[r] for r in range(world)]
 
 
-def run_attention_bench(spec: AttentionBenchSpec, *, advance: Any = None) -> AttentionBenchReport:
+def run_attention_bench(
+    spec: AttentionBenchSpec, *, advance: Callable[[], None] | None = None
+) -> AttentionBenchReport:
     """Measure every sequence length of `spec`; `advance()` is called after each measurement."""
     validate_spec(spec)
     cases: list[AttentionBenchCase] = []
@@ -429,7 +426,7 @@ def run_attention_bench(spec: AttentionBenchSpec, *, advance: Any = None) -> Att
 
 
 def _host() -> dict[str, Any]:
-    import torch
+    import torch  # see _worker
 
     return {
         "cpu_count": os.cpu_count(),

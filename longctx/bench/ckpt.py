@@ -17,15 +17,21 @@ stat); shard atimes before/after are reported as a second witness where the file
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import pickle
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from longctx.checkpoint import CheckpointReport, VerifyReport, inspect_checkpoint, verify_checkpoint
+from longctx.checkpoint.metadata import clear_index_cache
+from longctx.checkpoint.unpickle import gc_paused
 
 BABY = dict(
     num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32, num_query_groups=8,
@@ -60,8 +66,6 @@ class CkptBenchReport:
         return self.inspect_s + self.verify_s
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         d = asdict(self)
         d["total_s"] = self.total_s
         d["ratio_to_baseline"] = self.total_s / self.baseline_unpickle_s if self.baseline_unpickle_s else None
@@ -72,7 +76,7 @@ def _baby_tensors(
     dp: int = BABY["dp"],
 ) -> list[tuple[str, tuple[int, ...], Any, list[tuple[tuple[int, ...], tuple[int, ...]]]]]:
     """(key, global shape, dtype, chunks[(offsets, sizes)]) as megatron-core saves them at TP 4."""
-    import torch
+    import torch  # torch dtypes: see _IndexBuilder.add_tensors
 
     b = BABY
     L, H, F, tp = b["num_layers"], b["hidden_size"], b["ffn_hidden_size"], b["tp"]
@@ -140,80 +144,124 @@ def build_baby_like(
 ) -> dict[str, int]:
     """Write the sparse baby_9b_dense-like snapshot into `directory` (see module docstring); a smaller
     `dp` splits the optimizer buckets over fewer ranks (fewer stored items, same bytes)."""
-    from longctx.checkpoint.unpickle import gc_paused
-
     with gc_paused():  # ~100k small objects: collections would dominate
         return _build_baby_like(Path(directory), n_files, dp)
 
 
-def _build_baby_like(out: Path, n_files: int, dp: int) -> dict[str, int]:
-    import argparse
-    import json
+class _IndexBuilder:
+    """The DCP index being written: each stored item goes to the next `.distcp` file in turn (or a
+    given one) at that file's end."""
 
-    import torch
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
-        Metadata,
-        MetadataIndex,
-        TensorProperties,
-        TensorStorageMetadata,
-    )
+    def __init__(self, n_files: int) -> None:
+        self.names = [f"__{i}_0.distcp" for i in range(n_files)]
+        self.ends = [0] * n_files
+        self.sdm: dict[str, Any] = {}
+        self.storage: dict[Any, Any] = {}
+        self.slot = 0
+        self.logical = 0
 
-    out.mkdir(parents=True, exist_ok=True)
-    names = [f"__{i}_0.distcp" for i in range(n_files)]
-    ends = [0] * n_files
-    sdm: dict[str, Any] = {}
-    storage: dict[Any, Any] = {}
-    slot = 0
-    logical = 0
-    for key, shape, dtype, chunks in _baby_tensors(dp):
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        sdm[key] = TensorStorageMetadata(
-            properties=TensorProperties(dtype=dtype),
-            size=torch.Size(shape),
-            chunks=[ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for o, s in chunks],
+    def _place(self, length: int, file: int | None = None) -> tuple[str, int, int]:
+        """(file name, offset, length) of the next item; the round robin advances only without `file`."""
+        if file is None:
+            file = self.slot % len(self.names)
+            self.slot += 1
+        where = (self.names[file], self.ends[file], length)
+        self.ends[file] += length
+        return where
+
+    def add_tensors(self, dp: int) -> None:
+        import torch  # the fixture is a real torch DCP index; torch is loaded only to build it
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import (
+            ChunkStorageMetadata,
+            MetadataIndex,
+            TensorProperties,
+            TensorStorageMetadata,
         )
-        for o, s in chunks:
-            f = slot % n_files
-            slot += 1
-            length = _numel(s) * itemsize
-            storage[MetadataIndex(fqn=key, offset=torch.Size(o))] = _StorageInfo(names[f], ends[f], length)
-            ends[f] += length
-            logical += length
-    L = BABY["num_layers"]
-    for module in (
-        "self_attention.linear_qkv",
-        "self_attention.linear_proj",
-        "mlp.linear_fc1",
-        "mlp.linear_fc2",
-    ):
-        for layer in range(L):
-            key = f"decoder.layers.{module}._extra_state/shard_{layer}_{L}"
-            sdm[key] = BytesStorageMetadata()
-            f = slot % n_files
-            slot += 1
-            storage[MetadataIndex(fqn=key)] = _StorageInfo(names[f], ends[f], 1261)
-            ends[f] += 1261
-    for r in range(BABY["tp"]):
-        for obj in ("optimizer", "per_bucket_numel", "per_bucket_numel_unpadded"):
-            key = f"optimizer.distributed.dp_group_idx_{r}.{obj}/shard_0_1"
-            sdm[key] = BytesStorageMetadata()
-            storage[MetadataIndex(fqn=key)] = _StorageInfo(names[r], ends[r], 2048)
-            ends[r] += 2048
-        key = f"rng_state/shard_0.{r}_1.{BABY['tp']}"
-        sdm[key] = BytesStorageMetadata()
-        storage[MetadataIndex(fqn=key)] = _StorageInfo(names[r], ends[r], 8192)
-        ends[r] += 8192
-    md = Metadata(state_dict_metadata=sdm, storage_data=storage)
-    with open(out / ".metadata", "wb") as fh:
-        pickle.dump(md, fh)
-    for name, end in zip(names, ends, strict=True):
-        with open(out / name, "wb") as fh:
-            fh.truncate(end)  # sparse: no blocks written
+
+        for key, shape, dtype, chunks in _baby_tensors(dp):
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            self.sdm[key] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=dtype),
+                size=torch.Size(shape),
+                chunks=[ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for o, s in chunks],
+            )
+            for o, s in chunks:
+                length = _numel(s) * itemsize
+                self.storage[MetadataIndex(fqn=key, offset=torch.Size(o))] = _StorageInfo(
+                    *self._place(length)
+                )
+                self.logical += length
+
+    def add_bytes(self, key: str, length: int, file: int | None = None) -> None:
+        from torch.distributed.checkpoint.filesystem import _StorageInfo  # torch: see add_tensors
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+        self.sdm[key] = BytesStorageMetadata()
+        self.storage[MetadataIndex(fqn=key)] = _StorageInfo(*self._place(length, file))
+
+    def add_bytes_objects(self) -> None:
+        """TE extra state per layer and module; per TP rank the optimizer's objects and the RNG state."""
+        L = BABY["num_layers"]
+        for module in (
+            "self_attention.linear_qkv",
+            "self_attention.linear_proj",
+            "mlp.linear_fc1",
+            "mlp.linear_fc2",
+        ):
+            for layer in range(L):
+                self.add_bytes(f"decoder.layers.{module}._extra_state/shard_{layer}_{L}", 1261)
+        for r in range(BABY["tp"]):
+            for obj in ("optimizer", "per_bucket_numel", "per_bucket_numel_unpadded"):
+                self.add_bytes(f"optimizer.distributed.dp_group_idx_{r}.{obj}/shard_0_1", 2048, file=r)
+            self.add_bytes(f"rng_state/shard_0.{r}_1.{BABY['tp']}", 8192, file=r)
+
+    def write(self, out: Path) -> None:
+        """`.metadata`, and every shard file at its size without writing a block."""
+        from torch.distributed.checkpoint.metadata import Metadata  # torch: see add_tensors
+
+        md = Metadata(state_dict_metadata=self.sdm, storage_data=self.storage)
+        with open(out / ".metadata", "wb") as fh:
+            pickle.dump(md, fh)
+        for name, end in zip(self.names, self.ends, strict=True):
+            with open(out / name, "wb") as fh:
+                fh.truncate(end)  # sparse: no blocks written
+
+
+def _build_baby_like(out: Path, n_files: int, dp: int) -> dict[str, int]:
+    out.mkdir(parents=True, exist_ok=True)
+    index = _IndexBuilder(n_files)
+    index.add_tensors(dp)
+    index.add_bytes_objects()
+    index.write(out)
+    _write_common_state(out)
+    (out / "metadata.json").write_text(
+        json.dumps(
+            {
+                "sharded_backend": "torch_dist",
+                "sharded_backend_version": 1,
+                "common_backend": "torch",
+                "common_backend_version": 1,
+            }
+        )
+    )
+    (out / "modelopt_run_config.yaml").write_text(
+        "# written by the benchmark fixture\nmodelopt_state: null\n"
+    )
+    return {
+        "files": n_files,
+        "tensors": len(index.sdm),
+        "storage_items": len(index.storage),
+        "logical_bytes": index.logical,
+    }
+
+
+def _write_common_state(out: Path) -> None:
+    """`common.pt` as Megatron saves it: the args, iteration and scheduler of the baby_9b_dense run."""
+    import torch  # torch.save and torch.bfloat16: see _IndexBuilder.add_tensors
+
     args = argparse.Namespace(
-        num_layers=L, hidden_size=BABY["hidden_size"], ffn_hidden_size=BABY["ffn_hidden_size"],
+        num_layers=BABY["num_layers"], hidden_size=BABY["hidden_size"], ffn_hidden_size=BABY["ffn_hidden_size"],
         num_attention_heads=BABY["num_attention_heads"], group_query_attention=True,
         num_query_groups=BABY["num_query_groups"], kv_channels=BABY["kv_channels"], swiglu=True,
         qk_layernorm=True, normalization="RMSNorm", norm_epsilon=1e-5, untie_embeddings_and_output_weights=True,
@@ -234,20 +282,6 @@ def _build_baby_like(out: Path, n_files: int, dp: int) -> dict[str, int]:
         },
         out / "common.pt",
     )
-    (out / "metadata.json").write_text(
-        json.dumps(
-            {
-                "sharded_backend": "torch_dist",
-                "sharded_backend_version": 1,
-                "common_backend": "torch",
-                "common_backend_version": 1,
-            }
-        )
-    )
-    (out / "modelopt_run_config.yaml").write_text(
-        "# written by the benchmark fixture\nmodelopt_state: null\n"
-    )
-    return {"files": n_files, "tensors": len(sdm), "storage_items": len(storage), "logical_bytes": logical}
 
 
 class _OpenCounter:
@@ -283,14 +317,71 @@ def _atimes(directory: Path) -> dict[str, int]:
     return {p.name: p.stat().st_atime_ns for p in directory.glob("*.distcp")}
 
 
+@dataclass
+class _Timings:
+    """Seconds per repeat of each timed call, and the results of the last repeat."""
+
+    baseline: list[float] = field(default_factory=list)
+    inspect: list[float] = field(default_factory=list)
+    verify: list[float] = field(default_factory=list)
+    verify_cold: list[float] = field(default_factory=list)
+    report: CheckpointReport | None = None
+    verification: VerifyReport | None = None
+
+
+def _time_calls(root: Path, repeats: int, counter: _OpenCounter) -> _Timings:
+    """Time the baseline unpickle, then inspect + verify with the open counter on, `repeats` times."""
+    t = _Timings()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with open(root / ".metadata", "rb") as fh:
+            pickle.load(fh)
+        t.baseline.append(time.perf_counter() - start)
+        counter.opened.clear()
+        counter.active = True
+        try:
+            clear_index_cache()  # each repeat starts cold: nothing read before
+            start = time.perf_counter()
+            t.report = inspect_checkpoint(root)
+            t.inspect.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            t.verification = verify_checkpoint(root)  # reuses the index inspect just read
+            t.verify.append(time.perf_counter() - start)
+            clear_index_cache()
+            start = time.perf_counter()
+            verify_checkpoint(root)  # as `longctx ckpt verify` alone: reads .metadata itself
+            t.verify_cold.append(time.perf_counter() - start)
+        finally:
+            counter.active = False
+    return t
+
+
+def _inferred(report: CheckpointReport, verification: VerifyReport) -> dict[str, Any]:
+    """What inspect and verify found, for the reader to compare with BABY."""
+    a = report.arch
+    return {
+        "num_layers": a.num_layers,
+        "hidden_size": a.hidden_size,
+        "ffn_hidden_size": a.ffn_hidden_size,
+        "num_attention_heads": a.num_attention_heads,
+        "num_query_groups": a.num_query_groups,
+        "kv_channels": a.kv_channels,
+        "padded_vocab_size": a.padded_vocab_size,
+        "qk_layernorm": a.qk_layernorm,
+        "untie_embeddings_and_output_weights": a.untie_embeddings_and_output_weights,
+        "iteration": report.iteration,
+        "contents": report.contents,
+        "optimizer_layout": report.optimizer.layout if report.optimizer else None,
+        "dp_groups": report.optimizer.dp_groups if report.optimizer else None,
+        "shard_files_verified": verification.shard_files,
+    }
+
+
 def run_ckpt_bench(
     n_files: int = 2049, repeats: int = 3, keep: str | os.PathLike[str] | None = None, dp: int = BABY["dp"]
 ) -> CkptBenchReport:
     """Build the fixture, then time baseline unpickle, inspect and verify (medians of `repeats`)."""
     os.environ.setdefault("LONGCTX_NO_PROGRESS", "1")
-    from longctx.checkpoint import inspect_checkpoint, verify_checkpoint
-    from longctx.checkpoint.metadata import clear_index_cache
-
     tmp = None
     if keep is None:
         tmp = tempfile.TemporaryDirectory(prefix="longctx-ckpt-bench-")
@@ -304,67 +395,29 @@ def run_ckpt_bench(
         disk = sum(p.stat().st_blocks * 512 for p in root.iterdir())
         before = _atimes(root)
         counter = _OpenCounter.get()
-        base, ins, ver, ver_cold = [], [], [], []
-        report = verification = None
-        for _ in range(repeats):
-            t = time.perf_counter()
-            with open(root / ".metadata", "rb") as fh:
-                pickle.load(fh)
-            base.append(time.perf_counter() - t)
-            counter.opened.clear()
-            counter.active = True
-            try:
-                clear_index_cache()  # each repeat starts cold: nothing read before
-                t = time.perf_counter()
-                report = inspect_checkpoint(root)
-                ins.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                verification = verify_checkpoint(root)  # reuses the index inspect just read
-                ver.append(time.perf_counter() - t)
-                clear_index_cache()
-                t = time.perf_counter()
-                verify_checkpoint(root)  # as `longctx ckpt verify` alone: reads .metadata itself
-                ver_cold.append(time.perf_counter() - t)
-            finally:
-                counter.active = False
+        t = _time_calls(root, repeats, counter)
         after = _atimes(root)
-        assert report is not None and verification is not None
-        shard_opens = sum(1 for p in counter.opened if p.endswith(".distcp"))
-        other = sorted({Path(p).name for p in counter.opened if not p.endswith(".distcp") and str(root) in p})
-        a = report.arch
+        assert t.report is not None and t.verification is not None
         return CkptBenchReport(
             files=info["files"],
             tensors=info["tensors"],
             storage_items=info["storage_items"],
             metadata_bytes=(root / ".metadata").stat().st_size,
-            logical_bytes=report.files_bytes,
+            logical_bytes=t.report.files_bytes,
             disk_bytes=disk,
             build_s=build_s,
-            baseline_unpickle_s=statistics.median(base),
-            inspect_s=statistics.median(ins),
-            verify_s=statistics.median(ver),
-            verify_cold_s=statistics.median(ver_cold),
+            baseline_unpickle_s=statistics.median(t.baseline),
+            inspect_s=statistics.median(t.inspect),
+            verify_s=statistics.median(t.verify),
+            verify_cold_s=statistics.median(t.verify_cold),
             repeats=repeats,
-            shard_opens=shard_opens,
-            other_opens=other,
+            shard_opens=sum(1 for p in counter.opened if p.endswith(".distcp")),
+            other_opens=sorted(
+                {Path(p).name for p in counter.opened if not p.endswith(".distcp") and str(root) in p}
+            ),
             atime_changed=sum(1 for k in before if after.get(k) != before[k]),
-            inferred={
-                "num_layers": a.num_layers,
-                "hidden_size": a.hidden_size,
-                "ffn_hidden_size": a.ffn_hidden_size,
-                "num_attention_heads": a.num_attention_heads,
-                "num_query_groups": a.num_query_groups,
-                "kv_channels": a.kv_channels,
-                "padded_vocab_size": a.padded_vocab_size,
-                "qk_layernorm": a.qk_layernorm,
-                "untie_embeddings_and_output_weights": a.untie_embeddings_and_output_weights,
-                "iteration": report.iteration,
-                "contents": report.contents,
-                "optimizer_layout": report.optimizer.layout if report.optimizer else None,
-                "dp_groups": report.optimizer.dp_groups if report.optimizer else None,
-                "shard_files_verified": verification.shard_files,
-            },
-            verify_ok=verification.ok,
+            inferred=_inferred(t.report, t.verification),
+            verify_ok=t.verification.ok,
             path=str(root) if keep is not None else "",
         )
     finally:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from longctx.data.check import check_datasets
 from longctx.data.scan import BLOCK_BYTES
 
 TARGET_RATIO = 0.8
@@ -57,7 +58,7 @@ def make_int32_dataset(
     """Write `prefix.{bin,idx}` (int32, ~size_gib) with megatron-core's builder; returns the document count."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # megatron-core: build only
 
     total = int(size_gib * 2**30) // 4
     rng = np.random.default_rng(seed)
@@ -102,8 +103,6 @@ def run_data_check_bench(
     repeats: int = 3,
     advance: Callable[[int], None] | None = None,
 ) -> DataCheckBench:
-    from longctx.data.check import check_datasets
-
     workdir = Path(tempfile.mkdtemp(prefix="longctx-bench-data-", dir=tmp_dir))
     try:
         prefix = str(workdir / "bench_text_document")

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from longctx.bench.data_check import run_data_check_bench
+from longctx.data.artifact.check import check_artifact
 from longctx.data.indexed import HEADER_BYTES, MAGIC, VERSION
 
 VOCAB = 262145
@@ -146,8 +148,6 @@ def run_index_check_bench(
     big_gib: float = 0.0,
     advance: Callable[[int], None] | None = None,
 ) -> IndexCheckBench:
-    from longctx.data.artifact.check import check_artifact
-
     workdir = Path(tempfile.mkdtemp(prefix="longctx-bench-index-", dir=tmp_dir))
     try:
         root = workdir / "artifact"
@@ -174,8 +174,6 @@ def run_index_check_bench(
             full_ok = full_ok and rep.ok
         big = None
         if big_gib > 0:
-            from longctx.bench.data_check import run_data_check_bench
-
             r = run_data_check_bench(big_gib, tmp_dir=tmp_dir, workers=workers, repeats=repeats)
             big = {
                 "bin_bytes": r.bin_bytes,

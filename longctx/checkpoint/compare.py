@@ -69,7 +69,7 @@ def _looks_like_tokenizer(path: Path) -> bool:
 
 
 def check_vocab(report: CheckpointReport, vocab_size: int, findings: Findings) -> VocabCheck:
-    from longctx.tokenizer import padded_vocab_size
+    from longctx.tokenizer import padded_vocab_size  # longctx.tokenizer loads pydantic: not at import
 
     rows = report.padded_vocab_size
     if rows is None:
@@ -175,7 +175,7 @@ def compare(
             "nothing to compare with", fix="pass a second checkpoint, a tokenizer, or --vocab-size N"
         )
     if b is not None and _looks_like_tokenizer(Path(b)):
-        from longctx.tokenizer import load_tokenizer
+        from longctx.tokenizer import load_tokenizer  # loads pydantic: only when a tokenizer is compared
 
         tok = load_tokenizer(b)
         out = CompareReport(a=str(a), b=str(b), mode="tokenizer", same_architecture=None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def _snapshot(
     offline: bool,
     token: str | None,
 ) -> Path:
+    # huggingface_hub (and httpx) are loaded only for a download, not by `import longctx.checkpoint`
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -107,7 +109,7 @@ def _snapshot(
 
 
 def _selected_files(snapshot: Path, include: list[str] | None) -> list[str]:
-    from huggingface_hub.utils import filter_repo_objects
+    from huggingface_hub.utils import filter_repo_objects  # heavy: only for a download
 
     rels: list[str] = []
     for root, _dirs, files in os.walk(snapshot, followlinks=False):
@@ -155,8 +157,6 @@ def _is_below(d: str, top: str) -> bool:
 
 
 def _link_extra(snapshot: Path, into: Path, rels: list[str], allow_copy: bool) -> list[str]:
-    import shutil
-
     linked: list[str] = []
     for rel in rels:
         src, dst = snapshot / rel, into / rel

@@ -22,15 +22,22 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from longctx.errors import CheckpointError
 from longctx.report import Findings
+
+if TYPE_CHECKING:
+    from longctx.arch import ModelArch
 
 ASSUMED_HEAD_DIM = 128
 
 _PER_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _STACKED = re.compile(r"^decoder\.layers\.(?!\d+\.)(.+)$")
 _LOCAL_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.+)$")
+
+_Shapes = Mapping[str, tuple[int, ...]]  # tensor key → global shape
+_Args = Mapping[str, Any]  # saved Megatron args (unpickled argparse.Namespace fields)
 
 
 @dataclass
@@ -71,10 +78,9 @@ class InferredArch:
     def head_dim(self) -> int | None:
         return self.kv_channels
 
-    def to_model_arch(self) -> Any:
+    def to_model_arch(self) -> ModelArch:
         """A `longctx.arch.ModelArch` (raises CheckpointError when a required field is unknown)."""
-        from longctx.arch import ModelArch
-        from longctx.errors import CheckpointError
+        from longctx.arch import ModelArch  # pydantic (~0.25 s): `ckpt inspect/verify` never need it
 
         required = ("num_layers", "hidden_size", "num_attention_heads")
         missing = [k for k in required if getattr(self, k) is None]
@@ -158,6 +164,11 @@ def _first(per: Mapping[str, tuple[int, ...]], *names: str) -> tuple[int, ...] |
     return None
 
 
+def _put(a: InferredArch, name: str, value: Any, source: str) -> None:
+    setattr(a, name, value)
+    a.sources[name] = source
+
+
 def infer_arch(
     shapes: Mapping[str, tuple[int, ...]],
     args: Mapping[str, Any] | None = None,
@@ -170,37 +181,49 @@ def infer_arch(
     args = dict(args or {})
     f = findings if findings is not None else Findings()
     a = InferredArch()
-    src = a.sources
-
-    def put(name: str, value: Any, source: str) -> None:
-        setattr(a, name, value)
-        src[name] = source
 
     model_shapes = {k: v for k, v in shapes.items() if not k.startswith(("optimizer.", "chained_"))}
     per, n_layers, stacked, moe_layer_idx = _layer_shapes(model_shapes)
     a.layers_stacked = stacked
     if n_layers is not None:
-        put("num_layers", n_layers, "shape")
+        _put(a, "num_layers", n_layers, "shape")
 
+    _infer_embeddings(a, model_shapes, args)
+    _infer_normalization(a, per, model_shapes)
+    _infer_attention(a, per, args, head_dim, f)
+    _infer_mlp(a, per)
+    _infer_moe(a, per, args, stacked, moe_layer_idx)
+    mtp = {int(m.group(1)) for k in model_shapes if (m := re.match(r"^mtp\.layers\.(\d+)\.", k))}
+    if mtp:
+        _put(a, "mtp_num_layers", max(mtp) + 1, "shape")
+    _take_from_args(a, args)
+    _cross_check(a, args, f)
+    return a
+
+
+def _infer_embeddings(a: InferredArch, model_shapes: _Shapes, args: _Args) -> None:
+    """Vocab rows, hidden size, tied or not, and the position embedding."""
     emb = model_shapes.get("embedding.word_embeddings.weight")
     out = model_shapes.get("output_layer.weight")
     if emb is not None and len(emb) == 2:
-        put("padded_vocab_size", emb[0], "shape")
-        put("hidden_size", emb[1], "shape")
+        _put(a, "padded_vocab_size", emb[0], "shape")
+        _put(a, "hidden_size", emb[1], "shape")
     elif out is not None and len(out) == 2:
-        put("padded_vocab_size", out[0], "shape")
-        put("hidden_size", out[1], "shape")
+        _put(a, "padded_vocab_size", out[0], "shape")
+        _put(a, "hidden_size", out[1], "shape")
     if emb is not None or out is not None:
-        put("untie_embeddings_and_output_weights", out is not None, "shape")
+        _put(a, "untie_embeddings_and_output_weights", out is not None, "shape")
     if "embedding.position_embeddings.weight" in model_shapes:
-        put("position_embedding_type", "learned_absolute", "shape")
+        _put(a, "position_embedding_type", "learned_absolute", "shape")
     elif args.get("position_embedding_type"):
-        put("position_embedding_type", str(args["position_embedding_type"]), "args")
+        _put(a, "position_embedding_type", str(args["position_embedding_type"]), "args")
     elif emb is not None:
-        put("position_embedding_type", "rope", "assumed")
+        _put(a, "position_embedding_type", "rope", "assumed")
         a.notes.append("no position-embedding tensor and no args: rope assumed (rope has no weights)")
 
-    # normalisation: TE-fused names (linear_qkv.layer_norm_*) or separate input_layernorm
+
+def _infer_normalization(a: InferredArch, per: _Shapes, model_shapes: _Shapes) -> None:
+    # TE-fused names (linear_qkv.layer_norm_*) or separate input_layernorm
     norm_bias = (
         any(k in per for k in ("self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"))
         or "decoder.final_layernorm.bias" in model_shapes
@@ -208,8 +231,17 @@ def infer_arch(
     if any(k in per for k in ("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")) or (
         "decoder.final_layernorm.weight" in model_shapes
     ):
-        put("normalization", "LayerNorm" if norm_bias else "RMSNorm", "shape")
+        _put(a, "normalization", "LayerNorm" if norm_bias else "RMSNorm", "shape")
 
+
+def _infer_attention(
+    a: InferredArch,
+    per: _Shapes,
+    args: _Args,
+    head_dim: int | None,
+    f: Findings,
+) -> None:
+    """QK-norm, biases, and the heads split of linear_qkv / linear_proj."""
     qkv = per.get("self_attention.linear_qkv.weight")
     proj = per.get("self_attention.linear_proj.weight")
     qn = per.get("self_attention.q_layernorm.weight")
@@ -225,105 +257,132 @@ def infer_arch(
     ):
         a.notes.append("multi-latent attention (MLA) weights: heads are not inferred for MLA")
     if qkv is not None or qn is not None:
-        put("qk_layernorm", qn is not None, "shape")
+        _put(a, "qk_layernorm", qn is not None, "shape")
     if qkv is not None:
-        put("add_qkv_bias", "self_attention.linear_qkv.bias" in per, "shape")
+        _put(a, "add_qkv_bias", "self_attention.linear_qkv.bias" in per, "shape")
     if proj is not None:
-        put("add_bias_linear", "self_attention.linear_proj.bias" in per, "shape")
+        _put(a, "add_bias_linear", "self_attention.linear_proj.bias" in per, "shape")
     if a.hidden_size is None and qkv is not None and len(qkv) == 2:
-        put("hidden_size", qkv[1], "shape")
-
+        _put(a, "hidden_size", qkv[1], "shape")
     if qkv is not None and proj is not None and len(qkv) == 2 and len(proj) == 2:
-        rows, q_cols = qkv[0], proj[1]
-        d, d_src = None, None
-        if qn is not None and len(qn) == 1:
-            d, d_src = qn[0], "shape"
-        elif args.get("kv_channels"):
-            d, d_src = int(args["kv_channels"]), "args"
-        elif args.get("num_attention_heads") and q_cols % int(args["num_attention_heads"]) == 0:
-            d, d_src = q_cols // int(args["num_attention_heads"]), "shape+args"
-        elif head_dim:
-            d, d_src = int(head_dim), "given"
-        else:
-            d, d_src = ASSUMED_HEAD_DIM, "assumed"
-            a.notes.append(
-                f"head dim not determinable (no QK-norm, no args): {ASSUMED_HEAD_DIM} assumed; pass head_dim"
-            )
-        if d and q_cols % d == 0 and (rows - q_cols) % (2 * d) == 0 and rows > q_cols:
-            nq = q_cols // d
-            ng = (rows - q_cols) // (2 * d)
-            hsrc = "shape" if d_src == "shape" else f"shape ({d_src} head dim)"
-            put("kv_channels", d, d_src)
-            put("num_attention_heads", nq, hsrc)
-            put("num_query_groups", ng, hsrc)
-            put("group_query_attention", ng != nq, hsrc)
-            if ng and nq % ng:
-                f.warning(
-                    "arch-groups",
-                    f"{nq} heads are not a multiple of {ng} query groups: the QKV split is doubtful",
-                )
-        else:
-            f.warning(
-                "arch-heads",
-                f"cannot split linear_qkv rows {rows} and linear_proj columns {q_cols} with head dim {d}",
-                fix="pass the head dim (kv_channels) explicitly",
-            )
+        _infer_heads(a, qkv[0], proj[1], qn, args, head_dim, f)
 
+
+def _head_dim(
+    a: InferredArch, q_cols: int, qn: tuple[int, ...] | None, args: _Args, head_dim: int | None
+) -> tuple[int, str]:
+    """The head dim and where it came from: QK-norm shape, args, the caller, or the assumption."""
+    if qn is not None and len(qn) == 1:
+        return qn[0], "shape"
+    if args.get("kv_channels"):
+        return int(args["kv_channels"]), "args"
+    if args.get("num_attention_heads") and q_cols % int(args["num_attention_heads"]) == 0:
+        return q_cols // int(args["num_attention_heads"]), "shape+args"
+    if head_dim:
+        return int(head_dim), "given"
+    a.notes.append(
+        f"head dim not determinable (no QK-norm, no args): {ASSUMED_HEAD_DIM} assumed; pass head_dim"
+    )
+    return ASSUMED_HEAD_DIM, "assumed"
+
+
+def _infer_heads(
+    a: InferredArch,
+    rows: int,
+    q_cols: int,
+    qn: tuple[int, ...] | None,
+    args: _Args,
+    head_dim: int | None,
+    f: Findings,
+) -> None:
+    """Split linear_qkv rows (nq + 2·ng)·d and linear_proj columns nq·d into heads and query groups."""
+    d, d_src = _head_dim(a, q_cols, qn, args, head_dim)
+    if d and q_cols % d == 0 and (rows - q_cols) % (2 * d) == 0 and rows > q_cols:
+        nq = q_cols // d
+        ng = (rows - q_cols) // (2 * d)
+        hsrc = "shape" if d_src == "shape" else f"shape ({d_src} head dim)"
+        _put(a, "kv_channels", d, d_src)
+        _put(a, "num_attention_heads", nq, hsrc)
+        _put(a, "num_query_groups", ng, hsrc)
+        _put(a, "group_query_attention", ng != nq, hsrc)
+        if ng and nq % ng:
+            f.warning(
+                "arch-groups",
+                f"{nq} heads are not a multiple of {ng} query groups: the QKV split is doubtful",
+            )
+    else:
+        f.warning(
+            "arch-heads",
+            f"cannot split linear_qkv rows {rows} and linear_proj columns {q_cols} with head dim {d}",
+            fix="pass the head dim (kv_channels) explicitly",
+        )
+
+
+def _infer_mlp(a: InferredArch, per: _Shapes) -> None:
     fc1 = per.get("mlp.linear_fc1.weight")
     fc2 = per.get("mlp.linear_fc2.weight")
     if fc2 is not None and len(fc2) == 2:
-        put("ffn_hidden_size", fc2[1], "shape")
+        _put(a, "ffn_hidden_size", fc2[1], "shape")
         if fc1 is not None and len(fc1) == 2:
-            put("swiglu", fc1[0] == 2 * fc2[1], "shape")
+            _put(a, "swiglu", fc1[0] == 2 * fc2[1], "shape")
     if a.add_bias_linear is None and fc2 is not None:
-        put("add_bias_linear", "mlp.linear_fc2.bias" in per, "shape")
+        _put(a, "add_bias_linear", "mlp.linear_fc2.bias" in per, "shape")
 
-    # mixture of experts
+
+def _expert_shapes(per: _Shapes, n_experts: int) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """(expert linear_fc1, linear_fc2) shapes with a leading experts dim, stacked or local experts."""
+    e_fc1 = _first(per, "mlp.experts.experts.linear_fc1.weight")
+    e_fc2 = _first(per, "mlp.experts.experts.linear_fc2.weight")
+    if e_fc2 is None:  # unstacked local experts: mlp.experts.local_experts.{e}.linear_fc2.weight
+        locs = [(_LOCAL_EXPERT.match(k), v) for k, v in per.items()]
+        fc2s = [v for m, v in locs if m and m.group(2) == "linear_fc2.weight"]
+        fc1s = [v for m, v in locs if m and m.group(2) == "linear_fc1.weight"]
+        e_fc2 = (n_experts, *fc2s[0]) if fc2s else None
+        e_fc1 = (n_experts, *fc1s[0]) if fc1s else None
+    return e_fc1, e_fc2
+
+
+def _infer_moe(
+    a: InferredArch,
+    per: _Shapes,
+    args: _Args,
+    stacked: bool | None,
+    moe_layer_idx: set[int],
+) -> None:
+    """Mixture of experts: experts, expert FFN, shared experts, how many layers are MoE."""
     router = per.get("mlp.router.weight")
-    if router is not None and len(router) == 2:
-        put("num_experts", router[0], "shape")
-        put("moe_router_enable_expert_bias", "mlp.router.expert_bias" in per, "shape")
-        e_fc1 = _first(per, "mlp.experts.experts.linear_fc1.weight")
-        e_fc2 = _first(per, "mlp.experts.experts.linear_fc2.weight")
-        if e_fc2 is None:  # unstacked local experts: mlp.experts.local_experts.{e}.linear_fc2.weight
-            locs = [(_LOCAL_EXPERT.match(k), v) for k, v in per.items()]
-            fc2s = [v for m, v in locs if m and m.group(2) == "linear_fc2.weight"]
-            fc1s = [v for m, v in locs if m and m.group(2) == "linear_fc1.weight"]
-            e_fc2 = (router[0], *fc2s[0]) if fc2s else None
-            e_fc1 = (router[0], *fc1s[0]) if fc1s else None
-        if e_fc2 is not None and len(e_fc2) == 3:
-            put("moe_ffn_hidden_size", e_fc2[2], "shape")
-            if e_fc1 is not None and len(e_fc1) == 3 and a.swiglu is None:
-                put("swiglu", e_fc1[1] == 2 * e_fc2[2], "shape")
-        sh = per.get("mlp.shared_experts.linear_fc2.weight")
-        put(
-            "moe_shared_expert_intermediate_size", sh[1] if sh is not None and len(sh) == 2 else None, "shape"
-        )
-        if stacked and not moe_layer_idx:
-            put("num_moe_layers", a.num_layers, "shape")
-        elif moe_layer_idx:
-            put("num_moe_layers", len(moe_layer_idx), "shape")
-        if a.ffn_hidden_size is None:
-            if args.get("ffn_hidden_size"):
-                put("ffn_hidden_size", int(args["ffn_hidden_size"]), "args")
-            elif a.moe_ffn_hidden_size is not None:
-                put("ffn_hidden_size", a.moe_ffn_hidden_size, "assumed")
-    else:
-        put("num_experts", None, "shape")
+    if router is None or len(router) != 2:
+        _put(a, "num_experts", None, "shape")
+        return
+    _put(a, "num_experts", router[0], "shape")
+    _put(a, "moe_router_enable_expert_bias", "mlp.router.expert_bias" in per, "shape")
+    e_fc1, e_fc2 = _expert_shapes(per, router[0])
+    if e_fc2 is not None and len(e_fc2) == 3:
+        _put(a, "moe_ffn_hidden_size", e_fc2[2], "shape")
+        if e_fc1 is not None and len(e_fc1) == 3 and a.swiglu is None:
+            _put(a, "swiglu", e_fc1[1] == 2 * e_fc2[2], "shape")
+    sh = per.get("mlp.shared_experts.linear_fc2.weight")
+    _put(
+        a, "moe_shared_expert_intermediate_size", sh[1] if sh is not None and len(sh) == 2 else None, "shape"
+    )
+    if stacked and not moe_layer_idx:
+        _put(a, "num_moe_layers", a.num_layers, "shape")
+    elif moe_layer_idx:
+        _put(a, "num_moe_layers", len(moe_layer_idx), "shape")
+    if a.ffn_hidden_size is None:
+        if args.get("ffn_hidden_size"):
+            _put(a, "ffn_hidden_size", int(args["ffn_hidden_size"]), "args")
+        elif a.moe_ffn_hidden_size is not None:
+            _put(a, "ffn_hidden_size", a.moe_ffn_hidden_size, "assumed")
 
-    mtp = {int(m.group(1)) for k in model_shapes if (m := re.match(r"^mtp\.layers\.(\d+)\.", k))}
-    if mtp:
-        put("mtp_num_layers", max(mtp) + 1, "shape")
 
-    # what shapes cannot say
+def _take_from_args(a: InferredArch, args: _Args) -> None:
+    """What shapes cannot say."""
     for name in ("norm_epsilon", "rotary_percent", "init_method_std", "moe_layer_freq"):
         if args.get(name) is not None:
-            put(name, args[name], "args")
+            _put(a, name, args[name], "args")
     if a.num_experts and args.get("moe_router_topk") is not None:
-        put("moe_router_topk", int(args["moe_router_topk"]), "args")
-
-    _cross_check(a, args, f)
-    return a
+        _put(a, "moe_router_topk", int(args["moe_router_topk"]), "args")
 
 
 _CHECKED = (
@@ -333,7 +392,7 @@ _CHECKED = (
 )  # fmt: skip
 
 
-def _cross_check(a: InferredArch, args: Mapping[str, Any], f: Findings) -> None:
+def _cross_check(a: InferredArch, args: _Args, f: Findings) -> None:
     if not args:
         return
     checks = list(_CHECKED)

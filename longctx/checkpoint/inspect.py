@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longctx.checkpoint.infer_arch import InferredArch, infer_arch
 from longctx.checkpoint.layout import ResolvedCheckpoint, Tracker, resolve_in_tree
@@ -20,13 +20,17 @@ from longctx.checkpoint.metadata import (
     COMMON_STATE_KEY,
     BackendInfo,
     DcpIndex,
+    Era,
     args_dict,
     read_backend,
     read_common_state,
     read_dcp_index,
 )
 from longctx.checkpoint.tree import Tree, join, open_tree
-from longctx.report import Findings
+from longctx.report import Findings, to_jsonable
+
+if TYPE_CHECKING:
+    from longctx.arch import ModelArch
 
 # saved args that matter when extending the context of a model
 EXTENSION_ARGS = (
@@ -105,12 +109,10 @@ class CheckpointReport:
     def ok(self) -> bool:
         return self.findings.ok
 
-    def to_model_arch(self) -> Any:
+    def to_model_arch(self) -> ModelArch:
         return self.arch.to_model_arch()
 
     def to_json(self) -> dict[str, Any]:
-        from longctx.report import to_jsonable
-
         out: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
             if name in ("resolved", "index"):
@@ -196,6 +198,70 @@ def inspect_resolved(
     status = resolved.status()
     if not status.complete:
         findings.error("incomplete", f"the checkpoint is incomplete: {status.reason}", where=resolved.where)
+    backend = _checked_backend(tree, rel, findings)
+    index = read_dcp_index(tree, rel, stub_megatron=stub_megatron)
+    common = read_common_state(tree, rel, index, stub_megatron=stub_megatron)
+    state = common.state or {}
+    args = args_dict(state)
+    iteration, it_src = _iteration(resolved, state, findings)
+
+    shapes = {k: t.shape for k, t in index.tensors.items()}
+    arch = infer_arch(shapes, args, head_dim=head_dim, findings=findings)
+    for note in arch.notes:
+        findings.info("arch-note", note)
+
+    model_tensors = {k: t for k, t in index.tensors.items() if _is_model_key(k)}
+    optimizer = _optimizer_info(index, state)
+    emb = index.tensors.get("embedding.word_embeddings.weight") or index.tensors.get("output_layer.weight")
+    tp_layout = emb.chunks if emb is not None and emb.chunks else None
+    _check_saved_layout(args, tp_layout, optimizer, arch.padded_vocab_size, findings)
+    if common.era == "unknown":
+        findings.warning(
+            "no-common-state",
+            "no common.pt and no common_state object: saved args and iteration are unavailable",
+            where=resolved.where,
+        )
+    return CheckpointReport(
+        path=str(resolved.source),
+        kind=resolved.kind,
+        location=resolved.where,
+        archive=str(resolved.archive) if resolved.archive else None,
+        tracker=_tracker_dict(resolved.tracker),
+        complete_iterations=resolved.complete_iterations,
+        complete=status.complete,
+        incomplete_reason=status.reason,
+        backend=backend,
+        megatron_core_era=_megatron_core_era(common.era, backend),
+        common_state_format=common.era,
+        dcp_metadata_version=index.version,
+        iteration=iteration,
+        iteration_source=it_src,
+        checkpoint_version=state.get("checkpoint_version"),
+        contents="model+optimizer" if optimizer else "model",
+        optimizer=optimizer,
+        has_rng_state=any(k.startswith("rng_state") for k in index.bytes_keys) or "rng_state" in state,
+        has_opt_param_scheduler="opt_param_scheduler" in state,
+        tensor_count=len(index.tensors),
+        tensor_bytes=index.tensor_bytes,
+        model_tensor_count=len(model_tensors),
+        model_tensor_bytes=sum(t.nbytes for t in model_tensors.values()),
+        bytes_object_count=len(index.bytes_keys),
+        shard_files=len(index.files),
+        files_bytes=_files_bytes(tree, rel, index),
+        dtypes=dict(Counter(t.dtype for t in model_tensors.values())),
+        tensor_model_parallel_size_from_layout=tp_layout,
+        arch=arch,
+        padded_vocab_size=arch.padded_vocab_size,
+        saved_args={k: args[k] for k in EXTENSION_ARGS if k in args},
+        args=args,
+        findings=findings,
+        resolved=resolved,
+        index=index,
+    )
+
+
+def _checked_backend(tree: Tree, rel: str, findings: Findings) -> BackendInfo | None:
+    """metadata.json's backends; a sharded backend other than torch_dist is a warning."""
     backend = read_backend(tree, rel)
     if backend is not None and backend.sharded_backend not in (None, "torch_dist"):
         findings.warning(
@@ -203,14 +269,21 @@ def inspect_resolved(
             f"sharded backend is {backend.sharded_backend!r}; only torch_dist is read here",
             where=tree.where(join(rel, "metadata.json")),
         )
-    index = read_dcp_index(tree, rel, stub_megatron=stub_megatron)
-    common = read_common_state(tree, rel, index, stub_megatron=stub_megatron)
-    state = common.state or {}
-    args = args_dict(state)
+    return backend
 
-    era = {"common.pt": "<=0.18", "common_state": ">=0.19"}.get(common.era, "unknown")
-    if common.era == "unknown" and backend is not None and backend.common_backend is None:
+
+def _megatron_core_era(common_era: Era, backend: BackendInfo | None) -> str:
+    era = {"common.pt": "<=0.18", "common_state": ">=0.19"}.get(common_era, "unknown")
+    if common_era == "unknown" and backend is not None and backend.common_backend is None:
         era = ">=0.19"  # metadata.json lost its common_backend fields in 0.19
+    return era
+
+
+def _iteration(
+    resolved: ResolvedCheckpoint, state: dict[str, Any], findings: Findings
+) -> tuple[int | None, str | None]:
+    """(iteration, its source): the common state's, else the tracker's or the directory name's; a
+    disagreement between the two is a warning (release dirs are loaded as iteration 0 anyway)."""
     iteration, it_src = None, None
     if isinstance(state.get("iteration"), int):
         iteration, it_src = int(state["iteration"]), "common state"
@@ -228,17 +301,17 @@ def inspect_resolved(
             f"the common state says iteration {iteration} but the directory/tracker says {resolved.iteration}",
             where=resolved.where,
         )
+    return iteration, it_src
 
-    shapes = {k: t.shape for k, t in index.tensors.items()}
-    arch = infer_arch(shapes, args, head_dim=head_dim, findings=findings)
-    for note in arch.notes:
-        findings.info("arch-note", note)
 
-    model_tensors = {k: t for k, t in index.tensors.items() if _is_model_key(k)}
-    dtypes = Counter(t.dtype for t in model_tensors.values())
-    optimizer = _optimizer_info(index, state)
-    emb = index.tensors.get("embedding.word_embeddings.weight") or index.tensors.get("output_layer.weight")
-    tp_layout = emb.chunks if emb is not None and emb.chunks else None
+def _check_saved_layout(
+    args: dict[str, Any],
+    tp_layout: int | None,
+    optimizer: OptimizerInfo | None,
+    padded: int | None,
+    findings: Findings,
+) -> None:
+    """The saved args against what is stored: TP chunks, optimizer groups, embedding rows."""
     saved_tp = args.get("tensor_model_parallel_size")
     if tp_layout and isinstance(saved_tp, int) and saved_tp != tp_layout:
         findings.info(
@@ -252,7 +325,6 @@ def inspect_resolved(
                 "optimizer-groups",
                 f"{optimizer.dp_groups} dp_group_idx_* optimizer groups, but TP×PP at save is {saved_tp * int(pp)}",
             )
-    padded = arch.padded_vocab_size
     if (
         padded is not None
         and isinstance(args.get("padded_vocab_size"), int)
@@ -262,49 +334,6 @@ def inspect_resolved(
             "vocab",
             f"args say padded_vocab_size {args['padded_vocab_size']} but the embedding has {padded} rows",
         )
-    if common.era == "unknown":
-        findings.warning(
-            "no-common-state",
-            "no common.pt and no common_state object: saved args and iteration are unavailable",
-            where=resolved.where,
-        )
-    return CheckpointReport(
-        path=str(resolved.source),
-        kind=resolved.kind,
-        location=resolved.where,
-        archive=str(resolved.archive) if resolved.archive else None,
-        tracker=_tracker_dict(resolved.tracker),
-        complete_iterations=resolved.complete_iterations,
-        complete=status.complete,
-        incomplete_reason=status.reason,
-        backend=backend,
-        megatron_core_era=era,
-        common_state_format=common.era,
-        dcp_metadata_version=index.version,
-        iteration=iteration,
-        iteration_source=it_src,
-        checkpoint_version=state.get("checkpoint_version"),
-        contents="model+optimizer" if optimizer else "model",
-        optimizer=optimizer,
-        has_rng_state=any(k.startswith("rng_state") for k in index.bytes_keys) or "rng_state" in state,
-        has_opt_param_scheduler="opt_param_scheduler" in state,
-        tensor_count=len(index.tensors),
-        tensor_bytes=index.tensor_bytes,
-        model_tensor_count=len(model_tensors),
-        model_tensor_bytes=sum(t.nbytes for t in model_tensors.values()),
-        bytes_object_count=len(index.bytes_keys),
-        shard_files=len(index.files),
-        files_bytes=_files_bytes(tree, rel, index),
-        dtypes=dict(dtypes),
-        tensor_model_parallel_size_from_layout=tp_layout,
-        arch=arch,
-        padded_vocab_size=padded,
-        saved_args={k: args[k] for k in EXTENSION_ARGS if k in args},
-        args=args,
-        findings=findings,
-        resolved=resolved,
-        index=index,
-    )
 
 
 def inspect_checkpoint(

@@ -14,6 +14,7 @@ imported megatron-core are its Enum classes used as they are, so args print with
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import copyreg
@@ -22,9 +23,10 @@ import functools
 import gc
 import io
 import pickle
+import signal
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from longctx.errors import CheckpointError
@@ -205,19 +207,15 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
     }:
         return getattr(collections, name)
     if (module, name) == ("argparse", "Namespace"):
-        import argparse
-
         return argparse.Namespace
     if module == "signal" and name in ("Signals", "Handlers"):
-        import signal
-
         return getattr(signal, name)
     if (module, name) == ("copyreg", "_reconstructor"):
         return _safe_reconstructor
     if (module, name) == ("_codecs", "encode"):
         return _safe_encode
     if module == "torch":
-        import torch
+        import torch  # only a pickle that names torch loads it: checkpoint/ imports no torch at import
 
         if name == "Size":
             return torch.Size
@@ -242,7 +240,7 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
     if module.split(".")[0] in STUB_PREFIXES:
         if name == "MCoreMetadata":
             # megatron-core 0.15 pickled its own Metadata subclass (extra attribute mcore_data)
-            from torch.distributed.checkpoint.metadata import Metadata
+            from torch.distributed.checkpoint.metadata import Metadata  # torch: only for such pickles
 
             return Metadata
         real = _real_megatron_enum(module, name, stub_megatron)
@@ -327,7 +325,7 @@ def _guarded(where: str | None, what: str, fn: Callable[[], Any]) -> Any:
 
 
 @contextlib.contextmanager
-def gc_paused() -> Any:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector: unpickling a DCP index creates ~10 objects per stored item
     (400k for a 9B model with optimizer state), and the collections this triggers cost 4-10× the
     unpickling itself. The objects are acyclic; the collector resumes afterwards."""
@@ -357,7 +355,7 @@ def safe_torch_load(
     stub_megatron: bool | None = None,
 ) -> Any:
     """`torch.load` (zip or legacy format) with the allow-list unpickler; tensors land on CPU."""
-    import torch
+    import torch  # reading common.pt needs torch; checkpoint/ imports no torch at import time
 
     fh = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
     module = safe_pickle_module(where, stub_megatron)

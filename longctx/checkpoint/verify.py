@@ -18,8 +18,11 @@ computes sha256. Where digests go is explicit; the checkpoint is never written t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +39,7 @@ from longctx.checkpoint.layout import (
 from longctx.checkpoint.metadata import DcpIndex, read_backend, read_common_state, read_dcp_index
 from longctx.checkpoint.tree import TarTree, Tree, join, open_tree
 from longctx.errors import CheckpointError
-from longctx.report import Findings
+from longctx.report import Findings, to_jsonable
 from longctx.util.fs import atomic_write_text
 from longctx.util.progress import progress_bar
 
@@ -72,8 +75,6 @@ class VerifyReport:
         return self.findings.ok
 
     def to_json(self) -> dict[str, Any]:
-        from longctx.report import to_jsonable
-
         d = {k: to_jsonable(getattr(self, k)) for k in self.__dataclass_fields__ if k != "resolved"}
         if self.deep is not None:
             d["deep"]["digests"] = dict(sorted(self.deep.digests.items()))
@@ -182,9 +183,7 @@ def verify_resolved(
 # ---- deep -----------------------------------------------------------------------------------------------
 
 
-def _hash_range(tree: Tree, rel: str, advance: Any, lock: threading.Lock) -> str:
-    import hashlib
-
+def _hash_range(tree: Tree, rel: str, advance: Callable[..., None], lock: threading.Lock) -> str:
     r = tree.byte_range(rel)
     h = hashlib.sha256()
     chunk = 8 * 1024 * 1024
@@ -295,8 +294,6 @@ def _deep(
     write_manifest: Path | None,
     workers: int | None,
 ) -> DeepResult:
-    import time
-
     tree, rel = resolved.tree, resolved.checkpoint_rel
     rels = [r for r in tree.files(rel)]
     t0 = time.perf_counter()

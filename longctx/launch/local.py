@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Protocol
@@ -82,8 +83,6 @@ class LocalLauncher:
 
 def _wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
     """Wait for every worker; when one fails, stop the others (they would hang in a collective)."""
-    import time
-
     codes: dict[int, int] = {}
     while len(codes) < len(procs):
         for i, p in enumerate(procs):

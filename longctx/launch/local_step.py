@@ -11,6 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
+from longctx.launch.local import LocalLauncher
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m longctx.launch.local_step")
@@ -21,7 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
         p.error("no command after --")
-    from longctx.launch.local import LocalLauncher
 
     # Slurm signals every process of the step; the launcher passes signals on to the workers while they
     # run. Before and after that, a signal must not kill this process: its exit status is the workers'.

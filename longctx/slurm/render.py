@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from longctx.checkpoint.layout import iter_dir_name
 from longctx.errors import SlurmError
 from longctx.plan.derive import ResolvedPlan
 from longctx.slurm.profiles import Profile
@@ -120,8 +121,6 @@ def render(
         }, where=f"template {CHAIN_SCRIPT}")),
     ]  # fmt: skip
     if settings.backend == "megatron-lm":
-        from longctx.checkpoint.layout import iter_dir_name
-
         for st in rp.stages:
             directives = _directives(settings, nodes=eff.eval_nodes, time=eff.eval_time.strip(),
                                      name=f"{settings.job_name}-eval-{st.name}", signal=False)  # fmt: skip
@@ -144,7 +143,7 @@ def _comment(text: str) -> str:
 
 def _directives(s: JobSettings, *, nodes: int, time: str, name: str, signal: bool) -> str:
     eff = s.profile
-    d: list[tuple[str, Any]] = [("job-name", name)]
+    d: list[tuple[str, str | int | None]] = [("job-name", name)]
     for key in ("account", "partition", "qos", "reservation"):
         if getattr(eff, key):
             d.append((key, getattr(eff, key)))

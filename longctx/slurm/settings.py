@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from longctx.errors import SlurmError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
-from longctx.slurm.profiles import Backend, ContainerSpec, LauncherName, Profile, load_profile
+from longctx.slurm.profiles import Backend, ContainerSpec, LauncherName, Profile, QosLimits, load_profile
 from longctx.slurm.timefmt import SignalSpec, format_seconds, parse_signal, parse_time
 from longctx.stage.run import MEGATRON_ENV
 
@@ -276,7 +276,7 @@ def _check_qos(eff: Profile, nodes: int, time_s: int, where: str, *, job: str) -
         )
 
 
-def _qos_fits(q: Any, nodes: int, time_s: int) -> bool:
+def _qos_fits(q: QosLimits, nodes: int, time_s: int) -> bool:
     if q.max_nodes is not None and nodes > q.max_nodes:
         return False
     if nodes < q.min_nodes:

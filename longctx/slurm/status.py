@@ -21,7 +21,9 @@ from longctx.errors import LongctxError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
+from longctx.slurm.chain import stage_tokens_per_second
 from longctx.slurm.render import log_dir
+from longctx.slurm.settings import job_settings
 from longctx.stage import ledger
 from longctx.stage.state import StageState, next_step, plan_state
 
@@ -142,9 +144,6 @@ def _metrics_rate(rp: ResolvedPlan, st: ResolvedStage) -> float | None:
 
 def _profile_rate(rp: ResolvedPlan, st: ResolvedStage, profile: str | None) -> float | None:
     try:
-        from longctx.slurm.chain import stage_tokens_per_second
-        from longctx.slurm.settings import job_settings
-
         tps = stage_tokens_per_second(job_settings(rp, profile), st)
     except LongctxError:
         return None

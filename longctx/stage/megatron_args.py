@@ -16,7 +16,9 @@ from pathlib import Path
 from longctx.errors import StageError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
-from longctx.rope.megatron import parse_version
+from longctx.plan.stage_artifact import stage_blend_file
+from longctx.rope.megatron import check_conflicting_flags, parse_version
+from longctx.tokenizer.manifest import load_manifest
 
 # flag → the first megatron-core version whose Megatron-LM honours it
 MIN_VERSION: dict[str, tuple[int, int, int]] = {
@@ -53,8 +55,6 @@ def _num(x: float) -> str:
 
 
 def tokenizer_flags(rp: ResolvedPlan) -> list[Flag]:
-    from longctx.tokenizer.manifest import load_manifest
-
     plan = rp.plan
     manifest = load_manifest(paths.resolve(plan.tokenizer.manifest, plan, field="tokenizer.manifest"))
     kind = plan.tokenizer.megatron_type or manifest.megatron_tokenizer_type
@@ -88,8 +88,6 @@ def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
             Flag("--data-path", tuple(str(paths.resolve(p, plan, field="data.prefixes")) for p in d.prefixes))
         ]
     else:
-        from longctx.plan.stage_artifact import stage_blend_file
-
         flags = [_f("--data-args-path", stage_blend_file(rp, st))]
     cache = (
         paths.resolve(d.cache_dir, plan, field="data.cache_dir")
@@ -136,21 +134,9 @@ def _pairs(words: list[str]) -> list[Flag]:
     return out
 
 
-def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
-    """All flags of a stage's pretrain_gpt.py launch, in a stable, documented order."""
-    from longctx.rope.megatron import check_conflicting_flags
-
-    plan = rp.plan
-    version = plan.megatron.version
-    prev = st.load_from
-    if prev is None:
-        raise StageError(
-            f"stage {st.name!r} has nothing to start from",
-            where=str(plan.plan_path),
-            fix="set base.path (run `longctx ckpt download/adopt` first for hub checkpoints)",
-        )
-    flags: list[Flag] = []
-    flags += _pairs(rp.arch.megatron_flags())
+def _model_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
+    """The architecture, this stage's RoPE base and lengths, no dropout, the tokenizer."""
+    flags = _pairs(rp.arch.megatron_flags())
     # stages change only the base (scaling methods are refused by the planner)
     flags += [_f("--position-embedding-type", "rope"), _f("--rotary-base", int(st.rotary_base))]
     flags += [
@@ -160,7 +146,12 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     ]
     flags += [_f("--attention-dropout", "0.0"), _f("--hidden-dropout", "0.0")]
     flags += tokenizer_flags(rp)
-    flags += [
+    return flags
+
+
+def _parallel_flags(st: ResolvedStage) -> list[Flag]:
+    """Parallelism, precision, recomputation and batch sizes."""
+    flags = [
         _f("--tensor-model-parallel-size", st.tp),
         _f("--pipeline-model-parallel-size", st.pp),
         _f("--context-parallel-size", st.cp),
@@ -188,11 +179,12 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
         _f("--global-batch-size", st.global_batch_size),
         _f("--train-iters", st.train_iters),
     ]
-    flags += lr_flags(st)
-    flags += [_f("--seed", st.seed)]
-    flags += data_flags(rp, st)
-    stage_root = paths.stage_dir(plan, st.name)
-    flags += [
+    return flags
+
+
+def _checkpoint_flags(st: ResolvedStage, prev: Path, version: str) -> list[Flag]:
+    """Save, load and start from (see the module docstring), and how a job exits to be relaunched."""
+    flags = [
         _f("--ckpt-format", "torch_dist"),
         _f("--save", st.save_dir),
         _f("--load", st.save_dir),
@@ -205,7 +197,11 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     flags.append(_f("--exit-signal-handler"))
     if parse_version(version) >= MIN_VERSION["--exit-signal"]:
         flags.append(_f("--exit-signal", "SIGTERM"))
-    flags += [
+    return flags
+
+
+def _logging_flags(st: ResolvedStage, stage_root: Path) -> list[Flag]:
+    flags = [
         _f("--log-interval", st.log_interval),
         _f("--log-throughput"),
         _f("--tensorboard-dir", stage_root / "tensorboard"),
@@ -215,6 +211,28 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     else:
         flags += [_f("--eval-interval", st.train_iters + 1), _f("--eval-iters", 0)]
     flags += [_f("--distributed-timeout-minutes", 30)]
+    return flags
+
+
+def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
+    """All flags of a stage's pretrain_gpt.py launch, in a stable, documented order."""
+    plan = rp.plan
+    version = plan.megatron.version
+    prev = st.load_from
+    if prev is None:
+        raise StageError(
+            f"stage {st.name!r} has nothing to start from",
+            where=str(plan.plan_path),
+            fix="set base.path (run `longctx ckpt download/adopt` first for hub checkpoints)",
+        )
+    flags: list[Flag] = []
+    flags += _model_flags(rp, st)
+    flags += _parallel_flags(st)
+    flags += lr_flags(st)
+    flags += [_f("--seed", st.seed)]
+    flags += data_flags(rp, st)
+    flags += _checkpoint_flags(st, prev, version)
+    flags += _logging_flags(st, paths.stage_dir(plan, st.name))
     flags += _pairs(list(plan.megatron.performance_args))
     flags += _pairs(list(st.extra_args))
     _refuse_unhonoured(flags, version, plan.plan_path)
