@@ -1,15 +1,18 @@
 """Shared CLI plumbing: error rendering, JSON output, findings tables.
 
-Command modules import heavy libraries (torch, megatron-core) inside their functions so that
-`longctx --help` and light commands start fast.
+Command modules import the library inside their functions so that `longctx --help` and light commands
+start fast (the library pulls in pydantic, numpy and, for some commands, torch and megatron-core).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -59,6 +62,41 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+@contextlib.contextmanager
+def stdout_to_stderr(active: bool = True) -> Iterator[None]:
+    """While active, what would go to stdout (progress lines, child processes' output) goes to stderr,
+    so that `--json` leaves exactly one JSON document on stdout."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved_fd = _dup_stdout_fd()
+    saved, sys.stdout = sys.stdout, sys.stderr
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stdout = saved
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+
+def _dup_stdout_fd() -> int | None:
+    """Point fd 1 (inherited by child processes) at stderr; the saved fd, or None without real fds."""
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        return None
+    return saved
+
+
+def fields_of(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, one level deep (nested values stay as they are)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 def findings_table(findings: Findings, title: str | None = None) -> Table:
     table = Table(title=title, show_lines=False, expand=False)
     table.add_column("level")
@@ -103,6 +141,31 @@ def parse_int_list(text: str | None) -> list[int] | None:
             continue
         out.append(parse_size(raw))
     return out
+
+
+def positive_size(text: str | None, option: str) -> int | None:
+    """`parse_size` for one option, its name in the message; None stays None, 0 and below are refused."""
+    if text is None:
+        return None
+    try:
+        value = parse_size(text)
+    except typer.BadParameter as err:
+        raise typer.BadParameter(f"{option}: {err.message}") from None
+    if value <= 0:
+        raise typer.BadParameter(f"{option}: must be positive, got {text!r}")
+    return value
+
+
+def positive_sizes(text: str | None, option: str) -> list[int] | None:
+    """`parse_int_list` for one option, its name in the message; every length must be positive."""
+    try:
+        values = parse_int_list(text)
+    except typer.BadParameter as err:
+        raise typer.BadParameter(f"{option}: {err.message}") from None
+    for v in values or []:
+        if v <= 0:
+            raise typer.BadParameter(f"{option}: lengths must be positive, got {v}")
+    return values
 
 
 def parse_size(raw: str) -> int:

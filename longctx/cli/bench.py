@@ -7,14 +7,27 @@ import os
 import typer
 from rich.table import Table
 
-from longctx.cli._common import cli_errors, console, parse_int_list, print_json
+from longctx.cli._common import (
+    cli_errors,
+    console,
+    fields_of,
+    parse_int_list,
+    positive_size,
+    positive_sizes,
+    print_json,
+)
+from longctx.cli._params import Json
+
+# The benchmarks are imported inside the commands: they load torch, megatron-core and numpy, which
+# `longctx --help` does not need.
 
 app = typer.Typer(
     help=(
         "Benchmarks. Each prints ratios against a baseline measured in the same run; nothing is asserted.\n\n"
         "Examples:\n\n"
         "  longctx bench attention                       # CP=2 vs one process, S = 8K and 16K, causal\n\n"
-        "  longctx bench attention --seq-lens 2K,4K --heads 8 --kv-heads 2 --threads 1 --json"
+        "  longctx bench attention --seq-lens 2K,4K --heads 8 --kv-heads 2 --threads 1 --json\n\n"
+        "  longctx bench rope --lengths 16K,64K,128K                # suggest and the exact Men search"
     ),
     no_args_is_help=True,
 )
@@ -48,7 +61,7 @@ def attention_cmd(
     piece: int | None = typer.Option(
         None, "--piece", min=1, help="Ring keys per K/V message (default: the rule, or $LONGCTX_RING_PIECE)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Ring attention fwd+bwd per rank at CP = n (n processes, gloo) vs one process on the full sequence.
 
@@ -131,7 +144,7 @@ def data_check_cmd(
     block_kib: int = typer.Option(4096, "--block-kib", min=64, help="Read block size of the scan, KiB."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="Timed runs of each; the best is reported."),
     keep: bool = typer.Option(False, "--keep", help="Keep the dataset (its path is printed)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+    json_out: Json = False,
 ) -> None:
     """`data check` throughput vs a plain sequential read of the same .bin, warm page cache.
 
@@ -182,9 +195,9 @@ def ckpt_cmd(
     dp: int = typer.Option(
         256, "--dp", min=1, help="DP ranks the optimizer state is split over (stored items)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+    json_out: Json = False,
 ) -> None:
-    """`ckpt inspect` + `ckpt verify` on a baby_9b_dense-sized snapshot (119 GiB, sparse) vs bare unpickle.
+    """`ckpt inspect` + `ckpt check` on a baby_9b_dense-sized snapshot (119 GiB, sparse) vs bare unpickle.
 
     Builds a flat snapshot whose .metadata is a real torch DCP Metadata of baby_9b_dense with
     distributed-optimizer state over 2049 sparse .distcp files, then times plain pickle.load of .metadata
@@ -244,7 +257,7 @@ def index_check_cmd(
         0.0, "--big-gib", min=0, help="Also run `bench data-check` on one file this big."
     ),
     keep: bool = typer.Option(False, "--keep", help="Keep the artifact (its path is printed)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+    json_out: Json = False,
 ) -> None:
     """`data check ARTIFACT --index-only` over thousands of small prefixes; full scan vs raw read of the same files.
 
@@ -288,5 +301,45 @@ def index_check_cmd(
         f"full check / raw read = {r.ratio:.2f} · {r.workers} thread(s) · {r.host['cpus']} CPUs, load avg "
         f"{r.host['load_avg_1m']} · created in {r.create_seconds:.1f} s"
         + (f" · kept {r.path}" if keep else ""),
+        highlight=False,
+    )
+
+
+@app.command("rope")
+@cli_errors
+def rope_cmd(
+    lengths: str = typer.Option("16K,32K,64K,128K", "--lengths", help="Target lengths for suggest."),
+    rotary_dim: int = typer.Option(128, "--rotary-dim", min=4, help="Rotary dim."),
+    baseline_length: str = typer.Option(
+        "4K",
+        "--baseline-length",
+        help="Length at which the plain search is timed (it is slow: ~seconds at 4K).",
+    ),
+    json_out: Json = False,
+) -> None:
+    """Time `rope suggest` and the exact Men search, and compare the search with the plain definition (one cosine per position and frequency) on the same grid, measured in the same run.
+
+    Example: longctx bench rope --lengths 16K,64K,128K
+    """
+    from longctx.rope import bench
+
+    result = bench.run(
+        positive_sizes(lengths, "--lengths") or [],
+        rotary_dim=rotary_dim,
+        baseline_length=positive_size(baseline_length, "--baseline-length") or 4096,
+    )
+    if json_out:
+        print_json({**fields_of(result), "speedup": result.speedup})
+        return
+    console.print(
+        f"suggest, {len(result.lengths)} lengths up to {max(result.lengths):,} (empty cache): "
+        f"{result.suggest_s:.2f} s",
+        highlight=False,
+    )
+    for n, s in result.search_s.items():
+        console.print(f"  exact search {n:>9,}: {s:.3f} s", highlight=False)
+    console.print(
+        f"plain search at {result.baseline_length:,}: {result.baseline_s:.2f} s vs {result.fast_at_baseline_s:.3f} s "
+        f"→ {result.speedup:.0f}× faster, same answer: {result.same_answer}",
         highlight=False,
     )

@@ -1,4 +1,4 @@
-"""`longctx ckpt …`: inspect, verify, adopt, download and compare torch_dist checkpoints."""
+"""`longctx ckpt …`: inspect, check, adopt, fetch and compare torch_dist checkpoints."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import typer
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
+from longctx.cli._params import Json
+
+# The library is imported inside the commands: `longctx --help` need not load the checkpoint machinery.
 
 app = typer.Typer(
     help=(
@@ -19,10 +22,10 @@ app = typer.Typer(
         "in place, not extracted).\n\n"
         "Examples:\n\n"
         "  longctx ckpt inspect /ckpt/baby_9b_dense --json\n\n"
-        "  longctx ckpt verify /ckpt/baby_9b_dense/iter_0076800\n\n"
-        "  longctx ckpt verify /ckpt/snapshot --deep --write-manifest /ckpt/snapshot.sha256\n\n"
+        "  longctx ckpt check /ckpt/baby_9b_dense/iter_0076800\n\n"
+        "  longctx ckpt check /ckpt/snapshot --deep --write-manifest /ckpt/snapshot.sha256\n\n"
         "  longctx ckpt adopt /downloads/baby_9b_dense --into /ckpt/base\n\n"
-        "  longctx ckpt download org/ermine --include 'arm_1b_model_only.tar' --into /ckpt/ermine-arm\n\n"
+        "  longctx ckpt fetch org/ermine --include 'arm_1b_model_only.tar' --into /ckpt/ermine-arm\n\n"
         "  longctx ckpt compare /ckpt/base /ckpt/stage1\n\n"
         "  longctx ckpt compare /ckpt/base /models/tokenizer"
     ),
@@ -53,9 +56,7 @@ def inspect_cmd(
         None, "--head-dim", min=1, help="Head dim (kv_channels) when neither QK-norm nor saved args give it."
     ),
     all_args: bool = typer.Option(False, "--all-args", help="Also list every saved Megatron argument."),
-    json_out: bool = typer.Option(
-        False, "--json", help="Print the report as JSON (Megatron argument names)."
-    ),
+    json_out: Json = False,
 ) -> None:
     """What the checkpoint is, from its metadata alone (no tensor is read).
 
@@ -121,7 +122,8 @@ def inspect_cmd(
     exit_for(report.findings)
 
 
-@app.command("verify")
+@app.command("check")
+@app.command("verify", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def verify_cmd(
     path: Path = typer.Argument(..., help="Save dir, iter/release dir, flat snapshot dir, or .tar archive."),
@@ -137,7 +139,7 @@ def verify_cmd(
     workers: int | None = typer.Option(
         None, "--workers", min=1, help="Parallel readers for --deep (default ≤ 8)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Check the checkpoint is whole; exit 0 only if it is, else 2. Nothing in it is written.
 
@@ -150,7 +152,7 @@ def verify_cmd(
     shipped inside the checkpoint directory; --write-manifest FILE records them (check later with
     `cd CKPT && sha256sum -c FILE`).
 
-    Example: longctx ckpt verify /ckpt/base --deep --write-manifest /ckpt/base.sha256
+    Example: longctx ckpt check /ckpt/base --deep --write-manifest /ckpt/base.sha256
     """
     from longctx.checkpoint import verify_checkpoint
 
@@ -199,7 +201,7 @@ def adopt_cmd(
     no_tracker: bool = typer.Option(
         False, "--no-tracker", help="Do not write latest_checkpointed_iteration.txt."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Arrange a flat snapshot or an archive into Megatron's layout (INTO/iter_NNNNNNN + tracker).
 
@@ -255,7 +257,8 @@ def _adopt_json(r: Any) -> dict[str, Any]:
     }
 
 
-@app.command("download")
+@app.command("fetch")
+@app.command("download", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def download_cmd(
     repo_id: str = typer.Argument(..., help="Hub repository, e.g. org/name."),
@@ -278,7 +281,7 @@ def download_cmd(
     allow_copy: bool = typer.Option(
         False, "--allow-copy", help="Copy from the cache when hard links are impossible."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Download from the Hugging Face Hub (resumable, only --include patterns), then verify + adopt.
 
@@ -287,7 +290,7 @@ def download_cmd(
     Re-running resumes an interrupted download. Offline (HF_HUB_OFFLINE=1 or --offline) the populated cache
     is used.
 
-    Example: longctx ckpt download org/ermine --include 'arm_1b_model_only.tar' --into /ckpt/ermine-arm
+    Example: longctx ckpt fetch org/ermine --include 'arm_1b_model_only.tar' --into /ckpt/ermine-arm
     """
     from longctx.checkpoint import download
 
@@ -337,7 +340,7 @@ def compare_cmd(
     vocab_size: int | None = typer.Option(
         None, "--vocab-size", min=1, help="Check this vocab against A's rows."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Same architecture? Or: does a tokenizer's vocab fit A's embedding rows with Megatron's padding?
 

@@ -18,8 +18,14 @@ from longctx.cli._common import (
     print_findings,
     print_json,
 )
+from longctx.cli._params import Json, force
 from longctx.errors import DatasetError
 from longctx.report import Findings
+
+# The library is imported inside the commands: `longctx --help` need not load the data machinery.
+
+Overwrite = force("Overwrite an existing prefix.")
+ReplaceSidecar = force("Replace an existing sidecar.")
 
 app = typer.Typer(
     help=(
@@ -54,8 +60,8 @@ def tokenize_cmd(
     add_bos: bool = typer.Option(
         False, "--add-bos", help="Prepend BOS to every document (EOD is always appended)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing prefix."),
-    json_out: bool = typer.Option(False, "--json", help="Print the sidecar as JSON."),
+    force: Overwrite = False,
+    json_out: Json = False,
 ) -> None:
     """Tokenize JSONL into a Megatron dataset with megatron-core's builder; EOD after every document.
 
@@ -167,7 +173,7 @@ def check_cmd(
         "--tokenizer-manifest",
         help="Artifact: tokenization/*.toml naming the tokenizer (for build_info).",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Check datasets for a stage: format, token ids vs vocab, EOD, document lengths, budgets, tokenizer md5.
 
@@ -347,8 +353,8 @@ def fingerprint_cmd(
         ..., help="Dataset prefix made elsewhere (e.g. by Megatron's preprocess_data.py)."
     ),
     tokenizer: Path = typer.Option(..., "--tokenizer", "-t", help="The tokenizer the dataset was made with."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing sidecar."),
-    json_out: bool = typer.Option(False, "--json"),
+    force: ReplaceSidecar = False,
+    json_out: Json = False,
 ) -> None:
     """Write PREFIX.longctx.json for a dataset made elsewhere, after a full check with the tokenizer passes.
 

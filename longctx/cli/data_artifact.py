@@ -14,8 +14,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
+from longctx.cli._params import Json
 from longctx.errors import DatasetError
 from longctx.report import Findings
+
+# The library is imported inside the commands: `longctx --help` need not load the artifact machinery.
 
 
 def _size(n: int) -> str:
@@ -118,7 +121,7 @@ def fetch_cmd(
     recheck: bool = typer.Option(
         False, "--recheck", help="Hash every file again (ignore remembered hashes)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Download a tokenized artifact (chosen languages/tiers), verify checksums, point its mix at INTO.
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from longctx.cli._common import cli_errors, console, print_json
+from longctx.cli._common import cli_errors, console, print_json, stdout_to_stderr
+from longctx.cli._params import Json
+
+# The demo is imported inside the command: it loads torch and megatron-core, which `longctx --help` does
+# not need.
 
 HELP = (
     "Run the whole pipeline on CPU (~10 min on 2 cores, no GPU, no network): build a tokenizer and a "
@@ -32,16 +35,14 @@ def demo(
         help="stage to SIGTERM after its first save "
         "(default: the last stage of the full demo; none with --small)",
     ),
-    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    json_out: Json = False,
 ) -> None:
     from longctx.demo.run import DemoConfig, run_demo
 
-    cfg = DemoConfig() if plan is None else DemoConfig(plan=plan)
-    if small:
-        cfg = DemoConfig.small(cfg.plan, interrupt_stage=interrupt)
-    elif interrupt is not None:
-        cfg = dataclasses.replace(cfg, interrupt_stage=interrupt)
-    report = run_demo(dir, cfg, echo=lambda s: console.print(s, highlight=False, soft_wrap=True))
+    cfg = DemoConfig.from_options(plan=plan, small=small, interrupt=interrupt)
+    # with --json the progress and the trainers' output go to stderr: stdout is the report alone
+    with stdout_to_stderr(json_out):
+        report = run_demo(dir, cfg, echo=lambda s: console.print(s, highlight=False, soft_wrap=True))
     if json_out:
         print_json(report)
         return

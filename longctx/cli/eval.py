@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from longctx.cli._common import cli_errors, parse_int_list, print_json
+from longctx.cli._params import PLAN_HELP, Json, RunDir
 
 app = typer.Typer(
     help=(
@@ -18,10 +20,14 @@ app = typer.Typer(
         "  longctx eval run runs/tiny/stages/4k/checkpoints --plan stages/tiny.toml --stage 4k\n\n"
         "  longctx eval run CKPT --plan stages/tiny.toml --lengths 1K,4K --depths 0,0.5,1 --json\n\n"
         "  longctx eval run runs/tiny/base/checkpoints --plan stages/tiny.toml --extrapolate   # base beyond 256\n\n"
-        "  longctx eval summary --plan stages/tiny.toml        # base + every finished stage, every length"
+        "  longctx eval summary stages/tiny.toml        # base + every finished stage, every length"
     ),
     no_args_is_help=True,
 )
+
+
+# The library is imported inside the commands: the evaluator loads torch and megatron-core, which
+# `longctx --help` and the other commands do not need.
 
 
 def _defaults() -> dict:
@@ -32,8 +38,10 @@ def _defaults() -> dict:
     return EvalSettings().model_dump()
 
 
-PLAN = typer.Option(..., "--plan", help="plan file (stages/*.toml): tokenizer, data, base, stage lengths")
-RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+PLAN = typer.Option(..., "--plan", help=f"{PLAN_HELP}: tokenizer, data, base, stage lengths")
+# `eval summary PLAN`; `--plan PLAN` is the old spelling, kept (hidden) for scripts
+SummaryPlan = Annotated[Path | None, typer.Argument(help=PLAN_HELP, show_default=False)]
+SummaryPlanOption = Annotated[Path | None, typer.Option("--plan", hidden=True, help=PLAN_HELP)]
 LENGTHS = typer.Option(
     None, "--lengths", help="context lengths, e.g. 1K,4K (default: the plan's stage lengths)"
 )
@@ -70,7 +78,6 @@ OUT = typer.Option(None, "--out", help="output directory (default: under <run_di
 NO_CACHE = typer.Option(
     False, "--no-cache", help="recompute instead of re-using results under <run_dir>/eval/cache"
 )
-JSON = typer.Option(False, "--json", help="print the report as JSON")
 
 
 def _depths(text: str | None) -> list[float] | None:
@@ -169,8 +176,8 @@ def run(
     threads: int | None = THREADS,
     out: Path | None = OUT,
     no_cache: bool = NO_CACHE,
-    run_dir: Path | None = RUN_DIR,
-    json_out: bool = JSON,
+    run_dir: RunDir = None,
+    json_out: Json = False,
 ) -> None:
     """Evaluate CHECKPOINT with the plan's tokenizer and held-out data.
 
@@ -195,7 +202,7 @@ def run(
 @app.command("summary")
 @cli_errors
 def summary(
-    plan: Path = PLAN,
+    plan: SummaryPlan = None,
     lengths: str | None = LENGTHS,
     depths: str | None = DEPTHS,
     keys: int = KEYS,
@@ -211,8 +218,9 @@ def summary(
     threads: int | None = THREADS,
     out: Path | None = OUT,
     no_cache: bool = NO_CACHE,
-    run_dir: Path | None = RUN_DIR,
-    json_out: bool = JSON,
+    run_dir: RunDir = None,
+    json_out: Json = False,
+    plan_option: SummaryPlanOption = None,
 ) -> None:
     """The base and every stage with a finished checkpoint, at every stage's length (the base and
     earlier stages beyond their windows): the table of passkey accuracy, long-position loss and
@@ -221,11 +229,24 @@ def summary(
     Re-uses results measured after each stage (<run_dir>/eval/cache); writes <run_dir>/eval/summary/."""
     from longctx.eval.runner import summarize_plan
 
+    the_plan = _summary_plan(plan, plan_option)
     settings = _settings(
         depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size
     )
     _threads(threads)
-    rp = _resolved(plan, run_dir)
+    rp = _resolved(the_plan, run_dir)
     report = summarize_plan(rp, lengths=parse_int_list(lengths), settings=settings, out_dir=out, data=data or None,
                             cp=_cp(cp), use_cache=not no_cache)  # fmt: skip
     _show(report, json_out)
+
+
+def _summary_plan(plan: Path | None, plan_option: Path | None) -> Path:
+    """PLAN, or the old `--plan PLAN` (one of them, or both naming the same file)."""
+    if plan is not None and plan_option is not None and plan != plan_option:
+        raise typer.BadParameter(
+            f"{plan} and --plan {plan_option} differ; give the plan once", param_hint="PLAN"
+        )
+    the_plan = plan if plan is not None else plan_option
+    if the_plan is None:
+        raise typer.BadParameter("missing: longctx eval summary PLAN", param_hint="PLAN")
+    return the_plan

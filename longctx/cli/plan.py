@@ -1,28 +1,26 @@
-"""`longctx plan …`: validate a stage plan and show what it will do."""
+"""`longctx plan …`: check a stage plan and show what it will do."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
+from longctx.cli._params import Json, Plan, RunDir
 
 app = typer.Typer(
     help=(
-        "Stage plans (stages/*.toml): validation and the derived numbers.\n\n"
+        "Stage plans (stages/*.toml): checks and the derived numbers.\n\n"
         "Examples:\n\n"
         "  longctx plan show stages/baby_9b_dense.toml\n\n"
-        "  longctx plan validate stages/tiny.toml --check-data\n\n"
+        "  longctx plan check stages/tiny.toml --check-data\n\n"
         "  longctx plan show stages/baby_9b_dense.toml --json"
     ),
     no_args_is_help=True,
 )
 
-PLAN = typer.Argument(..., help="plan file (stages/*.toml)", exists=False)
-RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+# The library is imported inside the commands: `longctx --help` need not load the plan machinery.
 
 
 def _gib(x: float) -> str:
@@ -149,11 +147,7 @@ def _report(rp) -> dict:
 
 @app.command("show")
 @cli_errors
-def show(
-    plan: Path = PLAN,
-    run_dir: Path | None = RUN_DIR,
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
-) -> None:
+def show(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     """Render the plan: stage, length, base, TP/CP/PP/DP, nodes, batch, iterations, tokens, memory, fits?"""
     from longctx.plan.derive import validate_plan
     from longctx.plan.load import load_plan
@@ -174,11 +168,12 @@ def show(
     exit_for(rp.findings)
 
 
-@app.command("validate")
+@app.command("check")
+@app.command("validate", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def validate(
-    plan: Path = PLAN,
-    run_dir: Path | None = RUN_DIR,
+    plan: Plan,
+    run_dir: RunDir = None,
     check_data: bool = typer.Option(
         False, "--check-data", help="also run `data check` on each stage's blend"
     ),
@@ -192,7 +187,7 @@ def validate(
         False, "--check-paths", help="require base checkpoint and tokenizer to exist"
     ),
     strict: bool = typer.Option(False, "--strict", help="warnings are errors"),
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    json_out: Json = False,
 ) -> None:
     """Check a plan: schema, divisibility, bases, batch, memory; optionally its data and paths. Exit 2 on error."""
     from longctx.plan.derive import validate_plan

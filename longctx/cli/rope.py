@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich import box
@@ -15,15 +15,19 @@ from longctx.cli._common import (
     cli_errors,
     console,
     exit_for,
-    parse_int_list,
-    parse_size,
+    positive_size,
+    positive_sizes,
     print_findings,
     print_json,
 )
-from longctx.errors import CheckpointError, RopeError
+from longctx.cli._params import Json
+from longctx.errors import CheckpointError
 
 if TYPE_CHECKING:
     from longctx.rope import RopeModelArgs
+    from longctx.rope.check import RopeCheck
+
+# The library is imported inside the commands: `longctx --help` need not load numpy and the RoPE maths.
 
 app = typer.Typer(
     help=(
@@ -37,7 +41,8 @@ app = typer.Typer(
         "  longctx rope suggest --from-checkpoint /ckpt/base --lengths 16K,64K,128K --json\n\n"
         "  longctx rope check --base 1000000 --rotary-dim 128 --length 32768 --json\n\n"
         "  longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png\n\n"
-        "  longctx rope choose yarn --rotary-dim 128 --base 1000000 --from-length 32K --length 128K --megatron 0.19.2"
+        "  longctx rope choose yarn --rotary-dim 128 --base 1000000 --from-length 32K --length 128K --megatron 0.19.2\n\n"
+        "Timing: `longctx bench rope`."
     ),
     no_args_is_help=True,
 )
@@ -65,27 +70,8 @@ def parse_base(text: str, *, option: str = "--base") -> int:
     return int(value)
 
 
-def _size(text: str | None, option: str) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = parse_size(text)
-    except typer.BadParameter as err:
-        raise typer.BadParameter(f"{option}: {err.message}") from None
-    if value <= 0:
-        raise typer.BadParameter(f"{option}: must be positive, got {text!r}")
-    return value
-
-
-def _sizes(text: str | None, option: str) -> list[int] | None:
-    try:
-        values = parse_int_list(text)
-    except typer.BadParameter as err:
-        raise typer.BadParameter(f"{option}: {err.message}") from None
-    for v in values or []:
-        if v <= 0:
-            raise typer.BadParameter(f"{option}: lengths must be positive, got {v}")
-    return values
+_size = positive_size
+_sizes = positive_sizes
 
 
 def read_checkpoint_rope(path: Path) -> RopeModelArgs:
@@ -119,20 +105,20 @@ def _model_inputs(
     need_pretrain: bool,
 ) -> tuple[int, int | None, int | None, int | None]:
     """(rotary_dim, head_dim, pretraining base, pretraining length); explicit options beat the checkpoint."""
+    from longctx.rope.check import resolve_inputs
+
     ck = read_checkpoint_rope(checkpoint) if checkpoint is not None else None
-    dim = rotary_dim if rotary_dim is not None else (ck.rotary_dim if ck else None)
-    hd = head_dim if head_dim is not None else (ck.partial_head_dim if ck and rotary_dim is None else None)
-    b = parse_base(base, option=base_option) if base is not None else (ck.base if ck else None)
-    n = _size(length, length_option) if length is not None else (ck.length if ck else None)
-    if dim is None:
-        raise RopeError(
-            "the rotary dim is not known",
-            fix="pass --rotary-dim (kv_channels × rotary_percent) or --from-checkpoint",
-        )
-    if need_pretrain and (b is None or n is None):
-        missing = " and ".join(x for x, v in ((base_option, b), (length_option, n)) if v is None)
-        raise RopeError(f"{missing} not given", fix=f"pass {missing}, or --from-checkpoint CKPT")
-    return dim, hd, b, n
+    facts = resolve_inputs(
+        ck,
+        rotary_dim=rotary_dim,
+        head_dim=head_dim,
+        base=parse_base(base, option=base_option) if base is not None else None,
+        length=_size(length, length_option) if length is not None else None,
+        base_option=base_option,
+        length_option=length_option,
+        need_pretrain=need_pretrain,
+    )
+    return facts.rotary_dim, facts.head_dim, facts.pretrain_base, facts.pretrain_length
 
 
 def _fmt_base(value: float | None) -> str:
@@ -182,7 +168,7 @@ def suggest_cmd(
         False, "--scaling", help="Also list yarn, llama3 and linear (keep the base)."
     ),
     explain: bool = typer.Option(False, "--explain", help="Print each method's explanation under the table."),
-    json_out: bool = typer.Option(False, "--json", help="Print the full suggestion as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Every method at every target length, with diagnostics and a recommended base per length.
 
@@ -281,7 +267,7 @@ def check_cmd(
     cap: str | None = typer.Option(
         None, "--cap", help="Search the first failing position up to here (default 4 × length)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the diagnostics as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Diagnostics of one base at one length; exit 2 when the base is below Men's bound for that length.
 
@@ -289,23 +275,15 @@ def check_cmd(
 
     Example: longctx rope check --base 1000000 --rotary-dim 128 --length 32768 --json
     """
-    from longctx.report import Findings
-    from longctx.rope import diagnose
-    from longctx.rope.methods import add_diagnostic_findings
+    from longctx.rope.check import check_base
 
     dim, hd, ck_base, ck_length = _model_inputs(
         checkpoint, rotary_dim, head_dim, pretrain_base, pretrain_length,
         base_option="--pretrain-base", length_option="--pretrain-length", need_pretrain=False,
     )  # fmt: skip
     the_base = parse_base(base) if base is not None else ck_base
-    if the_base is None:
-        raise RopeError(
-            "no base to check", fix="pass --base (or --from-checkpoint to check the checkpoint's)"
-        )
     n = _size(length, "--length") if length is not None else (ck_length if checkpoint else None)
-    if n is None:
-        raise RopeError("no length to check the base for", fix="pass --length, e.g. --length 32768")
-    diag = diagnose(
+    result = check_base(
         the_base,
         dim,
         n,
@@ -314,24 +292,22 @@ def check_cmd(
         pretrain_length=ck_length,
         search_cap=_size(cap, "--cap"),
     )
-    findings = Findings()
-    if ck_base is not None and the_base < ck_base:
-        findings.warning(
-            "base-below-pretrain",
-            f"base {the_base:,} is below the pretraining base {ck_base:,}; a lower base shortens every wavelength",
-            expected=f">= {ck_base:,}",
-            found=the_base,
-            fix="raise the base or keep the pretraining base",
-        )
-    add_diagnostic_findings(findings, diag, safe_factor=4.0)
-    if not diag.passes_bound:  # the check's verdict: below the bound is an error here
-        for f in findings:
-            if f.code == "below-men-bound":
-                f.level = "error"
     if json_out:
-        print_json({"ok": findings.ok, **_asdict(diag), "margin": diag.margin, "findings": findings})
-        exit_for(findings)
+        print_json(result.to_json())
+        exit_for(result.findings)
         return
+    _print_check(result)
+    exit_for(result.findings)
+
+
+def _print_check(result: RopeCheck) -> None:
+    diag, the_base, n, dim, hd = (
+        result.diagnostics,
+        result.base,
+        result.length,
+        result.rotary_dim,
+        result.head_dim,
+    )
     table = Table(show_header=False)
     table.add_column("item")
     table.add_column("value", justify="right")
@@ -356,16 +332,9 @@ def check_cmd(
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
-    print_findings(findings)
-    verdict = "[green]passes[/]" if diag.passes_bound else "[bold red]below the bound[/]"
-    console.print(f"base {the_base:,} at {n:,}: {verdict}", highlight=False)
-    exit_for(findings)
-
-
-def _asdict(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    print_findings(result.findings)
+    style = "green" if result.passes else "bold red"
+    console.print(f"base {the_base:,} at {n:,}: [{style}]{result.verdict}[/]", highlight=False)
 
 
 @app.command("plot")
@@ -380,7 +349,7 @@ def plot_cmd(
     max_position: str | None = typer.Option(
         None, "--max-position", help="Right end of the x axis (default 1.1 × longest length)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print what was drawn as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Draw the cos-sum Σcos(m·θ_i) for chosen bases, with the target lengths marked.
 
@@ -418,7 +387,7 @@ def plot_cmd(
 
 @app.command("methods")
 @cli_errors
-def methods_cmd(json_out: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+def methods_cmd(json_out: Json = False) -> None:
     """List the methods a plan may name, with their parameters and defaults.
 
     Example: longctx rope methods --json
@@ -475,7 +444,7 @@ def choose_cmd(
     megatron: str | None = typer.Option(
         None, "--megatron", help="Megatron-LM/megatron-core version to map to flags, e.g. 0.16.1."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the choice as JSON."),
+    json_out: Json = False,
 ) -> None:
     """One method's base for one target length, why, and (with --megatron) the Megatron-LM flags.
 
@@ -516,41 +485,10 @@ def choose_cmd(
         console.print("megatron flags: " + " ".join(flags), highlight=False, soft_wrap=True)
 
 
-@app.command("bench")
-@cli_errors
-def bench_cmd(
-    lengths: str = typer.Option("16K,32K,64K,128K", "--lengths", help="Target lengths for suggest."),
-    rotary_dim: int = typer.Option(128, "--rotary-dim", min=4, help="Rotary dim."),
-    baseline_length: str = typer.Option(
-        "4K",
-        "--baseline-length",
-        help="Length at which the plain search is timed (it is slow: ~seconds at 4K).",
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
-) -> None:
-    """Time `suggest` and the exact Men search, and compare the search with the plain definition (one cosine per position and frequency) on the same grid, measured in the same run.
+def _register_bench_alias() -> None:
+    from longctx.cli.bench import rope_cmd
 
-    Example: longctx rope bench --lengths 16K,64K,128K
-    """
-    from longctx.rope import bench
+    app.command("bench", hidden=True)(rope_cmd)  # the old place of `longctx bench rope`, kept for scripts
 
-    result = bench.run(
-        _sizes(lengths, "--lengths") or [],
-        rotary_dim=rotary_dim,
-        baseline_length=_size(baseline_length, "--baseline-length") or 4096,
-    )
-    if json_out:
-        print_json({**_asdict(result), "speedup": result.speedup})
-        return
-    console.print(
-        f"suggest, {len(result.lengths)} lengths up to {max(result.lengths):,} (empty cache): "
-        f"{result.suggest_s:.2f} s",
-        highlight=False,
-    )
-    for n, s in result.search_s.items():
-        console.print(f"  exact search {n:>9,}: {s:.3f} s", highlight=False)
-    console.print(
-        f"plain search at {result.baseline_length:,}: {result.baseline_s:.2f} s vs {result.fast_at_baseline_s:.3f} s "
-        f"→ {result.speedup:.0f}× faster, same answer: {result.same_answer}",
-        highlight=False,
-    )
+
+_register_bench_alias()

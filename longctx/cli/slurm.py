@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, err_console, print_json
+from longctx.cli._params import Json, Plan, RunDir, force
 
 app = typer.Typer(
     help=(
@@ -28,8 +29,8 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-PLAN = typer.Argument(..., help="plan file (stages/*.toml)")
-RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+# The library is imported inside the commands: `longctx --help` need not load the plan machinery.
+
 PROFILE = typer.Option(
     None, "--profile", help="cluster profile name or .toml path (default: the plan's cluster.profile)"
 )
@@ -43,7 +44,7 @@ BACKEND = typer.Option(None, "--backend", help="local or megatron-lm (default: t
 LONGCTX_CMD = typer.Option(
     None, "--longctx-cmd", help="how jobs run longctx (default: this interpreter with -m longctx)"
 )
-JSON = typer.Option(False, "--json", help="print JSON")
+Force = force("queue a chain even if jobs of this plan are still queued")
 
 
 def _resolved(plan: Path, run_dir: Path | None):
@@ -71,11 +72,11 @@ def _warn(rendered) -> None:
 @app.command("render")
 @cli_errors
 def render_cmd(
-    plan: Path = PLAN, run_dir: Path | None = RUN_DIR, profile: str | None = PROFILE, out: Path | None = OUT,
+    plan: Plan, run_dir: RunDir = None, profile: str | None = PROFILE, out: Path | None = OUT,
     time: str | None = TIME, signal: str | None = SIGNAL, qos: str | None = QOS, partition: str | None = PARTITION,
     account: str | None = ACCOUNT, backend: str | None = BACKEND, longctx_cmd: str | None = LONGCTX_CMD,
     stdout: bool = typer.Option(False, "--stdout", help="print the chain script instead of writing files"),
-    json_out: bool = JSON,
+    json_out: Json = False,
 ) -> None:  # fmt: skip
     """Write the plan's batch scripts: chain.sbatch (every chain job) and, for megatron-lm, eval-STAGE.sbatch.
 
@@ -103,14 +104,14 @@ def render_cmd(
 @app.command("submit")
 @cli_errors
 def submit_cmd(
-    plan: Path = PLAN,
+    plan: Plan,
     chain: int | None = typer.Option(None, "--chain", help="number of jobs (default: estimated from tokens and throughput)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the estimate and the sbatch commands; submit nothing"),
-    force: bool = typer.Option(False, "--force", help="queue a chain even if jobs of this plan are still queued"),
-    run_dir: Path | None = RUN_DIR, profile: str | None = PROFILE, out: Path | None = OUT,
+    force: Force = False,
+    run_dir: RunDir = None, profile: str | None = PROFILE, out: Path | None = OUT,
     time: str | None = TIME, signal: str | None = SIGNAL, qos: str | None = QOS, partition: str | None = PARTITION,
     account: str | None = ACCOUNT, backend: str | None = BACKEND, longctx_cmd: str | None = LONGCTX_CMD,
-    json_out: bool = JSON,
+    json_out: Json = False,
 ) -> None:  # fmt: skip
     """Render the scripts and queue N chain jobs, each `--dependency=afterany:` the previous one.
 
@@ -156,7 +157,7 @@ def _estimate_table(est) -> Table:
 @app.command("status")
 @cli_errors
 def status_cmd(
-    plan: Path = PLAN, run_dir: Path | None = RUN_DIR, profile: str | None = PROFILE, json_out: bool = JSON,
+    plan: Plan, run_dir: RunDir = None, profile: str | None = PROFILE, json_out: Json = False,
 ) -> None:  # fmt: skip
     """Per stage: iteration / target, tokens, last checkpoint, ETA; every job of the plan and its state.
 
@@ -211,7 +212,7 @@ def _status_tables(st) -> Table:
 
 @app.command("cancel")
 @cli_errors
-def cancel_cmd(plan: Path = PLAN, run_dir: Path | None = RUN_DIR, json_out: bool = JSON) -> None:
+def cancel_cmd(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     """Cancel every queued or running job this plan submitted (chain and eval jobs).
 
     Example: longctx slurm cancel stages/baby_9b_dense.toml
@@ -228,10 +229,10 @@ def cancel_cmd(plan: Path = PLAN, run_dir: Path | None = RUN_DIR, json_out: bool
 @app.command("job-end", hidden=True)
 @cli_errors
 def job_end_cmd(
-    plan: Path = PLAN, run_dir: Path | None = RUN_DIR,
+    plan: Plan, run_dir: RunDir = None,
     exit_code: int = typer.Option(..., "--exit-code", help="exit status of `stage run` in this job"),
     scripts_dir: Path | None = typer.Option(None, "--scripts-dir", help="where eval-STAGE.sbatch scripts are"),
-    json_out: bool = JSON,
+    json_out: Json = False,
 ) -> None:  # fmt: skip
     """Run by each chain job after `stage run`: record its end, submit finished stages' eval jobs, and
     cancel the jobs queued behind when the plan is complete (or cannot go on)."""
@@ -251,7 +252,7 @@ def job_end_cmd(
 
 @app.command("profiles")
 @cli_errors
-def profiles_cmd(json_out: bool = JSON) -> None:
+def profiles_cmd(json_out: Json = False) -> None:
     """The cluster profiles longctx knows (packaged, and directories on $LONGCTX_SLURM_PROFILES)."""
     from longctx.slurm.profiles import available_profiles, load_profile, profile_path
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from longctx.cli._common import cli_errors, console, print_json
+from longctx.cli._common import cli_errors, console, err_console, print_json, stdout_to_stderr
+from longctx.cli._params import Json, Plan, RunDir, force
 
 app = typer.Typer(
     help=(
@@ -22,8 +23,9 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-PLAN = typer.Argument(..., help="plan file (stages/*.toml)")
-RUN_DIR = typer.Option(None, "--run-dir", help="override the plan's run_dir (also $LONGCTX_RUN_DIR)")
+# The library is imported inside the commands: `longctx --help` need not load the plan machinery.
+
+Force = force("launch even if tokenizer/data/base/RoPE differ from the ledger")
 
 
 def _resolved(plan: Path, run_dir: Path | None):
@@ -36,18 +38,18 @@ def _resolved(plan: Path, run_dir: Path | None):
 @app.command("args")
 @cli_errors
 def args(
-    plan: Path = PLAN,
+    plan: Plan,
     stage: str = typer.Argument(..., help="stage name"),
-    run_dir: Path | None = RUN_DIR,
-    json_out: bool = typer.Option(False, "--json", help="print the argv as a JSON list"),
+    run_dir: RunDir = None,
+    json_out: Json = False,
 ) -> None:
-    """Print the exact pretrain_gpt.py argv of STAGE, one flag per line (the same on every launch)."""
+    """Print the exact pretrain_gpt.py argv of STAGE, one flag per line (the same on every launch);
+    with --json, as a JSON list."""
     from longctx.stage.megatron_args import argv, render_lines
 
     rp = _resolved(plan, run_dir)
     st = rp.stage(stage)
     if st.data is not None and st.data.tier_mix is not None:
-        from longctx.cli._common import err_console
         from longctx.plan.stage_artifact import stage_blend_notes
 
         for note in stage_blend_notes(rp, st):
@@ -91,11 +93,7 @@ def _state_json(rp, states, step) -> dict:
 
 @app.command("status")
 @cli_errors
-def status(
-    plan: Path = PLAN,
-    run_dir: Path | None = RUN_DIR,
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
-) -> None:
+def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     """Every stage's progress read from disk: tracker, complete and incomplete saves, what runs next."""
     from longctx.stage.state import next_step, plan_state
 
@@ -110,11 +108,7 @@ def status(
 
 @app.command("next")
 @cli_errors
-def next_(
-    plan: Path = PLAN,
-    run_dir: Path | None = RUN_DIR,
-    json_out: bool = typer.Option(False, "--json", help="print JSON"),
-) -> None:
+def next_(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     """What the next launch does: first-launch, resume, all-done (or blocked, with the reason; exit 2)."""
     from longctx.stage.state import next_step
 
@@ -142,60 +136,61 @@ def next_(
 @app.command("run")
 @cli_errors
 def run(
-    plan: Path = PLAN,
-    run_dir: Path | None = RUN_DIR,
+    plan: Plan,
+    run_dir: RunDir = None,
     backend: str = typer.Option("local", "--backend", help="local (embedded trainer) or megatron-lm"),
     launcher: str = typer.Option(
         "local", "--launcher", help="local (this host) or srun (inside a Slurm job)"
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run; change nothing"),
-    force: bool = typer.Option(
-        False, "--force", help="launch even if tokenizer/data/base/RoPE differ from the ledger"
-    ),
+    force: Force = False,
     until_done: bool = typer.Option(
         False, "--until-done", help="keep launching steps until the plan is done"
     ),
     eval_after: bool = typer.Option(
         True, "--eval/--no-eval", help="evaluate each finished stage (local backend)"
     ),
-    json_out: bool = typer.Option(False, "--json", help="print the outcome as JSON"),
+    json_out: Json = False,
 ) -> None:
     """Run the next step of the plan: first launch, resume, or nothing when all stages are done (exit 0).
 
-    The decision comes from disk, so any job may die and the next `stage run` continues."""
+    The decision comes from disk, so any job may die and the next `stage run` continues. With --json the
+    progress lines and the trainer's output go to stderr and stdout gets the launches' outcomes."""
     from longctx.errors import StageError
-    from longctx.stage.run import LaunchPlan, execute, prepare_launch
+    from longctx.stage.run import execute, launch_plan
+    from longctx.stage.until_done import evaluate_finished, evaluates_after, run_until_done
 
     if backend not in ("local", "megatron-lm"):
         raise StageError(f"unknown backend {backend!r}", fix="use --backend local or --backend megatron-lm")
-    outcomes = []
-    while True:
-        rp = _resolved(plan, run_dir)
-        lp = prepare_launch(rp, backend, check_megatron=not dry_run)  # type: ignore[arg-type]
-        if not isinstance(lp, LaunchPlan):
-            console.print(f"[green]{lp.reason}[/]: nothing to run")
-            break
+
+    def launch(rp, step):
+        lp = launch_plan(rp, step, backend, check_megatron=not dry_run)  # type: ignore[arg-type]
         console.print(
             f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}"
             + (f" — repair: {lp.step.repair.reason}" if lp.step.repair else "")
         )
         if dry_run:
             console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
-            break
+            return None
         outcome = execute(rp, lp, _launcher(launcher), force=force)
-        outcomes.append(outcome)
         console.print(
             f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "
             f"{outcome.end_iteration} ({outcome.status}), {outcome.seconds:.0f} s"
         )
-        if outcome.status == "done" and backend == "local" and eval_after and rp.plan.local.eval_after_stage:
-            _evaluate_stage(rp, outcome.stage)
-        if outcome.exit_code != 0:
-            raise typer.Exit(outcome.exit_code if outcome.exit_code > 0 else 1)
-        if not until_done or (outcome.end_iteration == outcome.start_iteration and outcome.status != "done"):
-            break
+        if evaluates_after(rp, outcome, backend=backend, enabled=eval_after):  # type: ignore[arg-type]
+            warning = evaluate_finished(rp, outcome.stage)
+            if warning:
+                err_console.print(warning, markup=False, highlight=False, soft_wrap=True)
+        return outcome
+
+    with stdout_to_stderr(json_out):
+        result = run_until_done(lambda: _resolved(plan, run_dir), launch, until_done=until_done)
+        if result.done:
+            console.print(f"[green]{result.reason}[/]: nothing to run")
     if json_out:
-        print_json(outcomes)
+        print_json(result.outcomes)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
 def _launcher(name: str):
@@ -210,21 +205,3 @@ def _launcher(name: str):
 
         return SrunLauncher.from_environment()
     raise StageError(f"unknown launcher {name!r}", fix="use --launcher local or --launcher srun")
-
-
-def _evaluate_stage(rp, stage: str) -> None:
-    """Evaluate a stage that just finished; a failed evaluation warns but never fails the training step
-    (the stage is done on disk, and `longctx eval run` can be repeated)."""
-    from longctx.cli._common import err_console
-    from longctx.eval.runner import evaluate_finished_stage
-
-    try:
-        evaluate_finished_stage(rp, stage)
-    except Exception as err:
-        err_console.print(
-            f"warning: evaluation of stage {stage} failed: {err} — rerun it with "
-            f"`longctx eval run <checkpoint> --plan PLAN --stage {stage}`",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )

@@ -1,4 +1,4 @@
-"""`longctx tokenizer …`: fingerprint a tokenizer, verify it against a manifest, Megatron vocab padding."""
+"""`longctx tokenizer …`: fingerprint a tokenizer, check it against a manifest, Megatron vocab padding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
+from longctx.cli._params import Json
 from longctx.errors import TokenizerError
+
+# The library is imported inside the commands: `longctx --help` need not load the tokenizer machinery.
 
 app = typer.Typer(
     help=(
@@ -17,8 +20,8 @@ app = typer.Typer(
         "A PATH is a tokenizer.model, an HF tokenizer directory (tokenizer.model + tokenizer_config.json, "
         "special_tokens_map.json, added_tokens.json), or a GPT-2 directory (vocab.json + merges.txt).\n\n"
         "Examples:\n\n"
-        "  longctx tokenizer verify /models/tokenizer-256k --manifest tokenization/oellm-256k.toml --tp 4\n\n"
-        "  longctx tokenizer verify tok/tokenizer.model --md5 07295117baaf7a55d5924428e59925d6\n\n"
+        "  longctx tokenizer check /models/tokenizer-256k --manifest tokenization/oellm-256k.toml --tp 4\n\n"
+        "  longctx tokenizer check tok/tokenizer.model --md5 07295117baaf7a55d5924428e59925d6\n\n"
         "  longctx tokenizer fingerprint /models/tokenizer-256k --write tokenization/mine.toml\n\n"
         "  longctx tokenizer padded-vocab 262145 --tp 4"
     ),
@@ -34,9 +37,9 @@ def fingerprint_cmd(
     ),
     write: Path | None = typer.Option(None, "--write", help="Save the manifest (TOML) to this file."),
     name: str | None = typer.Option(None, "--name", help="Manifest name (default: the directory name)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of TOML."),
+    json_out: Json = False,
 ) -> None:
-    """Describe a tokenizer as a manifest: md5, vocab size, special ids, EOD, added tokens, round-trip texts.
+    """Describe a tokenizer as a manifest (TOML; with --json, as JSON): md5, vocab size, special ids, EOD, added tokens, round-trip texts.
 
     Example: longctx tokenizer fingerprint /models/tokenizer-256k --write tokenization/mine.toml
     """
@@ -53,7 +56,8 @@ def fingerprint_cmd(
             console.print(f"[green]wrote[/] {escape(str(write))}", highlight=False)
 
 
-@app.command("verify")
+@app.command("check")
+@app.command("verify", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def verify_cmd(
     path: Path = typer.Argument(..., help="tokenizer.model, HF tokenizer directory, or GPT-2 directory."),
@@ -70,13 +74,13 @@ def verify_cmd(
         min=1,
         help="Megatron's padding multiple (default: manifest's, else 128).",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_out: Json = False,
 ) -> None:
     """Check a tokenizer against a manifest or an md5; exit 0 only if everything matches, else 2.
 
     Checks the md5, vocab size (len(tokenizer)), every special id, added tokens, EOD and a round trip of the manifest's sample texts; reports Megatron's padded vocab size for --tp.
 
-    Example: longctx tokenizer verify /models/tokenizer-256k -m tokenization/oellm-256k.toml --tp 4
+    Example: longctx tokenizer check /models/tokenizer-256k -m tokenization/oellm-256k.toml --tp 4
     """
     from longctx.tokenizer import load_manifest, verify_tokenizer
 
@@ -114,7 +118,7 @@ def padded_vocab_cmd(
     vocab_size: int = typer.Argument(..., help="Tokenizer vocab size (len(tokenizer))."),
     tp: list[int] = typer.Option([1, 2, 4, 8], "--tp", help="Tensor-parallel size(s); repeat the option."),
     divisible_by: int = typer.Option(128, "--make-vocab-size-divisible-by", min=1),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: Json = False,
 ) -> None:
     """Megatron's padded vocab: round up to a multiple of divisible_by × TP.
 

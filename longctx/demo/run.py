@@ -25,8 +25,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.layout import TRACKER
+from longctx.checkpoint.layout import TRACKER, read_tracker
+from longctx.data.check import check_datasets
+from longctx.data.tokenize import tokenize_jsonl
+from longctx.demo.corpus import documents, write_jsonl
 from longctx.errors import LongctxError, StageError
+from longctx.eval.runner import demo_summary
+from longctx.launch.local import LocalLauncher
+from longctx.plan import paths
+from longctx.plan.derive import ResolvedPlan, resolve_plan
+from longctx.plan.load import load_plan
+from longctx.plan.stage_data import stage_blend
+from longctx.stage import ledger
+from longctx.stage.run import LaunchOutcome
+from longctx.stage.state import NextStep, plan_state
+from longctx.stage.until_done import UntilDone, run_until_done
+from longctx.tokenizer import (
+    fingerprint,
+    load_manifest,
+    load_tokenizer,
+    padded_vocab_size,
+    train_sentencepiece,
+    verify_tokenizer,
+    write_manifest,
+)
+from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +84,19 @@ class DemoConfig:
             interrupt_stage=interrupt_stage,
         )
 
+    @classmethod
+    def from_options(
+        cls, *, plan: Path | None = None, small: bool = False, interrupt: str | None = None
+    ) -> DemoConfig:
+        """`longctx demo [--plan P] [--small] [--interrupt S]`: --small keeps only the plan and
+        interrupts nothing unless told; otherwise --interrupt replaces the default stage."""
+        cfg = cls() if plan is None else cls(plan=plan)
+        if small:
+            return cls.small(cfg.plan, interrupt_stage=interrupt)
+        if interrupt is not None:
+            return dataclasses.replace(cfg, interrupt_stage=interrupt)
+        return cfg
+
 
 @dataclasses.dataclass
 class StepRecord:
@@ -93,9 +129,6 @@ def _timed(steps: list[StepRecord], name: str, echo: Echo, fn: Callable[[], tupl
 
 
 def _tokenizer(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
-    from longctx.demo.corpus import documents
-    from longctx.tokenizer import fingerprint, train_sentencepiece, write_manifest
-
     tok_dir = run_dir / "tokenizer"
     manifest = tok_dir / "manifest.toml"
     if manifest.exists():
@@ -110,8 +143,6 @@ def _tokenizer(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
 
 
 def _corpus(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
-    from longctx.demo.corpus import documents, write_jsonl
-
     train, held = run_dir / "corpus" / "train.jsonl", run_dir / "corpus" / "heldout.jsonl"
     if train.exists() and held.exists():
         return f"{train}", True
@@ -130,8 +161,6 @@ def _corpus(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
 
 
 def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
-    from longctx.data.tokenize import tokenize_jsonl
-
     prefix = run_dir / "data" / "corpus_text_document"
     if Path(str(prefix) + ".idx").exists():
         return f"{prefix}", True
@@ -142,11 +171,7 @@ def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
     return f"{side.documents} documents, {side.tokens:,} tokens → {prefix}.{{bin,idx}}", False
 
 
-def _checks(run_dir: Path, rp: Any) -> tuple[str, bool]:
-    from longctx.data.check import check_datasets
-    from longctx.plan.stage_data import stage_blend
-    from longctx.tokenizer import load_manifest, verify_tokenizer
-
+def _checks(run_dir: Path, rp: ResolvedPlan) -> tuple[str, bool]:
     rep = verify_tokenizer(run_dir / "tokenizer", load_manifest(run_dir / "tokenizer" / "manifest.toml"))
     if not rep.ok:
         raise StageError(
@@ -166,13 +191,7 @@ def _checks(run_dir: Path, rp: Any) -> tuple[str, bool]:
     return f"tokenizer matches its manifest; data passes its checks at lengths {lengths}", False
 
 
-def _base(run_dir: Path, rp: Any, cfg: DemoConfig, echo: Echo) -> tuple[str, bool]:
-    from longctx.checkpoint.layout import read_tracker
-    from longctx.launch.local import LocalLauncher
-    from longctx.plan.stage_data import stage_blend
-    from longctx.tokenizer import load_tokenizer, padded_vocab_size
-    from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
-
+def _base(run_dir: Path, rp: ResolvedPlan, cfg: DemoConfig, echo: Echo) -> tuple[str, bool]:
     save = run_dir / "base" / "checkpoints"
     t = read_tracker(save) if save.exists() else None
     if t is not None and t.iteration >= cfg.base_iters:
@@ -219,67 +238,95 @@ def _stage_command(plan: Path, run_dir: Path) -> list[str]:
     ]
 
 
-def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | None:
-    """Run every stage; interrupt `cfg.interrupt_stage` with SIGTERM after its first save, then resume."""
-    from longctx.plan.derive import resolve_plan
-    from longctx.plan.load import load_plan
-    from longctx.stage.state import next_step, plan_state
+class _Stages:
+    """Every stage through `run_until_done`, one `longctx stage run` subprocess per step (as a cluster job
+    would run it); `cfg.interrupt_stage` gets SIGTERM after its first save and is then resumed."""
 
-    interrupted: dict[str, Any] | None = None
-    env = dict(os.environ, LONGCTX_NO_PROGRESS="1")
-    while True:
-        rp = resolve_plan(load_plan(cfg.plan, run_dir=run_dir))
-        step = next_step(rp, plan_state(rp))
-        if step.action == "all-done":
-            return interrupted
-        if step.action == "blocked":
-            raise StageError(step.reason)
+    def __init__(self, run_dir: Path, cfg: DemoConfig, echo: Echo) -> None:
+        self.run_dir, self.cfg, self.echo = run_dir, cfg, echo
+        self.interrupted: dict[str, Any] | None = None
+        self._interrupted_launch: LaunchOutcome | None = None
+        self.env = dict(os.environ, LONGCTX_NO_PROGRESS="1")
+
+    def resolve(self) -> ResolvedPlan:
+        return resolve_plan(load_plan(self.cfg.plan, run_dir=self.run_dir))
+
+    def run(self) -> dict[str, Any] | None:
+        result = run_until_done(self.resolve, self.launch)
+        if result.stop == "failed" and self._was_interrupted(result):
+            result = run_until_done(self.resolve, self.launch)  # the SIGTERM's exit code: resume
+        if result.stop == "failed":
+            last = result.outcomes[-1]
+            raise StageError(
+                f"stage {last.stage} failed (exit {last.exit_code})",
+                where=str(paths_stage_logs(self.resolve(), last.stage)),
+            )
+        if not result.done:
+            raise StageError(f"the demo's stages did not finish: {result.reason}")
+        return self.interrupted
+
+    def _was_interrupted(self, result: UntilDone) -> bool:
+        """The failed launch is the one the demo sent SIGTERM to (its exit code is not a failure)."""
+        return result.outcomes[-1] is self._interrupted_launch
+
+    def launch(self, rp: ResolvedPlan, step: NextStep) -> LaunchOutcome:
         st = rp.stage(step.stage or "")
         want_interrupt = (
-            cfg.interrupt_stage == st.name and step.action == "first-launch" and interrupted is None
+            self.cfg.interrupt_stage == st.name and step.action == "first-launch" and self.interrupted is None
         )
-        proc = subprocess.Popen(_stage_command(cfg.plan, run_dir), env=env)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(_stage_command(self.cfg.plan, self.run_dir), env=self.env)
         if want_interrupt:
-            tracker = st.save_dir / TRACKER
-            while proc.poll() is None and not tracker.exists():
-                time.sleep(0.05)
-            if proc.poll() is None:
-                echo(f"    sending SIGTERM to stage {st.name} after its first save (then resuming)")
-                proc.send_signal(signal.SIGTERM)
+            self._interrupt_after_first_save(proc, st.name, st.save_dir / TRACKER)
         code = proc.wait()
-        after = plan_state(resolve_plan(load_plan(cfg.plan, run_dir=run_dir)))[st.index]
+        after = plan_state(self.resolve())[st.index]
+        outcome = LaunchOutcome(
+            st.name,
+            step.action,
+            code,
+            step.start_iteration,
+            after.iteration,
+            after.status,
+            time.monotonic() - t0,
+        )
         if want_interrupt:
-            interrupted = {
-                "stage": st.name,
-                "stopped_at": after.iteration,
-                "target": after.target_iterations,
-                "exit_code": code,
-                "finished_first": after.status == "done",
-            }
-            if after.status == "done":
-                echo(f"    stage {st.name} finished before the SIGTERM took effect")
-            else:
-                echo(
-                    f"    stage {st.name} stopped at iteration {after.iteration}/{after.target_iterations} "
-                    f"(exit {code}); relaunching resumes it"
-                )
-        elif code != 0:
-            raise StageError(
-                f"stage {st.name} failed (exit {code})", where=str(paths_stage_logs(rp, st.name))
+            self._interrupted_launch = outcome
+            self._record_interruption(st.name, code, after.iteration, after.target_iterations, after.status)
+        return outcome
+
+    def _interrupt_after_first_save(self, proc: subprocess.Popen[bytes], stage: str, tracker: Path) -> None:
+        while proc.poll() is None and not tracker.exists():
+            time.sleep(0.05)
+        if proc.poll() is None:
+            self.echo(f"    sending SIGTERM to stage {stage} after its first save (then resuming)")
+            proc.send_signal(signal.SIGTERM)
+
+    def _record_interruption(self, stage: str, code: int, iteration: int, target: int, status: str) -> None:
+        self.interrupted = {
+            "stage": stage,
+            "stopped_at": iteration,
+            "target": target,
+            "exit_code": code,
+            "finished_first": status == "done",
+        }
+        if status == "done":
+            self.echo(f"    stage {stage} finished before the SIGTERM took effect")
+        else:
+            self.echo(
+                f"    stage {stage} stopped at iteration {iteration}/{target} (exit {code}); relaunching resumes it"
             )
 
 
-def paths_stage_logs(rp: Any, stage: str) -> Path:
-    from longctx.plan import paths
+def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | None:
+    """Run every stage; interrupt `cfg.interrupt_stage` with SIGTERM after its first save, then resume."""
+    return _Stages(run_dir, cfg, echo).run()
 
+
+def paths_stage_logs(rp: ResolvedPlan, stage: str) -> Path:
     return paths.stage_dir(rp.plan, stage) / "logs"
 
 
-def _stage_rows(rp: Any, run_dir: Path) -> list[dict[str, Any]]:
-    from longctx.plan import paths
-    from longctx.stage import ledger
-    from longctx.stage.state import plan_state
-
+def _stage_rows(rp: ResolvedPlan, run_dir: Path) -> list[dict[str, Any]]:
     rows = []
     records = ledger.read(run_dir)
     for st, s in zip(rp.stages, plan_state(rp), strict=True):
@@ -300,9 +347,6 @@ def _stage_rows(rp: Any, run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print) -> DemoReport:
-    from longctx.plan.derive import resolve_plan
-    from longctx.plan.load import load_plan
-
     cfg = cfg or DemoConfig()
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -325,8 +369,6 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
     evaluation = None
 
     def evaluate() -> tuple[str, bool]:
-        from longctx.eval.runner import demo_summary
-
         nonlocal evaluation
         evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints")
         return f"base and every stage evaluated → {evaluation['out_dir']}", False

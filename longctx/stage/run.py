@@ -2,6 +2,8 @@
 
 prepare_launch(rp, backend)  → LaunchPlan (what `--dry-run` prints)
 execute(rp, launch, launcher) → LaunchOutcome (the ledger gets `launch` and `end` records)
+
+Launching step after step until the plan is done is `longctx.stage.until_done`.
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from longctx.checkpoint.layout import read_tracker
 from longctx.errors import StageError
 from longctx.launch.local import Launcher
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.stage_data import stage_blend
 from longctx.stage import ledger
+from longctx.stage.megatron_args import argv as megatron_argv
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
+from longctx.tokenizer import load_tokenizer, tokenizer_md5
+from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 
 Backend = Literal["local", "megatron-lm"]
 MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
@@ -37,7 +44,7 @@ class LaunchPlan:
     binding: ledger.Binding
     log: Path
     spec_path: Path | None = None
-    train_spec: Any = None  # the local backend's TrainSpec, written to spec_path at launch
+    train_spec: TrainSpec | None = None  # the local backend's, written to spec_path at launch
 
     def shell(self) -> str:
         return " ".join(shlex.quote(w) for w in self.argv)
@@ -66,8 +73,6 @@ def _quick_file_digest(path: Path, h: hashlib._Hash) -> None:
 
 def data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
     """Blend weights + each prefix's .idx (sizes, first MiB) + .bin size: changes when the data does."""
-    from longctx.plan.stage_data import stage_blend
-
     h = hashlib.sha256()
     for e in stage_blend(rp, st).entries:
         h.update(f"{e.weight}|{e.prefix}|".encode())
@@ -84,8 +89,6 @@ def data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
 
 
 def checkpoint_identity(save_dir: Path) -> str:
-    from longctx.checkpoint.layout import read_tracker
-
     t = read_tracker(save_dir)
     if t is None:
         return f"{save_dir}@none"
@@ -95,8 +98,6 @@ def checkpoint_identity(save_dir: Path) -> str:
 
 
 def binding_for(rp: ResolvedPlan, st: ResolvedStage) -> ledger.Binding:
-    from longctx.tokenizer import tokenizer_md5
-
     tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
     base = checkpoint_identity(st.load_from) if st.load_from is not None else "none"
     return ledger.Binding(
@@ -111,12 +112,8 @@ def binding_for(rp: ResolvedPlan, st: ResolvedStage) -> ledger.Binding:
 # -- backends ---------------------------------------------------------------------------------------
 
 
-def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[object, int]:
+def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
     """The TrainSpec of a stage for the local backend, and its process count."""
-    from longctx.plan.stage_data import stage_blend
-    from longctx.tokenizer import load_tokenizer
-    from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
-
     plan = rp.plan
     if st.tp != 1 or st.pp != 1:
         raise StageError(
@@ -193,6 +190,13 @@ def prepare_launch(
     if step.action == "all-done":
         return step
     require_runnable(step)
+    return launch_plan(rp, step, backend, check_megatron=check_megatron)
+
+
+def launch_plan(
+    rp: ResolvedPlan, step: NextStep, backend: Backend, *, check_megatron: bool = True
+) -> LaunchPlan:
+    """How to launch `step` (a first launch or a resume, from `next_step`) on `backend`."""
     st = rp.stage(step.stage or "")
     stage_root = paths.stage_dir(rp.plan, st.name)
     log = (
@@ -205,10 +209,8 @@ def prepare_launch(
         spec, nproc = local_spec(rp, st)
         spec_path = stage_root / "train_spec.json"
         argv = [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)]
-        env = {"OMP_NUM_THREADS": str(spec.threads_per_process)}  # type: ignore[attr-defined]
+        env = {"OMP_NUM_THREADS": str(spec.threads_per_process)}
         return LaunchPlan(step, st, backend, argv, nproc, env, binding, log, spec_path, spec)
-    from longctx.stage.megatron_args import argv as megatron_argv
-
     if check_megatron:
         script = megatron_lm_script(rp)
     else:
@@ -233,7 +235,7 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
     repair = lp.step.repair
     if repair is not None:
         repair.apply()
-    if lp.spec_path is not None:
+    if lp.spec_path is not None and lp.train_spec is not None:
         lp.spec_path.parent.mkdir(parents=True, exist_ok=True)
         lp.train_spec.dump(lp.spec_path)
     ledger.append(run_dir, {

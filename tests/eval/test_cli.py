@@ -42,10 +42,20 @@ def test_run_table(eval_run_copy: EvalRun) -> None:
 
 
 def test_summary(eval_run_copy: EvalRun) -> None:
-    res = cli("summary", "--plan", eval_run_copy.plan, "--lengths", "256", *FAST, "--json")
+    res = cli("summary", eval_run_copy.plan, "--lengths", "256", *FAST, "--json")
     assert res.exit_code == 0, res.output
     assert [c["label"] for c in json.loads(res.stdout)["checkpoints"]] == ["base", "s1", "s2"]
     assert (eval_run_copy.run_dir / "eval" / "summary" / "niah.png").is_file()
+
+
+def test_summary_plan_spellings(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.toml"
+    # `eval summary PLAN`, and the old `--plan PLAN` (hidden, kept for scripts), reach the same plan
+    for args in ([missing], ["--plan", missing], [missing, "--plan", missing]):
+        _fails(cli("summary", *args), "plan file not found")
+    _fails(cli("summary"), "missing: longctx eval summary PLAN")
+    _fails(cli("summary", missing, "--plan", tmp_path / "other.toml"), "give the plan once")
+    assert "--plan" not in cli("summary", "--help").output
 
 
 def _fails(res, *texts: str) -> None:
