@@ -349,7 +349,7 @@ def _time_calls(root: Path, repeats: int, counter: _OpenCounter) -> _Timings:
             t.verify.append(time.perf_counter() - start)
             clear_index_cache()
             start = time.perf_counter()
-            verify_checkpoint(root)  # as `longctx ckpt verify` alone: reads .metadata itself
+            verify_checkpoint(root)  # as `longctx ckpt check` alone: reads .metadata itself
             t.verify_cold.append(time.perf_counter() - start)
         finally:
             counter.active = False

@@ -264,7 +264,7 @@ def adopt(
         raise CheckpointError(
             f"the source checkpoint is not whole: {first.message}",
             where=first.where or resolved.where,
-            fix=first.fix or "run `longctx ckpt verify` on the source for every problem",
+            fix=first.fix or "run `longctx ckpt check` on the source for every problem",
         )
     it, it_src = choose_iteration(resolved, iteration)
     dir_name = RELEASE if it is None else iter_dir_name(it)

@@ -249,7 +249,7 @@ def parse_manifest(text: str, where: str) -> dict[str, str]:
             raise CheckpointError(
                 f"manifest line {n} is not '<sha256>  <path>': {line[:80]!r}",
                 where=where,
-                fix="use a manifest written by `longctx ckpt verify --deep --write-manifest` or sha256sum",
+                fix="use a manifest written by `longctx ckpt check --deep --write-manifest` or sha256sum",
             )
         path = parts[1].lstrip("*").removeprefix("./")
         out[path] = parts[0].lower()

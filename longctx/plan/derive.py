@@ -1,7 +1,7 @@
 """From a plan to resolved stages: every number a launch needs, plus the findings of validation.
 
 `resolve_plan(plan)` returns a `ResolvedPlan` and raises PlanError when any rule fails;
-`validate_plan(plan)` returns the findings without raising (for `plan validate`).
+`validate_plan(plan)` returns the findings without raising (for `plan check`).
 """
 
 from __future__ import annotations

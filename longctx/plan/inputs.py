@@ -24,5 +24,5 @@ def check_paths(rp: ResolvedPlan, findings: Findings) -> None:
                 "base-missing",
                 f"base checkpoint not found: {base}",
                 where="base.path",
-                fix="run `longctx ckpt download` / `longctx ckpt adopt`, or fix base.path",
+                fix="run `longctx ckpt fetch` / `longctx ckpt adopt`, or fix base.path",
             )

@@ -121,7 +121,7 @@ def stage_supply(
 
 @dataclasses.dataclass
 class StageDataReport:
-    """`plan validate --check-data` for a tier-mix stage: the artifact checked over the blend's chunks
+    """`plan check --check-data` for a tier-mix stage: the artifact checked over the blend's chunks
     (recorded tokenizer, structure, ids, lengths per language × tier) and the stage's supply."""
 
     stage: str

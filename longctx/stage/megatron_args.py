@@ -223,7 +223,7 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
         raise StageError(
             f"stage {st.name!r} has nothing to start from",
             where=str(plan.plan_path),
-            fix="set base.path (run `longctx ckpt download/adopt` first for hub checkpoints)",
+            fix="set base.path (run `longctx ckpt fetch/adopt` first for hub checkpoints)",
         )
     flags: list[Flag] = []
     flags += _model_flags(rp, st)

@@ -200,5 +200,5 @@ def require_runnable(step: NextStep) -> None:
         raise StageError(
             f"cannot launch stage {step.stage}: {step.reason}",
             where=str(step.load),
-            fix="fix the base checkpoint (see `longctx ckpt verify`)",
+            fix="fix the base checkpoint (see `longctx ckpt check`)",
         )

@@ -52,7 +52,7 @@ class TokenizerReport:
             raise TokenizerMismatch(
                 f"{first.message}" + (f" (and {n - 1} more mismatches)" if n > 1 else ""),
                 where=self.path,
-                fix="run `longctx tokenizer verify` to see every mismatch; use the tokenizer the model was trained with",
+                fix="run `longctx tokenizer check` to see every mismatch; use the tokenizer the model was trained with",
             )
 
 

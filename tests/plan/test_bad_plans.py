@@ -1,4 +1,4 @@
-"""Bad plans: each is refused with a message naming the field, and `plan validate` exits 2."""
+"""Bad plans: each is refused with a message naming the field, and `plan check` exits 2."""
 
 from __future__ import annotations
 
