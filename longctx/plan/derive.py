@@ -29,13 +29,23 @@ OWNED_FLAGS = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--global-batch-size", "--micro-batch-size", "--train-iters", "--save", "--load",
     "--pretrained-checkpoint", "--tokenizer-model", "--tokenizer-type", "--data-path", "--data-args-path",
-    "--num-layers", "--hidden-size", "--num-attention-heads",
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--attention-backend", "--recompute-granularity",
+    "--recompute-method", "--recompute-num-layers", "--recompute-modules",
 }  # fmt: skip
 FORBIDDEN_FLAGS = {
     "--use-checkpoint-args": "it silently replaces the stage's --rotary-base (and other RoPE settings) "
     "with the checkpoint's",
     "--finetune": "longctx decides finetune semantics per launch (--pretrained-checkpoint on first launch)",
+    "--use-flash-attn": "it selects nothing for megatron-core models (the kernel is --attention-backend, "
+    "set by [megatron].attention_backend)",
+    "--recompute-activations": "it recomputes only core_attn, which saves almost no memory with flash or "
+    "fused attention (set recompute and recompute_* instead)",
 }
+# the kernel and recompute flags the planner sets; [megatron].performance_args must not set them either
+KERNEL_FLAGS = {
+    "--attention-backend", "--use-flash-attn", "--recompute-activations", "--recompute-granularity",
+    "--recompute-method", "--recompute-num-layers", "--recompute-modules",
+}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -56,6 +66,10 @@ class ResolvedStage:
     gpus_per_node: int
     sequence_parallel: bool
     recompute: str
+    recompute_method: str | None  # full: uniform | block
+    recompute_num_layers: int | None  # full: layers per chunk (uniform) or recomputed layers (block)
+    recompute_modules: tuple[str, ...]  # selective: --recompute-modules
+    attention_backend: str
     micro_batch_size: int
     global_batch_size: int
     num_microbatches: int
@@ -253,6 +267,7 @@ def resolve_plan(plan: Plan) -> ResolvedPlan:
 
 def validate_plan(plan: Plan) -> ResolvedPlan:
     findings = Findings()
+    _check_kernel_flags(plan, findings)
     arch = _arch(plan, findings)
     vocab, divisible_by = _tokenizer_vocab(plan, findings)
     stages: list[ResolvedStage] = []
@@ -312,12 +327,17 @@ class _Settings:
     pp: int
     sp: bool
     recompute: str
+    recompute_method: str | None
+    recompute_num_layers: int | None
+    recompute_modules: tuple[str, ...]
+    attention_backend: str
     mbs: int
     nodes_given: int | None
 
 
 def _settings(ctx: _StageContext) -> _Settings:
     tp = ctx.merged("tensor_parallel", 1)
+    recompute = ctx.merged("recompute", "none")
     return _Settings(
         seq=ctx.spec.seq_length,
         max_pos=ctx.spec.max_position_embeddings or ctx.spec.seq_length,
@@ -325,7 +345,11 @@ def _settings(ctx: _StageContext) -> _Settings:
         tp=tp,
         pp=ctx.merged("pipeline_parallel", 1),
         sp=bool(ctx.merged("sequence_parallel", tp > 1)) and tp > 1,
-        recompute=ctx.merged("recompute", "selective"),
+        recompute=recompute,
+        recompute_method=ctx.merged("recompute_method", "uniform") if recompute == "full" else None,
+        recompute_num_layers=ctx.merged("recompute_num_layers", 1) if recompute == "full" else None,
+        recompute_modules=tuple(ctx.merged("recompute_modules", [])) if recompute == "selective" else (),
+        attention_backend=ctx.plan.megatron.attention_backend,
         mbs=ctx.merged("micro_batch_size", 1),
         nodes_given=ctx.merged("nodes", None),
     )
@@ -370,6 +394,116 @@ def _check_parallelism(ctx: _StageContext, s: _Settings, arch: ModelArch) -> Non
             found=s.max_pos,
             fix="drop max_position_embeddings (it defaults to seq_length) or raise it",
         )
+
+
+def _check_recompute(ctx: _StageContext, s: _Settings, arch: ModelArch) -> None:
+    """The recompute policy means what Megatron will do: full needs a method and a layer count Megatron
+    accepts; selective needs modules that recompute something in this model with this attention kernel."""
+    per_stage = arch.num_layers // s.pp
+    for field, applies in (
+        ("recompute_method", "full"),
+        ("recompute_num_layers", "full"),
+        ("recompute_modules", "selective"),
+    ):
+        if s.recompute != applies and ctx.merged(field, None) is not None:
+            ctx.findings.warning(
+                "recompute-unused",
+                f"{field} is set but recompute is {s.recompute!r}; it applies to recompute = {applies!r} only",
+                where=ctx.where(field),
+            )
+    if s.recompute == "full":
+        n, method = s.recompute_num_layers or 1, s.recompute_method
+        if n > per_stage:
+            ctx.findings.error(
+                "recompute-num-layers",
+                f"recompute_num_layers {n} is more than the {per_stage} layers per pipeline stage",
+                where=ctx.where("recompute_num_layers"),
+                expected=f"1 … {per_stage}",
+                found=n,
+                fix=f"choose a recompute_num_layers between 1 and {per_stage}",
+            )
+        elif method == "uniform" and per_stage % n:
+            ctx.findings.error(
+                "recompute-num-layers",
+                f"recompute_num_layers {n} does not divide the {per_stage} layers per pipeline stage "
+                "(uniform recompute checkpoints chunks of that many layers; Megatron fails on a partial one)",
+                where=ctx.where("recompute_num_layers"),
+                expected=f"a divisor of {per_stage}",
+                found=n,
+                fix=f'choose a divisor of {per_stage}, or recompute_method = "block"',
+            )
+    elif s.recompute == "selective":
+        for problem in _recompute_module_problems(ctx, s, arch):
+            ctx.findings.error(
+                "recompute-modules",
+                problem,
+                where=ctx.where("recompute_modules"),
+                fix='list modules that hold memory (e.g. ["mlp"]), or use recompute = "full" or "none"',
+            )
+
+
+def _recompute_module_problems(ctx: _StageContext, s: _Settings, arch: ModelArch) -> list[str]:
+    mods = list(s.recompute_modules)
+    if not mods:
+        return ['recompute = "selective" needs recompute_modules (Megatron\'s default is core_attn alone)']
+    problems = []
+    dup = sorted({m for m in mods if mods.count(m) > 1})
+    if dup:
+        problems.append(f"recompute_modules repeats {', '.join(dup)}")
+    moe = bool(arch.num_experts)
+    if "core_attn" in mods and s.attention_backend != "unfused":
+        share = memory.recompute_module_credit("core_attn", arch, s.tp, s.sp) / (
+            memory.activation_bytes_per_token_layer(arch, s.tp, s.sp)
+        )
+        problems.append(
+            f"core_attn with attention_backend {s.attention_backend!r} saves almost nothing: the kernel "
+            f"keeps no s×s tensor, only a log-sum-exp per head and token ({share:.2%} of a layer's "
+            "activations), while its recompute repeats the attention forward, the costliest part at long "
+            "context"
+        )
+    if "mla_up_proj" in mods:
+        problems.append("mla_up_proj needs multi-latent attention, which longctx models do not have")
+    if "layernorm" in mods and not moe:
+        problems.append(
+            "layernorm recomputes nothing in a dense model: TransformerEngine fuses both norms into "
+            "linear_qkv and linear_fc1 and Megatron skips them"
+        )
+    if "mlp" in mods and moe:
+        problems.append("mlp recomputes dense MLP layers only; this model's MLPs are MoE layers (use moe)")
+    for m in ("moe", "moe_act", "shared_experts"):
+        if m in mods and not moe:
+            problems.append(f"{m} recomputes MoE layers; this model is dense (use mlp)")
+    if "moe_act" in mods and moe and "--moe-grouped-gemm" not in ctx.plan.megatron.performance_args:
+        problems.append("moe_act needs --moe-grouped-gemm (Megatron refuses it otherwise)")
+    if "shared_experts" in mods and moe and not arch.moe_shared_expert_intermediate_size:
+        problems.append("shared_experts recomputes shared experts; this model has none")
+    return problems
+
+
+def _check_attention(ctx: _StageContext, s: _Settings, cp: int) -> None:
+    """TransformerEngine runs context parallelism with its flash and fused kernels only."""
+    if s.attention_backend == "unfused" and cp > 1:
+        ctx.findings.error(
+            "attention-backend-cp",
+            f"attention_backend 'unfused' has no context parallelism (TransformerEngine runs CP with flash "
+            f"and fused attention only), but this stage needs CP {cp}",
+            where=_where(ctx.plan, field="megatron.attention_backend"),
+            fix='use attention_backend = "flash" or "fused", or context_parallel = 1',
+        )
+
+
+def _check_kernel_flags(plan: Plan, findings: Findings) -> None:
+    """performance_args must not choose the attention kernel or recomputation behind the plan's back."""
+    for flag in plan.megatron.performance_args:
+        name = flag.split("=", 1)[0]
+        if name in KERNEL_FLAGS:
+            why = FORBIDDEN_FLAGS.get(name, "the planner sets it from the plan")
+            findings.error(
+                "kernel-flag",
+                f"performance_args has {name}: {why}",
+                where=_where(plan, field="megatron.performance_args"),
+                fix=f"remove {name}; set [megatron].attention_backend or the stages' recompute fields",
+            )
 
 
 def _global_batch(ctx: _StageContext, s: _Settings) -> int:
@@ -442,6 +576,10 @@ class _Sizing:
                 num_microbatches=max(1, self.gbs // max(1, s.mbs * dp)),
                 sequence_parallel=s.sp,
                 recompute=s.recompute,
+                recompute_method=s.recompute_method or "uniform",
+                recompute_num_layers=s.recompute_num_layers or 1,
+                recompute_modules=s.recompute_modules,
+                attention_backend=s.attention_backend,
             ),
             gpu_memory_gib=self.plan.cluster.gpu_memory_gib,
             margin=self.plan.cluster.memory_margin,
@@ -635,8 +773,10 @@ def _resolve_stage(
     padded = padded_vocab_size(vocab, divisible_by, s.tp)
     rotary_base, rope_method, rope_expl = _rope(plan, i, spec, arch, findings)
     _check_parallelism(ctx, s, arch)
+    _check_recompute(ctx, s, arch)
     sizing = _Sizing(plan, arch, s, padded, _global_batch(ctx, s))
     cp, smallest = _choose_cp(ctx, sizing)
+    _check_attention(ctx, s, cp)
     nodes, dp = _check_layout(ctx, sizing, cp)
     est = sizing.estimate(cp)
     _check_memory(ctx, est, smallest)
@@ -650,7 +790,9 @@ def _resolve_stage(
         index=i, name=spec.name, spec=spec, seq_length=s.seq, max_position_embeddings=s.max_pos,
         rotary_base=int(rotary_base), rope_method=rope_method, rope_explanation=rope_expl,
         tp=s.tp, pp=s.pp, cp=cp, dp=dp, nodes=nodes, gpus_per_node=s.gpn, sequence_parallel=s.sp,
-        recompute=s.recompute, micro_batch_size=mbs, global_batch_size=gbs,
+        recompute=s.recompute, recompute_method=s.recompute_method, recompute_num_layers=s.recompute_num_layers,
+        recompute_modules=s.recompute_modules, attention_backend=s.attention_backend,
+        micro_batch_size=mbs, global_batch_size=gbs,
         num_microbatches=max(1, gbs // max(1, mbs * dp)), train_iters=sched.iters, tokens_planned=spec.tokens,
         tokens_realized=sched.iters * sched.tokens_per_iter, lr=sched.lr, warmup_iters=sched.warmup,
         wsd_decay_iters=sched.wsd, save_interval=sched.save_interval,

@@ -1,23 +1,54 @@
 """Memory per GPU of a Megatron GPT training step, and the smallest context-parallel size that fits.
 
 The model (bytes per GPU; t = TP, p = PP, c = CP, d = DP, s = seq_length, s_c = s/c, b = micro batch,
-h = hidden, a = heads, g = query groups, k = head dim, f = FFN, V = padded vocab, L = layers):
+h = hidden, a = heads, g = query groups, k = head dim, f = FFN, V = padded vocab, L = layers,
+L_p = ceil(L/p) layers per pipeline stage):
 
 * weights   2 B × P_gpu (bf16), P_gpu = params of the heaviest pipeline stage / t
 * grads     4 B × P_gpu (fp32 main-grad buffer; `--accumulate-allreduce-grads-in-fp32`)
 * optimizer 12 B × P_gpu / (d·c) with the distributed optimizer (fp32 master + Adam m and v, sharded
             over the data-parallel × context-parallel group), 12 B × P_gpu without it
-* activations, per layer and micro batch (bf16 saved tensors, flash attention: no s×s term):
-      2 B × s_c·b × [ 4h/t_sp  +  ((a+2g)k + (a+g)k·qk_norm + a·k)/t  +  3f/t ]  +  4 B × s_c·b·a/t
-  — norm and linear inputs (4 tensors of width h, split by TP only with sequence parallel, t_sp),
-  Q/K/V (and their pre-norm copies with QK-norm), the attention output, the SwiGLU input (2f) and
-  output (f); plus the fp32 log-sum-exp of flash attention. With a plain FFN 3f becomes 2f.
+* activations, per layer and micro batch: A = s_c·b × (sum of the terms below), each a tensor the
+  backward keeps (bf16 = 2 B per element unless noted; t_sp = t with sequence parallel, else 1). The
+  basis is Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models",
+  §4.1: 34·h + 5·a·s bytes per token per layer (TP + SP divide everything by t); the terms here are that
+  accounting for GQA, QK-norm, SwiGLU, no dropout (its masks are gone) and the attention kernel:
+      norm_inputs   2 × 2h/t_sp            the inputs of the two norms (the residual stream)   [K: 4sbh]
+      norm_outputs  2 × 2h/t_sp            their outputs = the inputs of linear_qkv and linear_fc1 [K: 2sbh+2sbh]
+      qkv           2 × ((a+2g)k + (a+g)k·qk_norm)/t   Q, K, V (and their pre-norm copies with QK-norm)
+                                                      [K: 6sbh for a = g]
+      attn_out      2 × a·k/t              the attention output = linear_proj's input           [K: 2sbh]
+      core_attn     flash, fused, auto: 4 B × a/t, the fp32 log-sum-exp (no s×s tensor);
+                    unfused: 5 B × a·s/t, the s×s softmax output, dropout mask and dropout output
+                    [K: 5as²b] (an upper bound at attention_dropout 0)
+      mlp           2 × 3f/t (SwiGLU: fc1's output 2f, the activation's output f), 2 × 2f/t plain
+                    [K: 8sbh + 8sbh for f = 4h]
   For baby_9b_dense at TP 4 + SP this is 34.3 kB per token per layer, next to the 34·h/t = 34.8 kB of
-  Korthikanti et al. (2022), whose attention-score term flash attention removes.
-  Selective recompute recomputes only core attention, which flash attention already does not store,
-  so it is counted like none. Full recompute keeps 2 B × s_c·b·h/t_sp per layer plus one layer's
-  activations while it is recomputed.
-  Pipeline (1F1B): the first stage holds min(p, microbatches) micro batches of its L/p layers.
+  Korthikanti et al. (2022), whose attention-score term flash attention removes. MoE layers are modelled
+  with the dense terms (f = ffn_hidden_size).
+  Pipeline (1F1B): the first stage holds n = min(p, microbatches) micro batches of its L_p layers. The
+  embedding output and the final norm's input add 2 × 2h/t_sp per token. What each recompute policy
+  keeps (Megatron-Core 0.16.1, `TransformerBlock._checkpointed_forward`, `TransformerLayer`), with
+  I = 2 B × s_c·b·h/t_sp a layer's input:
+  - none: n × L_p × A.
+  - full, uniform, N layers per chunk (`--recompute-method uniform --recompute-num-layers N`; N divides
+    L_p): only each chunk's input is kept, and one chunk is recomputed at a time in the backward →
+    n × (L_p/N) × I + N × A.
+  - full, block, N (`--recompute-method block`; 1 ≤ N ≤ L_p): the first N layers of the stage keep only
+    their input, the other L_p − N keep everything → n × (N × I + (L_p − N) × A), plus one recomputed
+    layer A when N = L_p (with N < L_p the recompute happens after the stored layers are freed).
+  - selective (`--recompute-modules …`): each listed module's share C of A is dropped in every layer and
+    rebuilt for one layer at a time → n × L_p × (A − C) + C, with C the sum of
+      core_attn     the core_attn term (with flash/fused attention only the log-sum-exp: ~0.1 % of A)
+      mlp           mlp + one norm output (2h/t_sp: the norm fused into linear_fc1 under
+                    TransformerEngine is inside the checkpointed MLP); dense layers only
+      layernorm     MoE layers: the pre-MLP norm's output (2h/t_sp); dense layers: 0, since the
+                    TransformerEngine spec fuses both norms into linear_qkv / linear_fc1 and Megatron
+                    skips them (the planner refuses it there)
+      moe           mlp (the MoE layer, modelled with the dense terms)
+      moe_act       2 × f/t, the activation's output (output-discarding checkpoint)
+      shared_experts 0: shared-expert activations are not in the model (the estimate stays high)
+    `mla_up_proj` has nothing to credit (longctx models no MLA; the planner refuses it).
 * logits    8 B × s_c·b·V/t on the last stage: fp32 softmax kept for the backward (4 B), the bf16
             logits (2 B) and their bf16 gradient (2 B) — cross entropy grows with s×V (at 128K and a
             262K vocab this is larger than all weights).
@@ -25,8 +56,9 @@ h = hidden, a = heads, g = query groups, k = head dim, f = FFN, V = padded vocab
 A stage fits when the sum stays under (1 − margin) × GPU memory.
 
 Calibration (tests/plan/test_memory.py): a 32K run of a Llama-like 8B model (262K vocab) on
-A100-64GB at TP 4, SP, distributed optimizer and full recompute measured a 55.4 GB peak; NeMo's
-Llama-3-8B recipes (TP 4, PP 2, CP 2 @16K, 4 @64K, 8 @128K) run on 80 GB.
+A100-64GB at TP 4, SP, distributed optimizer and full recompute measured a 55.4 GB peak (the model,
+with longctx's full-recompute default uniform / 1 layer: 51.2 GB); NeMo's Llama-3-8B recipes (TP 4, PP 2, CP 2 @16K, 4 @64K, 8 @128K) run on
+80 GB.
 """
 
 from __future__ import annotations
@@ -42,6 +74,10 @@ OVERHEAD_BYTES = 3 * GiB
 LOGIT_BYTES = 8
 
 Recompute = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
+AttentionBackend = Literal["flash", "fused", "unfused", "auto"]
+# megatron-core 0.16.1 TransformerConfig.recompute_modules choices
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +92,13 @@ class MemoryInputs:
     dp: int
     num_microbatches: int
     sequence_parallel: bool
-    recompute: Recompute = "selective"
+    recompute: Recompute = "none"
     distributed_optimizer: bool = True
     fp32_grads: bool = True
+    recompute_method: RecomputeMethod = "uniform"  # full recompute only
+    recompute_num_layers: int = 1  # full recompute only
+    recompute_modules: tuple[str, ...] = ()  # selective recompute only
+    attention_backend: AttentionBackend = "flash"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +146,15 @@ def params_per_gpu(arch: ModelArch, padded_vocab_size: int, tp: int, pp: int) ->
     return stage / tp
 
 
-def activation_bytes_per_token_layer(arch: ModelArch, tp: int, sequence_parallel: bool) -> float:
+def activation_terms(
+    arch: ModelArch,
+    tp: int,
+    sequence_parallel: bool,
+    *,
+    attention_backend: AttentionBackend = "flash",
+    seq_length: int | None = None,
+) -> dict[str, float]:
+    """Bytes per token per layer that the backward keeps, by what keeps them (the module docstring)."""
     h, a, g, k, f = (
         arch.hidden_size,
         arch.num_attention_heads,
@@ -115,9 +163,93 @@ def activation_bytes_per_token_layer(arch: ModelArch, tp: int, sequence_parallel
         arch.ffn_hidden_size,
     )
     t_sp = tp if sequence_parallel else 1
-    qkv = (a + 2 * g) * k + ((a + g) * k if arch.qk_layernorm else 0) + a * k
-    ffn = (3 if arch.swiglu else 2) * f
-    return 2.0 * (4 * h / t_sp + qkv / tp + ffn / tp) + 4.0 * a / tp
+    if attention_backend == "unfused":
+        if seq_length is None:
+            raise ValueError("unfused attention stores s×s probabilities: give seq_length")
+        core_attn = 5.0 * a * seq_length / tp
+    else:
+        core_attn = 4.0 * a / tp
+    return {
+        "norm_inputs": 2.0 * 2 * h / t_sp,
+        "norm_outputs": 2.0 * 2 * h / t_sp,
+        "qkv": 2.0 * ((a + 2 * g) * k + ((a + g) * k if arch.qk_layernorm else 0)) / tp,
+        "attn_out": 2.0 * a * k / tp,
+        "core_attn": core_attn,
+        "mlp": 2.0 * (3 if arch.swiglu else 2) * f / tp,
+    }
+
+
+def activation_bytes_per_token_layer(
+    arch: ModelArch,
+    tp: int,
+    sequence_parallel: bool,
+    *,
+    attention_backend: AttentionBackend = "flash",
+    seq_length: int | None = None,
+) -> float:
+    terms = activation_terms(
+        arch, tp, sequence_parallel, attention_backend=attention_backend, seq_length=seq_length
+    )
+    return sum(terms.values())
+
+
+def recompute_module_credit(
+    module: str,
+    arch: ModelArch,
+    tp: int,
+    sequence_parallel: bool,
+    *,
+    attention_backend: AttentionBackend = "flash",
+    seq_length: int | None = None,
+) -> float:
+    """Bytes per token per layer that `--recompute-modules <module>` stops keeping (module docstring)."""
+    terms = activation_terms(
+        arch, tp, sequence_parallel, attention_backend=attention_backend, seq_length=seq_length
+    )
+    t_sp = tp if sequence_parallel else 1
+    one_norm_output = 2.0 * arch.hidden_size / t_sp
+    moe = bool(arch.num_experts)
+    if module == "core_attn":
+        return terms["core_attn"]
+    if module == "mlp":
+        return 0.0 if moe else terms["mlp"] + one_norm_output
+    if module == "layernorm":
+        return one_norm_output if moe else 0.0
+    if module == "moe":
+        return terms["mlp"] if moe else 0.0
+    if module == "moe_act":
+        return 2.0 * arch.ffn_hidden_size / tp if moe else 0.0
+    if module in ("shared_experts", "mla_up_proj"):
+        return 0.0
+    raise ValueError(f"unknown recompute module {module!r}; Megatron knows {', '.join(RECOMPUTE_MODULES)}")
+
+
+def layer_activations(inp: MemoryInputs) -> float:
+    """Activation bytes of the first pipeline stage's layers under the recompute policy (module docstring)."""
+    a = inp.arch
+    tokens = inp.seq_length / inp.cp * inp.micro_batch_size
+    t_sp = inp.tp if inp.sequence_parallel else 1
+    kw = {"attention_backend": inp.attention_backend, "seq_length": inp.seq_length}
+    per_layer = activation_bytes_per_token_layer(a, inp.tp, inp.sequence_parallel, **kw) * tokens
+    layer_input = 2.0 * tokens * a.hidden_size / t_sp
+    layers = math.ceil(a.num_layers / inp.pp)
+    in_flight = min(inp.pp, max(1, inp.num_microbatches))
+    if inp.recompute == "full":
+        n = min(inp.recompute_num_layers, layers)
+        if inp.recompute_method == "uniform":
+            # chunk inputs of every micro batch in flight, one chunk recomputed at a time
+            return math.ceil(layers / n) * layer_input * in_flight + n * per_layer
+        # block: N layers keep their input, the rest everything; one recomputed layer only when N = L_p
+        stored = n * layer_input + (layers - n) * per_layer
+        return stored * in_flight + max(0.0, per_layer - (layers - n) * per_layer)
+    if inp.recompute == "selective":
+        credit = tokens * sum(
+            recompute_module_credit(m, a, inp.tp, inp.sequence_parallel, **kw)
+            for m in dict.fromkeys(inp.recompute_modules)
+        )
+        # every layer drops the modules' share; one layer's is rebuilt at a time in the backward
+        return (per_layer - credit) * layers * in_flight + credit
+    return per_layer * layers * in_flight
 
 
 def estimate(inp: MemoryInputs, *, gpu_memory_gib: float, margin: float) -> MemoryEstimate:
@@ -130,14 +262,7 @@ def estimate(inp: MemoryInputs, *, gpu_memory_gib: float, margin: float) -> Memo
 
     tokens = inp.seq_length / inp.cp * inp.micro_batch_size
     t_sp = inp.tp if inp.sequence_parallel else 1
-    per_layer = activation_bytes_per_token_layer(a, inp.tp, inp.sequence_parallel) * tokens
-    layers = math.ceil(a.num_layers / inp.pp)
-    in_flight = min(inp.pp, max(1, inp.num_microbatches))
-    if inp.recompute == "full":
-        kept = 2.0 * tokens * a.hidden_size / t_sp * layers * in_flight
-        activations = kept + per_layer
-    else:
-        activations = per_layer * layers * in_flight
+    activations = layer_activations(inp)
     # embedding output and the final norm's input
     activations += 2 * 2.0 * tokens * a.hidden_size / t_sp
     logits = LOGIT_BYTES * tokens * inp.padded_vocab_size / inp.tp

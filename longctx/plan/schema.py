@@ -17,6 +17,11 @@ from longctx.errors import PlanError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
+# megatron-core's TransformerConfig.recompute_modules choices (0.16.1)
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+# megatron-core's AttnBackend, less `local` (Megatron-LM allows it only with `--spec local`)
+AttentionBackend = Literal["flash", "fused", "unfused", "auto"]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -104,7 +109,13 @@ class StageDefaults(_Strict):
     pipeline_parallel: int | None = Field(default=None, gt=0)
     context_parallel: int | Literal["auto"] | None = None
     sequence_parallel: bool | None = None
+    # activation recomputation (longctx/plan/memory.py credits exactly what each setting recomputes):
+    # "full" → --recompute-granularity full --recompute-method M --recompute-num-layers N (default uniform, 1);
+    # "selective" → --recompute-granularity selective --recompute-modules (recompute_modules, required)
     recompute: Literal["none", "selective", "full"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = Field(default=None, gt=0)
+    recompute_modules: list[RecomputeModule] | None = None
     nodes: int | None = Field(default=None, gt=0)
     lr: LRSpec | None = None
     data: DataSpec | None = None
@@ -173,7 +184,11 @@ class MegatronSpec(_Strict):
 
     version: str = "0.16.1"
     path: str | None = None  # Megatron-LM checkout with pretrain_gpt.py (or $LONGCTX_MEGATRON_LM)
-    # runtime flags that do not change the maths (fusions, flash attention) — cluster specific
+    # the attention kernel (--attention-backend; `--use-flash-attn` selects nothing for megatron-core
+    # models): flash (flash-attn through TransformerEngine), fused (cuDNN), unfused (TE's plain softmax
+    # attention: stores the s×s probabilities, no context parallelism), auto (TE chooses)
+    attention_backend: AttentionBackend = "flash"
+    # runtime flags that do not change the maths (fusions, overlaps) — cluster specific
     performance_args: list[str] = Field(default_factory=list)
 
 

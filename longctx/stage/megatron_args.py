@@ -149,8 +149,37 @@ def _model_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     return flags
 
 
+def attention_flags(st: ResolvedStage) -> list[Flag]:
+    """The attention kernel. `--use-flash-attn` is never emitted: megatron-core models ignore it (Megatron-LM
+    0.16 reads it only in a deterministic-mode check and in the legacy model); `--attention-backend` chooses
+    TransformerEngine's kernel (and sets NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN to match)."""
+    return [_f("--attention-backend", st.attention_backend)]
+
+
+def recompute_flags(st: ResolvedStage) -> list[Flag]:
+    """The recompute policy in Megatron's own options (never `--recompute-activations`: it means selective
+    recompute of core_attn alone, which saves almost nothing with flash or fused attention)."""
+    if st.recompute == "full":
+        return [
+            _f("--recompute-granularity", "full"),
+            _f("--recompute-method", st.recompute_method),
+            _f("--recompute-num-layers", st.recompute_num_layers),
+        ]
+    if st.recompute == "selective":
+        if not st.recompute_modules:
+            raise StageError(
+                f"stage {st.name!r}: selective recompute without recompute_modules",
+                fix="list recompute_modules (the planner refuses this plan)",
+            )
+        return [
+            _f("--recompute-granularity", "selective"),
+            _f("--recompute-modules", *st.recompute_modules),
+        ]
+    return []
+
+
 def _parallel_flags(st: ResolvedStage) -> list[Flag]:
-    """Parallelism, precision, recomputation and batch sizes."""
+    """Parallelism, precision, the attention kernel, recomputation and batch sizes."""
     flags = [
         _f("--tensor-model-parallel-size", st.tp),
         _f("--pipeline-model-parallel-size", st.pp),
@@ -166,14 +195,8 @@ def _parallel_flags(st: ResolvedStage) -> list[Flag]:
         _f("--attention-softmax-in-fp32"),
         _f("--accumulate-allreduce-grads-in-fp32"),
     ]
-    if st.recompute == "selective":
-        flags.append(_f("--recompute-activations"))
-    elif st.recompute == "full":
-        flags += [
-            _f("--recompute-granularity", "full"),
-            _f("--recompute-method", "uniform"),
-            _f("--recompute-num-layers", 1),
-        ]
+    flags += attention_flags(st)
+    flags += recompute_flags(st)
     flags += [
         _f("--micro-batch-size", st.micro_batch_size),
         _f("--global-batch-size", st.global_batch_size),
@@ -262,3 +285,25 @@ def argv(rp: ResolvedPlan, st: ResolvedStage, script: str = "pretrain_gpt.py") -
 
 def render_lines(rp: ResolvedPlan, st: ResolvedStage) -> list[str]:
     return [f.line() for f in stage_flags(rp, st)]
+
+
+# What a launch on a machine without CUDA adds to the argv (longctx.mcore.run_megatron_lm runs it):
+# gloo instead of NCCL, weights initialised on the CPU, megatron-core's own layers instead of
+# TransformerEngine's, and none of the fused CUDA/Apex kernels (rope fusion is on by default and
+# needs TE: transformer_config.py raises "apply_rope_fusion is not available" without it).
+CPU_FLAGS: tuple[str, ...] = (
+    "--distributed-backend", "gloo",
+    "--use-cpu-initialization",
+    "--transformer-impl", "local",
+    "--no-rope-fusion",
+    "--no-bias-swiglu-fusion",
+    "--no-bias-dropout-fusion",
+    "--no-masked-softmax-fusion",
+    "--no-gradient-accumulation-fusion",
+    "--no-persist-layer-norm",
+)  # fmt: skip
+
+
+def cpu_flags() -> list[str]:
+    """The flags a CPU-only launch appends to a stage's argv (see CPU_FLAGS)."""
+    return list(CPU_FLAGS)

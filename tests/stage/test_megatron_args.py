@@ -8,11 +8,12 @@ Regenerate the golden files with LONGCTX_REGEN_GOLDEN=1 after an intended change
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from longctx.errors import StageError
+from longctx.errors import PlanError, StageError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.stage.megatron_args import MIN_VERSION, render_lines, stage_flags
@@ -121,3 +122,134 @@ def test_missing_artifact_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
 
     r = CliRunner().invoke(app, ["stage", "args", str(REPO / "stages" / "baby_9b_dense.toml"), "16k"])
     assert r.exit_code == 2 and "longctx data fetch" in r.output
+
+
+# -- the attention kernel and the recompute policy, flag by flag ---------------------------------------------
+
+_KERNEL_FLAGS = ("--attention-backend", "--use-flash-attn", "--recompute-activations", "--recompute-granularity",
+                 "--recompute-method", "--recompute-num-layers", "--recompute-modules")  # fmt: skip
+
+
+def _kernel(rp, stage: str) -> list[str]:
+    """The attention and recompute lines of a stage's argv, in order."""
+    return [f.line() for f in stage_flags(rp, rp.stage(stage)) if f.name in _KERNEL_FLAGS]
+
+
+def _with(rp, *, megatron: dict | None = None, stages: int = 3, **defaults):
+    """The baby plan with [megatron] and [defaults] settings changed (and only its first `stages`)."""
+    plan = rp.plan.model_copy(
+        update={
+            "defaults": rp.plan.defaults.model_copy(update=defaults),
+            "megatron": rp.plan.megatron.model_copy(update=megatron or {}),
+            "stages": rp.plan.stages[:stages],
+        }
+    )
+    return resolve_plan(plan)
+
+
+def test_baby_argv_chooses_flash_with_attention_backend_and_recomputes_nothing(baby) -> None:
+    rp, _ = baby
+    for stage in ("16k", "64k", "128k"):
+        # --use-flash-attn selects nothing for megatron-core models; --recompute-activations (core_attn
+        # only) saves nothing next to flash attention and repeats its forward
+        assert _kernel(rp, stage) == ["--attention-backend flash"]
+
+
+@pytest.mark.parametrize("backend", ["flash", "fused", "auto"])
+def test_attention_backend_is_the_plans(baby, backend: str) -> None:
+    rp = _with(baby[0], megatron={"attention_backend": backend})
+    for stage in ("16k", "64k", "128k"):
+        assert _flags(rp, stage)["--attention-backend"] == (backend,)
+        assert "--use-flash-attn" not in _flags(rp, stage)
+
+
+def test_unfused_attention_is_refused_with_context_parallelism(baby) -> None:
+    with pytest.raises(PlanError, match=r"attention_backend 'unfused' has no context parallelism") as info:
+        _with(baby[0], megatron={"attention_backend": "unfused"})
+    assert "megatron.attention_backend" in (info.value.where or "")
+
+
+def test_full_recompute_defaults_to_uniform_one_layer(baby) -> None:
+    rp = _with(baby[0], recompute="full")
+    assert _kernel(rp, "64k") == [
+        "--attention-backend flash",
+        "--recompute-granularity full",
+        "--recompute-method uniform",
+        "--recompute-num-layers 1",
+    ]
+
+
+@pytest.mark.parametrize(("method", "layers"), [("uniform", 4), ("uniform", 36), ("block", 6), ("block", 35)])
+def test_full_recompute_method_and_layers(baby, method: str, layers: int) -> None:
+    rp = _with(baby[0], recompute="full", recompute_method=method, recompute_num_layers=layers)
+    f = _flags(rp, "128k")
+    assert f["--recompute-granularity"] == ("full",)
+    assert f["--recompute-method"] == (method,)
+    assert f["--recompute-num-layers"] == (str(layers),)
+    assert "--recompute-modules" not in f and "--recompute-activations" not in f
+
+
+@pytest.mark.parametrize("modules", [["mlp"]])
+def test_selective_recompute_lists_the_modules(baby, modules: list[str]) -> None:
+    rp = _with(baby[0], recompute="selective", recompute_modules=modules)
+    f = _flags(rp, "64k")
+    assert f["--recompute-granularity"] == ("selective",)
+    assert f["--recompute-modules"] == tuple(modules)
+    # Megatron-LM asserts that selective recompute has no method; Megatron-Core that it has no layer count
+    assert "--recompute-method" not in f and "--recompute-num-layers" not in f
+    assert "--recompute-activations" not in f
+
+
+def test_selective_core_attn_is_emitted_for_unfused_attention(baby) -> None:
+    # with the s×s probabilities stored, core_attn recompute is what saves memory
+    rp = _with(
+        baby[0],
+        megatron={"attention_backend": "unfused"},
+        stages=1,
+        recompute="selective",
+        recompute_modules=["core_attn", "mlp"],
+    )
+    assert _kernel(rp, "16k") == [
+        "--attention-backend unfused",
+        "--recompute-granularity selective",
+        "--recompute-modules core_attn mlp",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message", "field"),
+    [
+        ({"recompute": "selective"}, r"needs recompute_modules", r"recompute_modules"),
+        ({"recompute": "selective", "recompute_modules": ["core_attn"]}, r"core_attn .* saves almost nothing",
+         r"recompute_modules"),
+        ({"recompute": "selective", "recompute_modules": ["mlp", "core_attn"]}, r"core_attn", r"recompute_modules"),
+        ({"recompute": "selective", "recompute_modules": ["layernorm"]}, r"layernorm recomputes nothing",
+         r"recompute_modules"),
+        ({"recompute": "selective", "recompute_modules": ["moe"]}, r"this model is dense", r"recompute_modules"),
+        ({"recompute": "selective", "recompute_modules": ["mla_up_proj"]}, r"multi-latent", r"recompute_modules"),
+        ({"recompute": "full", "recompute_num_layers": 5}, r"does not divide the 36 layers", r"recompute_num_layers"),
+        ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 37},
+         r"more than the 36 layers per pipeline stage", r"recompute_num_layers"),
+    ],
+)  # fmt: skip
+def test_recompute_megatron_would_refuse_or_ignore_is_refused(
+    baby, defaults, message: str, field: str
+) -> None:
+    with pytest.raises(PlanError) as info:
+        _with(baby[0], **defaults)
+    text = f"{info.value.what} {info.value.where or ''}"
+    assert re.search(message, text), text
+    assert re.search(field, text), text
+
+
+@pytest.mark.parametrize("flag", ["--use-flash-attn", "--recompute-activations", "--attention-backend"])
+def test_kernel_flags_in_performance_args_are_refused(baby, flag: str) -> None:
+    with pytest.raises(PlanError, match=rf"performance_args has {flag}") as info:
+        _with(baby[0], megatron={"performance_args": [flag]})
+    assert "megatron.performance_args" in (info.value.where or "")
+
+
+@pytest.mark.parametrize("flag", ["--use-flash-attn", "--recompute-activations", "--recompute-granularity"])
+def test_kernel_flags_in_extra_args_are_refused(baby, flag: str) -> None:
+    with pytest.raises(PlanError, match=rf"extra_args (has|sets) {flag}"):
+        _with(baby[0], extra_args=[flag])
