@@ -4,7 +4,8 @@ Workers must run in a job step: Slurm's `--signal=TERM@S` (without `B:`) reaches
 the batch shell or its plain children. `longctx stage run` itself stays in the batch shell, waits for
 the step, and records the launch's end in the ledger.
 
-- Megatron-LM (`argv[0]` is a `.py` script): one task per node, each running
+- Megatron-LM (`[python] X.py …`, or `python -m longctx.mcore.run_megatron_lm X.py …` on CPU-only
+  nodes, run as `-m …`): one task per node, each running
   `torchrun --nnodes N --nproc-per-node G --node-rank $SLURM_NODEID --rdzv-backend static
   --master-addr HOST --master-port P …` (optionally inside `singularity exec --nv --bind … IMAGE`).
   The node rank is read on each node by a fixed `bash -c` shim; every other word is passed as an
@@ -120,7 +121,8 @@ class SrunLauncher:
         """The srun command line, and whether this process should copy its output to `log`."""
         if is_local_trainer(argv):
             return self.local_command(argv, nproc=nproc, log=log), False
-        if not argv or not str(argv[0]).endswith(".py"):
+        argv = torchrun_words(argv)
+        if not argv or not (str(argv[0]).endswith(".py") or argv[0] == "-m"):
             raise SlurmError(f"the srun launcher runs a Python script under torchrun or the local trainer, got {argv[:3]}",
                              fix="launch through `longctx stage run`")  # fmt: skip
         nodes = int(env.get(NODES_ENV) or self.nodes)
@@ -160,6 +162,19 @@ class SrunLauncher:
             for s, h in old.items():
                 signal.signal(s, h)
         return rc
+
+
+def torchrun_words(argv: Sequence[str]) -> list[str]:
+    """What follows torchrun's options: `python X.py …` → `X.py …` (torchrun starts its own python),
+    `python -m M …` → `-m M …` (the CPU runner of a Megatron-LM script, longctx.mcore.run_megatron_lm)."""
+    words = list(argv)
+    if (
+        len(words) >= 2
+        and Path(words[0]).name.startswith("python")
+        and (words[1] == "-m" or words[1].endswith(".py"))
+    ):
+        return words[1:]
+    return words
 
 
 def is_local_trainer(argv: Sequence[str]) -> bool:

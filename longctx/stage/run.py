@@ -25,12 +25,16 @@ from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.stage_data import stage_blend
 from longctx.stage import ledger
 from longctx.stage.megatron_args import argv as megatron_argv
+from longctx.stage.megatron_args import cpu_flags
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 
 Backend = Literal["local", "megatron-lm"]
 MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
+# "1": run Megatron-LM through the CPU runner, "0": never; unset: when this machine has no CUDA
+MEGATRON_CPU_ENV = "LONGCTX_MEGATRON_CPU"
+MEGATRON_CPU_RUNNER = "longctx.mcore.run_megatron_lm"
 
 
 @dataclasses.dataclass
@@ -45,9 +49,19 @@ class LaunchPlan:
     log: Path
     spec_path: Path | None = None
     train_spec: TrainSpec | None = None  # the local backend's, written to spec_path at launch
+    # megatron-lm on a machine without CUDA: `argv` (the stage's, as on a GPU) runs through the CPU runner
+    cpu: bool = False
+
+    @property
+    def command(self) -> list[str]:
+        """What the launcher starts: `argv`, or on CPU `python -m <runner> pretrain_gpt.py flags… CPU flags`
+        (longctx.mcore.run_megatron_lm applies the shims of longctx.mcore.megatron_lm_cpu first)."""
+        if not self.cpu:
+            return list(self.argv)
+        return [self.argv[0], "-m", MEGATRON_CPU_RUNNER, *self.argv[1:], *cpu_flags()]
 
     def shell(self) -> str:
-        return " ".join(shlex.quote(w) for w in self.argv)
+        return " ".join(shlex.quote(w) for w in self.command)
 
 
 @dataclasses.dataclass
@@ -182,6 +196,18 @@ def megatron_lm_script(rp: ResolvedPlan | None = None) -> Path:
     return script
 
 
+def megatron_on_cpu() -> bool:
+    """Whether a megatron-lm launch from here runs on the CPU ($LONGCTX_MEGATRON_CPU, else: no CUDA)."""
+    told = os.environ.get(MEGATRON_CPU_ENV, "").strip()
+    if told in ("0", "1"):
+        return told == "1"
+    if told:
+        raise StageError(f"${MEGATRON_CPU_ENV} = {told!r}: expected 0 or 1", fix=f"unset {MEGATRON_CPU_ENV}")
+    import torch  # lazy: seconds to import, and only this backend asks (the local trainer decides itself)
+
+    return not torch.cuda.is_available()
+
+
 def prepare_launch(
     rp: ResolvedPlan, backend: Backend, *, check_megatron: bool = True
 ) -> LaunchPlan | NextStep:
@@ -226,7 +252,15 @@ def launch_plan(
         # the srun launcher starts one torchrun per node of this stage
         "LONGCTX_NODES": str(st.nodes),
     }
-    return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log)
+    cpu = megatron_on_cpu()
+    if cpu:
+        # no CUDA here: the same argv through the runner that shims Megatron-LM for the CPU, plus the CPU
+        # flags (LaunchPlan.command); one share of the cores per process
+        threads = rp.plan.local.threads_per_process or max(
+            1, (os.cpu_count() or 1) // max(1, st.gpus_per_node)
+        )
+        env["OMP_NUM_THREADS"] = str(threads)
+    return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu)
 
 
 def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:
@@ -243,13 +277,14 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         "start_iteration": lp.step.start_iteration, "target_iterations": lp.stage.train_iters,
         "argv_digest": hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
         "argv": lp.argv[1:],
+        "cpu": {"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags()} if lp.cpu else None,
         "binding": lp.binding.as_dict(), "log": str(lp.log),
         "repair": None if repair is None else {"tracker": str(repair.tracker), "old": repair.old, "new": repair.new,
                                                "reason": repair.reason},
         "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
     })  # fmt: skip
     t0 = time.monotonic()
-    code = launcher.run(lp.argv, nproc=lp.nproc, env=lp.env, log=lp.log)
+    code = launcher.run(lp.command, nproc=lp.nproc, env=lp.env, log=lp.log)
     after = plan_state(rp)[lp.stage.index]
     outcome = LaunchOutcome(
         lp.stage.name,

@@ -1,8 +1,9 @@
 """The megatron-lm backend launches the exact argv of `stage args` against a Megatron-LM checkout.
 
-No Megatron-LM checkout exists here (the megatron-core wheel has no pretrain_gpt.py), so the checkout
-is a stand-in whose pretrain_gpt.py records what it was given and writes a tracker like Megatron-LM's
-final save; the argv itself is proved flag by flag in test_megatron_args.py.
+A stand-in checkout whose pretrain_gpt.py records what it was given: fast, and independent of the
+machine. It runs as on a GPU host (LONGCTX_MEGATRON_CPU=0: the script itself, no CPU runner or flags);
+the real Megatron-LM checkout ($LONGCTX_MEGATRON_LM) trains, saves, takes SIGTERM and resumes on the
+CPU in test_megatron_lm_real.py. The argv itself is proved flag by flag in test_megatron_args.py.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
     )
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
+    monkeypatch.setenv("LONGCTX_MEGATRON_CPU", "0")
 
     r = CliRunner().invoke(app, ["stage", "args", str(plan), "s1", "--json"])
     assert r.exit_code == 0, r.output
     expected = json.loads(r.output)[1:]
 
-    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm"])
+    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm", "--no-preflight"])
     assert r.exit_code == 0, r.output
     calls = [json.loads(x) for x in record.read_text().splitlines()]
     assert sorted(c["rank"] for c in calls) == ["0", "1"] and {c["world"] for c in calls} == {"2"}
@@ -46,6 +48,7 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
     assert {c["cuda_max_conn"] for c in calls} == {"1"}
     launch = next(x for x in ledger.read(fresh_run) if x["event"] == "launch")
     assert launch["backend"] == "megatron-lm" and launch["argv"] == [str(mlm / "pretrain_gpt.py"), *expected]
+    assert launch["cpu"] is None
     # Megatron exits 0 without saving here: the stage is still pending, decided from disk, not from the exit code
     end = next(x for x in ledger.read(fresh_run) if x["event"] == "end")
     assert (end["exit_code"], end["status"]) == (0, "pending")
@@ -59,3 +62,22 @@ def test_megatron_lm_backend_needs_a_checkout(fresh_run: Path, tmp_path: Path, m
     monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(tmp_path))
     r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm"])
     assert r.exit_code == 2 and "no pretrain_gpt.py" in r.output
+
+
+def test_megatron_lm_backend_on_cpu_runs_the_runner(fresh_run: Path, tmp_path: Path, monkeypatch) -> None:
+    """Without CUDA the same argv runs through the CPU runner, with the CPU flags after it (dry run)."""
+    from longctx.stage.megatron_args import cpu_flags
+
+    mlm = tmp_path / "Megatron-LM"
+    mlm.mkdir()
+    (mlm / "pretrain_gpt.py").write_text("")
+    plan = write_plan(tmp_path / "plan.toml", fresh_run)
+    monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
+    monkeypatch.setenv("LONGCTX_MEGATRON_CPU", "1")
+    r = CliRunner().invoke(app, ["stage", "args", str(plan), "s1", "--json"])
+    stage_argv = json.loads(r.output)[1:]
+    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    shown = " ".join(r.output.split())
+    words = ["-m", "longctx.mcore.run_megatron_lm", str(mlm / "pretrain_gpt.py"), *stage_argv, *cpu_flags()]
+    assert " ".join(words) in shown
