@@ -111,9 +111,16 @@ def submit_cmd(
     run_dir: RunDir = None, profile: str | None = PROFILE, out: Path | None = OUT,
     time: str | None = TIME, signal: str | None = SIGNAL, qos: str | None = QOS, partition: str | None = PARTITION,
     account: str | None = ACCOUNT, backend: str | None = BACKEND, longctx_cmd: str | None = LONGCTX_CMD,
+    preflight: bool | None = typer.Option(
+        None, "--preflight/--no-preflight",
+        help="megatron-lm backend: check every stage left with the checkout's Megatron-LM and the profile's "
+        "device facts before queueing (default: on, except with --dry-run)"),
     json_out: Json = False,
 ) -> None:  # fmt: skip
     """Render the scripts and queue N chain jobs, each `--dependency=afterany:` the previous one.
+
+    Before queueing, a megatron-lm chain's stages go through the checkout's Megatron-LM (`stage args
+    --check`): a refused argv (unknown flag, validator assertion, missing TE) fails here, not on the nodes.
 
     Job ids go to the ledger. Without --chain, N = the jobs the remaining tokens need at the profile's (or
     the plan's slurm.tokens_per_gpu_second) throughput, plus spares (see `longctx.slurm.chain`).
@@ -126,6 +133,13 @@ def submit_cmd(
         plan, run_dir, profile, out, time, signal, qos, partition, account, backend, longctx_cmd
     )
     _warn(rendered)
+    if rendered.settings.backend == "megatron-lm" and (preflight if preflight is not None else not dry_run):
+        from longctx.slurm.commands import preflight_chain
+
+        report = preflight_chain(rp, rendered.settings.profile)
+        if report is not None:
+            err_console.print(f"preflight: Megatron-LM accepts {', '.join(s.stage for s in report.stages)} "
+                              f"({report.facts.source}, {report.seconds:.0f} s)", highlight=False)  # fmt: skip
     result = submit(rendered, rp, chain=chain, dry_run=dry_run, force=force)
     if json_out:
         print_json(result)

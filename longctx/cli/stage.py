@@ -16,6 +16,7 @@ app = typer.Typer(
         "Stages on disk: what runs next and how.\n\n"
         "Examples:\n\n"
         "  longctx stage args stages/baby_9b_dense.toml 64k      # pretrain_gpt.py flags, one per line\n\n"
+        "  longctx stage args stages/baby_9b_dense.toml 64k --check   # …and through Megatron-LM's own checks\n\n"
         "  longctx stage status stages/tiny.toml --json\n\n"
         "  longctx stage next stages/tiny.toml\n\n"
         "  longctx stage run stages/tiny.toml --backend local    # one step: first launch, resume or nothing"
@@ -35,16 +36,38 @@ def _resolved(plan: Path, run_dir: Path | None):
     return resolve_plan(load_plan(plan, run_dir=run_dir))
 
 
+def _facts(rp, profile: str | None):
+    """The device facts of the target cluster: the named profile, else the plan's cluster.profile."""
+    from longctx.slurm.commands import preflight_facts
+    from longctx.slurm.profiles import load_profile
+
+    return preflight_facts(
+        load_profile(profile or rp.plan.cluster.profile), gpu_memory_gib=rp.plan.cluster.gpu_memory_gib
+    )
+
+
 @app.command("args")
 @cli_errors
 def args(
     plan: Plan,
     stage: str = typer.Argument(..., help="stage name"),
     run_dir: RunDir = None,
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="also put the argv through the checkout's Megatron-LM (parse_args, validate_args, "
+        "TransformerConfig, the model's rotary base) with the cluster profile's device facts; exit 2 if refused",
+    ),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        help="cluster profile whose device facts --check uses (default: the plan's cluster.profile)",
+    ),
     json_out: Json = False,
 ) -> None:
     """Print the exact pretrain_gpt.py argv of STAGE, one flag per line (the same on every launch);
-    with --json, as a JSON list."""
+    with --json, as a JSON list. With --check the preflight report follows (on stderr; with --json one
+    document {"argv": [...], "preflight": {...}}, on failure too)."""
     from longctx.stage.megatron_args import argv, render_lines
 
     rp = _resolved(plan, run_dir)
@@ -54,10 +77,25 @@ def args(
 
         for note in stage_blend_notes(rp, st):
             err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    if not check:
+        if json_out:
+            print_json(argv(rp, st))
+        else:
+            sys.stdout.write("\n".join(render_lines(rp, st)) + "\n")
+        return
+    from longctx.stage.preflight import preflight_plan
+
+    words = argv(rp, st)
+    report = preflight_plan(rp, _facts(rp, profile), stages=[st.name])
     if json_out:
-        print_json(argv(rp, st))
+        print_json({"argv": words, "preflight": report.to_dict()})
     else:
         sys.stdout.write("\n".join(render_lines(rp, st)) + "\n")
+        sys.stdout.flush()
+        for line in report.lines():
+            err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(2)
 
 
 def _status_table(rp, states, step) -> Table:
@@ -150,15 +188,22 @@ def run(
     eval_after: bool = typer.Option(
         True, "--eval/--no-eval", help="evaluate each finished stage (local backend)"
     ),
+    preflight: bool = typer.Option(
+        True,
+        "--preflight/--no-preflight",
+        help="megatron-lm backend: put each launch's argv through the checkout's Megatron-LM first (default)",
+    ),
     json_out: Json = False,
 ) -> None:
     """Run the next step of the plan: first launch, resume, or nothing when all stages are done (exit 0).
 
-    The decision comes from disk, so any job may die and the next `stage run` continues. With --json the
+    The decision comes from disk, so any job may die and the next `stage run` continues. A megatron-lm launch
+    is checked first by the checkout's Megatron-LM with the plan's cluster profile's device facts
+    (`stage args --check`; skip with --no-preflight). With --json the
     progress lines and the trainer's output go to stderr and stdout gets the launches' outcomes."""
     from longctx.errors import StageError
     from longctx.stage.run import execute, launch_plan
-    from longctx.stage.until_done import evaluate_finished, evaluates_after, run_until_done
+    from longctx.stage.until_done import evaluate_finished, evaluates_after, preflight_launch, run_until_done
 
     if backend not in ("local", "megatron-lm"):
         raise StageError(f"unknown backend {backend!r}", fix="use --backend local or --backend megatron-lm")
@@ -172,6 +217,10 @@ def run(
         if dry_run:
             console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
             return None
+        if preflight and backend == "megatron-lm":
+            report = preflight_launch(lp, _facts(rp, None))
+            if report is not None:
+                console.print(f"preflight: Megatron-LM accepts {lp.stage.name} ({report.seconds:.0f} s)")
         outcome = execute(rp, lp, _launcher(launcher), force=force)
         console.print(
             f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "

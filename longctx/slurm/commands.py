@@ -10,13 +10,26 @@ file when the cluster writes one; callers fall back to the ledger and logs for t
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from longctx.errors import SlurmError
+from longctx.plan.derive import ResolvedPlan
+from longctx.slurm.profiles import Profile
+from longctx.stage.preflight import (
+    DEFAULT_TE_VERSION,
+    MEGATRON_LAUNCH_ENV,
+    DeviceFacts,
+    PreflightReport,
+    parse_arch,
+    preflight_plan,
+    require_passed,
+)
+from longctx.stage.state import plan_state
 
 ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "SIGNALING", "STAGE_OUT", "STOPPED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}  # fmt: skip
@@ -256,3 +269,35 @@ def job_states(job_ids: Iterable[str]) -> dict[str, JobInfo]:
     if missing:
         out.update(jobcomp(missing))
     return out
+
+
+# -- the Megatron-LM preflight of a chain -----------------------------------------------------------
+
+
+def preflight_facts(profile: Profile, *, gpu_memory_gib: float | None = None,
+                    environ: Mapping[str, str] | None = None) -> DeviceFacts:  # fmt: skip
+    """The device facts of a profile's nodes, for `longctx.stage.preflight` on a login node.
+
+    The launch environment is what a chain job's workers get: the submitting shell's (sbatch exports it),
+    the profile's `env`, then what longctx's megatron-lm launch adds (CUDA_DEVICE_MAX_CONNECTIONS)."""
+    env = {**(os.environ if environ is None else environ), **profile.env, **MEGATRON_LAUNCH_ENV}
+    source = f"profile {profile.name}"
+    if profile.gpus_per_node == 0 and not profile.gpu_arch:
+        return DeviceFacts.cpu(source + " (no GPU)", env=env)
+    te = profile.transformer_engine
+    te_version = None if te is False else (DEFAULT_TE_VERSION if te is True else str(te))
+    return DeviceFacts(source, gpu_arch=parse_arch(profile.gpu_arch or "8.0"), gpu_name=profile.gpu_name,
+                       gpu_memory_gib=gpu_memory_gib, transformer_engine=te_version, env=env)  # fmt: skip
+
+
+def preflight_chain(rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str, str] | None = None,
+                    rotary: bool = True) -> PreflightReport | None:  # fmt: skip
+    """Every stage a chain may still launch (not done on disk) through the checkout's Megatron-LM with the
+    profile's device facts; None when nothing is left. Raises PreflightError when Megatron-LM refuses one."""
+    pending = [s.name for s in plan_state(rp) if s.status != "done"]
+    if not pending:
+        return None
+    facts = preflight_facts(profile, gpu_memory_gib=rp.plan.cluster.gpu_memory_gib, environ=environ)
+    return require_passed(
+        preflight_plan(rp, facts, stages=pending, rotary=rotary), where=str(rp.plan.plan_path)
+    )

@@ -61,6 +61,12 @@ class Profile(_Strict):
     # "gres" → --gres=gpu:G, "gpus-per-node" → --gpus-per-node=G, "both", or "none"
     gpu_directives: Literal["gres", "gpus-per-node", "both", "none"] = "both"
     cpus_per_task: int | None = Field(default=None, gt=0)
+    # the nodes' devices as Megatron-LM's checks ask for them (the preflight on a login node, which has no
+    # GPU): compute capability ("8.0" A100, "9.0" H100; unset: "8.0" when gpus_per_node > 0, else no GPU),
+    # and whether the nodes' environment has TransformerEngine (true, false, or its version "2.8.0")
+    gpu_arch: str | None = None
+    gpu_name: str | None = None
+    transformer_engine: bool | str = True
     extra_sbatch: list[str] = Field(default_factory=list)
     # the time limit must exceed exit_duration_in_mins by this much: the final save and shutdown
     save_margin_mins: float = Field(default=10, ge=0)

@@ -9,16 +9,23 @@ die and the next decision still comes from disk (never from an exit code). A blo
 StageError. `launch(rp, step)` starts one step and returns its LaunchOutcome, or None when it launched
 nothing (a dry run). `longctx stage run [--until-done]` launches in this process; `longctx demo`
 launches each step as a `longctx stage run` subprocess.
+
+Before a megatron-lm launch, `preflight_launch(lp, facts)` puts its exact argv through the checkout's
+Megatron-LM (parser, validator, TransformerConfig, the model's rotary base) in a child process, with the
+launch's own environment; a refusal raises PreflightError and nothing is launched (opt out:
+`stage run --no-preflight`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from longctx.plan.derive import ResolvedPlan
-from longctx.stage.run import Backend, LaunchOutcome
+from longctx.stage.preflight import DeviceFacts, PreflightReport, StageJob, require_passed, run_preflight
+from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 
 Stop = Literal["all-done", "dry-run", "failed", "stalled", "one-step"]
@@ -74,6 +81,32 @@ def run_until_done(resolve: Resolve, launch: LaunchStep, *, until_done: bool = T
         stop = after_step(outcome, until_done=until_done)
         if stop is not None:
             return UntilDone(stop[0], stop[1], outcomes)
+
+
+def preflight_launch(lp: LaunchPlan, facts: DeviceFacts, *, enabled: bool = True,
+                     environ: Mapping[str, str] | None = None) -> PreflightReport | None:  # fmt: skip
+    """Check a megatron-lm launch before it starts (None: nothing to check — disabled, or another backend).
+
+    `facts` are the target's devices (the plan's cluster profile); the environment is the launch's own, the
+    one the workers get (this process's, then the launch plan's env: CUDA_DEVICE_MAX_CONNECTIONS, PYTHONPATH).
+    Raises PreflightError quoting Megatron-LM when it refuses the argv."""
+    if not enabled or lp.backend != "megatron-lm":
+        return None
+    env = {**(os.environ if environ is None else environ), **lp.env}
+    facts = dataclasses.replace(facts, env=env)
+    # lp.argv = [python, pretrain_gpt.py, flags…]; what is started may be longer (the CPU runner adds its
+    # flags after them): check the flags that Megatron-LM will actually parse
+    words = list(getattr(lp, "command", lp.argv))
+    script = lp.argv[1]
+    flags = words[words.index(script) + 1 :] if script in words else list(lp.argv[2:])
+    if getattr(lp, "cpu", False):
+        # Megatron-LM on this machine's CPU: its runner reports an A100-class device, and there is no TE
+        facts = DeviceFacts("this machine: Megatron-LM on the CPU (the CPU runner's A100-class device)",
+                            gpu_arch=(8, 0), transformer_engine=None, env=env)  # fmt: skip
+    st = lp.stage
+    job = StageJob(st.name, flags, st.world, st.gpus_per_node, rotary_base=float(st.rotary_base),
+                   seq_length=st.seq_length)  # fmt: skip
+    return require_passed(run_preflight(script, [job], facts), where=script)
 
 
 def evaluates_after(rp: ResolvedPlan, outcome: LaunchOutcome, *, backend: Backend, enabled: bool) -> bool:
