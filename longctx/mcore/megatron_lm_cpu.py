@@ -11,6 +11,8 @@ skip GPU-only compilation and warm-up, back the "CUDA" RNG with a CPU generator,
 optimizer state the distributed optimizer expects from a fused (Apex/TE) optimizer.
 
 The CPU flags a launch needs on top of a GPU argv are `longctx.stage.megatron_args.cpu_flags()`.
+Context parallelism (CP > 1) also needs `--spec longctx.mcore.megatron_lm_spec layer_spec`: Megatron's
+local DotProductAttention refuses CP, longctx's core attention runs it (shim 12 covers the device queries).
 """
 
 from __future__ import annotations
@@ -322,6 +324,38 @@ def _optimizer_step_zero() -> bool:
     return True
 
 
+# -- 12. device queries of TP > 1 / CP > 1 ---------------------------------------------------------------------
+
+
+class _PretendDeviceProperties:
+    """What torch.cuda.get_device_properties reports for the pretend device: an A100-class GPU (arch 8.0)."""
+
+    name = "longctx pretend A100-class device (CPU)"
+    major = 8
+    minor = 0
+    multi_processor_count = 108
+    total_memory = 80 * 2**30
+    is_integrated = False
+    is_multi_gpu_board = False
+
+    def __repr__(self) -> str:
+        return f"_PretendDeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor})"
+
+
+def _pretend_ampere_device() -> None:
+    # With TP > 1 or CP > 1, validate_args (arguments.py:928 at core_v0.16.1) asks get_device_arch_version()
+    # = torch.cuda.get_device_properties("cuda:0").major, and below Blackwell (arch < 10) asserts
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 (arguments.py:951); --moe-grouped-gemm asks get_device_capability()
+    # (:853). The pretend device is an A100-class GPU (8.0), and the variable is set when unset (it only
+    # orders CUDA kernel queues; a different value the user set is left for Megatron to refuse).
+    import os
+
+    torch.cuda.get_device_properties = lambda *_a, **_k: _PretendDeviceProperties()  # type: ignore[assignment]
+    torch.cuda.get_device_capability = lambda *_a, **_k: (8, 0)  # type: ignore[assignment]
+    torch.cuda.get_device_name = lambda *_a, **_k: _PretendDeviceProperties.name  # type: ignore[assignment]
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+
+
 SHIMS: list[tuple[str, Callable[[], object]]] = [
     ("batch_invariant_kernels_stub", _stub_batch_invariant_kernels),
     ("pretend_cuda_device", _pretend_cuda_device),
@@ -332,4 +366,5 @@ SHIMS: list[tuple[str, Callable[[], object]]] = [
     ("skip_gpu_compilation", _skip_gpu_compilation),
     ("forked_write_queue", _forked_write_queue),
     ("optimizer_step_zero", _optimizer_step_zero),
+    ("pretend_ampere_device", _pretend_ampere_device),
 ]
