@@ -26,7 +26,10 @@ app = typer.Typer(
 
 # The library is imported inside the commands: `longctx --help` need not load the plan machinery.
 
-Force = force("launch even if tokenizer/data/base/RoPE differ from the ledger")
+Force = force(
+    "launch even if tokenizer/data/base/RoPE differ from the ledger; resume a started stage whose LR schedule "
+    "changed (megatron-lm: adds --override-opt_param-scheduler); the override is recorded in the ledger"
+)
 
 
 def _resolved(plan: Path, run_dir: Path | None):
@@ -209,11 +212,15 @@ def run(
         raise StageError(f"unknown backend {backend!r}", fix="use --backend local or --backend megatron-lm")
 
     def launch(rp, step):
-        lp = launch_plan(rp, step, backend, check_megatron=not dry_run)  # type: ignore[arg-type]
+        lp = launch_plan(rp, step, backend, check_megatron=not dry_run, force=force)  # type: ignore[arg-type]
         console.print(
             f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}"
             + (f" — repair: {lp.step.repair.reason}" if lp.step.repair else "")
         )
+        if lp.schedule_override:
+            changed = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in lp.schedule_override.items())
+            err_console.print(f"warning: --force: {lp.stage.name} resumes with another LR schedule ({changed}): "
+                              "--override-opt_param-scheduler", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
         if dry_run:
             console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
             return None
@@ -226,6 +233,11 @@ def run(
             f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "
             f"{outcome.end_iteration} ({outcome.status}), {outcome.seconds:.0f} s"
         )
+        if outcome.no_progress:
+            label = "error" if outcome.verdict == "failed" else "warning"
+            err_console.print(
+                f"{label}: {outcome.no_progress}", markup=False, highlight=False, soft_wrap=True
+            )
         if evaluates_after(rp, outcome, backend=backend, enabled=eval_after):  # type: ignore[arg-type]
             warning = evaluate_finished(rp, outcome.stage)
             if warning:

@@ -19,6 +19,10 @@ from typing import IO, Protocol
 
 from longctx.util.net import free_port
 
+# Every SIGTERM/SIGUSR1/SIGINT a launcher of this process received while its workers ran: a launch that
+# made no progress because it was asked to stop (a time limit, a cancel) is an interruption, not a failure.
+SIGNALS_RECEIVED: list[int] = []
+
 
 class Launcher(Protocol):
     def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int: ...
@@ -47,6 +51,7 @@ class LocalLauncher:
 
         def forward(signum: int, _frame: object) -> None:
             forwarded.append(signum)
+            SIGNALS_RECEIVED.append(signum)
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signum)

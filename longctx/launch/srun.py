@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import SlurmError
-from longctx.launch.local import pump_lines
+from longctx.launch.local import SIGNALS_RECEIVED, pump_lines
 
 SRUN_CONFIG_ENV = "LONGCTX_SRUN_CONFIG"
 NODES_ENV = "LONGCTX_NODES"  # a launch may use fewer nodes than the job holds
@@ -143,6 +143,7 @@ class SrunLauncher:
             # second time, and srun turns a repeated signal into SIGKILL for its tasks. This process only
             # stays alive to record the launch's end.
             received.append(signum)
+            SIGNALS_RECEIVED.append(signum)
 
         old = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
         pump = None

@@ -4,7 +4,8 @@
     submit(rendered, rp, chain=, dry_run=)       N × `sbatch --parsable --dependency=afterany:PREV`
     job_end(rp, exit_code, scripts_dir=)         after `stage run` in every job: record, submit the
                                                  eval job of a finished stage, cancel the jobs queued
-                                                 behind when the plan is done (or cannot go on)
+                                                 behind when the plan is done (or cannot go on: see
+                                                 chain_stop_reason)
     cancel(rp)                                   scancel the plan's queued and running jobs
 
 Estimate: a stage's remaining tokens / (tokens per GPU-second at its length × its GPUs) is its training
@@ -261,17 +262,37 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
                                     "script": str(script)})  # fmt: skip
             evals[stage] = jid
 
-    why = None
-    if step.action == "all-done":
-        why = "the plan is complete"
-    elif step.action == "blocked":
-        why = f"the plan cannot go on: {step.reason}"
-    else:
-        streak = _failure_streak(ledger.read(run_dir))
-        if streak >= FAILURE_STREAK:
-            why = f"{streak} jobs in a row failed without progress (last exit {exit_code})"
+    why = chain_stop_reason(step.action, step.reason, ledger.read(run_dir), job=job, exit_code=exit_code)
     cancelled = cancel_behind(rp, reason=why) if why else []
     return JobEnd(job, exit_code, progress, step.action, step.stage, step.reason, cancelled, evals)
+
+
+def chain_stop_reason(
+    action: str, reason: str, records: list[dict[str, Any]], *, job: str | None, exit_code: int
+) -> str | None:
+    """Why the chain's queued jobs must be cancelled after this job (None: let the next job run).
+
+    - the plan is complete, or blocked;
+    - this job's last launch exited 0 without progress (no iteration, no new save: Megatron-LM's
+      "Unable to load rng state", --exit-on-missing-checkpoint, …): the next job would decide the same
+      step from the same disk and repeat it, so it is stopped at once;
+    - FAILURE_STREAK jobs in a row failed without progress (a failure that may be transient — a node, the
+      file system — gets retried that often)."""
+    if action == "all-done":
+        return "the plan is complete"
+    if action == "blocked":
+        return f"the plan cannot go on: {reason}"
+    ends = [r for r in records if r.get("event") == "end" and job is not None and str(r.get("job_id")) == job]
+    last = ends[-1] if ends else None
+    if last is not None and int(last.get("exit_code", 1)) == 0 and last.get("no_progress"):
+        return (
+            f"stage {last.get('stage')}'s launch made no progress and the next job would repeat it: "
+            f"{last['no_progress']}"
+        )
+    streak = _failure_streak(records)
+    if streak >= FAILURE_STREAK:
+        return f"{streak} jobs in a row failed without progress (last exit {exit_code})"
+    return None
 
 
 def _failure_streak(records: list[dict[str, Any]]) -> int:
@@ -324,6 +345,7 @@ __all__ = [
     "SubmitResult",
     "cancel",
     "cancel_behind",
+    "chain_stop_reason",
     "estimate_chain",
     "job_end",
     "log_dir",

@@ -4,6 +4,11 @@ Each launch writes a `launch` record before the process starts and an `end` reco
 A launch records what the stage is bound to — tokenizer md5, data digests, base checkpoint identity,
 RoPE base, sequence length. Relaunching a stage with anything different is refused unless forced, and
 the override is recorded.
+
+A launch also records the stage's LR schedule (`Binding.schedule`). Megatron-LM asserts on resume that
+the scheduler's values equal the checkpoint's (OptimizerParamScheduler._check_and_set), so a started
+stage whose plan now asks another schedule is refused (`check_schedule`) unless forced; a forced launch
+adds `--override-opt_param-scheduler` and records the override (old → new).
 """
 
 from __future__ import annotations
@@ -25,6 +30,18 @@ LEDGER_NAME = "ledger.jsonl"
 # what a stage is bound to once it has launched
 BINDING_FIELDS = ("tokenizer_md5", "data_digest", "base_identity", "rotary_base", "seq_length")
 
+# what Megatron-LM's OptimizerParamScheduler checks against a resumed checkpoint, keyed as Megatron's args
+# (global_batch_size: the scheduler counts warmup/decay/weight-decay steps in samples = iterations × it)
+SCHEDULE_FIELDS: dict[str, str] = {
+    "lr": "--lr",
+    "min_lr": "--min-lr",
+    "lr_warmup_iters": "--lr-warmup-iters",
+    "lr_decay_iters": "--lr-decay-iters",
+    "lr_decay_style": "--lr-decay-style",
+    "weight_decay": "--weight-decay",
+    "global_batch_size": "--global-batch-size",
+}
+
 
 @dataclasses.dataclass
 class Binding:
@@ -33,6 +50,7 @@ class Binding:
     base_identity: str
     rotary_base: int
     seq_length: int
+    schedule: dict[str, Any] | None = None  # SCHEDULE_FIELDS → value (checked by check_schedule)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,5 +125,62 @@ def check_binding(run_dir: Path, stage: str, current: Binding, *, force: bool) -
             f"stage {stage!r} was launched with different inputs than now ({detail})",
             where=str(ledger_path(run_dir)),
             fix="restore the original tokenizer/data/base/RoPE, or pass --force to override (recorded in the ledger)",
+        )
+    return conflicts
+
+
+# -- the LR schedule a started stage's checkpoints carry ------------------------------------------
+
+
+def recorded_schedule(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    """The schedule the stage's saves were written with: its first launch's, replaced by a later launch's
+    (a forced override) only once that launch made progress (its `end` record is past its start) — a
+    launch that saved nothing left the checkpoint's scheduler as it was. None: nothing recorded."""
+    current: dict[str, Any] | None = None
+    pending: dict[str, Any] | None = None
+    for rec in read(run_dir):
+        if rec.get("stage") != stage:
+            continue
+        if rec.get("event") == "launch":
+            pending = (rec.get("binding") or {}).get("schedule")
+            if current is None:
+                current = pending
+        elif rec.get("event") == "end" and pending is not None and _progressed(rec):
+            current = pending
+    return current
+
+
+def _progressed(end: dict[str, Any]) -> bool:
+    return int(end.get("end_iteration", 0)) > int(end.get("start_iteration", 0)) or bool(end.get("new_saves"))
+
+
+def schedule_conflicts(
+    recorded: dict[str, Any] | None, current: dict[str, Any] | None
+) -> dict[str, tuple[Any, Any]]:
+    if not recorded or not current:
+        return {}
+    return {
+        k: (recorded[k], current.get(k))
+        for k in SCHEDULE_FIELDS
+        if k in recorded and k in current and recorded[k] != current[k]
+    }
+
+
+def check_schedule(
+    run_dir: Path, stage: str, current: dict[str, Any] | None, *, force: bool
+) -> dict[str, tuple[Any, Any]]:
+    """For a started stage (a tracker in its save dir): raise StageError when the plan's schedule differs
+    from the one its checkpoints carry (unless force); return the differences (old, new)."""
+    conflicts = schedule_conflicts(recorded_schedule(run_dir, stage), current)
+    if conflicts and not force:
+        detail = "; ".join(f"{k} ({SCHEDULE_FIELDS[k]}): {a!r} → {b!r}" for k, (a, b) in conflicts.items())
+        revert = ", ".join(f"{k} = {a!r}" for k, (a, _) in conflicts.items())
+        raise StageError(
+            f"stage {stage!r} has started and its checkpoint's LR schedule differs from the plan's now "
+            f"(recorded at its launch → now: {detail}); Megatron-LM would stop on resume "
+            "(OptimizerParamScheduler asserts these equal the checkpoint's)",
+            where=str(ledger_path(run_dir)),
+            fix=f"revert the plan's schedule ({revert}), or pass --force to resume with the new schedule "
+            "(adds --override-opt_param-scheduler; the override is recorded in the ledger)",
         )
     return conflicts

@@ -276,10 +276,20 @@ def _refuse_unhonoured(flags: list[Flag], version: str, where: Path | None) -> N
             )
 
 
-def argv(rp: ResolvedPlan, st: ResolvedStage, script: str = "pretrain_gpt.py") -> list[str]:
+# a resumed stage whose LR schedule was changed on purpose (`stage run --force`): Megatron-LM takes the
+# scheduler's values from the argv instead of asserting they equal the checkpoint's
+OVERRIDE_SCHEDULER_FLAG = "--override-opt_param-scheduler"
+
+
+def argv(
+    rp: ResolvedPlan, st: ResolvedStage, script: str = "pretrain_gpt.py", *, override_scheduler: bool = False
+) -> list[str]:
+    """The stage's argv; `override_scheduler` (only when asked) appends OVERRIDE_SCHEDULER_FLAG."""
     words = [script]
     for f in stage_flags(rp, st):
         words += f.words()
+    if override_scheduler:
+        words.append(OVERRIDE_SCHEDULER_FLAG)
     return words
 
 

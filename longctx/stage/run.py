@@ -3,6 +3,13 @@
 prepare_launch(rp, backend)  → LaunchPlan (what `--dry-run` prints)
 execute(rp, launch, launcher) → LaunchOutcome (the ledger gets `launch` and `end` records)
 
+A launch after which the stage's iteration did not advance and no new save appeared made no progress
+(Megatron-LM exits 0 without training on "Unable to load rng state" and on --exit-on-missing-checkpoint):
+`execute` says why in `LaunchOutcome.no_progress`, with the launch log's relevant lines, and records it
+in the `end` record; `LaunchOutcome.verdict` is the one place that decides failed / interrupted / ok (the
+until-done loop and the Slurm chain's job_end act on it). A resume whose plan changed the LR schedule of
+the started stage is refused in `launch_plan` unless forced (see ledger.check_schedule).
+
 Launching step after step until the plan is done is `longctx.stage.until_done`.
 """
 
@@ -11,15 +18,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Literal
 
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.layout import TRACKER, complete_iterations, read_tracker
 from longctx.errors import StageError
-from longctx.launch.local import Launcher
+from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.stage_data import stage_blend
@@ -51,6 +59,8 @@ class LaunchPlan:
     train_spec: TrainSpec | None = None  # the local backend's, written to spec_path at launch
     # megatron-lm on a machine without CUDA: `argv` (the stage's, as on a GPU) runs through the CPU runner
     cpu: bool = False
+    # a started stage resumed with another LR schedule (forced): field → (old, new); argv has the override
+    schedule_override: dict[str, tuple[object, object]] | None = None
 
     @property
     def command(self) -> list[str]:
@@ -73,6 +83,83 @@ class LaunchOutcome:
     end_iteration: int
     status: str  # the stage's status on disk afterwards
     seconds: float
+    new_saves: list[int] = dataclasses.field(default_factory=list)  # complete saves the launch added
+    no_progress: str | None = None  # why the launch made no progress (execute: with the log's lines)
+    log_lines: list[str] = dataclasses.field(default_factory=list)  # the log's lines that say why
+    interrupted: bool = False  # a signal asked the launch to stop (time limit, cancel) while it ran
+
+    @property
+    def progressed(self) -> bool:
+        return self.end_iteration > self.start_iteration or bool(self.new_saves) or self.status == "done"
+
+    @property
+    def verdict(self) -> Literal["ok", "failed", "interrupted"]:
+        """failed: a non-zero exit, or an exit 0 without progress (no iteration, no new save: Megatron-LM's
+        "Unable to load rng state", --exit-on-missing-checkpoint, a script that does not train);
+        interrupted: no progress because a signal asked it to stop before its first save; else ok."""
+        if self.exit_code != 0:
+            return "failed"
+        if self.progressed:
+            return "ok"
+        return "interrupted" if self.interrupted else "failed"
+
+
+# -- a launch without progress: what its log says -----------------------------------------------------
+
+# Megatron-LM's messages when it stops without training (checkpointing.py), and failures in general
+_LOG_PATTERNS = (
+    re.compile(r"Unable to load rng state", re.I),
+    re.compile(r"exit-on-missing-checkpoint|missing checkpoint", re.I),
+    re.compile(r"could not find the metadata file|will not load any checkpoints", re.I),
+    re.compile(r"Traceback \(most recent call last\)"),
+    re.compile(r"^\s*(?:\[[^\]]*\]\s*)?(?:[\w.]+(?:Error|Exception)|AssertionError|KeyboardInterrupt)\b"),
+    re.compile(r"\bexiting\b.*\.\.\.|exiting program", re.I),
+)
+_LOG_TAIL_BYTES = 4 << 20
+_LOG_SHOWN = 6
+_HINTS = (
+    ("Unable to load rng state",
+     "the save has no RNG state this launch can load (written by the local backend, or TP/PP changed): "
+     "add --no-load-rng to the stage's extra_args, or resume with the parallelism it was saved with"),
+    ("missing checkpoint",
+     "Megatron-LM found no tracker in --load nor in --pretrained-checkpoint: check the stage's save dir "
+     "and the previous stage's (`longctx stage status`, `longctx ckpt check`)"),
+)  # fmt: skip
+
+
+def relevant_log_lines(log: Path, *, limit: int = _LOG_SHOWN) -> list[str]:
+    """The last `limit` lines of a launch log that say why it stopped (deduplicated across ranks)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    hits: list[str] = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if line and any(p.search(line) for p in _LOG_PATTERNS):
+            if line in hits:
+                hits.remove(line)
+            hits.append(line)
+    return hits[-limit:]
+
+
+def no_progress_message(stage: str, exit_code: int, iteration: int, save_dir: Path, log: Path,
+                        lines: list[str]) -> str:  # fmt: skip
+    """Why a launch made no progress, quoting its log."""
+    head = (
+        f"stage {stage} made no progress: the launch exited {exit_code} at iteration {iteration} and "
+        f"wrote no new save in {save_dir} (log: {log})"
+    )
+    if not lines:
+        return head + "; the log does not say why"
+    text = head + "; the log says:\n" + "\n".join(f"  {x}" for x in lines)
+    for needle, hint in _HINTS:
+        if any(needle.lower() in x.lower() for x in lines):
+            text += f"\nfix: {hint}"
+            break
+    return text
 
 
 # -- binding: what a stage launch depends on --------------------------------------------------------
@@ -120,7 +207,22 @@ def binding_for(rp: ResolvedPlan, st: ResolvedStage) -> ledger.Binding:
         base_identity=base,
         rotary_base=st.rotary_base,
         seq_length=st.seq_length,
+        schedule=schedule_for(st),
     )
+
+
+def schedule_for(st: ResolvedStage) -> dict[str, object]:
+    """The stage's LR schedule as Megatron-LM's scheduler checks it on resume (ledger.SCHEDULE_FIELDS),
+    from the same values as megatron_args.lr_flags."""
+    return {
+        "lr": float(st.lr.lr),
+        "min_lr": float(st.lr.min_lr),
+        "lr_warmup_iters": int(st.warmup_iters),
+        "lr_decay_iters": int(st.train_iters),
+        "lr_decay_style": str(st.lr.decay_style),
+        "weight_decay": float(st.lr.weight_decay),
+        "global_batch_size": int(st.global_batch_size),
+    }
 
 
 # -- backends ---------------------------------------------------------------------------------------
@@ -209,20 +311,24 @@ def megatron_on_cpu() -> bool:
 
 
 def prepare_launch(
-    rp: ResolvedPlan, backend: Backend, *, check_megatron: bool = True
+    rp: ResolvedPlan, backend: Backend, *, check_megatron: bool = True, force: bool = False
 ) -> LaunchPlan | NextStep:
     """The next launch of the plan, or the NextStep when there is nothing to launch (all done)."""
     step = next_step(rp, plan_state(rp))
     if step.action == "all-done":
         return step
     require_runnable(step)
-    return launch_plan(rp, step, backend, check_megatron=check_megatron)
+    return launch_plan(rp, step, backend, check_megatron=check_megatron, force=force)
 
 
 def launch_plan(
-    rp: ResolvedPlan, step: NextStep, backend: Backend, *, check_megatron: bool = True
+    rp: ResolvedPlan, step: NextStep, backend: Backend, *, check_megatron: bool = True, force: bool = False
 ) -> LaunchPlan:
-    """How to launch `step` (a first launch or a resume, from `next_step`) on `backend`."""
+    """How to launch `step` (a first launch or a resume, from `next_step`) on `backend`.
+
+    megatron-lm: a started stage (a tracker in its save dir, or a resume) whose LR schedule differs from
+    the one its checkpoints carry is refused (StageError); with `force` the argv gets
+    --override-opt_param-scheduler and `schedule_override` says what changed."""
     st = rp.stage(step.stage or "")
     stage_root = paths.stage_dir(rp.plan, st.name)
     log = (
@@ -243,9 +349,17 @@ def launch_plan(
         script = (
             Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / "pretrain_gpt.py"
         )
+    override: dict[str, tuple[object, object]] | None = None
+    if step.action == "resume" or (st.save_dir / TRACKER).exists():
+        override = (
+            ledger.check_schedule(paths.run_dir(rp.plan), st.name, binding.schedule, force=force) or None
+        )
     # one process per GPU with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*): the
     # local launcher on one node, srun + torchrun across nodes (longctx.launch.srun)
-    words = [sys.executable, *megatron_argv(rp, st, script=str(script))]
+    words = [
+        sys.executable,
+        *megatron_argv(rp, st, script=str(script), override_scheduler=override is not None),
+    ]
     env = {
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "PYTHONPATH": str(script.parent),
@@ -260,7 +374,8 @@ def launch_plan(
             1, (os.cpu_count() or 1) // max(1, st.gpus_per_node)
         )
         env["OMP_NUM_THREADS"] = str(threads)
-    return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu)
+    return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu,
+                      schedule_override=override)  # fmt: skip
 
 
 def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:
@@ -282,7 +397,11 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         "repair": None if repair is None else {"tracker": str(repair.tracker), "old": repair.old, "new": repair.new,
                                                "reason": repair.reason},
         "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
+        "schedule_override": {k: list(v) for k, v in lp.schedule_override.items()} if lp.schedule_override
+        else None,
     })  # fmt: skip
+    saves_before = set(complete_iterations(lp.stage.save_dir))
+    signals_before = len(SIGNALS_RECEIVED)
     t0 = time.monotonic()
     code = launcher.run(lp.command, nproc=lp.nproc, env=lp.env, log=lp.log)
     after = plan_state(rp)[lp.stage.index]
@@ -294,8 +413,16 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         after.iteration,
         after.status,
         time.monotonic() - t0,
+        new_saves=sorted(set(after.complete) - saves_before),
+        interrupted=len(SIGNALS_RECEIVED) > signals_before,
     )
+    if not outcome.progressed and not outcome.interrupted:
+        outcome.log_lines = relevant_log_lines(lp.log)
+        outcome.no_progress = no_progress_message(lp.stage.name, code, lp.step.start_iteration, lp.stage.save_dir,
+                                                  lp.log, outcome.log_lines)  # fmt: skip
     ledger.append(run_dir, {"event": "end", "stage": lp.stage.name, "exit_code": code,
                             "start_iteration": lp.step.start_iteration, "end_iteration": after.iteration,
-                            "status": after.status, "seconds": round(outcome.seconds, 1)})  # fmt: skip
+                            "status": after.status, "seconds": round(outcome.seconds, 1),
+                            "new_saves": outcome.new_saves, "outcome": outcome.verdict,
+                            "no_progress": outcome.no_progress, "log_lines": outcome.log_lines or None})  # fmt: skip
     return outcome

@@ -1,8 +1,8 @@
 """Launch the steps of a plan until it is done, deciding from disk before each one.
 
     result = run_until_done(resolve, launch, until_done=True)
-    result.stop        # all-done | dry-run | failed | stalled | one-step
-    result.exit_code   # 0, or the failed launch's exit code
+    result.stop        # all-done | dry-run | failed | interrupted | one-step
+    result.exit_code   # 0, or the failed launch's exit code (1 for a launch that exited 0 but failed)
 
 `resolve()` re-reads the plan before every step and `next_step` reads its save dirs, so any step may
 die and the next decision still comes from disk (never from an exit code). A blocked step raises
@@ -28,7 +28,7 @@ from longctx.stage.preflight import DeviceFacts, PreflightReport, StageJob, requ
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 
-Stop = Literal["all-done", "dry-run", "failed", "stalled", "one-step"]
+Stop = Literal["all-done", "dry-run", "failed", "interrupted", "one-step"]
 Resolve = Callable[[], ResolvedPlan]
 LaunchStep = Callable[[ResolvedPlan, NextStep], LaunchOutcome | None]
 
@@ -55,13 +55,25 @@ class UntilDone:
 
 
 def after_step(outcome: LaunchOutcome, *, until_done: bool) -> tuple[Stop, str] | None:
-    """Whether to stop after a launch, and why; None: launch the next step."""
-    if outcome.exit_code != 0:
-        return "failed", f"stage {outcome.stage} exited with {outcome.exit_code}"
+    """Whether to stop after a launch, and why; None: launch the next step.
+
+    The decision is `LaunchOutcome.verdict`: a launch that exited 0 without progress fails (with what its
+    log says: Megatron-LM's "Unable to load rng state", --exit-on-missing-checkpoint, a traceback), and
+    so stops the loop and, recorded in the ledger, a Slurm chain (job_end); one that a signal stopped
+    before its first save was interrupted (the next job resumes from the same save)."""
+    verdict = outcome.verdict
+    if verdict == "failed":
+        if outcome.exit_code != 0:
+            why = f"stage {outcome.stage} exited with {outcome.exit_code}"
+            return "failed", why + (f"; {outcome.no_progress}" if outcome.no_progress else "")
+        return "failed", outcome.no_progress or f"stage {outcome.stage} made no progress"
+    if verdict == "interrupted":
+        return "interrupted", (
+            f"stage {outcome.stage} was asked to stop (a signal) at iteration {outcome.end_iteration} before "
+            "its next save; the next launch resumes from the last save"
+        )
     if not until_done:
         return "one-step", f"stage {outcome.stage}: one step launched"
-    if outcome.end_iteration == outcome.start_iteration and outcome.status != "done":
-        return "stalled", f"stage {outcome.stage} made no progress (iteration {outcome.end_iteration})"
     return None
 
 

@@ -41,7 +41,9 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
     expected = json.loads(r.output)[1:]
 
     r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm", "--no-preflight"])
-    assert r.exit_code == 0, r.output
+    # the stand-in trains nothing: a launch that exits 0 without progress is a failure, said as such
+    assert r.exit_code == 1, r.output
+    assert "stage s1 made no progress" in r.output
     calls = [json.loads(x) for x in record.read_text().splitlines()]
     assert sorted(c["rank"] for c in calls) == ["0", "1"] and {c["world"] for c in calls} == {"2"}
     assert all(c["argv"] == expected for c in calls)
@@ -49,9 +51,10 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
     launch = next(x for x in ledger.read(fresh_run) if x["event"] == "launch")
     assert launch["backend"] == "megatron-lm" and launch["argv"] == [str(mlm / "pretrain_gpt.py"), *expected]
     assert launch["cpu"] is None
-    # Megatron exits 0 without saving here: the stage is still pending, decided from disk, not from the exit code
+    # the stage is still pending, decided from disk, not from the exit code; the ledger says it failed
     end = next(x for x in ledger.read(fresh_run) if x["event"] == "end")
-    assert (end["exit_code"], end["status"]) == (0, "pending")
+    assert (end["exit_code"], end["status"], end["outcome"]) == (0, "pending", "failed")
+    assert "made no progress" in end["no_progress"]
 
 
 def test_megatron_lm_backend_needs_a_checkout(fresh_run: Path, tmp_path: Path, monkeypatch) -> None:

@@ -81,7 +81,7 @@ def test_a_failed_launch_stops_with_its_exit_code(plan: Path) -> None:
 def test_a_step_without_progress_stops(plan: Path) -> None:
     trainer = Trainer(stop_at=2)
     result = run_until_done(_resolve(plan), trainer)  # s1: 0 → 2, then 2 → 2 (no progress)
-    assert result.stop == "stalled" and "made no progress" in result.reason and result.exit_code == 0
+    assert result.stop == "failed" and "made no progress" in result.reason and result.exit_code == 1
     assert [(a, s) for _, a, s in trainer.launched] == [("first-launch", 0), ("resume", 2)]
 
 
@@ -102,7 +102,7 @@ def test_after_step() -> None:
 
     assert after_step(outcome(0, 0, 2, "in-progress"), until_done=True) is None
     assert after_step(outcome(0, 2, 2, "done"), until_done=True) is None
-    assert after_step(outcome(0, 2, 2, "in-progress"), until_done=True)[0] == "stalled"
+    assert after_step(outcome(0, 2, 2, "in-progress"), until_done=True)[0] == "failed"
     assert after_step(outcome(0, 0, 2, "in-progress"), until_done=False)[0] == "one-step"
     assert after_step(outcome(1, 0, 2, "in-progress"), until_done=True)[0] == "failed"
 
