@@ -156,6 +156,24 @@ def attention_flags(st: ResolvedStage) -> list[Flag]:
     return [_f("--attention-backend", st.attention_backend)]
 
 
+# What megatron-core's LanguageModule asserts (or sets) for each --attention-backend: the NVTE_* switches
+# of TransformerEngine. A launch sets them, so values left over in the environment (a container's, or
+# an earlier model built in the same process) cannot contradict the chosen kernel.
+_ATTENTION_ENV = {
+    "local": (0, 0, 0),
+    "flash": (1, 0, 0),
+    "fused": (0, 1, 0),
+    "unfused": (0, 0, 1),
+    "auto": (1, 1, 1),
+}
+
+
+def attention_backend_env(backend: str) -> dict[str, str]:
+    """NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN as Megatron-LM expects them for `backend`."""
+    flash, fused, unfused = _ATTENTION_ENV[backend]
+    return {"NVTE_FLASH_ATTN": str(flash), "NVTE_FUSED_ATTN": str(fused), "NVTE_UNFUSED_ATTN": str(unfused)}
+
+
 def recompute_flags(st: ResolvedStage) -> list[Flag]:
     """The recompute policy in Megatron's own options (never `--recompute-activations`: it means selective
     recompute of core_attn alone, which saves almost nothing with flash or fused attention)."""

@@ -33,7 +33,7 @@ from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.stage_data import stage_blend
 from longctx.stage import ledger
 from longctx.stage.megatron_args import argv as megatron_argv
-from longctx.stage.megatron_args import cpu_flags
+from longctx.stage.megatron_args import attention_backend_env, cpu_flags
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
@@ -365,6 +365,7 @@ def launch_plan(
         "PYTHONPATH": str(script.parent),
         # the srun launcher starts one torchrun per node of this stage
         "LONGCTX_NODES": str(st.nodes),
+        **attention_backend_env(st.attention_backend),
     }
     cpu = megatron_on_cpu()
     if cpu:

@@ -29,12 +29,16 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
         with open({str(record)!r}, "a") as f:
             f.write(json.dumps({{"argv": sys.argv[1:], "rank": os.environ["RANK"],
                                 "world": os.environ["WORLD_SIZE"],
-                                "cuda_max_conn": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}}) + "\\n")
+                                "cuda_max_conn": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+                                "nvte": [os.environ.get(k) for k in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN",
+                                                                     "NVTE_UNFUSED_ATTN")]}}) + "\\n")
         """)
     )
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
     monkeypatch.setenv("LONGCTX_MEGATRON_CPU", "0")
+    # left over from a model built earlier in this process (megatron-core's "auto" sets all three to 1)
+    monkeypatch.setenv("NVTE_FUSED_ATTN", "1")
 
     r = CliRunner().invoke(app, ["stage", "args", str(plan), "s1", "--json"])
     assert r.exit_code == 0, r.output
@@ -48,6 +52,7 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
     assert sorted(c["rank"] for c in calls) == ["0", "1"] and {c["world"] for c in calls} == {"2"}
     assert all(c["argv"] == expected for c in calls)
     assert {c["cuda_max_conn"] for c in calls} == {"1"}
+    assert all(c["nvte"] == ["1", "0", "0"] for c in calls)  # what --attention-backend flash expects
     launch = next(x for x in ledger.read(fresh_run) if x["event"] == "launch")
     assert launch["backend"] == "megatron-lm" and launch["argv"] == [str(mlm / "pretrain_gpt.py"), *expected]
     assert launch["cpu"] is None
