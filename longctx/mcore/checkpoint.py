@@ -58,12 +58,14 @@ def save_checkpoint(
     args: argparse.Namespace,
     sharded_extra: Mapping[str, Any] | None = None,
     common_extra: Mapping[str, Any] | None = None,
+    content_metadata: Mapping[str, Any] | None = None,
     write_tracker: bool = True,
 ) -> Path:
     """Save `model` (+ optional optimizer/RNG entries) as SAVE/iter_N; then update the tracker.
 
     `sharded_extra` may hold ShardedTensor/ShardedObject trees (optimizer, rng_state); `common_extra`
-    plain picklable values (opt_param_scheduler, consumed samples). Every rank must call this.
+    plain picklable values (opt_param_scheduler, consumed samples); `content_metadata` is what
+    Megatron-LM's loader reads the optimizer layout from. Every rank must call this.
     """
     use_fork_write_queue()
     root = Path(save_dir)
@@ -84,7 +86,9 @@ def save_checkpoint(
     }
     state.update(common_extra or {})
     state.update(sharded_extra or {})
-    dist_checkpointing.save(state, str(target))
+    dist_checkpointing.save(
+        state, str(target), content_metadata=dict(content_metadata) if content_metadata else None
+    )
     _barrier()
     if write_tracker and _rank() == 0:
         atomic_write_text(root / TRACKER, f"{iteration}\n")

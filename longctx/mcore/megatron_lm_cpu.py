@@ -7,8 +7,8 @@ the call sites it covers and why it is needed. `apply_shims()` is applied by the
 patch anything when CUDA is available, so a GPU run executes the script untouched.
 
 Nothing here changes the maths: the shims report a pretend device (CPU tensors stand in for CUDA ones),
-skip GPU-only compilation and warm-up, back the "CUDA" RNG with a CPU generator, and fill in the one
-optimizer state the distributed optimizer expects from a fused (Apex/TE) optimizer.
+skip GPU-only compilation and warm-up, back the "CUDA" RNG with a CPU generator, and bridge the two
+places where the distributed optimizer expects a fused (Apex/TE) optimizer's state (no per-parameter `step`).
 
 The CPU flags a launch needs on top of a GPU argv are `longctx.stage.megatron_args.cpu_flags()`.
 Context parallelism (CP > 1) also needs `--spec longctx.mcore.megatron_lm_spec layer_spec`: Megatron's
@@ -324,6 +324,45 @@ def _optimizer_step_zero() -> bool:
     return True
 
 
+def _resume_with_torch_adam_steps() -> bool:
+    # Loading a fully_reshardable save (distrib_optimizer.py:940) copies a source tensor into every entry
+    # of the torch Adam state; without Apex/TE that state also holds `step`, which has no source tensor
+    # (the step comes from the param groups, set just before): KeyError. The step entry is left alone.
+    from megatron.core.optimizer import distrib_optimizer
+
+    if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
+        return False
+    cls = distrib_optimizer.DistributedOptimizer
+    orig = cls._set_main_param_and_optimizer_states
+
+    @functools.wraps(orig)
+    def set_states(self: Any, model_param: Any, tensors: dict[str, Any]) -> Any:
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            step = self.optimizer.state[main_param].get("step")
+            if step is not None:
+                tensors = {**tensors, "step": step}
+        return orig(self, model_param, tensors)
+
+    # It also gives every parameter's state the *same* step tensor (distrib_optimizer.py:822), which torch's
+    # AdamW then increments once per parameter: from the second resumed step on, the bias corrections are
+    # those of a step count many times too high. Each state gets its own copy.
+    load_orig = cls.load_state_dict
+
+    @functools.wraps(load_orig)
+    def load_state_dict(self: Any, state_dict: Any) -> Any:
+        out = load_orig(self, state_dict)
+        for st in self.optimizer.state.values():
+            if isinstance(st.get("step"), torch.Tensor):
+                st["step"] = st["step"].clone()
+        return out
+
+    cls._set_main_param_and_optimizer_states = set_states
+    cls.load_state_dict = load_state_dict
+    return True
+
+
 # -- 12. device queries of TP > 1 / CP > 1 ---------------------------------------------------------------------
 
 
@@ -366,5 +405,6 @@ SHIMS: list[tuple[str, Callable[[], object]]] = [
     ("skip_gpu_compilation", _skip_gpu_compilation),
     ("forked_write_queue", _forked_write_queue),
     ("optimizer_step_zero", _optimizer_step_zero),
+    ("resume_with_torch_adam_steps", _resume_with_torch_adam_steps),
     ("pretend_ampere_device", _pretend_ampere_device),
 ]

@@ -209,6 +209,9 @@ def _parallel_flags(st: ResolvedStage) -> list[Flag]:
         flags.append(_f("--sequence-parallel"))
     flags += [
         _f("--use-distributed-optimizer"),
+        # optimizer state saved param-shaped (not in DDP bucket order): the local backend resumes it and a
+        # resume may change TP/PP/DP; it is gathered per bucket at save time (host memory, not GPU)
+        _f("--dist-ckpt-optim-fully-reshardable"),
         _f("--bf16"),
         _f("--attention-softmax-in-fp32"),
         _f("--accumulate-allreduce-grads-in-fp32"),

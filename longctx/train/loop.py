@@ -13,26 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core import parallel_state as ps
-from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from longctx.checkpoint.layout import read_tracker
 from longctx.errors import TrainError
 from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import init_training_parallel
-from longctx.train import signals
+from longctx.train import optim, signals
 from longctx.train.data import (
     MicroBatch,
     TrainDataset,
@@ -40,7 +37,8 @@ from longctx.train.data import (
     global_batch_indices,
     micro_batch,
 )
-from longctx.train.optim import build_optimizer, load_sharded, sharded_state_dict
+from longctx.train.optim import build_optimizer, sharded_state_dict
+from longctx.train.rng import restore_rng, rng_sharded_object
 from longctx.train.schedule import LRScheduler
 from longctx.train.spec import TrainSpec
 
@@ -120,25 +118,36 @@ class Trainer:
         return "random initialisation"
 
     def _resume(self, ckpt: Path) -> None:
-        """Model, optimizer, counters, LR schedule and random state of checkpoint `ckpt`."""
+        """Model, optimizer, counters, LR schedule and random state of checkpoint `ckpt` — saved by this
+        backend or by Megatron-LM (see `longctx.train.optim` for the optimizer layouts it reads)."""
+        common = dist_checkpointing.load_common_state_dict(str(ckpt))
+        layout = optim.layout_of(common, str(ckpt))
         model_sd = self.model.sharded_state_dict()
         template = {
             "model": model_sd,
-            "optimizer": sharded_state_dict(self.optimizer, model_sd),
-            "rng_state": _rng_object(),
+            "optimizer": optim.template(self.optimizer, model_sd, layout),
+            "rng_state": rng_sharded_object(self.spec.seed),
         }
         state = dist_checkpointing.load(template, str(ckpt))
         model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
         self.model.load_state_dict(model_state, strict=False)
-        load_sharded(self.optimizer, state["optimizer"])
-        common = dist_checkpointing.load_common_state_dict(str(ckpt))
+        loaded = optim.load(self.optimizer, state["optimizer"], layout)
+        self._take_masters(loaded.masters)
         self.iteration = int(common["iteration"])
         self.consumed = int(
             getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size)
         )
         self.scheduler.load_megatron_state(common["opt_param_scheduler"], self.spec.global_batch_size)
-        rng = state["rng_state"]
-        _set_rng(rng[0] if isinstance(rng, list) else rng)
+        restore_rng(state["rng_state"])
+
+    def _take_masters(self, masters: dict[int, torch.Tensor]) -> None:
+        """Weights from the optimizer's fp32 masters: a bf16 save's model tensors are rounded copies."""
+        if not masters:
+            return
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        with torch.no_grad():
+            for i, p in enumerate(params):
+                p.copy_(masters[i].to(p.dtype))
 
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> tuple[float, float]:
@@ -281,9 +290,11 @@ class Trainer:
         return save_checkpoint(
             self.spec.save, self.iteration, model=self.model,
             args=checkpoint_args(self.spec, self.iteration, self.consumed),
-            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd), "rng_state": _rng_object()},
+            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd),
+                           "rng_state": rng_sharded_object(self.spec.seed)},
             common_extra={"opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
                           "num_floating_point_operations_so_far": 0},
+            content_metadata=optim.CONTENT_METADATA,
         )  # fmt: skip
 
 
@@ -316,30 +327,6 @@ def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.
         num_experts=a.num_experts, longctx_stage=spec.stage, longctx_tokenizer_md5=spec.tokenizer.md5,
     )  # fmt: skip
     return ns
-
-
-def _rng_object() -> ShardedObject:
-    state = {
-        "random_rng_state": random.getstate(),
-        "np_rng_state": np.random.get_state(),
-        "torch_rng_state": torch.get_rng_state(),
-        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-    }
-    return ShardedObject(
-        "rng_state",
-        [state],
-        (1, ps.get_tensor_model_parallel_world_size()),
-        (0, ps.get_tensor_model_parallel_rank()),
-        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
-    )
-
-
-def _set_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["random_rng_state"])
-    np.random.set_state(state["np_rng_state"])
-    torch.set_rng_state(state["torch_rng_state"])
-    if torch.cuda.is_available() and state.get("cuda_rng_state") is not None:
-        torch.cuda.set_rng_state(state["cuda_rng_state"])
 
 
 def run(spec: TrainSpec) -> RunResult:
