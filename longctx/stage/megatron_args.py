@@ -335,6 +335,11 @@ CPU_FLAGS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def cpu_flags() -> list[str]:
-    """The flags a CPU-only launch appends to a stage's argv (see CPU_FLAGS)."""
-    return list(CPU_FLAGS)
+# Megatron-LM's local DotProductAttention refuses context parallelism; without TransformerEngine the
+# layers take longctx's ring attention through Megatron-LM's --spec hook instead.
+CP_SPEC_FLAGS: tuple[str, ...] = ("--spec", "longctx.mcore.megatron_lm_spec", "layer_spec")
+
+
+def cpu_flags(context_parallel: int = 1) -> list[str]:
+    """The flags a CPU-only launch appends to a stage's argv (see CPU_FLAGS; CP > 1 adds CP_SPEC_FLAGS)."""
+    return [*CPU_FLAGS, *(CP_SPEC_FLAGS if context_parallel > 1 else ())]

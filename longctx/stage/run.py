@@ -68,7 +68,7 @@ class LaunchPlan:
         (longctx.mcore.run_megatron_lm applies the shims of longctx.mcore.megatron_lm_cpu first)."""
         if not self.cpu:
             return list(self.argv)
-        return [self.argv[0], "-m", MEGATRON_CPU_RUNNER, *self.argv[1:], *cpu_flags()]
+        return [self.argv[0], "-m", MEGATRON_CPU_RUNNER, *self.argv[1:], *cpu_flags(self.stage.cp)]
 
     def shell(self) -> str:
         return " ".join(shlex.quote(w) for w in self.command)
@@ -393,7 +393,7 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         "start_iteration": lp.step.start_iteration, "target_iterations": lp.stage.train_iters,
         "argv_digest": hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
         "argv": lp.argv[1:],
-        "cpu": {"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags()} if lp.cpu else None,
+        "cpu": {"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp)} if lp.cpu else None,
         "binding": lp.binding.as_dict(), "log": str(lp.log),
         "repair": None if repair is None else {"tracker": str(repair.tracker), "old": repair.old, "new": repair.new,
                                                "reason": repair.reason},

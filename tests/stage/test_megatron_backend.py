@@ -89,3 +89,28 @@ def test_megatron_lm_backend_on_cpu_runs_the_runner(fresh_run: Path, tmp_path: P
     shown = " ".join(r.output.split())
     words = ["-m", "longctx.mcore.run_megatron_lm", str(mlm / "pretrain_gpt.py"), *stage_argv, *cpu_flags()]
     assert " ".join(words) in shown
+
+
+def test_cpu_launch_of_a_cp_stage_takes_longctx_attention_through_spec(
+    fresh_run: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """On the CPU there is no TransformerEngine, and Megatron-LM's local attention refuses CP > 1: the CPU
+    launch of a CP 2 stage adds `--spec longctx.mcore.megatron_lm_spec layer_spec`; a CP 1 stage does not."""
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+    from longctx.stage.megatron_args import CP_SPEC_FLAGS
+    from longctx.stage.run import launch_plan
+    from longctx.stage.state import NextStep
+
+    mlm = tmp_path / "Megatron-LM"
+    mlm.mkdir()
+    (mlm / "pretrain_gpt.py").write_text("")
+    monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
+    monkeypatch.setenv("LONGCTX_MEGATRON_CPU", "1")
+    rp = resolve_plan(load_plan(write_plan(tmp_path / "plan.toml", fresh_run, s2_cp=2)))
+    spec = " ".join(CP_SPEC_FLAGS)
+    for st in rp.stages:
+        step = NextStep(action="first-launch", stage=st.name, start_iteration=0, reason="test")
+        command = " ".join(launch_plan(rp, step, "megatron-lm").command)
+        assert (spec in command) is (st.cp > 1), (st.name, st.cp)
+    assert {st.cp for st in rp.stages} == {1, 2}
