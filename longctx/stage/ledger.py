@@ -167,17 +167,24 @@ def schedule_conflicts(
 
 
 def check_schedule(
-    run_dir: Path, stage: str, current: dict[str, Any] | None, *, force: bool
+    run_dir: Path,
+    stage: str,
+    current: dict[str, Any] | None,
+    *,
+    force: bool,
+    saved: dict[str, Any] | None = None,
 ) -> dict[str, tuple[Any, Any]]:
     """For a started stage (a tracker in its save dir): raise StageError when the plan's schedule differs
-    from the one its checkpoints carry (unless force); return the differences (old, new)."""
-    conflicts = schedule_conflicts(recorded_schedule(run_dir, stage), current)
+    from the one its checkpoints carry — `saved`, read from the latest save, or else the one this ledger
+    recorded — unless force; return the differences (old, new)."""
+    recorded = saved if saved is not None else recorded_schedule(run_dir, stage)
+    conflicts = schedule_conflicts(recorded, current)
     if conflicts and not force:
         detail = "; ".join(f"{k} ({SCHEDULE_FIELDS[k]}): {a!r} → {b!r}" for k, (a, b) in conflicts.items())
         revert = ", ".join(f"{k} = {a!r}" for k, (a, _) in conflicts.items())
         raise StageError(
             f"stage {stage!r} has started and its checkpoint's LR schedule differs from the plan's now "
-            f"(recorded at its launch → now: {detail}); Megatron-LM would stop on resume "
+            f"(saved → now: {detail}); Megatron-LM would stop on resume "
             "(OptimizerParamScheduler asserts these equal the checkpoint's)",
             where=str(ledger_path(run_dir)),
             fix=f"revert the plan's schedule ({revert}), or pass --force to resume with the new schedule "

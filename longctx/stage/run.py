@@ -34,6 +34,7 @@ from longctx.plan.stage_data import stage_blend
 from longctx.stage import ledger
 from longctx.stage.megatron_args import argv as megatron_argv
 from longctx.stage.megatron_args import attention_backend_env, cpu_flags
+from longctx.stage.saved_schedule import checkpoint_schedule
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
@@ -351,9 +352,10 @@ def launch_plan(
         )
     override: dict[str, tuple[object, object]] | None = None
     if step.action == "resume" or (st.save_dir / TRACKER).exists():
-        override = (
-            ledger.check_schedule(paths.run_dir(rp.plan), st.name, binding.schedule, force=force) or None
-        )
+        saved = checkpoint_schedule(st.save_dir)
+        run_dir = paths.run_dir(rp.plan)
+        override = ledger.check_schedule(run_dir, st.name, binding.schedule, force=force, saved=saved) or None
+        _refuse_kept_rates(st.name, override)
     # one process per GPU with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*): the
     # local launcher on one node, srun + torchrun across nodes (longctx.launch.srun)
     words = [
@@ -377,6 +379,28 @@ def launch_plan(
         env["OMP_NUM_THREADS"] = str(threads)
     return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu,
                       schedule_override=override)  # fmt: skip
+
+
+# Megatron-LM reads the peak and minimum LR from the optimizer's param groups (max_lr/min_lr), which a
+# resume restores from the checkpoint: --override-opt_param-scheduler changes warmup, decay iterations
+# and style, but an edited lr or min_lr would be silently ignored.
+KEPT_BY_PARAM_GROUPS = ("lr", "min_lr")
+
+
+def _refuse_kept_rates(stage: str, override: dict[str, tuple[object, object]] | None) -> None:
+    kept = {k: v for k, v in (override or {}).items() if k in KEPT_BY_PARAM_GROUPS}
+    if not kept:
+        return
+    detail = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in kept.items())
+    raise StageError(
+        f"stage {stage!r} cannot resume on Megatron-LM with another {' and '.join(kept)} ({detail}): Megatron-LM "
+        "takes the peak and minimum LR from the optimizer's param groups, which it restores from the "
+        "checkpoint, so --override-opt_param-scheduler would leave the old rates in force",
+        where=stage,
+        fix="revert " + ", ".join(f"{k} = {a!r}" for k, (a, _) in kept.items()) + " for this stage and put "
+        "the new rates in a new stage (it starts from this one's save with a fresh optimizer), or continue "
+        "this stage with --backend local, which follows the plan's rates",
+    )
 
 
 def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:

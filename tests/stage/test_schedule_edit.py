@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
@@ -38,8 +39,23 @@ class Trainer:
         base = self.run_dir / "base" / "checkpoints" / f"iter_{BASE_ITERS:07d}"
         self.save_dir.mkdir(parents=True, exist_ok=True)
         shutil.copytree(base, self.save_dir / f"iter_{it:07d}")
+        _stamp_schedule(self.save_dir / f"iter_{it:07d}" / "common.pt", words)
         (self.save_dir / "latest_checkpointed_iteration.txt").write_text(str(it))
         return 0
+
+
+def _stamp_schedule(common_pt: Path, words: list[str]) -> None:
+    """Make the copied save carry the launch's schedule, as Megatron-LM's scheduler saves it (samples)."""
+    flag = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    gbs = int(flag["--global-batch-size"])
+    common = torch.load(common_pt, weights_only=False)
+    common["args"].global_batch_size = gbs
+    common["opt_param_scheduler"].update(
+        max_lr=float(flag["--lr"]), min_lr=float(flag["--min-lr"]), lr_decay_style=flag["--lr-decay-style"],
+        lr_warmup_steps=int(flag["--lr-warmup-iters"]) * gbs, lr_decay_steps=int(flag["--lr-decay-iters"]) * gbs,
+        start_wd=float(flag["--weight-decay"]), end_wd=float(flag["--weight-decay"]),
+    )  # fmt: skip
+    torch.save(common, common_pt)
 
 
 @pytest.fixture
@@ -52,10 +68,11 @@ def mlm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def _edited(path: Path, run_dir: Path) -> Path:
-    """The plan with another peak LR and more s1 tokens (→ more decay and warmup iterations)."""
+def _edited(path: Path, run_dir: Path, *, lr: bool = True) -> Path:
+    """The plan with more s1 tokens (→ more decay and warmup iterations) and, with `lr`, another peak LR."""
     p = write_plan(path, run_dir, s1_tokens=8 * 4 * 128)
-    p.write_text(p.read_text().replace("lr = 2e-3\n", "lr = 3e-3\n", 1))
+    if lr:
+        p.write_text(p.read_text().replace("lr = 2e-3\n", "lr = 3e-3\n", 1))
     return p
 
 
@@ -96,7 +113,15 @@ def test_a_schedule_edit_is_refused_then_forced(fresh_run: Path, tmp_path: Path,
     # the CLI: a dry run refuses the same way (exit 2) …
     r = CliRunner().invoke(app, ["stage", "run", str(edited), *MLM, "--dry-run"])
     assert r.exit_code == 2 and "lr (--lr): 0.002 → 0.003" in r.output and "--force" in r.output, r.output
-    # … and with --force shows the argv with the override
+    # … and --force does not take a new peak LR: Megatron-LM would keep the checkpoint's (param groups)
+    r = CliRunner().invoke(app, ["stage", "run", str(edited), *MLM, "--dry-run", "--force"])
+    assert r.exit_code == 2 and "lr: 0.002 → 0.003" in r.output and "param groups" in r.output, r.output
+    assert ledger.read(fresh_run) == before
+
+    # the same edit without the LR (longer decay and warmup): --force shows the argv with the override
+    edited = _edited(tmp_path / "edited-decay.toml", fresh_run, lr=False)
+    rp2 = resolve_plan(load_plan(edited))
+    new = schedule_for(rp2.stage("s1"))
     r = CliRunner().invoke(app, ["stage", "run", str(edited), *MLM, "--dry-run", "--force"])
     assert r.exit_code == 0, r.output
     assert OVERRIDE_SCHEDULER_FLAG in r.output and "resumes with another LR schedule" in r.output
@@ -110,7 +135,7 @@ def test_a_schedule_edit_is_refused_then_forced(fresh_run: Path, tmp_path: Path,
     assert trainer.calls[-1][-1] == OVERRIDE_SCHEDULER_FLAG
     forced = [r for r in ledger.read(fresh_run) if r["event"] == "launch"][-1]
     changed = {k: [old[k], new[k]] for k in old if old[k] != new[k]}
-    assert forced["schedule_override"] == changed and {"lr", "lr_decay_iters"} <= set(changed)
+    assert forced["schedule_override"] == changed and "lr_decay_iters" in changed and "lr" not in changed
     assert OVERRIDE_SCHEDULER_FLAG in forced["argv"]
     assert json.loads(json.dumps(forced["binding"]["schedule"])) == new
 
@@ -118,7 +143,7 @@ def test_a_schedule_edit_is_refused_then_forced(fresh_run: Path, tmp_path: Path,
     # and going back to the old schedule is the edit that is refused
     lp = prepare_launch(rp2, "megatron-lm")
     assert lp.schedule_override is None and OVERRIDE_SCHEDULER_FLAG not in lp.argv
-    with pytest.raises(StageError, match=r"lr \(--lr\): 0.003 → 0.002"):
+    with pytest.raises(StageError, match=r"lr_decay_iters \(--lr-decay-iters\): 8 → 6"):
         prepare_launch(rp, "megatron-lm")
 
 
