@@ -27,7 +27,8 @@ app = typer.Typer(
         "Examples:\n\n"
         "  longctx bench attention                       # CP=2 vs one process, S = 8K and 16K, causal\n\n"
         "  longctx bench attention --seq-lens 2K,4K --heads 8 --kv-heads 2 --threads 1 --json\n\n"
-        "  longctx bench rope --lengths 16K,64K,128K                # suggest and the exact Men search"
+        "  longctx bench rope --lengths 16K,64K,128K                # suggest and the exact Men search\n\n"
+        "  longctx bench trainer --megatron-lm ~/Megatron-LM        # local backend vs pretrain_gpt.py, CPU"
     ),
     no_args_is_help=True,
 )
@@ -343,3 +344,111 @@ def rope_cmd(
         f"→ {result.speedup:.0f}× faster, same answer: {result.same_answer}",
         highlight=False,
     )
+
+
+@app.command("trainer")
+@cli_errors
+def trainer_cmd(
+    layers: int = typer.Option(2, "--layers", min=1, help="Transformer layers."),
+    hidden: int = typer.Option(128, "--hidden", min=1, help="Hidden size (ffn = 3 × hidden, SwiGLU)."),
+    heads: int = typer.Option(
+        4, "--heads", min=1, help="Attention heads (heads / 2 query groups when even)."
+    ),
+    seq_length: str = typer.Option("256", "--seq-length", help="Sequence length (1K = 1024)."),
+    micro_batch: int = typer.Option(1, "--micro-batch", min=1, help="Micro batch size."),
+    global_batch: int = typer.Option(8, "--global-batch", min=1, help="Global batch size."),
+    iterations: int = typer.Option(10, "--iterations", min=2, help="Iterations of each backend."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="First iterations left out of the median."),
+    processes: int = typer.Option(2, "--processes", min=1, help="Data-parallel processes of each backend."),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="Torch threads per process (default: cores / processes)."
+    ),
+    local_bf16: bool = typer.Option(
+        True,
+        "--local-bf16/--local-fp32",
+        help="Precision of the local backend; Megatron-LM's argv always has --bf16 (fp32 is the local "
+        "backend's CPU default).",
+    ),
+    megatron_lm: str | None = typer.Option(
+        None,
+        "--megatron-lm",
+        help="Megatron-LM checkout with pretrain_gpt.py (default: $LONGCTX_MEGATRON_LM).",
+    ),
+    work_dir: str | None = typer.Option(
+        None,
+        "--work-dir",
+        help="Build inputs and run directories here and keep them (default: temp, removed).",
+    ),
+    json_out: Json = False,
+) -> None:
+    """The local backend vs the real Megatron-LM pretrain_gpt.py on one tiny stage, on the CPU: tokens/s each.
+
+    Builds a tokenizer, a dataset, a base checkpoint and a one-stage plan, then runs `longctx stage run
+    --backend local` and `--backend megatron-lm` (Megatron-LM on the CPU through longctx's runner and CPU
+    flags) on the same model, data, batch, length, processes and threads. Prints the median tokens/s of
+    each over the iterations after the warm-up ones (start-up excluded), their ratio local / Megatron-LM,
+    the machine and what differs. Target (not asserted): ratio ≥ 1.0.
+
+    Example: longctx bench trainer --iterations 10 --warmup 2 --json
+    """
+    from longctx.bench.trainer import (
+        TrainerBenchSettings,
+        megatron_lm_checkout,
+        progress_total,
+        run_trainer_bench,
+    )
+    from longctx.util.progress import progress_bar
+
+    settings = TrainerBenchSettings(
+        num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        seq_length=positive_size(seq_length, "--seq-length") or 256, micro_batch_size=micro_batch,
+        global_batch_size=global_batch, iterations=iterations, warmup=warmup, processes=processes,
+        threads=threads, local_bf16=local_bf16,
+    )  # fmt: skip
+    settings.validate()
+    checkout = megatron_lm_checkout(megatron_lm)
+    with progress_bar(
+        "trainer bench (inputs, local, Megatron-LM)", progress_total(settings), unit="steps"
+    ) as advance:
+        r = run_trainer_bench(settings, megatron_lm=checkout, work_dir=work_dir, advance=advance)
+    if json_out:
+        print_json(r.to_dict())
+        return
+    s = r.settings
+    table = Table(
+        title=(
+            f"trainer tokens/s on the CPU: {s['num_layers']} layers, hidden {s['hidden_size']}, "
+            f"heads {s['num_attention_heads']}/{s['num_query_groups']}, seq {s['seq_length']}, "
+            f"micro/global batch {s['micro_batch_size']}/{s['global_batch_size']}, "
+            f"{s['processes']} process(es) × {s['threads']} thread(s)"
+        )
+    )
+    for col in ("backend", "tokens/s (median)", "s/iteration", "measured", "min–max tokens/s", "launch s"):
+        table.add_column(col, justify="right")
+    for run in (r.local, r.megatron_lm):
+        measured = run.iteration_tokens_per_s[settings.warmup :]
+        table.add_row(
+            run.backend,
+            f"{run.tokens_per_s:,.0f}",
+            f"{run.seconds_per_iteration:.3f}",
+            f"{run.measured_iterations} of {len(run.iteration_tokens_per_s)}",
+            f"{min(measured):,.0f}–{max(measured):,.0f}",
+            f"{run.launch_seconds:.1f}",
+        )
+    console.print(table)
+    status = "[green]meets[/]" if r.ratio >= r.target_ratio else "[yellow]below[/]"
+    m = r.machine
+    console.print(
+        f"ratio local / Megatron-LM = {r.ratio:.2f} ({status} target ≥ {r.target_ratio}) · "
+        f"local backend {'bf16' if settings.local_bf16 else 'fp32'}, Megatron-LM bf16\n"
+        f"machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), "
+        f"{m['torch_threads_per_process']} torch thread(s) × {m['processes']} process(es), torch {m['torch']}, "
+        f"megatron-core {m['megatron_core']}, load avg {m['load_avg_1m']}\n"
+        f"Megatron-LM: {r.megatron_lm_checkout} · launch s: the whole `stage run` (start-up and the final save)"
+        + (f" · kept {r.work_dir}" if r.work_dir else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print("what differs:", highlight=False)
+    for line in r.differences:
+        console.print(f"  - {line}", highlight=False, soft_wrap=True)
