@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import shutil
+import signal
 from collections.abc import Mapping
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,11 @@ def use_fork_write_queue() -> None:
     manager starts in milliseconds and needs neither.
     """
     if getattr(filesystem_async, "_results_queue", None) is None:
-        filesystem_async._results_queue = mp.get_context("fork").Manager().Queue()
+        # the manager ignores SIGTERM: Slurm signals every process of a job step at its time limit, and
+        # a manager that died with the workers would make the save they then start fail
+        manager = SyncManager(ctx=mp.get_context("fork"))
+        manager.start(signal.signal, (signal.SIGTERM, signal.SIG_IGN))
+        filesystem_async._results_queue = manager.Queue()
 
 
 def save_checkpoint(

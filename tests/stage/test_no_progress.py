@@ -17,9 +17,9 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm import chain, commands
 from longctx.stage import ledger
-from longctx.stage.run import LaunchOutcome, no_progress_message, relevant_log_lines
+from longctx.stage.run import LaunchOutcome, no_progress_message, relevant_log_lines, schedule_for
 from longctx.stage.until_done import UntilDone, after_step
-from tests.fixtures.run import BASE_ITERS, write_plan
+from tests.fixtures.run import BASE_ITERS, stamp_schedule, write_plan
 
 RNG = (
     "Unable to load rng state from checkpoint {ckpt}. Specify --no-load-rng or --finetune to prevent "
@@ -75,10 +75,11 @@ def test_verdict_and_after_step() -> None:
     assert _outcome(0, 2, 4).verdict == "ok" and _outcome(3, 2, 4).verdict == "failed"
 
 
-def _save(save_dir: Path, run_dir: Path, iteration: int) -> None:
+def _save(save_dir: Path, run_dir: Path, iteration: int, schedule: dict) -> None:
     base = run_dir / "base" / "checkpoints" / f"iter_{BASE_ITERS:07d}"
     save_dir.mkdir(parents=True, exist_ok=True)
     shutil.copytree(base, save_dir / f"iter_{iteration:07d}")
+    stamp_schedule(save_dir / f"iter_{iteration:07d}" / "common.pt", schedule)
     (save_dir / "latest_checkpointed_iteration.txt").write_text(str(iteration))
 
 
@@ -88,7 +89,9 @@ def test_rng_exit_0_fails_is_recorded_and_cancels_the_chain(
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     rp = resolve_plan(load_plan(plan))
     save = rp.stage("s1").save_dir
-    _save(save, fresh_run, 2)  # s1 started: the launch is a resume, as in a chain's second job
+    _save(
+        save, fresh_run, 2, schedule_for(rp.stage("s1"))
+    )  # s1 started: the launch is a resume, as in a chain's second job
     mlm = tmp_path / "Megatron-LM"
     mlm.mkdir()
     (mlm / "pretrain_gpt.py").write_text(

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
@@ -20,7 +19,7 @@ from longctx.plan.load import load_plan
 from longctx.stage import ledger
 from longctx.stage.megatron_args import OVERRIDE_SCHEDULER_FLAG, argv
 from longctx.stage.run import LaunchPlan, execute, prepare_launch, schedule_for
-from tests.fixtures.run import BASE_ITERS, write_plan
+from tests.fixtures.run import BASE_ITERS, stamp_schedule, write_plan
 
 MLM = ["--backend", "megatron-lm", "--no-preflight"]
 
@@ -45,17 +44,13 @@ class Trainer:
 
 
 def _stamp_schedule(common_pt: Path, words: list[str]) -> None:
-    """Make the copied save carry the launch's schedule, as Megatron-LM's scheduler saves it (samples)."""
+    """The launch's schedule, read back from its argv, stamped on the copied save."""
     flag = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
-    gbs = int(flag["--global-batch-size"])
-    common = torch.load(common_pt, weights_only=False)
-    common["args"].global_batch_size = gbs
-    common["opt_param_scheduler"].update(
-        max_lr=float(flag["--lr"]), min_lr=float(flag["--min-lr"]), lr_decay_style=flag["--lr-decay-style"],
-        lr_warmup_steps=int(flag["--lr-warmup-iters"]) * gbs, lr_decay_steps=int(flag["--lr-decay-iters"]) * gbs,
-        start_wd=float(flag["--weight-decay"]), end_wd=float(flag["--weight-decay"]),
-    )  # fmt: skip
-    torch.save(common, common_pt)
+    stamp_schedule(common_pt, {
+        "lr": flag["--lr"], "min_lr": flag["--min-lr"], "lr_decay_style": flag["--lr-decay-style"],
+        "lr_warmup_iters": flag["--lr-warmup-iters"], "lr_decay_iters": flag["--lr-decay-iters"],
+        "weight_decay": flag["--weight-decay"], "global_batch_size": flag["--global-batch-size"],
+    })  # fmt: skip
 
 
 @pytest.fixture
