@@ -20,6 +20,7 @@ from pathlib import Path
 from longctx.errors import SlurmError
 from longctx.plan.derive import ResolvedPlan
 from longctx.slurm.profiles import Profile
+from longctx.stage.megatron_args import cpu_flags
 from longctx.stage.preflight import (
     DEFAULT_TE_VERSION,
     MEGATRON_LAUNCH_ENV,
@@ -28,7 +29,10 @@ from longctx.stage.preflight import (
     parse_arch,
     preflight_plan,
     require_passed,
+    run_preflight,
+    stage_job,
 )
+from longctx.stage.run import megatron_lm_script
 from longctx.stage.state import plan_state
 
 ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
@@ -293,11 +297,22 @@ def preflight_facts(profile: Profile, *, gpu_memory_gib: float | None = None,
 def preflight_chain(rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str, str] | None = None,
                     rotary: bool = True) -> PreflightReport | None:  # fmt: skip
     """Every stage a chain may still launch (not done on disk) through the checkout's Megatron-LM with the
-    profile's device facts; None when nothing is left. Raises PreflightError when Megatron-LM refuses one."""
+    profile's device facts (a profile without GPUs: the launch of the CPU runner, the only one its nodes
+    run); None when nothing is left. Raises PreflightError when Megatron-LM refuses one."""
     pending = [s.name for s in plan_state(rp) if s.status != "done"]
     if not pending:
         return None
     facts = preflight_facts(profile, gpu_memory_gib=rp.plan.cluster.gpu_memory_gib, environ=environ)
-    return require_passed(
-        preflight_plan(rp, facts, stages=pending, rotary=rotary), where=str(rp.plan.plan_path)
-    )
+    if facts.gpu_arch is not None:
+        report = preflight_plan(rp, facts, stages=pending, rotary=rotary)
+    else:
+        # nodes without a GPU run Megatron-LM only through the CPU runner: `stage run` there appends the CPU
+        # flags and the runner stands in an A100-class device without TE, so that is the launch to check
+        facts = DeviceFacts(f"{facts.source}: Megatron-LM on the CPU (the CPU runner's A100-class device)",
+                            gpu_arch=(8, 0), transformer_engine=None, env=facts.env)  # fmt: skip
+        jobs = []
+        for name in pending:
+            job = stage_job(rp, rp.stage(name), rotary=rotary)
+            jobs.append(dataclasses.replace(job, argv=[*job.argv, *cpu_flags(rp.stage(name).cp)]))
+        report = run_preflight(megatron_lm_script(rp), jobs, facts)
+    return require_passed(report, where=str(rp.plan.plan_path))

@@ -117,6 +117,7 @@ def render(
             "plan": sh(settings.plan_path, "plan path"),
             "backend": sh(settings.backend),
             "launcher": sh(settings.launcher),
+            "stage_options": _stage_options(settings),
             "scripts_dir": sh(out, "scripts directory"),
         }, where=f"template {CHAIN_SCRIPT}")),
     ]  # fmt: skip
@@ -135,6 +136,13 @@ def render(
                 "stage": sh(st.name, "stage name"),
             }, where=f"template {eval_script_name(st.name)}"), stage=st.name))  # fmt: skip
     return Rendered(settings, out, scripts)
+
+
+def _stage_options(s: JobSettings) -> str:
+    """`stage run` options after --launcher (each with its leading space): none by default."""
+    if s.backend == "megatron-lm" and not s.job_preflight:
+        return " --no-preflight"
+    return ""
 
 
 def _comment(text: str) -> str:

@@ -55,6 +55,9 @@ class PlanSlurm(BaseModel):
     tokens_per_gpu_second: dict[str, float] | None = None
     job_overhead_mins: float | None = Field(default=None, ge=0)
     job_name: str | None = None
+    # megatron-lm backend: each chain job puts its launch through the checkout's Megatron-LM first
+    # (`stage run`'s preflight, on the node); false skips it (`slurm submit` checks every stage anyway)
+    job_preflight: bool | None = None
 
 
 PLAN_SLURM_KEYS = tuple(PlanSlurm.model_fields)
@@ -76,6 +79,7 @@ class JobSettings:
     eval_time_seconds: int
     megatron_lm: str | None
     warnings: tuple[str, ...] = ()
+    job_preflight: bool = True
 
     @property
     def backend(self) -> Backend:
@@ -119,6 +123,7 @@ def _merge(profile: Profile, given: PlanSlurm, where: str) -> tuple[Profile, str
             "tokens_per_gpu_second",
             "megatron_lm",
             "job_name",
+            "job_preflight",
         ):
             continue
         update[key] = value
@@ -159,9 +164,13 @@ def job_settings(
     from_plan = parse_plan_slurm(dict(plan.slurm), f"{where}: slurm")
     eff, job_name, megatron = _merge(base, from_plan, f"{where}: slurm")
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}
+    job_preflight = from_plan.job_preflight
     if cli:
-        eff, job_name2, megatron2 = _merge(eff, parse_plan_slurm(cli, "command line"), "command line")
+        from_cli = parse_plan_slurm(cli, "command line")
+        eff, job_name2, megatron2 = _merge(eff, from_cli, "command line")
         job_name, megatron = job_name2 or job_name, megatron2 or megatron
+        if from_cli.job_preflight is not None:
+            job_preflight = from_cli.job_preflight
     if megatron is None and plan.megatron.path:
         megatron = str(paths.resolve(plan.megatron.path, plan, field="megatron.path"))
     warnings: list[str] = []
@@ -204,6 +213,7 @@ def job_settings(
         profile=eff, plan_name=plan.name, plan_path=Path(plan.plan_path or where).resolve(), run_dir=rp.run_dir,
         job_name=job_name or f"longctx-{plan.name}", nodes=nodes, gpus_per_node=gpn, time_seconds=time_s,
         signal=sig, eval_time_seconds=eval_s, megatron_lm=megatron or plan.megatron.path, warnings=tuple(warnings),
+        job_preflight=True if job_preflight is None else job_preflight,
     )  # fmt: skip
 
 
