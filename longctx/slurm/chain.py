@@ -36,6 +36,7 @@ from longctx.stage.state import StageState, next_step, plan_state
 
 SPARE_FRACTION = 0.10
 FAILURE_STREAK = 3  # consecutive jobs that failed without progress before the chain is stopped
+REFUSED = 2  # the exit status of a longctx check that refused (what/where/fix), as every command uses
 
 
 # -- estimate -------------------------------------------------------------------------------------
@@ -276,6 +277,8 @@ def chain_stop_reason(
     - this job's last launch exited 0 without progress (no iteration, no new save: Megatron-LM's
       "Unable to load rng state", --exit-on-missing-checkpoint, …): the next job would decide the same
       step from the same disk and repeat it, so it is stopped at once;
+    - this job launched nothing and exited REFUSED (2): a check refused the launch (an edited schedule,
+      a preflight, a changed tokenizer …), which the next job would refuse the same way;
     - FAILURE_STREAK jobs in a row failed without progress (a failure that may be transient — a node, the
       file system — gets retried that often)."""
     if action == "all-done":
@@ -289,6 +292,11 @@ def chain_stop_reason(
             f"stage {last.get('stage')}'s launch made no progress and the next job would repeat it: "
             f"{last['no_progress']}"
         )
+    launched = any(
+        r.get("event") == "launch" and job is not None and str(r.get("job_id")) == job for r in records
+    )
+    if job is not None and exit_code == REFUSED and not launched:
+        return "the stage's launch was refused before it started (see this job's log) and every next job would be"
     streak = _failure_streak(records)
     if streak >= FAILURE_STREAK:
         return f"{streak} jobs in a row failed without progress (last exit {exit_code})"

@@ -140,8 +140,8 @@ def test_chain_stop_reason() -> None:
         return {"event": "end", "job_id": job, "stage": "s1", "exit_code": code, "start_iteration": start,
                 "end_iteration": stop, "no_progress": no_progress}  # fmt: skip
 
-    def why(records: list[dict], job: str | None = "7", action: str = "resume") -> str | None:
-        return chain.chain_stop_reason(action, "x", records, job=job, exit_code=0)
+    def why(records: list[dict], job: str | None = "7", action: str = "resume", code: int = 0) -> str | None:
+        return chain.chain_stop_reason(action, "x", records, job=job, exit_code=code)
 
     assert why([end("7", 0, 0, 4)]) is None  # progress: the chain goes on
     assert why([end("7", 0, 2, 2, "stage s1 made no progress: … missing checkpoint")]).startswith(
@@ -153,3 +153,7 @@ def test_chain_stop_reason() -> None:
     assert why([end("7", 1, 2, 2, "stage s1 made no progress")]) is None
     assert why([], action="all-done") == "the plan is complete"
     assert why([], action="blocked").startswith("the plan cannot go on")
+    # refused before launching (exit 2, no launch of this job: an edited schedule, a preflight): stop now
+    assert "refused before it started" in (why([], code=2) or "")
+    assert why([{"event": "launch", "job_id": "7"}, end("7", 2, 2, 2, None)], code=2) is None  # it launched
+    assert why([], job=None, code=2) is None
