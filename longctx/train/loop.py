@@ -144,9 +144,8 @@ class Trainer:
         """Weights from the optimizer's fp32 masters: a bf16 save's model tensors are rounded copies."""
         if not masters:
             return
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         with torch.no_grad():
-            for i, p in enumerate(params):
+            for i, p in enumerate(optim.parameters(self.optimizer)):
                 p.copy_(masters[i].to(p.dtype))
 
     # -- one step ------------------------------------------------------------------------------

@@ -67,13 +67,14 @@ def build_optimizer(model: torch.nn.Module, cfg: LRSchedule) -> torch.optim.Adam
     )
 
 
-def _params(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+def parameters(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    """The optimizer's parameters in its own order (the ids of its state dict)."""
     return [p for g in opt.param_groups for p in g["params"]]
 
 
 def init_state(opt: torch.optim.AdamW) -> None:
     """Create zero moments (as the first step would) so a checkpoint can be loaded into them."""
-    for p in _params(opt):
+    for p in parameters(opt):
         st = opt.state[p]
         if not st:
             st["step"] = torch.tensor(0.0)
@@ -96,9 +97,9 @@ def _groups_without_params(opt: torch.optim.AdamW, step: float) -> list[dict[str
 def sharded_state_dict(opt: torch.optim.AdamW, model_sharded: ShardedStateDict) -> ShardedStateDict:
     """The optimizer's state in the distributed optimizer's fully_reshardable layout (see the module)."""
     init_state(opt)
-    id_map = get_param_id_to_sharded_param_map(model_sharded, _params(opt))
+    id_map = get_param_id_to_sharded_param_map(model_sharded, parameters(opt))
     param_state: dict[int, dict[str, Any]] = {}
-    for i, p in enumerate(_params(opt)):
+    for i, p in enumerate(parameters(opt)):
         st = opt.state[p]
         # Megatron keeps fp32 masters and moments; a bf16 local run is widened to what it would hold
         tensors = {"param": p.detach().float(), **{k: st[k].detach().float() for k in MOMENTS}}
@@ -164,7 +165,7 @@ def layout_of(common: StateDict, where: str) -> str:
 def template(opt: torch.optim.AdamW, model_sharded: ShardedStateDict, layout: str) -> ShardedStateDict:
     """The load template of `layout` for this optimizer (tensors to be filled in place or returned)."""
     init_state(opt)
-    params = _params(opt)
+    params = parameters(opt)
     id_map = get_param_id_to_sharded_param_map(model_sharded, params)
 
     def sh(i: int, key: str, like: torch.Tensor) -> Any:
@@ -191,7 +192,7 @@ def template(opt: torch.optim.AdamW, model_sharded: ShardedStateDict, layout: st
 
 def load(opt: torch.optim.AdamW, loaded: StateDict, layout: str) -> Loaded:
     """Put the moments `dist_checkpointing.load` returned for `template(…, layout)` into `opt`."""
-    params = _params(opt)
+    params = parameters(opt)
     masters: dict[int, torch.Tensor] = {}
     if layout == FULLY_RESHARDABLE:
         groups = loaded["optimizer"]["param_groups"]

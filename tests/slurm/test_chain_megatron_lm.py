@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -44,7 +43,7 @@ from longctx.slurm.render import render
 from longctx.slurm.status import chain_status
 from longctx.stage import ledger
 from longctx.stage.state import next_step, plan_state
-from tests.fixtures.slurm import CHAIN_PLAN
+from tests.fixtures.slurm import CHAIN_PLAN, open_launch
 
 A_ITERS, B_ITERS, SAVE = 60, 10, 20  # global batch 2
 TIME_MIN, SIGNAL_LEAD_S = 5, 60
@@ -84,18 +83,6 @@ def _text(path: Path) -> str:
 def _iterations(log: Path) -> list[int]:
     """The iterations Megatron-LM logged (last rank), in order."""
     return [int(m) for m in re.findall(r"iteration\s+(\d+)/\s*\d+ \|", _text(log))]
-
-
-def _open_launch(run_dir: Path, job: str) -> dict[str, Any] | None:
-    launch = None
-    for r in ledger.read(run_dir):
-        if str(r.get("job_id")) != job:
-            continue
-        if r.get("event") == "launch":
-            launch = r
-        elif r.get("event") == "end":
-            launch = None
-    return launch
 
 
 def _live(ids: list[str]) -> dict[str, commands.JobInfo]:
@@ -198,7 +185,7 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
                 evals_seen.add(job)
                 commands.scancel([job])
             for job in (j for j, i in live.items() if j in ids and i.state == "RUNNING"):
-                launch = _open_launch(run_dir, job)
+                launch = open_launch(run_dir, job)
                 if launch is None or launch["stage"] != "a":
                     continue
                 log = Path(launch["log"])

@@ -28,7 +28,7 @@ from longctx.slurm.render import render
 from longctx.slurm.status import chain_status
 from longctx.stage import ledger
 from longctx.stage.state import next_step, plan_state
-from tests.fixtures.slurm import SAVE_INTERVAL
+from tests.fixtures.slurm import SAVE_INTERVAL, open_launch
 
 pytestmark = pytest.mark.slurm
 
@@ -69,18 +69,6 @@ def _metrics(run_dir: Path, stage: str) -> list[int]:
             except (ValueError, KeyError):
                 continue  # a line torn by SIGKILL
     return out
-
-
-def _open_launch(run_dir: Path, job: str) -> dict[str, Any] | None:
-    launch = None
-    for r in ledger.read(run_dir):
-        if str(r.get("job_id")) != job:
-            continue
-        if r.get("event") == "launch":
-            launch = r
-        elif r.get("event") == "end":
-            launch = None
-    return launch
 
 
 def _check_status_during(rp: Any, ids: list[str]) -> dict[str, Any]:
@@ -125,7 +113,7 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
             running = [j for j, i in live.items() if i.state == "RUNNING"]
             if killed is None and running:
                 job = running[0]
-                launch = _open_launch(run_dir, job)
+                launch = open_launch(run_dir, job)
                 if launch is not None:
                     its = _metrics(run_dir, launch["stage"])
                     last = its[-1] if its else 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -38,7 +37,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.stage import ledger
 from longctx.stage.run import LaunchPlan, execute, prepare_launch
-from tests.fixtures.slurm import write_chain_plan
+from tests.fixtures.slurm import copy_save_at, write_chain_plan
 
 K, N = 4, 8
 LOSS_TOL = 3e-3
@@ -81,10 +80,7 @@ def _save_dir(run: Path) -> Path:
 
 def _state_at_k(src_run: Path, dst_run: Path) -> None:
     """`dst_run` holds what an interruption after the save at K leaves of `src_run`: that save only."""
-    src, dst = _save_dir(src_run), _save_dir(dst_run)
-    dst.mkdir(parents=True)
-    shutil.copytree(src / f"iter_{K:07d}", dst / f"iter_{K:07d}")
-    (dst / "latest_checkpointed_iteration.txt").write_text(f"{K}\n")
+    copy_save_at(_save_dir(src_run), _save_dir(dst_run), K)
 
 
 def _local_losses(run: Path) -> dict[int, float]:

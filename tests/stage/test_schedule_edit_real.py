@@ -12,7 +12,6 @@ rates it logs after the resume are the edited schedule's, computed here with lon
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from longctx.stage import ledger
 from longctx.stage.megatron_args import OVERRIDE_SCHEDULER_FLAG
 from longctx.stage.run import local_spec
 from longctx.train.schedule import LRScheduler
-from tests.fixtures.slurm import write_chain_plan
+from tests.fixtures.slurm import copy_save_at, write_chain_plan
 
 K, N = 4, 8
 MLM = ["--backend", "megatron-lm", "--no-preflight"]
@@ -52,10 +51,7 @@ def test_forced_schedule_edit_resumes_the_real_engine_with_the_new_schedule(
     assert r.exit_code == 0, r.output[-3000:]
 
     # the run directory as it stands after the save at K (its ledger left behind)
-    src, dst = tmp_path / "started" / "stages" / "a", tmp_path / "edited" / "stages" / "a"
-    (dst / "checkpoints").mkdir(parents=True)
-    shutil.copytree(src / "checkpoints" / f"iter_{K:07d}", dst / "checkpoints" / f"iter_{K:07d}")
-    (dst / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(f"{K}\n")
+    copy_save_at(*(tmp_path / run / "stages" / "a" / "checkpoints" for run in ("started", "edited")), K)
 
     new_lr = _plan(tmp_path, "edited", tiny_chain_artefacts, lr="2e-3")
     for force in ([], ["--force"]):
