@@ -131,8 +131,7 @@ class Trainer:
         state = dist_checkpointing.load(template, str(ckpt))
         model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
         self.model.load_state_dict(model_state, strict=False)
-        loaded = optim.load(self.optimizer, state["optimizer"], layout)
-        self._take_masters(loaded.masters)
+        self._take_masters(optim.load(self.optimizer, state["optimizer"], layout))
         self.iteration = int(common["iteration"])
         self.consumed = int(
             getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size)

@@ -18,7 +18,6 @@ nothing in the checkpoint says where each parameter lies in those buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -117,14 +116,6 @@ def sharded_state_dict(opt: torch.optim.AdamW, model_sharded: ShardedStateDict) 
 # -- load -------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Loaded:
-    """What a checkpoint's optimizer state gives the trainer: the step, and fp32 masters when it has them."""
-
-    step: float
-    masters: dict[int, torch.Tensor]  # position in the optimizer → fp32 value
-
-
 def layout_of(common: StateDict, where: str) -> str:
     """Which optimizer layout a checkpoint's common state describes; refuses the ones not readable."""
     opt = common.get("optimizer")
@@ -190,8 +181,9 @@ def template(opt: torch.optim.AdamW, model_sharded: ShardedStateDict, layout: st
     return {"optimizer": sd, "fp32_from_fp16_params": masters}
 
 
-def load(opt: torch.optim.AdamW, loaded: StateDict, layout: str) -> Loaded:
-    """Put the moments `dist_checkpointing.load` returned for `template(…, layout)` into `opt`."""
+def load(opt: torch.optim.AdamW, loaded: StateDict, layout: str) -> dict[int, torch.Tensor]:
+    """Put the moments and step `dist_checkpointing.load` returned for `template(…, layout)` into `opt`;
+    the fp32 masters the save holds, by position in the optimizer ({} when it has none)."""
     params = parameters(opt)
     masters: dict[int, torch.Tensor] = {}
     if layout == FULLY_RESHARDABLE:
@@ -214,4 +206,4 @@ def load(opt: torch.optim.AdamW, loaded: StateDict, layout: str) -> Loaded:
         for k in MOMENTS:
             st[k].copy_(moments[i][k].to(st[k].dtype))
         st["step"] = torch.tensor(step)
-    return Loaded(step=step, masters=masters)
+    return masters
