@@ -122,7 +122,7 @@ def build_gpt_model(
     """A megatron-core GPTModel; model-parallel state must already be initialised."""
     apply_cpu_compat()
     config = transformer_config(arch, s)
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(arch, s),
         vocab_size=s.padded_vocab_size,
@@ -134,6 +134,17 @@ def build_gpt_model(
         rotary_percent=arch.rotary_percent,
         rotary_base=int(s.rotary_base),
     )
+    return cast_parameters(model, s.params_dtype)
+
+
+def cast_parameters(model: GPTModel, dtype: torch.dtype) -> GPTModel:
+    """Every floating parameter in `dtype`, as Megatron-LM's bf16 module holds them: megatron-core's
+    local norms are created in fp32 whatever `params_dtype` says, and a bf16 checkpoint holds bf16 norms.
+    Parameters only: RoPE's inverse frequencies (not a parameter) stay fp32."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return model
 
 
 def cp_exchanges(model: GPTModel) -> set[str]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,9 +23,65 @@ from longctx.errors import ParallelError
 from longctx.mcore.cpu import apply_cpu_compat, seed_model_parallel_rng
 from longctx.util.net import free_port
 
+# CUDA_VISIBLE_DEVICES values that hide every GPU on purpose
+_HIDDEN = ("", "-1")
+
+
+def cuda_unusable_reason(
+    env: Mapping[str, str], nvidia_visible: bool, cuda_built: bool, cuda_available: bool
+) -> str | None:
+    """Why this process would compute on CPU although the machine has an NVIDIA GPU (None: it will not).
+
+    A driver too old for torch's CUDA, or a CPU-only torch, makes `torch.cuda.is_available()` false;
+    training then falls back to CPU, gloo and fp32 and runs a hundred times slower without saying so.
+    Hiding the GPUs (CUDA_VISIBLE_DEVICES="") is how a user asks for CPU on a GPU machine."""
+    if cuda_available or not nvidia_visible or env.get("CUDA_VISIBLE_DEVICES", None) in _HIDDEN:
+        return None
+    if not cuda_built:
+        return f"this torch ({torch.__version__}) is a CPU-only build, and the machine has an NVIDIA GPU"
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use the NVIDIA GPU this machine "
+        "has (torch.cuda.is_available() is false: usually a driver older than that CUDA)"
+    )
+
+
+def _nvidia_visible() -> bool:
+    dev = Path("/dev")
+    return (dev / "nvidiactl").exists() or any(dev.glob("nvidia[0-9]*"))
+
+
+def uses_cuda() -> bool:
+    """Whether this process computes on CUDA; refuses a visible NVIDIA GPU torch cannot use."""
+    if torch.cuda.is_available():
+        return True
+    reason = cuda_unusable_reason(os.environ, _nvidia_visible(), torch.version.cuda is not None, False)
+    if reason is not None:
+        raise ParallelError(
+            reason,
+            where=f"torch {torch.__version__} in {Path(torch.__file__).parent}",
+            fix="install the torch build for this driver's CUDA (or update the driver); to train on CPU "
+            "on purpose, hide the GPUs with CUDA_VISIBLE_DEVICES=''",
+        )
+    return False
+
 
 def backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if uses_cuda() else "gloo"
+
+
+def training_device() -> torch.device:
+    """CUDA (this rank's GPU, see `init_training_parallel`) or CPU."""
+    return torch.device("cuda") if uses_cuda() else torch.device("cpu")
+
+
+def backend_device(backend_name: str) -> torch.device:
+    """Where a collective's tensors must live for a process-group backend: NCCL has no CPU path."""
+    return torch.device("cuda") if backend_name == "nccl" else torch.device("cpu")
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """The device for tensors reduced over `group` (the default group when None)."""
+    return backend_device(str(dist.get_backend(group)))
 
 
 def is_main_process() -> bool:
@@ -32,9 +89,23 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def check_local_rank(local_rank: int, device_count: int) -> None:
+    """One GPU per rank: NCCL refuses two ranks on one GPU, and rank N needs GPU N."""
+    if local_rank >= device_count:
+        raise ParallelError(
+            f"local rank {local_rank} has no GPU of its own: this node shows {device_count} GPU(s), and "
+            "NCCL cannot run two ranks on one GPU",
+            where="LOCAL_RANK / the launch's processes per node",
+            fix=f"launch at most {device_count} process(es) per node (TP × CP × DP per node ≤ GPUs), or "
+            "train on CPU with CUDA_VISIBLE_DEVICES=''",
+        )
+
+
 def _set_local_device() -> None:
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        check_local_rank(local, torch.cuda.device_count())
+        torch.cuda.set_device(local)
 
 
 def init_training_parallel(tensor_parallel: int, context_parallel: int, seed: int) -> None:
@@ -114,7 +185,7 @@ def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
             made_mp = True
         group = ps.get_context_parallel_group() if cp > 1 else None
         rank = ps.get_context_parallel_rank() if cp > 1 else 0
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        device = training_device()
         yield EvalParallel(cp=cp, rank=rank, group=group, device=device)
     finally:
         if made_mp:

@@ -25,10 +25,10 @@ from megatron.core import dist_checkpointing
 from megatron.core import parallel_state as ps
 
 from longctx.checkpoint.layout import read_tracker
-from longctx.errors import TrainError
+from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
-from longctx.mcore.parallel import init_training_parallel
+from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
 from longctx.train import optim, signals
 from longctx.train.data import (
     MicroBatch,
@@ -38,11 +38,13 @@ from longctx.train.data import (
     micro_batch,
 )
 from longctx.train.optim import build_optimizer, sharded_state_dict
+from longctx.train.precision import MainParams
 from longctx.train.rng import restore_rng, rng_sharded_object
 from longctx.train.schedule import LRScheduler
 from longctx.train.spec import TrainSpec
 
 EXIT_OK = 0
+EXIT_REFUSED = 2
 
 
 @dataclass
@@ -67,14 +69,15 @@ class Trainer:
         self.spec = spec
         if spec.threads_per_process:
             torch.set_num_threads(spec.threads_per_process)
+        self.device = training_device()
         init_training_parallel(spec.tensor_parallel, spec.context_parallel, spec.seed)
-        self.bf16 = torch.cuda.is_available() if spec.bf16 is None else spec.bf16
-        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.bf16 = self.device.type == "cuda" if spec.bf16 is None else spec.bf16
         self.settings = self._model_settings()
-        self.model = build_gpt_model(spec.arch, self.settings)
-        if torch.cuda.is_available():
-            self.model.cuda()
-        self.optimizer = build_optimizer(self.model, spec.lr)
+        self.model = build_gpt_model(spec.arch, self.settings).to(self.device)
+        # bf16: the optimizer steps fp32 masters, gradients accumulate and reduce in fp32
+        self.main = MainParams(self.model.parameters())
+        self.optimizer = build_optimizer(self.main.masters, spec.lr)
+        self.model_params = optim.model_order(self.optimizer, self.main.masters, self.main.model_params)
         self.scheduler = LRScheduler(spec.lr)
         self.iteration = 0
         self.consumed = 0
@@ -83,6 +86,7 @@ class Trainer:
         self.cp = ps.get_context_parallel_world_size()
         self.cp_rank = ps.get_context_parallel_rank()
         self.reduce_group = ps.get_data_parallel_group(with_context_parallel=True)
+        self.reduce_device = collective_device(self.reduce_group)
         self.dataset: TrainDataset | None = None  # built by `run`, once it knows there is work left
 
     def _model_settings(self) -> ModelSettings:
@@ -114,6 +118,7 @@ class Trainer:
                 )
             src = pre / pre_tracker.dir_name
             load_model_weights(self.model, src)
+            self.main.refresh_from_model()
             return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
         return "random initialisation"
 
@@ -125,27 +130,23 @@ class Trainer:
         model_sd = self.model.sharded_state_dict()
         template = {
             "model": model_sd,
-            "optimizer": optim.template(self.optimizer, model_sd, layout),
+            "optimizer": optim.template(self.optimizer, model_sd, layout, self.model_params),
             "rng_state": rng_sharded_object(self.spec.seed),
         }
         state = dist_checkpointing.load(template, str(ckpt))
         model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
         self.model.load_state_dict(model_state, strict=False)
-        self._take_masters(optim.load(self.optimizer, state["optimizer"], layout))
+        self.main.refresh_from_model()
+        # the save's fp32 masters where it has them: its bf16 model tensors are rounded copies
+        masters = optim.load(self.optimizer, state["optimizer"], layout)
+        in_order = optim.parameters(self.optimizer)
+        self.main.set_masters((in_order[i], value) for i, value in masters.items())
         self.iteration = int(common["iteration"])
         self.consumed = int(
             getattr(common["args"], "consumed_train_samples", self.iteration * self.spec.global_batch_size)
         )
         self.scheduler.load_megatron_state(common["opt_param_scheduler"], self.spec.global_batch_size)
         restore_rng(state["rng_state"])
-
-    def _take_masters(self, masters: dict[int, torch.Tensor]) -> None:
-        """Weights from the optimizer's fp32 masters: a bf16 save's model tensors are rounded copies."""
-        if not masters:
-            return
-        with torch.no_grad():
-            for i, p in enumerate(optim.parameters(self.optimizer)):
-                p.copy_(masters[i].to(p.dtype))
 
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> tuple[float, float]:
@@ -158,19 +159,20 @@ class Trainer:
             g["lr"] = lr
         batches = self._micro_batches()
         n_tokens = self._all_sum(sum(float(b.loss_mask.sum()) for b in batches))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        self.main.zero_grad()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: one sync
         for b in batches:
             out = self.model(b.tokens.to(device), b.position_ids.to(device), None, labels=b.labels.to(device))
             token_loss = (out.float() * b.loss_mask.to(device)).sum()
             (token_loss / n_tokens).backward()
-            loss_sum += float(token_loss.detach())
+            loss_sum += token_loss.detach()
         self._sum_gradients()
-        total = self._all_sum(loss_sum)
+        total = self._all_sum(float(loss_sum))
         grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), spec.lr.clip_grad or float("inf"))
+            torch.nn.utils.clip_grad_norm_(self.main.masters, spec.lr.clip_grad or float("inf"))
         )
         self.optimizer.step()
+        self.main.copy_to_model()
         self.scheduler.step()
         self.iteration += 1
         self.consumed += spec.global_batch_size
@@ -187,14 +189,14 @@ class Trainer:
         ]
 
     def _all_sum(self, value: float) -> float:
-        """`value` summed over the DP × CP group (in float64)."""
-        t = torch.tensor([value], dtype=torch.float64)
+        """`value` summed over the DP × CP group (in float64, on the group's device: NCCL has no CPU)."""
+        t = torch.tensor([value], dtype=torch.float64, device=self.reduce_device)
         dist.all_reduce(t, group=self.reduce_group)
         return float(t.item())
 
     def _sum_gradients(self) -> None:
-        """Sum the gradients over the DP × CP group, in one flat all-reduce."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        """Sum the (fp32) gradients over the DP × CP group, in one flat all-reduce."""
+        grads = self.main.grads()
         if self.dp * self.cp > 1:
             flat = torch._utils._flatten_dense_tensors(grads)
             dist.all_reduce(flat, group=self.reduce_group)
@@ -287,8 +289,8 @@ class Trainer:
         model_sd = self.model.sharded_state_dict()
         return save_checkpoint(
             self.spec.save, self.iteration, model=self.model,
-            args=checkpoint_args(self.spec, self.iteration, self.consumed),
-            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd),
+            args=checkpoint_args(self.spec, self.iteration, self.consumed, self.bf16),
+            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd, self.model_params),
                            "rng_state": rng_sharded_object(self.spec.seed)},
             common_extra={"opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
                           "num_floating_point_operations_so_far": 0},
@@ -299,7 +301,7 @@ class Trainer:
 # -- what a checkpoint holds besides the model and optimizer ------------------------------------
 
 
-def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.Namespace:
+def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int, bf16: bool = False) -> argparse.Namespace:
     """The `args` Namespace Megatron-LM and `longctx ckpt inspect` read from a checkpoint."""
     a = spec.arch
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -320,7 +322,7 @@ def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int) -> argparse.
         micro_batch_size=spec.micro_batch_size, global_batch_size=spec.global_batch_size,
         train_iters=spec.train_iters, lr=spec.lr.lr, min_lr=spec.lr.min_lr, lr_decay_style=spec.lr.decay_style,
         lr_warmup_iters=spec.lr.warmup_iters, weight_decay=spec.lr.weight_decay, clip_grad=spec.lr.clip_grad,
-        seed=spec.seed, bf16=bool(torch.cuda.is_available() if spec.bf16 is None else spec.bf16), fp16=False, ckpt_format="torch_dist", iteration=iteration,
+        seed=spec.seed, bf16=bf16, fp16=False, ckpt_format="torch_dist", iteration=iteration,
         consumed_train_samples=consumed, skipped_train_samples=0, consumed_valid_samples=0,
         num_experts=a.num_experts, longctx_stage=spec.stage, longctx_tokenizer_md5=spec.tokenizer.md5,
     )  # fmt: skip
@@ -339,7 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     # not kill the worker with 143 — during start-up it makes the first step save and exit
     signals.install()
     spec = TrainSpec.read(ns.spec)
-    result = run(spec)
+    try:
+        result = run(spec)
+    except (
+        LongctxError
+    ) as err:  # a refusal (no GPU for this rank, unusable CUDA, …): its message, no traceback
+        print(f"[longctx] error: {err}", file=sys.stderr, flush=True)
+        return EXIT_REFUSED
     _log(
         f"[longctx] {spec.stage}: iterations {result.start_iteration} → {result.end_iteration} ({result.reason})"
     )

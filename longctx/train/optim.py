@@ -49,11 +49,10 @@ CONTENT_METADATA: dict[str, Any] = {
 }
 
 
-def build_optimizer(model: torch.nn.Module, cfg: LRSchedule) -> torch.optim.AdamW:
+def build_optimizer(params: list[torch.nn.Parameter], cfg: LRSchedule) -> torch.optim.AdamW:
+    """AdamW over `params` (the fp32 masters of `longctx.train.precision`), grouped as Megatron groups."""
     decay, no_decay = [], []
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
+    for p in params:
         (no_decay if p.dim() < 2 else decay).append(p)
     tags = {"lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False, "default_config": True,
             "max_lr": cfg.lr, "min_lr": cfg.min_lr}  # fmt: skip
@@ -61,14 +60,22 @@ def build_optimizer(model: torch.nn.Module, cfg: LRSchedule) -> torch.optim.Adam
         {"params": decay, "weight_decay": cfg.weight_decay, "wd_mult": 1.0, **tags},
         {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0, **tags},
     ]
-    return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, foreach=False
-    )
+    # foreach=None: torch's default, the batched (foreach) update on CUDA
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
 
 
 def parameters(opt: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
     """The optimizer's parameters in its own order (the ids of its state dict)."""
     return [p for g in opt.param_groups for p in g["params"]]
+
+
+def model_order(
+    opt: torch.optim.Optimizer, masters: list[torch.nn.Parameter], model_params: list[torch.nn.Parameter]
+) -> list[torch.nn.Parameter]:
+    """The model parameter of each optimizer parameter, in the optimizer's order: the checkpoint names
+    an optimizer entry by its model parameter's key (masters and model parameters are aligned lists)."""
+    by_master = {id(m): p for m, p in zip(masters, model_params, strict=True)}
+    return [by_master[id(m)] for m in parameters(opt)]
 
 
 def init_state(opt: torch.optim.AdamW) -> None:
@@ -93,14 +100,16 @@ def _groups_without_params(opt: torch.optim.AdamW, step: float) -> list[dict[str
 # -- save -------------------------------------------------------------------------------------------------
 
 
-def sharded_state_dict(opt: torch.optim.AdamW, model_sharded: ShardedStateDict) -> ShardedStateDict:
-    """The optimizer's state in the distributed optimizer's fully_reshardable layout (see the module)."""
+def sharded_state_dict(
+    opt: torch.optim.AdamW, model_sharded: ShardedStateDict, model_params: list[torch.nn.Parameter]
+) -> ShardedStateDict:
+    """The optimizer's state in the distributed optimizer's fully_reshardable layout (see the module);
+    `model_params`: `model_order(…)`."""
     init_state(opt)
-    id_map = get_param_id_to_sharded_param_map(model_sharded, parameters(opt))
+    id_map = get_param_id_to_sharded_param_map(model_sharded, model_params)
     param_state: dict[int, dict[str, Any]] = {}
     for i, p in enumerate(parameters(opt)):
         st = opt.state[p]
-        # Megatron keeps fp32 masters and moments; a bf16 local run is widened to what it would hold
         tensors = {"param": p.detach().float(), **{k: st[k].detach().float() for k in MOMENTS}}
         param_state[i] = {
             k: make_sharded_optimizer_tensor(id_map[i], t, prefix=f"optimizer.state.{k}")
@@ -153,11 +162,17 @@ def layout_of(common: StateDict, where: str) -> str:
     return layout
 
 
-def template(opt: torch.optim.AdamW, model_sharded: ShardedStateDict, layout: str) -> ShardedStateDict:
-    """The load template of `layout` for this optimizer (tensors to be filled in place or returned)."""
+def template(
+    opt: torch.optim.AdamW,
+    model_sharded: ShardedStateDict,
+    layout: str,
+    model_params: list[torch.nn.Parameter],
+) -> ShardedStateDict:
+    """The load template of `layout` for this optimizer (tensors to be filled in place or returned);
+    `model_params`: `model_order(…)`."""
     init_state(opt)
     params = parameters(opt)
-    id_map = get_param_id_to_sharded_param_map(model_sharded, params)
+    id_map = get_param_id_to_sharded_param_map(model_sharded, model_params)
 
     def sh(i: int, key: str, like: torch.Tensor) -> Any:
         return make_sharded_optimizer_tensor(id_map[i], torch.empty_like(like, dtype=torch.float32), key)

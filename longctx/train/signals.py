@@ -13,6 +13,8 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
+from longctx.mcore.parallel import collective_device
+
 _START = time.monotonic()
 _received: list[int] = []
 
@@ -37,6 +39,6 @@ def agree(flag: bool) -> bool:
     """True on every rank when any rank says True."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
