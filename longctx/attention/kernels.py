@@ -15,9 +15,11 @@ them the block gradients are exact shares of the full gradient (P = exp(s − ls
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -53,7 +55,47 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 # --------------------------------------------------------------------------------------------- math
 
 
+def check_square(q: Tensor, k: Tensor, causal: bool, kernel: str) -> None:
+    """A causal block is a diagonal block (Sq == Sk). Kernels disagree on how a causal mask aligns when
+    Sq != Sk (flash-attn bottom-right, PyTorch top-left), so such a block would be silently wrong."""
+    if causal and q.shape[1] != k.shape[1]:
+        raise AttentionError(
+            f"causal attention block with {q.shape[1]} queries and {k.shape[1]} keys in kernel {kernel!r}",
+            where="attention block decomposition",
+            fix="causal blocks must be diagonal (equal query and key lengths); this is a bug in the caller",
+        )
+
+
+# the math kernel holds ~4 score-sized tensors at once in backward (scores, P, dP, dS)
+_MATH_LIVE_SCORES = 4
+
+
+def math_block_bytes(b: int, hq: int, sq: int, sk: int, dtype: torch.dtype) -> int:
+    """Peak bytes of the math kernel's score tensors for one block."""
+    return _MATH_LIVE_SCORES * b * hq * sq * sk * torch.empty((), dtype=lse_dtype(dtype)).element_size()
+
+
+def check_math_fits(need: int, free: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Refuse a math block that cannot fit in the device's free memory (rather than an OOM mid-step)."""
+    if need > free:
+        raise AttentionError(
+            f"attention block {tuple(shape)} in {dtype} goes to the math kernel, which materialises its "
+            f"scores: {need / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB free on the GPU",
+            where="attention kernel selection (float32/float64 on CUDA has no flash kernel)",
+            fix="train in bf16 ([local] bf16 = true), or shorten the blocks with a larger context-parallel size",
+        )
+
+
+def _check_math_on_cuda(q: Tensor, k: Tensor) -> None:
+    if q.is_cuda:
+        b, sq, hq, _ = q.shape
+        free, _total = torch.cuda.mem_get_info(q.device)
+        check_math_fits(math_block_bytes(b, hq, sq, k.shape[1], q.dtype), free, tuple(q.shape), q.dtype)
+
+
 def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    check_square(q, k, causal, "math")
+    _check_math_on_cuda(q, k)
     acc = lse_dtype(q.dtype)
     b, sq, hq, d = q.shape
     hkv = k.shape[2]
@@ -74,6 +116,8 @@ def _math_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -
 def _math_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor, Tensor]:
+    check_square(q, k, causal, "math")
+    _check_math_on_cuda(q, k)
     acc = lse_dtype(q.dtype)
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -113,6 +157,7 @@ MATH = BlockKernel("math", _math_forward, _math_backward)
 def _cpu_flash_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     # aten's CPU flash kernel takes [b, h, s, d] (strided views are fine), handles GQA itself and
     # returns lse in float32 (float64 for float64 inputs).
+    check_square(q, k, causal, "cpu_flash")
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, scale=scale
     )
@@ -122,6 +167,7 @@ def _cpu_flash_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: flo
 def _cpu_flash_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor, Tensor]:
+    check_square(q, k, causal, "cpu_flash")
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         dout.transpose(1, 2),
         q.transpose(1, 2),
@@ -142,27 +188,63 @@ CPU_FLASH = BlockKernel("cpu_flash", _cpu_flash_forward, _cpu_flash_backward)
 # ---------------------------------------------------------------------------------- CUDA: flash-attn
 
 
+@functools.cache
 def _flash_attn_module() -> ModuleType | None:
-    try:  # optional dependency (extra `gpu`); imported only when a CUDA kernel is asked for
+    """flash-attn's interface module, imported once (optional dependency, extra `gpu`); None when absent.
+    An installed flash-attn that fails to import (a build for another torch or CUDA) is said once."""
+    try:
         from flash_attn import flash_attn_interface
-    except Exception:
+    except ModuleNotFoundError:
+        return None
+    except (ImportError, OSError, RuntimeError) as err:
+        warnings.warn(
+            f"flash-attn is installed but does not import ({type(err).__name__}: {err}); attention uses "
+            "PyTorch's flash kernel instead. Fix: reinstall flash-attn for this torch and CUDA.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     return flash_attn_interface
 
 
-def _call_with_supported(fn: Callable[..., Any], **kwargs: Any) -> Any:
-    # flash-attn renamed arguments across 2.x (window_size → window_size_left/right, softcap added);
-    # pass only the ones this version declares.
+def flash_attn_available() -> bool:
+    return _flash_attn_module() is not None
+
+
+def argument_names(fn: Callable[..., Any]) -> list[str] | None:
+    """The argument names `fn` really takes. flash-attn ≥ 2.7 defines its kernels as torch custom ops,
+    whose Python signature is `(*args, **kwargs)`; their schema names the arguments. None: unknowable."""
+    overload = getattr(fn, "_opoverload", None)
+    if overload is not None:
+        return [a.name for a in overload._schema.arguments]
     try:
         params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # an opaque custom op: assume the 2.6+ names
-        return fn(**kwargs)
-    if "window_size" in params and "window_size_left" in kwargs:
+    except (TypeError, ValueError):
+        return None
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    if all(p.kind in variadic for p in params.values()):
+        return None
+    return [name for name, p in params.items() if p.kind not in variadic]
+
+
+def _call_with_supported(fn: Callable[..., Any], **kwargs: Any) -> Any:
+    # flash-attn renamed arguments across 2.x (window_size → window_size_left/right, softcap added);
+    # pass exactly the ones this version declares.
+    names = argument_names(fn)
+    if names is None:
+        raise AttentionError(
+            f"cannot tell which arguments {getattr(fn, '__qualname__', fn)!r} takes (its signature is "
+            "only *args/**kwargs and it carries no op schema)",
+            where="flash-attn's flash_attn_interface",
+            fix="install a flash-attn release longctx knows (2.6–2.8), or use the 'sdpa_flash' kernel",
+        )
+    if "window_size" in names and "window_size_left" in kwargs:
         kwargs["window_size"] = (kwargs.pop("window_size_left"), kwargs.pop("window_size_right"))
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
+    return fn(**{k: v for k, v in kwargs.items() if k in names})
 
 
 def _flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    check_square(q, k, causal, "flash_attn")
     fa = _flash_attn_module()
     assert fa is not None
     res = _call_with_supported(
@@ -187,6 +269,7 @@ def _flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: fl
 def _flash_attn_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor, Tensor]:
+    check_square(q, k, causal, "flash_attn")
     fa = _flash_attn_module()
     assert fa is not None
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -221,55 +304,41 @@ FLASH_ATTN = BlockKernel("flash_attn", _flash_attn_forward, _flash_attn_backward
 # ------------------------------------------------------------------------------- CUDA: SDPA flash
 
 
-def _repeat_kv(x: Tensor, groups: int) -> Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=2)
-
-
 def _sdpa_flash_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    # PyTorch's CUDA flash op wants equal head counts: K/V are repeated here, after communication.
-    g = q.shape[2] // k.shape[2]
+    # PyTorch's CUDA flash op takes [b, h, s, d] and GQA natively (fewer K/V heads than query heads)
+    check_square(q, k, causal, "sdpa_flash")
     res = torch.ops.aten._scaled_dot_product_flash_attention(
-        q.transpose(1, 2),
-        _repeat_kv(k, g).transpose(1, 2),
-        _repeat_kv(v, g).transpose(1, 2),
-        0.0,
-        causal,
-        False,
-        scale=scale,
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, False, scale=scale
     )
     return res[0].transpose(1, 2), res[1]
+
+
+def sdpa_flash_backward_args(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool
+) -> tuple[Any, ...]:
+    """The positional arguments of aten::_scaled_dot_product_flash_attention_backward for a dense block.
+
+    `cum_seq_q`/`cum_seq_k` must be *undefined* (None) for the dense path: any defined tensor, even an
+    empty one, selects the variable-length kernel. The philox seed/offset only matter with dropout; they
+    are passed as the forward returns them for dropout 0 (a 2-element and a 0-d int64 tensor)."""
+    sq, sk = q.shape[1], k.shape[1]
+    seed = torch.zeros(2, dtype=torch.int64, device=q.device)
+    offset = torch.zeros((), dtype=torch.int64, device=q.device)
+    return (
+        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out.transpose(1, 2),
+        lse.float().contiguous(), None, None, sq, sk, 0.0, causal, seed, offset,
+    )  # fmt: skip
 
 
 def _sdpa_flash_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    g = hq // hkv
-    empty = torch.empty(0, dtype=torch.int64, device=q.device)  # dense (not varlen), no dropout
+    check_square(q, k, causal, "sdpa_flash")
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        dout.transpose(1, 2),
-        q.transpose(1, 2),
-        _repeat_kv(k, g).transpose(1, 2),
-        _repeat_kv(v, g).transpose(1, 2),
-        out.transpose(1, 2),
-        lse.float().contiguous(),
-        empty,
-        empty,
-        sq,
-        sk,
-        0.0,
-        causal,
-        empty,
-        empty,
-        scale=scale,
+        *sdpa_flash_backward_args(dout, q, k, v, out, lse, causal), scale=scale
     )
-    dk = dk.transpose(1, 2)
-    dv = dv.transpose(1, 2)
-    if g > 1:
-        dk = dk.reshape(b, sk, hkv, g, d).sum(3)
-        dv = dv.reshape(b, sk, hkv, g, dv.shape[-1]).sum(3)
-    return dq.transpose(1, 2), dk, dv
+    # GQA: the op returns dK/dV with the K/V head count, summed over each group's query heads
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
 SDPA_FLASH = BlockKernel("sdpa_flash", _sdpa_flash_forward, _sdpa_flash_backward)
@@ -301,6 +370,12 @@ def select_kernel(device: torch.device, dtype: torch.dtype, name: str | None = N
                 f"attention kernel {name!r} needs CUDA tensors, got {device}",
                 where=f"kernel argument or ${KERNEL_ENV}",
                 fix="use 'cpu_flash' or 'math' on CPU",
+            )
+        if kernel.name == "cpu_flash" and device.type != "cpu":
+            raise AttentionError(
+                f"attention kernel 'cpu_flash' runs on CPU tensors only, got {device}",
+                where=f"kernel argument or ${KERNEL_ENV}",
+                fix="use 'flash_attn' or 'sdpa_flash' (or 'math') on CUDA",
             )
         if kernel.name == "flash_attn" and _flash_attn_module() is None:
             raise AttentionError(
