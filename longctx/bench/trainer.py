@@ -523,9 +523,9 @@ def machine(s: TrainerBenchSettings) -> dict[str, Any]:
 def differences(s: TrainerBenchSettings) -> list[str]:
     """What the two launches do differently although the plan is the same (unavoidable on this machine)."""
     precision = (
-        "precision: both bf16 weights and compute; Megatron-LM keeps fp32 main grads and fp32 master "
-        "params in its distributed optimizer (--bf16 --accumulate-allreduce-grads-in-fp32), the local "
-        "backend steps torch AdamW on the bf16 weights"
+        "precision: both bf16 weights and compute with fp32 gradients and fp32 master params; Megatron-LM "
+        "in its distributed optimizer (--bf16 --accumulate-allreduce-grads-in-fp32), the local backend "
+        "through torch AdamW on the masters after one fp32 all-reduce"
         if s.local_bf16
         else "precision: Megatron-LM bf16 (its argv always has --bf16), the local backend fp32 (its CPU "
         "default)"
