@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_smoke_checks_pass_on_cpu_and_print_one_json_document() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "longctx.bench.device_smoke", "--device", "cpu", "--json"],
+        [sys.executable, "-m", "longctx.train.device_smoke", "--device", "cpu", "--json"],
         capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     report = json.loads(proc.stdout)

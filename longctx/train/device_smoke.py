@@ -6,7 +6,7 @@ causal and full), a norm's output dtype in a bf16 model, one bf16 train step thr
 and an all-reduce on the default process group's device. On CPU the same checks run on the CPU
 kernels, so the script itself is tested wherever the suite runs.
 
-    python -m longctx.bench.device_smoke [--json] [--device cuda|cpu]
+    python -m longctx.train.device_smoke [--json] [--device cuda|cpu]
 
 Prints one line per check (one JSON document with --json) and exits 1 when a check fails.
 """
@@ -160,7 +160,7 @@ def machine(device: torch.device) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m longctx.bench.device_smoke", description=__doc__.split("\n")[0]
+        prog="python -m longctx.train.device_smoke", description=__doc__.split("\n")[0]
     )
     p.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu"
