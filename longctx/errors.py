@@ -75,3 +75,7 @@ class EvalError(LongctxError):
 
 class ParallelError(LongctxError):
     """torch.distributed / megatron model-parallel state that does not fit what was asked."""
+
+
+class OutputError(LongctxError):
+    """An output path that would land on (or inside) an input the command reads."""

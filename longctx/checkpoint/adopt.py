@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,16 +162,41 @@ def _link_or_copy(src: Path, dst: Path, mode: Mode, allow_copy: bool) -> str:
     return "copy"
 
 
+def _regular_size(tree: DirTree, rel: str) -> int:
+    """The size of `rel`, which must resolve (inside the tree: `DirTree.path`) to a regular file."""
+    p = tree.path(rel)
+    try:
+        st = os.stat(p)
+    except OSError as err:
+        what = "a symlink loop" if err.errno == errno.ELOOP else f"unreadable ({err.strerror})"
+        raise CheckpointError(
+            f"{rel} is {what}", where=str(p), fix="remove or repair the link, then adopt again"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(
+            f"{rel} is not a regular file (mode {stat.filemode(st.st_mode)})",
+            where=str(p),
+            fix="a checkpoint holds regular files only: remove the device, socket or fifo",
+        )
+    return st.st_size
+
+
+def _source_files(resolved: ResolvedCheckpoint) -> dict[str, int]:
+    """{file: size} of a directory source; refuses links out of it and anything not a regular file."""
+    tree = resolved.tree
+    assert isinstance(tree, DirTree)
+    return {r: _regular_size(tree, r) for r in tree.files(resolved.checkpoint_rel)}
+
+
 def _adopt_dir(
-    resolved: ResolvedCheckpoint, staging: Path, mode: Mode, allow_copy: bool
+    resolved: ResolvedCheckpoint, sizes: dict[str, int], staging: Path, mode: Mode, allow_copy: bool
 ) -> tuple[int, int, set[str]]:
     tree = resolved.tree
     assert isinstance(tree, DirTree)
-    rels = tree.files(resolved.checkpoint_rel)
+    rels = sorted(sizes)
     base = resolved.checkpoint_rel
     done: list[tuple[Path, Path]] = []
     methods: set[str] = set()
-    sizes = {r: tree.size(r) for r in rels}
     total = sum(sizes.values())
     try:
         with progress_bar(f"adopt ({mode})", total, unit="bytes") as advance:
@@ -274,6 +300,8 @@ def adopt(
         and into.resolve() == resolved.save_dir.resolve()
     ):
         raise CheckpointError("the source is already in this save dir", where=str(into), fix="nothing to do")
+    # every file of a directory source checked (inside it, regular) before anything is created
+    sizes = _source_files(resolved) if isinstance(tree, DirTree) else {}
     target = _prepare_target(into, dir_name, write_tracker, it)
     staging = into / f".adopt-{dir_name}.{os.getpid()}.tmp"
     if staging.exists():
@@ -283,7 +311,7 @@ def adopt(
         method = "extract"
     else:
         staging.mkdir()
-        files, nbytes, methods = _adopt_dir(resolved, staging, mode, allow_copy)
+        files, nbytes, methods = _adopt_dir(resolved, sizes, staging, mode, allow_copy)
         method = "+".join(sorted(methods)) or ("move" if mode == "move" else "hardlink")
     fsync_dir(staging)
     os.rename(staging, target)

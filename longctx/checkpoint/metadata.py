@@ -126,6 +126,24 @@ def clear_index_cache() -> None:
     _CACHE.clear()
 
 
+def _check_shard_entry(rel_path: str, offset: int, length: int, where: str) -> None:
+    """A storage entry names a shard file *in* the checkpoint directory (torch DCP writes bare file
+    names) and a byte range within it; anything else would make readers look outside the checkpoint."""
+    name_ok = rel_path not in ("", ".", "..") and "/" not in rel_path and "\\" not in rel_path
+    if not name_ok:
+        raise CheckpointError(
+            f"the DCP index names shard file {rel_path!r}, which is not a file of the checkpoint directory",
+            where=where,
+            fix="the .metadata is corrupt or was edited: re-download or re-copy the checkpoint",
+        )
+    if offset < 0 or length < 0:
+        raise CheckpointError(
+            f"the DCP index gives shard {rel_path!r} a negative byte range (offset {offset}, length {length})",
+            where=where,
+            fix="the .metadata is corrupt or was edited: re-download or re-copy the checkpoint",
+        )
+
+
 def _read_dcp_index(tree: Tree, rel: str, stub_megatron: bool | None) -> DcpIndex:
     path = join(rel, DCP_METADATA)
     where = tree.where(path)
@@ -167,6 +185,7 @@ def _read_dcp_index(tree: Tree, rel: str, stub_megatron: bool | None) -> DcpInde
     for index, info in storage.items():
         rp = str(getattr(info, "relative_path", ""))
         off, length = int(getattr(info, "offset", 0)), int(getattr(info, "length", 0))
+        _check_shard_entry(rp, off, length, where)
         ext = files.get(rp)
         if ext is None:
             ext = files[rp] = FileExtent(rp)

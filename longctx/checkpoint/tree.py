@@ -109,14 +109,38 @@ class Tree(ABC):
 
 
 class DirTree(Tree):
-    """A directory on disk. Symlinks are followed (HF cache snapshots are links into blobs/)."""
+    """A directory on disk. Symlinks are followed, but only to files inside the directory (or, in a
+    Hub cache snapshot `…/snapshots/REV[/…]`, inside its repository's `blobs/`, where the Hub links them):
+    a link elsewhere (`notes.txt -> /etc/passwd`) is refused wherever a reader resolves it."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.source = Path(root)
         self.root = Path(root)
+        real = os.path.realpath(self.root)
+        self._inside = [real]
+        absolute = Path(os.path.abspath(self.root))
+        for revision in (absolute, *absolute.parents):  # the tree may be a folder of a snapshot
+            if revision.parent.name == "snapshots":
+                self._inside.append(os.path.realpath(revision.parent.parent / "blobs"))
+                break
 
     def path(self, rel: str) -> Path:
-        return self.root / rel if rel else self.root
+        if not rel:
+            return self.root
+        p = self.root / rel
+        self._confine(rel, p)
+        return p
+
+    def _confine(self, rel: str, p: Path) -> None:
+        real = os.path.realpath(p)
+        if any(real == root or real.startswith(root + os.sep) for root in self._inside):
+            return
+        raise CheckpointError(
+            f"{rel} resolves to {real}, outside the checkpoint directory {self.root}",
+            where=str(p),
+            fix="a checkpoint may link only to files inside it (a Hub snapshot: into its blobs/); "
+            "copy the file into the directory or remove the link",
+        )
 
     def is_dir(self, rel: str) -> bool:
         return self.path(rel).is_dir()

@@ -40,6 +40,7 @@ from longctx.checkpoint.metadata import DcpIndex, read_backend, read_common_stat
 from longctx.checkpoint.tree import TarTree, Tree, join, open_tree
 from longctx.errors import CheckpointError
 from longctx.report import Findings, to_jsonable
+from longctx.util.confine import refuse_write_into
 from longctx.util.fs import atomic_write_text
 from longctx.util.progress import progress_bar
 
@@ -155,6 +156,7 @@ def verify_resolved(
             where=tree.where(rel),
             fix="use another iteration, or re-copy/re-download the directory",
         )
+    backend = None
     try:
         backend = read_backend(tree, rel)
         if backend is not None and backend.sharded_backend not in ("torch_dist",):
@@ -173,7 +175,15 @@ def verify_resolved(
     files, nbytes = check_shards(tree, rel, index, findings)
     try:
         common = read_common_state(tree, rel, index, stub_megatron=stub_megatron)
-        if common.state is None:
+        if common.state is None and backend is not None:
+            # megatron-core's loader reads the common state before any shard: it refuses such a save
+            findings.error(
+                "no-common-state",
+                "no common.pt and no common_state object: megatron-core cannot load this save",
+                where=tree.where(join(rel, "common.pt")),
+                fix="copy common.pt from the original save (it holds the args, iteration and schedule)",
+            )
+        elif common.state is None:
             findings.warning("no-common-state", "no common.pt and no common_state object (no saved args)")
     except CheckpointError as err:
         _error_from(findings, "common-state", err)
@@ -351,6 +361,8 @@ def verify_checkpoint(
     Raises CheckpointError only when PATH is not a checkpoint location at all.
     """
     findings = Findings()
+    if write_manifest is not None:
+        refuse_write_into(Path(write_manifest), Path(path), "--write-manifest", ".sha256")
     tree = open_tree(Path(path))
     if isinstance(tree, TarTree):
         for m in tree.unsafe:
