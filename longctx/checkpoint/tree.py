@@ -271,6 +271,51 @@ def _unsafe_reason(ti: tarfile.TarInfo) -> str | None:
     return None
 
 
+def _prefixes(name: str) -> list[str]:
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _link_on_the_way(path: str, links: set[str]) -> str | None:
+    """The first link that resolving `path` component by component passes through (`d/../..` passes
+    through `d`, which a textual normalisation would drop), or None."""
+    cur: list[str] = []
+    for comp in path.split("/"):
+        if comp in ("", "."):
+            continue
+        here = "/".join(cur)
+        if here in links:
+            return here
+        if comp == "..":
+            if cur:
+                cur.pop()
+            continue
+        cur.append(comp)
+    here = "/".join(cur)
+    return here if here in links else None
+
+
+def _refuse_link_chains(index: _Index) -> None:
+    """Move to `unsafe` what escapes only once earlier links are followed: a member below a symlink
+    (`a -> .` then `a/b -> ..` is `b -> ..`) and a link whose target passes through a link. Each link's
+    text alone looks contained; extraction follows them in order, so the chain is refused as a whole."""
+    links = {n for n, m in index.members.items() if m.kind in ("symlink", "hardlink")}
+    if not links:
+        return
+    bad: dict[str, str] = {}
+    for name, m in index.members.items():
+        below = next((p for p in _prefixes(name)[:-1] if p in links), None)
+        if below is not None:
+            bad[name] = f"member below the link {below!r} (a link chain can leave the target directory)"
+        elif m.kind in ("symlink", "hardlink"):
+            base = posixpath.dirname(name) if m.kind == "symlink" else ""
+            through = _link_on_the_way(posixpath.join(base, m.linkname.replace("\\", "/")), links)
+            if through is not None:
+                bad[name] = f"link to {m.linkname!r} through the link {through!r} (link chains are refused)"
+    for name, reason in sorted(bad.items()):
+        index.unsafe.append(UnsafeMember(index.members.pop(name).raw_name, reason))
+
+
 def _kind(ti: tarfile.TarInfo) -> str:
     if ti.isdir():
         return "dir"
@@ -369,6 +414,7 @@ class TarTree(Tree):
                 tf.close()
         finally:
             raw.close()
+        _refuse_link_chains(index)
         return index
 
     @property

@@ -1,0 +1,51 @@
+"""Archives whose links escape only once earlier links are followed, and other unsafe members."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.bad_input.harness import refused
+
+
+def _archive(path: Path, snapshot: Path, extra: list[tarfile.TarInfo]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for f in sorted(snapshot.iterdir()):
+            tar.add(f, arcname=f"ckpt/{f.name}")
+        for ti in extra:
+            tar.addfile(ti, io.BytesIO(b"x" * ti.size) if ti.isreg() else None)
+    return path
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.linkname = kind, target
+    return ti
+
+
+def _file(name: str, size: int = 3) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.size = size
+    return ti
+
+
+CASES = {
+    "chain": [_link("ckpt/a", "."), _link("ckpt/a/b", "..")],  # a/b is ckpt/b -> .. : out of ckpt/
+    "chain-deeper": [_link("ckpt/l1", "."), _link("ckpt/l1/l2", "."), _link("ckpt/l1/l2/up", "../..")],
+    "through-link": [_link("ckpt/d", "."), _link("ckpt/e", "d/../..")],
+    "file-below-link": [_link("ckpt/dir", "/tmp"), _file("ckpt/dir/planted.txt")],
+    "absolute": [_file("/tmp/longctx-planted.txt")],
+    "dotdot": [_file("ckpt/../../planted.txt")],
+    "hardlink-out": [_link("ckpt/h", "../../etc/passwd", tarfile.LNKTYPE)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_unsafe_archive_is_refused_by_check_and_adopt(case: str, flat_snapshot: Path, tmp_path: Path) -> None:
+    archive = _archive(tmp_path / f"{case}.tar", flat_snapshot, CASES[case])
+    refused(["ckpt", "check", archive], [tmp_path], needle="unsafe")
+    refused(["ckpt", "adopt", archive, "--into", tmp_path / "into"], [tmp_path], needle="refusing to extract")
+    assert not (tmp_path / "into").exists()
