@@ -155,12 +155,39 @@ class _Refused(Exception):
     """Internal: a global or a guarded call outside the allow-list."""
 
 
+# What one call inside a pickle may build. Pickle opcodes build objects in proportion to the bytes
+# they take, except a constructor called with a count (`bytearray(10**9)`) or a lazy range
+# (`list(range(10**9))`): 61 bytes of pickle would otherwise allocate gigabytes.
+MAX_PICKLE_BYTES = 1 << 28
+MAX_PICKLE_ELEMENTS = 1 << 24
+
+
+def _bounded(factory: Callable[..., Any]) -> Callable[..., Any]:
+    def make(*args: Any, **kwargs: Any) -> Any:
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and factory in (bytes, bytearray):
+                if a > MAX_PICKLE_BYTES:
+                    raise _Refused(f"{factory.__name__}({a}): more than {MAX_PICKLE_BYTES:,} bytes")
+            elif isinstance(a, range):
+                try:
+                    n = len(a)
+                except OverflowError:
+                    n = MAX_PICKLE_ELEMENTS + 1
+                if n > MAX_PICKLE_ELEMENTS:
+                    raise _Refused(f"{factory.__name__}(range of {n:,}+ elements)")
+        return factory(*args, **kwargs)
+
+    make.__name__ = factory.__name__
+    return make
+
+
 # ---- the allow-list ---------------------------------------------------------------------------------
 
 _BUILTINS = {
-    "set": set, "frozenset": frozenset, "complex": complex, "bytearray": bytearray, "slice": slice,
-    "range": range, "object": object, "int": int, "float": float, "str": str, "bool": bool, "list": list,
-    "dict": dict, "tuple": tuple, "bytes": bytes, "getattr": _safe_getattr,
+    "set": _bounded(set), "frozenset": _bounded(frozenset), "complex": complex,
+    "bytearray": _bounded(bytearray), "slice": slice, "range": range, "object": object, "int": int,
+    "float": float, "str": str, "bool": bool, "list": _bounded(list), "dict": dict,
+    "tuple": _bounded(tuple), "bytes": _bounded(bytes), "getattr": _safe_getattr,
 }  # fmt: skip
 
 _DCP_NAMES = {
@@ -200,12 +227,10 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
     """
     if module == "builtins" and name in _BUILTINS:
         return _BUILTINS[name]
-    if (module, name) in {
-        ("collections", "OrderedDict"),
-        ("collections", "defaultdict"),
-        ("collections", "deque"),
-    }:
+    if (module, name) in {("collections", "OrderedDict"), ("collections", "defaultdict")}:
         return getattr(collections, name)
+    if (module, name) == ("collections", "deque"):
+        return _bounded(collections.deque)
     if (module, name) == ("argparse", "Namespace"):
         return argparse.Namespace
     if module == "signal" and name in ("Signals", "Handlers"):

@@ -126,10 +126,20 @@ def check_dims(rotary_dim: int, head_dim: int | None = None) -> float:
     return (head_dim - rotary_dim) / 2.0
 
 
+# 16M tokens: beyond every released context window; a scan over every offset takes about a minute there
+MAX_LENGTH = 1 << 24
+
+
 def check_length(length: int, what: str = "length") -> None:
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length <= 0:
         raise RopeError(
             f"{what} must be a positive integer, got {length!r}", fix="e.g. 16384 or 16K on the CLI"
+        )
+    if length > MAX_LENGTH:
+        raise RopeError(
+            f"{what} {length:,} is beyond what longctx plans for ({MAX_LENGTH:,} tokens; the cos-sum "
+            "scan visits every offset up to it)",
+            fix=f"use lengths up to {MAX_LENGTH:,} (16M) tokens",
         )
 
 

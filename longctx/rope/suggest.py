@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from longctx.errors import RopeError
-from longctx.rope import formulas
+from longctx.rope import cossum, formulas
 from longctx.rope.diagnostics import _paper_applies
 from longctx.rope.methods import BASE_METHODS, BaseChoice, choose_base, get_method, to_int
 
@@ -71,6 +71,14 @@ def suggest(
     """
     if not lengths:
         raise RopeError("no target lengths given", fix="e.g. --lengths 16384,65536,131072")
+    too_long = [n for n in lengths if n > cossum.MAX_LENGTH]
+    if too_long:
+        raise RopeError(
+            f"target length {max(too_long):,} is beyond what longctx plans for ({cossum.MAX_LENGTH:,} tokens; "
+            "the diagnostics scan every offset up to the target)",
+            where="--lengths",
+            fix=f"give target lengths up to {cossum.MAX_LENGTH:,} (16M) tokens",
+        )
     for name in methods:
         get_method(name)
     out = Suggestion(rotary_dim, head_dim, pretrain_base, pretrain_length, RECOMMENDATION_RULE)

@@ -75,21 +75,32 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
     path = ledger_path(run_dir)
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    fix = "inspect the file; the ledger is append-only and must not be edited"
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise StageError(
+            f"the ledger is not UTF-8 text (byte {err.start})", where=str(path), fix=fix
+        ) from None
+    except OSError as err:
+        raise StageError(f"cannot read the ledger: {err.strerror}", where=str(path), fix=fix) from None
     out: list[dict[str, Any]] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             if i == len(lines) - 1:
                 continue
+            raise StageError(f"ledger line {i + 1} is not JSON", where=str(path), fix=fix) from None
+        if not isinstance(rec, dict):
             raise StageError(
-                f"ledger line {i + 1} is not JSON",
+                f"ledger line {i + 1} is a JSON {type(rec).__name__}, not a record (an object)",
                 where=str(path),
-                fix="inspect the file; the ledger is append-only and must not be edited",
-            ) from None
+                fix=fix,
+            )
+        out.append(rec)
     return out
 
 

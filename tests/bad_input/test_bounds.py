@@ -1,0 +1,61 @@
+"""Inputs that would make longctx work without end or allocate without limit are refused at once."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.bad_input.harness import refused
+
+
+class _Amplify:
+    """Pickles as one call with a huge count: a few dozen bytes asking for gigabytes."""
+
+    def __init__(self, factory: object, arg: object) -> None:
+        self.factory, self.arg = factory, arg
+
+    def __reduce__(self) -> tuple[object, tuple[object]]:
+        return self.factory, (self.arg,)
+
+
+AMPLIFIERS = {
+    "bytearray": _Amplify(bytearray, 10**10),
+    "bytes": _Amplify(bytes, 10**10),
+    "list-range": _Amplify(list, range(10**12)),
+    "set-range": _Amplify(set, range(10**30)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AMPLIFIERS))
+def test_metadata_pickle_amplification_is_refused(case: str, flat_snapshot: Path, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(flat_snapshot, ck)
+    data = pickle.dumps(AMPLIFIERS[case], protocol=2)
+    assert len(data) < 80
+    (ck / ".metadata").write_bytes(data)
+    refused(["ckpt", "check", ck], [tmp_path], needle="refus")
+
+
+def test_common_pt_amplification_is_refused(flat_snapshot: Path, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(flat_snapshot, ck)
+    torch.save({"iteration": 1, "args": _Amplify(bytearray, 10**10)}, ck / "common.pt")
+    refused(["ckpt", "check", ck], [tmp_path], needle="refus")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["rope", "suggest", "--rotary-dim", "128", "--base", "500000", "--from-length", "4096",
+         "--lengths", "1152921504606846976"],
+        ["rope", "suggest", "--rotary-dim", "128", "--base", "500000", "--from-length", "4096", "--lengths", "64M"],
+        ["rope", "plot", "--bases", "5000000", "--rotary-dim", "128", "--lengths", "40000000", "--out", "{tmp}/c.png"],
+    ],
+)  # fmt: skip
+def test_lengths_beyond_any_context_are_refused(args: list[str], tmp_path: Path) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    refused(argv, [tmp_path], needle="beyond what longctx plans for")
