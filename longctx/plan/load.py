@@ -23,9 +23,20 @@ def load_plan(path: str | os.PathLike[str], *, run_dir: str | os.PathLike[str] |
             f"plan file not found: {p}", where=str(p), fix="give the path of a stages/*.toml file"
         )
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise PlanError(f"plan is not valid TOML: {err}", where=str(p), fix="fix the TOML syntax") from None
+        data = tomllib.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise PlanError(
+            f"plan is not UTF-8 text (byte {err.start}: {err.reason})",
+            where=str(p),
+            fix="save the plan as UTF-8 TOML",
+        ) from None
+    except (tomllib.TOMLDecodeError, RecursionError) as err:
+        detail = str(err) if isinstance(err, tomllib.TOMLDecodeError) else "nested too deeply"
+        raise PlanError(
+            f"plan is not valid TOML: {detail}", where=str(p), fix="fix the TOML syntax"
+        ) from None
+    except OSError as err:
+        raise PlanError(f"cannot read the plan: {err.strerror}", where=str(p), fix="check the path") from None
     override = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV)
     if override:
         data["run_dir"] = str(Path(override).resolve())

@@ -17,10 +17,12 @@ from typing import Any, Literal
 
 from longctx.checkpoint.layout import iter_dir_name
 from longctx.errors import SlurmError
+from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.slurm.profiles import Profile
 from longctx.slurm.quote import env_name, fill, sbatch_word, sh, sh_words, slurm_filename
 from longctx.slurm.settings import JobSettings, job_settings
+from longctx.util.confine import refuse_write_into
 from longctx.util.fs import atomic_write_text
 
 CHAIN_SCRIPT = "chain.sbatch"
@@ -54,6 +56,7 @@ class Rendered:
     settings: JobSettings
     out_dir: Path
     scripts: list[Script]
+    inputs: list[Path] = dataclasses.field(default_factory=list)  # what the scripts must not land in
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -70,14 +73,33 @@ class Rendered:
         return next((s for s in self.scripts if s.kind == "eval" and s.stage == stage), None)
 
     def write(self) -> list[Path]:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        log_dir(self.settings.run_dir).mkdir(parents=True, exist_ok=True)  # sbatch needs the --output dir
-        out = []
-        for s in self.scripts:
-            p = self.path(s)
-            atomic_write_text(p, s.text)
-            p.chmod(0o755)
-            out.append(p)
+        """Write the scripts into `out_dir`; refused inside any of `inputs` (the plan's tokenizer, base
+        checkpoint, plan file), or where a directory cannot be made. A failure leaves no script behind."""
+        for source in self.inputs:
+            refuse_write_into(self.out_dir, source, "--out")
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise SlurmError(
+                f"{self.out_dir} is a file, not a directory for the scripts",
+                where=str(self.out_dir),
+                fix="pass --out DIR naming a directory (new or existing)",
+            )
+        out: list[Path] = []
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            log_dir(self.settings.run_dir).mkdir(parents=True, exist_ok=True)  # sbatch needs the --output dir
+            for s in self.scripts:
+                p = self.path(s)
+                atomic_write_text(p, s.text)
+                p.chmod(0o755)
+                out.append(p)
+        except OSError as err:
+            for p in out:
+                p.unlink(missing_ok=True)
+            raise SlurmError(
+                f"cannot write the Slurm scripts: {err.strerror}",
+                where=str(err.filename or self.out_dir),
+                fix="choose a writable --out directory on a filesystem with free space",
+            ) from None
         return out
 
 
@@ -135,7 +157,18 @@ def render(
                 "plan": sh(settings.plan_path, "plan path"),
                 "stage": sh(st.name, "stage name"),
             }, where=f"template {eval_script_name(st.name)}"), stage=st.name))  # fmt: skip
-    return Rendered(settings, out, scripts)
+    return Rendered(settings, out, scripts, inputs=plan_inputs(rp))
+
+
+def plan_inputs(rp: ResolvedPlan) -> list[Path]:
+    """The plan file, its tokenizer and its base checkpoint: inputs no output may land in."""
+    plan = rp.plan
+    found = [paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")]
+    if plan.base.path:
+        found.append(paths.resolve(plan.base.path, plan, field="base.path"))
+    if plan.plan_path is not None:
+        found.append(Path(plan.plan_path))
+    return found
 
 
 def _stage_options(s: JobSettings) -> str:
