@@ -155,7 +155,18 @@ def read_data_args(path: str | os.PathLike[str], *, check_exists: bool = True) -
         raise DatasetError(
             f"data-args file not found: {p}", where=str(p), fix="check the --data-args-path value"
         )
-    return parse_blend(p.read_text(encoding="utf-8"), source=str(p), check_exists=check_exists)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DatasetError(
+            f"data-args file is not UTF-8 text (byte {err.start})",
+            where=str(p),
+            fix="write the blend as UTF-8 text: weight prefix weight prefix …",
+        ) from None
+    except OSError as err:
+        raise DatasetError(f"cannot read the data-args file: {err.strerror}", where=str(p),
+                           fix="check the --data-args-path value") from None  # fmt: skip
+    return parse_blend(text, source=str(p), check_exists=check_exists)
 
 
 def blend_from_prefixes(prefixes: list[str | os.PathLike[str]], *, check_exists: bool = True) -> Blend:

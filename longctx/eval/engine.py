@@ -87,7 +87,9 @@ def _key(*parts: object) -> str:
 def check_length(info: CheckpointInfo, length: int, *, allow_extrapolation: bool, cp: int) -> bool:
     """Raise EvalError for lengths this checkpoint cannot be evaluated at; True when extrapolating."""
     if length < 2:
-        raise EvalError(f"length {length} is too short to evaluate")
+        raise EvalError(
+            f"length {length} is too short to evaluate", where="--lengths", fix="use lengths of at least 64 tokens"
+        )
     if cp > 1 and length % (2 * cp):
         raise EvalError(
             f"length {length} does not split into 2·CP = {2 * cp} equal chunks (CP = {cp})",

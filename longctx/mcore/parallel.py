@@ -161,7 +161,9 @@ def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
     on exit; state that already existed (a trainer's, a test's) is reused and left alone.
     """
     if cp < 1:
-        raise ParallelError(f"context-parallel size must be ≥ 1, got {cp}")
+        raise ParallelError(
+            f"context-parallel size must be ≥ 1, got {cp}", where="--cp", fix="pass --cp 1 (or a larger CP size)"
+        )
     apply_cpu_compat()
     made_pg = made_mp = False
     if not dist.is_initialized():

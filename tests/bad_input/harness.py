@@ -50,9 +50,18 @@ def refused(args: Sequence[object], watch: Sequence[Path], *, needle: str) -> st
     doc = json.loads(as_json.stdout)  # exactly one document on stdout
     if "error" in doc:  # a refusal
         assert doc["error"].get("what") and doc["error"].get("fix"), doc
-    else:  # a check report whose findings hold the error
+    else:  # a check report whose findings (at any depth) hold the error
         assert doc.get("ok") is False, doc
-        errors = [f for f in doc.get("findings", []) if f.get("level") == "error"]
+        errors = [f for f in _findings(doc) if f.get("level") == "error"]
         assert errors and all(f.get("message") and f.get("fix") for f in errors), doc
     assert tree_state(*watch) == before, "a refused --json command changed files"
     return text
+
+
+def _findings(doc: object) -> list[dict]:
+    if isinstance(doc, dict):
+        own = [f for f in doc.get("findings", []) if isinstance(f, dict)] if "findings" in doc else []
+        return own + [f for v in doc.values() for f in _findings(v)]
+    if isinstance(doc, list):
+        return [f for v in doc for f in _findings(v)]
+    return []
