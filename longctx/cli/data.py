@@ -19,6 +19,13 @@ from longctx.cli._common import (
     print_json,
 )
 from longctx.cli._params import Json, force
+from longctx.cli.tokenizer import (
+    HfIncludeSpecial,
+    HfUseFast,
+    LegacyTokenizer,
+    TokenizerType,
+    encoding_spec,
+)
 from longctx.errors import DatasetError
 from longctx.report import Findings
 
@@ -56,31 +63,50 @@ def tokenize_cmd(
         ..., "--output-prefix", "-o", help="Writes PREFIX.bin, PREFIX.idx, PREFIX.longctx.json."
     ),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Tokenizer processes."),
-    json_key: str = typer.Option("text", "--json-key", help="JSON field holding the text."),
-    add_bos: bool = typer.Option(
-        False, "--add-bos", help="Prepend BOS to every document (EOD is always appended)."
+    json_key: str = typer.Option(
+        "text", "--json-key", help="JSON field holding the text (Megatron's --json-keys)."
     ),
+    append_eod: bool = typer.Option(
+        True, "--append-eod/--no-append-eod", help="EOD after every document (Megatron's --append-eod)."
+    ),
+    add_bos: bool = typer.Option(
+        False,
+        "--add-bos",
+        help="Prepend BOS to every document (no Megatron equivalent; see --legacy-tokenizer).",
+    ),
+    tokenizer_type: TokenizerType = None,
+    legacy_tokenizer: LegacyTokenizer = False,
+    hf_use_fast: HfUseFast = False,
+    hf_include_special_tokens: HfIncludeSpecial = False,
     force: Overwrite = False,
     json_out: Json = False,
 ) -> None:
-    """Tokenize JSONL into a Megatron dataset with megatron-core's builder; EOD after every document.
+    """Tokenize JSONL into a Megatron dataset: the same .bin/.idx as Megatron-LM's tools/preprocess_data.py.
 
-    The token dtype follows the vocabulary (uint16 below 65500, else int32). Output appears atomically;
-    an existing prefix is refused unless --force.
+    Encodes through the backend of Megatron's --tokenizer-type (HuggingFaceTokenizer: transformers'
+    AutoTokenizer; GPTSentencePieceTokenizer: SentencePiece; GPT2BPETokenizer: GPT-2 BPE), default the
+    one of the tokenizer's layout, with the same options. The token dtype follows Megatron's vocabulary
+    size (uint16 below 65500, else int32). The sidecar records the encoding fingerprint and the
+    preprocess_data.py flags that give the same files. Output appears atomically; an existing prefix is
+    refused unless --force.
 
     Example: longctx data tokenize a.jsonl b.jsonl.gz -t /models/tokenizer-256k -o data/mix_text_document -w 8
     """
     from longctx.data import tokenize_jsonl
 
+    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens)
     sidecar = tokenize_jsonl(
-        inputs, tokenizer, output_prefix, json_key=json_key, workers=workers, force=force, add_bos=add_bos
-    )
+        inputs, tokenizer, output_prefix, json_key=json_key, workers=workers, force=force, add_bos=add_bos,
+        append_eod=append_eod, spec=spec,
+    )  # fmt: skip
     if json_out:
         print_json(sidecar)
         return
+    enc = sidecar.tokenizer.encoding
     console.print(
         f"[green]wrote[/] {escape(output_prefix)}.bin/.idx: {sidecar.documents:,} documents, {sidecar.tokens:,} tokens "
-        f"({sidecar.dtype}), tokenizer md5 {sidecar.tokenizer.md5}",
+        f"({sidecar.dtype}), tokenizer md5 {sidecar.tokenizer.md5}"
+        + (f", encoded as {escape(enc.describe())}" if enc is not None else ""),
         highlight=False,
     )
 
@@ -173,9 +199,16 @@ def check_cmd(
         "--tokenizer-manifest",
         help="Artifact: tokenization/*.toml naming the tokenizer (for build_info).",
     ),
+    tokenizer_type: TokenizerType = None,
+    legacy_tokenizer: LegacyTokenizer = False,
+    hf_use_fast: HfUseFast = False,
+    hf_include_special_tokens: HfIncludeSpecial = False,
     json_out: Json = False,
 ) -> None:
-    """Check datasets for a stage: format, token ids vs vocab, EOD, document lengths, budgets, tokenizer md5.
+    """Check datasets for a stage: format, token ids vs vocab, EOD, document lengths, budgets, tokenizer md5 and encoding.
+
+    The sidecar's encoding fingerprint must be the tokenizer's under --tokenizer-type (default: the
+    tokenizer layout's): the same model file with another HF config or type is refused.
 
     Given one directory holding a tokenized artifact (mix/, manifests/, runs/), checks its manifests'
     tokenizer against --tokenizer and reports per language × tier: documents, tokens, share of tokens
@@ -229,9 +262,19 @@ def check_cmd(
         plan_lengths, plan_budgets = _needs_from_plan(plan)
         stage_lengths = sorted(set(stage_lengths) | set(plan_lengths))
         budgets = {**plan_budgets, **budgets}
+    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens)
+    if spec is not None and tokenizer is None:
+        raise DatasetError(
+            "--tokenizer-type needs --tokenizer", fix="pass --tokenizer PATH (the model's tokenizer)"
+        )
+    tok: Any = tokenizer
+    if spec is not None:
+        from longctx.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer, spec=spec)  # type: ignore[arg-type]
     report = check_datasets(
         datasets,
-        tokenizer=tokenizer,
+        tokenizer=tok,
         vocab_size=vocab_size,
         eod_id=eod_id,
         lengths=stage_lengths,
@@ -301,7 +344,12 @@ def render_report(report: Any) -> None:
             style = "yellow" if epochs > 1 else ""
             table.add_row(f"epochs {stage}", f"[{style}]{epochs:.2f}[/]" if style else f"{epochs:.2f}")
         if p.sidecar:
-            table.add_row("sidecar", f"tokenizer md5 {p.sidecar['tokenizer']['md5']} ({p.sidecar['origin']})")
+            enc = p.sidecar["tokenizer"].get("encoding")
+            how = f", encoded as {enc['tokenizer_type']}" if enc else ""
+            table.add_row(
+                "sidecar",
+                f"tokenizer md5 {p.sidecar['tokenizer']['md5']}{escape(how)} ({p.sidecar['origin']})",
+            )
         console.print(table)
         _print_problems(p.findings)
     if len(report.prefixes) > 1 or report.findings:
@@ -353,16 +401,24 @@ def fingerprint_cmd(
         ..., help="Dataset prefix made elsewhere (e.g. by Megatron's preprocess_data.py)."
     ),
     tokenizer: Path = typer.Option(..., "--tokenizer", "-t", help="The tokenizer the dataset was made with."),
+    tokenizer_type: TokenizerType = None,
+    legacy_tokenizer: LegacyTokenizer = False,
+    hf_use_fast: HfUseFast = False,
+    hf_include_special_tokens: HfIncludeSpecial = False,
     force: ReplaceSidecar = False,
     json_out: Json = False,
 ) -> None:
     """Write PREFIX.longctx.json for a dataset made elsewhere, after a full check with the tokenizer passes.
 
+    Pass the Megatron tokenizer options the data was made with (--tokenizer-type, --legacy-tokenizer, …):
+    the sidecar records their encoding fingerprint.
+
     Example: longctx data fingerprint data/books_text_document -t /models/tokenizer-256k
     """
     from longctx.data import fingerprint_dataset
 
-    sidecar = fingerprint_dataset(prefix, tokenizer, force=force)
+    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens)
+    sidecar = fingerprint_dataset(prefix, tokenizer, force=force, spec=spec)
     if json_out:
         print_json(sidecar)
     else:

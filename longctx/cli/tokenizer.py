@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -13,6 +14,39 @@ from longctx.cli._params import Json
 from longctx.errors import TokenizerError
 
 # The library is imported inside the commands: `longctx --help` need not load the tokenizer machinery.
+
+# How Megatron-LM encodes, spelled as its own flags (tools/preprocess_data.py, pretrain_gpt.py).
+TokenizerType = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer-type",
+        help="Megatron's --tokenizer-type to encode as: HuggingFaceTokenizer, GPTSentencePieceTokenizer or "
+        "GPT2BPETokenizer (default: the manifest's, else the layout's).",
+    ),
+]
+LegacyTokenizer = Annotated[
+    bool,
+    typer.Option("--legacy-tokenizer", help="Megatron's --legacy-tokenizer (HF: adds the config's BOS/EOS)."),
+]
+HfUseFast = Annotated[
+    bool, typer.Option("--tokenizer-hf-use-fast", help="Megatron's --tokenizer-hf-use-fast.")
+]
+HfIncludeSpecial = Annotated[
+    bool,
+    typer.Option(
+        "--tokenizer-hf-include-special-tokens", help="Megatron's --tokenizer-hf-include-special-tokens."
+    ),
+]
+
+
+def encoding_spec(tokenizer_type: str | None, legacy: bool, hf_use_fast: bool, hf_special: bool) -> Any:
+    """The EncodingSpec of the Megatron tokenizer options (None: the default applies)."""
+    from longctx.tokenizer import spec_from_options
+
+    return spec_from_options(
+        tokenizer_type, legacy=legacy, hf_use_fast=hf_use_fast, hf_include_special_tokens=hf_special
+    )
+
 
 app = typer.Typer(
     help=(
@@ -36,16 +70,28 @@ def fingerprint_cmd(
         ..., help="tokenizer.model, HF tokenizer directory, or GPT-2 vocab.json+merges.txt directory."
     ),
     write: Path | None = typer.Option(None, "--write", help="Save the manifest (TOML) to this file."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --write file."),
     name: str | None = typer.Option(None, "--name", help="Manifest name (default: the directory name)."),
+    tokenizer_type: TokenizerType = None,
+    legacy_tokenizer: LegacyTokenizer = False,
+    hf_use_fast: HfUseFast = False,
+    hf_include_special_tokens: HfIncludeSpecial = False,
     json_out: Json = False,
 ) -> None:
-    """Describe a tokenizer as a manifest (TOML; with --json, as JSON): md5, vocab size, special ids, EOD, added tokens, round-trip texts.
+    """Describe a tokenizer as a manifest (TOML; with --json, as JSON): md5, vocab size, special ids, EOD, added tokens, round-trip texts, encoding fingerprint.
+
+    The [encoding] table records how Megatron's tokenizer of --tokenizer-type encodes fixed probe texts
+    (ids, EOD, BOS, vocabulary size, library version): what tells apart two directories with the same
+    tokenizer.model but different HF configs.
 
     Example: longctx tokenizer fingerprint /models/tokenizer-256k --write tokenization/mine.toml
     """
-    from longctx.tokenizer import fingerprint, manifest_to_toml, write_manifest
+    from longctx.tokenizer import check_manifest_target, fingerprint, manifest_to_toml, write_manifest
 
-    manifest = fingerprint(path, name=name)
+    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens)
+    if write is not None:
+        check_manifest_target(write, path, force=force)
+    manifest = fingerprint(path, name=name, spec=spec)
     if write is not None:
         write_manifest(manifest, write)
     if json_out:
@@ -74,11 +120,15 @@ def verify_cmd(
         min=1,
         help="Megatron's padding multiple (default: manifest's, else 128).",
     ),
+    tokenizer_type: TokenizerType = None,
+    legacy_tokenizer: LegacyTokenizer = False,
+    hf_use_fast: HfUseFast = False,
+    hf_include_special_tokens: HfIncludeSpecial = False,
     json_out: Json = False,
 ) -> None:
     """Check a tokenizer against a manifest or an md5; exit 0 only if everything matches, else 2.
 
-    Checks the md5, vocab size (len(tokenizer)), every special id, added tokens, EOD and a round trip of the manifest's sample texts; reports Megatron's padded vocab size for --tp.
+    Checks the md5, vocab size (len(tokenizer)), every special id, added tokens, EOD, the encoding fingerprint (the ids Megatron's tokenizer gives for fixed probe texts: HF config, prefix space, BOS/EOS) and a round trip of the manifest's sample texts; reports Megatron's padded vocab size for --tp.
 
     Example: longctx tokenizer check /models/tokenizer-256k -m tokenization/oellm-256k.toml --tp 4
     """
@@ -89,7 +139,8 @@ def verify_cmd(
             "nothing to verify against", fix="pass --manifest tokenization/NAME.toml or --md5 HEX (or both)"
         )
     m = load_manifest(manifest) if manifest is not None else None
-    report = verify_tokenizer(path, m, md5=md5, tp=tp, divisible_by=divisible_by)
+    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens)
+    report = verify_tokenizer(path, m, md5=md5, tp=tp, divisible_by=divisible_by, spec=spec)
     if json_out:
         print_json({"ok": report.ok, **{k: v for k, v in vars(report).items()}})
     else:
@@ -105,6 +156,11 @@ def verify_cmd(
             "padded by TP",
             ", ".join(f"TP{k}: {v}" for k, v in report.facts["padded_vocab_size_by_tp"].items()),
         )
+        enc = report.facts.get("encoding")
+        if enc:
+            facts.add_row(
+                "encoding", f"{enc['library']} {enc['library_version']}, digest {enc['digest'][:16]}"
+            )
         console.print(facts)
         print_findings(report.findings, title="checks")
         status = "[green]OK[/]" if report.ok else f"[bold red]{len(report.findings.errors)} mismatch(es)[/]"

@@ -2,7 +2,9 @@
 
 For every prefix of a blend: index structure, dtype vs vocabulary, a full token scan (ids in range,
 documents end in EOD), document lengths against the stage lengths, tokens against the stage budgets,
-and the sidecar's tokenizer md5 against the model's tokenizer. Library entry: `check_datasets`.
+and the sidecar's tokenizer against the model's: the md5 of its model file(s) and its encoding
+fingerprint (the ids the Megatron tokenizer type, options and HF config give for fixed probe texts).
+Library entry: `check_datasets`.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from longctx.data.indexed import (
 from longctx.data.scan import BLOCK_BYTES, ScanParams, ScanResult, scan_datasets
 from longctx.data.sidecar import DatasetSidecar, read_sidecar, sidecar_path
 from longctx.data.stats import LengthStats, label, length_stats
-from longctx.errors import DatasetError
+from longctx.errors import DatasetError, TokenizerError
 from longctx.report import Findings
-from longctx.tokenizer import LoadedTokenizer, load_tokenizer
+from longctx.tokenizer import EncodingFingerprint, LoadedTokenizer, encoding_differences, load_tokenizer
 
 Datasets = Blend | str | Sequence[str | os.PathLike[str]]
 TokenizerArg = LoadedTokenizer | str | os.PathLike[str]  # a loaded tokenizer, or the path to load
@@ -141,10 +143,11 @@ def check_datasets(
             fix="pass --tokenizer PATH (the model's tokenizer)",
         )
 
+    encoding = _encoding_of(tok, findings)
     entries = blend.entries
     n_workers = workers or min(os.cpu_count() or 1, 8)
     with ThreadPoolExecutor(max_workers=max(1, min(n_workers, len(entries) or 1))) as pool:
-        prepared = list(pool.map(lambda e: _prepare(e, tok, vocab, eod, bos), entries))
+        prepared = list(pool.map(lambda e: _prepare(e, tok, encoding, vocab, eod, bos), entries))
     scanned = _scan_prepared(prepared, scan, workers, progress, block_bytes)
     reports = [_prefix_report(p, scanned.get(id(p)), wanted) for p in prepared]
 
@@ -169,6 +172,22 @@ def check_datasets(
         total_tokens=total,
         strict=strict,
     )
+
+
+def _encoding_of(tok: LoadedTokenizer | None, findings: Findings) -> EncodingFingerprint | None:
+    """The tokenizer's encoding fingerprint, computed once for every prefix (None without one)."""
+    if tok is None:
+        return None
+    try:
+        return tok.encoding_fingerprint()
+    except TokenizerError as err:
+        findings.error(
+            "tokenizer-encoding",
+            f"{tok.spec.tokenizer_type} cannot encode with the given tokenizer: {err.what}",
+            where=err.where or str(tok.path),
+            fix=err.fix,
+        )
+        return None
 
 
 def _checked_budgets(budgets: Mapping[str, int] | None) -> dict[str, int]:
@@ -236,7 +255,12 @@ def _tokenizer_facts(tok: LoadedTokenizer | None) -> dict[str, Any] | None:
 
 
 def _prepare(
-    entry: BlendEntry, tok: LoadedTokenizer | None, vocab: int | None, eod: int | None, bos: int | None
+    entry: BlendEntry,
+    tok: LoadedTokenizer | None,
+    encoding: EncodingFingerprint | None,
+    vocab: int | None,
+    eod: int | None,
+    bos: int | None,
 ) -> _Prepared:
     f = Findings()
     prefix = entry.prefix
@@ -258,7 +282,7 @@ def _prepare(
         f.error("sidecar", err.what, where=err.where, fix=err.fix)
         sidecar = None
     else:
-        _sidecar_findings(info, sidecar, tok, vocab, eod, f)
+        _sidecar_findings(info, sidecar, tok, encoding, vocab, eod, f)
     if sidecar is not None:  # fall back on what the sidecar recorded when nothing else is known
         vocab = vocab if vocab is not None else sidecar.tokenizer.vocab_size
         eod = eod if eod is not None else sidecar.tokenizer.eod_id
@@ -294,6 +318,7 @@ def _sidecar_findings(
     info: IndexInfo,
     sc: DatasetSidecar | None,
     tok: LoadedTokenizer | None,
+    encoding: EncodingFingerprint | None,
     vocab: int | None,
     eod: int | None,
     f: Findings,
@@ -317,6 +342,8 @@ def _sidecar_findings(
             found=sc.tokenizer.md5,
             fix="re-tokenize the data with the model's tokenizer (longctx data tokenize)",
         )
+    if encoding is not None:
+        _encoding_findings(sc, encoding, where, f)
     if vocab is not None and sc.tokenizer.vocab_size != vocab:
         f.error(
             "sidecar-vocab",
@@ -347,7 +374,33 @@ def _sidecar_findings(
                 fix="re-create the dataset, or its sidecar with `longctx data fingerprint`",
             )
     if tok is not None and not any(x.code.startswith("sidecar-") for x in f):
-        f.info("sidecar", f"sidecar md5 matches the tokenizer ({tok.md5})", where=where)
+        f.info("sidecar", f"sidecar md5 and encoding match the tokenizer ({tok.md5})", where=where)
+
+
+def _encoding_findings(sc: DatasetSidecar, mine: EncodingFingerprint, where: str, f: Findings) -> None:
+    theirs = sc.tokenizer.encoding
+    if theirs is None:
+        f.warning(
+            "sidecar-encoding",
+            "the sidecar records no encoding fingerprint: how the text became ids (Megatron tokenizer type, "
+            "HF config, library) is not verified",
+            where=where,
+            fix="re-tokenize with `longctx data tokenize`; for data made elsewhere with this tokenizer: "
+            "`longctx data fingerprint PREFIX --tokenizer PATH --force`",
+        )
+        return
+    diffs = encoding_differences(mine, theirs)
+    if diffs:
+        f.error(
+            "sidecar-encoding",
+            "dataset was encoded differently from how the given tokenizer encodes: " + "; ".join(diffs),
+            where=where,
+            expected=f"{mine.describe()} digest {mine.digest[:16]}",
+            found=f"{theirs.describe()} digest {theirs.digest[:16]}",
+            fix="re-tokenize the data with the model's tokenizer directory and type (longctx data tokenize "
+            f"-t TOKENIZER {' '.join(mine.spec().megatron_flags())}), or check with the type the data was "
+            "made with (--tokenizer-type …)",
+        )
 
 
 def _token_to_document(info: IndexInfo, token: int) -> int:

@@ -1,6 +1,7 @@
 """Give a dataset made elsewhere (e.g. by Megatron's preprocess_data.py) a sidecar.
 
-The sidecar records the tokenizer the user vouches for; it is written only after a full check
+The sidecar records the tokenizer the user vouches for, with the encoding fingerprint of the
+Megatron tokenizer type (and options) the data was made with; it is written only after a full check
 with that tokenizer passes (ids in range, documents end in EOD), so it cannot bless data that
 visibly does not fit the tokenizer.
 """
@@ -14,7 +15,7 @@ from longctx.data.check import TokenizerArg, check_datasets
 from longctx.data.indexed import read_index
 from longctx.data.sidecar import DatasetSidecar, SidecarTokenizer, sidecar_path, write_sidecar
 from longctx.errors import DatasetError
-from longctx.tokenizer import LoadedTokenizer, load_tokenizer
+from longctx.tokenizer import EncodingSpec, LoadedTokenizer, load_tokenizer
 
 
 def fingerprint_dataset(
@@ -24,9 +25,14 @@ def fingerprint_dataset(
     force: bool = False,
     workers: int | None = None,
     progress: bool = True,
+    spec: EncodingSpec | str | None = None,
 ) -> DatasetSidecar:
+    """`spec`: the Megatron tokenizer type and options the data was made with (default: the layout's)."""
     prefix = os.fspath(prefix)
-    tok = tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
+    if isinstance(tokenizer, LoadedTokenizer):
+        tok = tokenizer.with_spec(spec) if spec is not None else tokenizer
+    else:
+        tok = load_tokenizer(tokenizer, spec=spec)
     target = sidecar_path(prefix)
     if target.exists() and not force:
         raise DatasetError(

@@ -1,7 +1,9 @@
-"""`PREFIX.longctx.json`: how a dataset was made — tokenizer identity, dtype, counts, inputs.
+"""`PREFIX.longctx.json`: how a dataset was made — tokenizer identity, encoding, dtype, counts, inputs.
 
 Written by `data tokenize` (and `data fingerprint` for datasets made elsewhere); read by `data check`
-to prove the dataset was tokenized with the model's tokenizer.
+to prove the dataset was tokenized with the model's tokenizer. The tokenizer's identity is the md5 of
+its model file(s) plus the md5 of every file it was loaded from, and its encoding fingerprint: the
+Megatron tokenizer type and options, the library and version, and the ids of fixed probe texts.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longctx.errors import DatasetError
-from longctx.tokenizer import LoadedTokenizer
+from longctx.tokenizer import EncodingFingerprint, LoadedTokenizer
 from longctx.util.fs import atomic_write_json
 
 SIDECAR_SUFFIX = ".longctx.json"
@@ -32,10 +34,12 @@ class SidecarTokenizer(BaseModel):
     eod_id: int | None
     bos_id: int | None = None
     path: str | None = None
+    files: dict[str, str] | None = None  # file name -> md5, every file the tokenizer is loaded from
+    encoding: EncodingFingerprint | None = None
 
     @classmethod
     def of(cls, tok: LoadedTokenizer) -> SidecarTokenizer:
-        """The identity of a loaded tokenizer, as a sidecar records it."""
+        """The identity of a loaded tokenizer, its encoding fingerprint included, as a sidecar records it."""
         return cls(
             md5=tok.md5,
             md5_of=tok.md5_of,
@@ -44,6 +48,8 @@ class SidecarTokenizer(BaseModel):
             eod_id=tok.eod_id,
             bos_id=tok.bos_id,
             path=str(Path(tok.path).resolve()),
+            files=tok.file_md5s(),
+            encoding=tok.encoding_fingerprint(),
         )
 
 
@@ -54,7 +60,8 @@ class SidecarInput(BaseModel):
     bytes: int
     sha256: str | None = None
     documents: int = 0
-    skipped_empty: int = 0
+    skipped_empty: int = 0  # blank lines (Megatron's preprocess_data.py stops at them)
+    empty_documents: int = 0  # written without tokens, as Megatron writes them
 
 
 class DatasetSidecar(BaseModel):
@@ -72,6 +79,8 @@ class DatasetSidecar(BaseModel):
     append_eod: bool = True
     add_bos: bool = False
     json_key: str | None = None
+    # the tools/preprocess_data.py flags that give the same .bin/.idx (None: no such equivalent)
+    megatron_flags: list[str] | None = None
     inputs: list[SidecarInput] = Field(default_factory=list)
 
 

@@ -1,10 +1,18 @@
 """`data tokenize`: JSONL → Megatron `.bin/.idx` with megatron-core's own builder, plus a sidecar.
 
-One document per JSON line (field `text` by default), EOD appended to every document, token dtype
-chosen by vocabulary size as Megatron's tools do. Worker processes parse and encode batches of lines;
-the main process reads the inputs (hashing them on the way) and writes documents in input order.
-Output appears atomically: everything is written under temporary names beside the prefix and
-renamed at the end, so a failure leaves no half-written prefix behind.
+The `.bin/.idx` are byte for byte those of Megatron-LM's `tools/preprocess_data.py` with the same
+tokenizer, `--tokenizer-type` and options (`--legacy-tokenizer`, `--tokenizer-hf-*`), `--json-keys
+KEY` and `--append-eod` (or not), for any number of workers: one document per JSON line, encoded by
+the same backend (`longctx.tokenizer.backend`); a field holding a list of strings is a document of
+one sequence per string (strings without tokens left out); EOD after the last token of a document
+that has tokens; a document without tokens written empty; the token dtype from the vocabulary size
+Megatron's tokenizer reports. On top, blank lines are skipped (Megatron stops at them), several
+inputs and `.gz` are read in order, and `add_bos` prepends BOS (no Megatron equivalent).
+
+Worker processes parse and encode batches of lines; the main process reads the inputs (hashing them
+on the way) and writes documents in input order. Output appears atomically: everything is written
+under temporary names beside the prefix and renamed at the end, so a failure leaves no half-written
+prefix behind.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import threading
 import uuid
@@ -31,8 +40,11 @@ import numpy as np
 from longctx import __version__
 from longctx.data.indexed import bin_path, idx_path, optimal_dtype
 from longctx.data.sidecar import DatasetSidecar, SidecarInput, SidecarTokenizer, sidecar_path, write_sidecar
-from longctx.errors import DatasetError, LongctxError
-from longctx.tokenizer import LoadedTokenizer, load_tokenizer
+from longctx.errors import DatasetError, LongctxError, TokenizerError
+from longctx.tokenizer import EncodingSpec, LoadedTokenizer, load_tokenizer
+from longctx.tokenizer.backend import single_threaded
+from longctx.tokenizer.encoding import SP_TYPES
+from longctx.util.confine import is_within, refuse_write_into
 from longctx.util.fs import fsync_dir
 from longctx.util.progress import progress_bar
 
@@ -40,23 +52,34 @@ if TYPE_CHECKING:  # megatron-core pulls in torch; tokenize_jsonl imports it whe
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 BATCH_LINES = 256
-BATCH_BYTES = 4 * 1024 * 1024
+BATCH_BYTES = 1024 * 1024  # a few batches per worker even for small inputs: workers finish together
 
 # -- worker side ---------------------------------------------------------------------------------------
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_path: str, json_key: str, add_bos: bool, in_pool: bool = False) -> None:
-    if in_pool:  # one thread per worker process; in-process encoding keeps the library's own threads
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker["tok"] = load_tokenizer(tokenizer_path)
-    _worker["key"] = json_key
-    _worker["add_bos"] = add_bos
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    tokenizer_path: str
+    spec: EncodingSpec
+    json_key: str
+    add_bos: bool
+    append_eod: bool
+
+
+def _init_worker(job: _Job, in_pool: bool = False, tok: LoadedTokenizer | None = None) -> None:
+    if in_pool:  # one encoding thread per worker process, as Megatron's workers
+        single_threaded()
+    if tok is None:
+        tok = load_tokenizer(job.tokenizer_path, spec=job.spec)
+    _worker["tok"] = tok
+    _worker["job"] = job
+    _worker["eod"] = tok.backend.eod_id
 
 
 def _encode_batch_safe(
     batch: tuple[str, int, list[bytes]],
-) -> tuple[np.ndarray, np.ndarray, int] | dict[str, Any]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | dict[str, Any]:
     """Like `_encode_batch`, but hands errors back as data (exceptions lose where/fix when pickled)."""
     try:
         return _encode_batch(batch)
@@ -64,51 +87,72 @@ def _encode_batch_safe(
         return err.to_dict()
 
 
-def _encode_batch(batch: tuple[str, int, list[bytes]]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(flat token ids incl. EOD, per-document lengths, skipped empty documents) for a batch of lines."""
+def _sentences(raw: bytes, key: str, source: str, lineno: int) -> list[str]:
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DatasetError(
+            f"line {lineno} is not valid JSON ({err})",
+            where=f"{source}:{lineno}",
+            fix="every line of a JSONL input must be one JSON object",
+        ) from None
+    if not isinstance(obj, dict) or key not in obj:
+        found = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
+        raise DatasetError(
+            f"line {lineno} has no {key!r} field",
+            where=f"{source}:{lineno}",
+            fix=f"choose the text field with --json-key (found: {found})",
+        )
+    text = obj[key]
+    if isinstance(text, str):
+        return [text]
+    if isinstance(text, list) and all(isinstance(t, str) for t in text):
+        return text  # Megatron: one sequence per string
+    raise DatasetError(
+        f"line {lineno}: field {key!r} is {type(text).__name__}, not text (or a list of texts)",
+        where=f"{source}:{lineno}",
+        fix=f"make {key!r} a string on every line, or name the text field with --json-key",
+    )
+
+
+def _encode_batch(batch: tuple[str, int, list[bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(flat token ids, sequences per document, tokens per sequence, blank lines) for a batch of lines."""
     source, first_line, lines = batch
-    tok, key, add_bos = _worker["tok"], _worker["key"], _worker["add_bos"]
-    texts: list[str] = []
-    skipped = 0
+    tok: LoadedTokenizer = _worker["tok"]
+    job: _Job = _worker["job"]
+    docs: list[list[str]] = []
+    blank = 0
     for offset, raw in enumerate(lines):
-        lineno = first_line + offset
         if not raw.strip():
-            skipped += 1
+            blank += 1
             continue
-        try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DatasetError(
-                f"line {lineno} is not valid JSON ({err})",
-                where=f"{source}:{lineno}",
-                fix="every line of a JSONL input must be one JSON object",
-            ) from None
-        if not isinstance(obj, dict) or key not in obj:
-            raise DatasetError(
-                f"line {lineno} has no {key!r} field",
-                where=f"{source}:{lineno}",
-                fix=f"choose the text field with --json-key (found: {', '.join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__})",
-            )
-        text = obj[key]
-        if not isinstance(text, str):
-            raise DatasetError(
-                f"line {lineno}: field {key!r} is {type(text).__name__}, not text", where=f"{source}:{lineno}"
-            )
-        if not text:
-            skipped += 1
-            continue
-        texts.append(text)
-    encoded = tok.encode_batch(texts, add_bos=add_bos) if texts else []
-    eod = tok.eod_id
-    lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
-    flat = np.empty(int(lengths.sum()), dtype=np.int64)
-    pos = 0
-    for ids in encoded:
-        n = len(ids)
-        flat[pos : pos + n] = ids
-        flat[pos + n] = eod
-        pos += n + 1
-    return flat, lengths, skipped
+        docs.append(_sentences(raw, job.json_key, source, first_line + offset))
+    flat_texts = [t for doc in docs for t in doc]
+    encoded = iter(tok.encode_batch(flat_texts) if flat_texts else [])
+    ids: list[int] = []
+    seq_lengths: list[int] = []
+    seqs_per_doc: list[int] = []
+    for doc in docs:
+        n_seqs = 0
+        for _ in doc:
+            seq = next(encoded)
+            if not seq:  # Megatron leaves out sentences without tokens
+                continue
+            if job.add_bos and n_seqs == 0:
+                seq = [tok.bos_id, *seq]  # type: ignore[list-item]  # checked before starting
+            ids.extend(seq)
+            seq_lengths.append(len(seq))
+            n_seqs += 1
+        if n_seqs and job.append_eod:
+            ids.append(_worker["eod"])
+            seq_lengths[-1] += 1
+        seqs_per_doc.append(n_seqs)
+    return (
+        np.asarray(ids, dtype=np.int64),
+        np.asarray(seqs_per_doc, dtype=np.int64),
+        np.asarray(seq_lengths, dtype=np.int64),
+        blank,
+    )
 
 
 # -- main side -----------------------------------------------------------------------------------------
@@ -171,7 +215,7 @@ def _batches(
     advance(reader.position() - last_pos)
 
 
-def _start_pool(workers: int, tokenizer_path: str, json_key: str, add_bos: bool) -> ProcessPoolExecutor:
+def _start_pool(workers: int, job: _Job) -> ProcessPoolExecutor:
     # fork where available: no re-import of __main__ (works from notebooks and stdin scripts); workers
     # start here, before the progress thread exists, and touch only the tokenizer
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
@@ -179,7 +223,7 @@ def _start_pool(workers: int, tokenizer_path: str, json_key: str, add_bos: bool)
         max_workers=workers,
         mp_context=mp.get_context(method),
         initializer=_init_worker,
-        initargs=(tokenizer_path, json_key, add_bos, True),
+        initargs=(job, True),
     )
     for fut in [pool.submit(_ping) for _ in range(workers)]:
         fut.result()
@@ -227,11 +271,15 @@ def tokenize_jsonl(
     workers: int = 1,
     force: bool = False,
     add_bos: bool = False,
+    append_eod: bool = True,
+    spec: EncodingSpec | str | None = None,
     progress: bool = True,
 ) -> DatasetSidecar:
     """Tokenize JSONL files into `output_prefix.{bin,idx}` + `output_prefix.longctx.json`; returns the sidecar.
 
-    `tokenizer` is a path or a `LoadedTokenizer`. Refuses an existing prefix unless `force`.
+    `tokenizer` is a path or a `LoadedTokenizer`; `spec` the Megatron tokenizer type (and options) to
+    encode as (default: the tokenizer's own). Refuses an existing prefix unless `force`, and a
+    tokenizer whose files and encoding backend disagree.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
@@ -239,34 +287,30 @@ def tokenize_jsonl(
         from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     paths = _check_inputs(inputs)
-    tok = tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
-    if tok.eod_id is None:
-        raise DatasetError("the tokenizer has no EOD/EOS token to end documents with", where=str(tok.path))
+    if isinstance(tokenizer, LoadedTokenizer):
+        tok = tokenizer.with_spec(spec) if spec is not None else tokenizer
+    else:
+        tok = load_tokenizer(tokenizer, spec=spec)
+    encoding = _usable_encoding(tok, append_eod=append_eod, add_bos=add_bos)
     prefix = os.fspath(output_prefix)
     targets = [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
-    existing = [t.name for t in targets if t.exists()]
-    if existing and not force:
-        raise DatasetError(
-            f"output prefix exists: {', '.join(existing)}",
-            where=prefix,
-            fix="pass --force to overwrite it, or choose another --output-prefix",
-        )
     if workers < 1:
-        raise DatasetError(f"--workers must be at least 1, got {workers}")
-    out_dir = Path(prefix).parent
-    out_dir.mkdir(parents=True, exist_ok=True)
+        raise DatasetError(f"--workers must be at least 1, got {workers}", fix="pass --workers 1 or more")
+    out_dir, created = _output_dir(prefix, targets, paths, tok, force)
     tag = f".{Path(prefix).name}.{uuid.uuid4().hex[:8]}.tmp"
     tmp_prefix = str(out_dir / tag)
     tmp_files = [bin_path(tmp_prefix), idx_path(tmp_prefix), sidecar_path(tmp_prefix)]
 
-    dtype = DType.optimal_dtype(tok.vocab_size)
-    if np.dtype(dtype) != optimal_dtype(tok.vocab_size):  # our reader and megatron-core must agree
-        raise LongctxError(f"dtype rule mismatch for vocab {tok.vocab_size}")
+    # Megatron's rule on the vocabulary size its tokenizer reports (len(tokenizer) for HF)
+    dtype = DType.optimal_dtype(encoding.vocab_size)
+    if np.dtype(dtype) != optimal_dtype(encoding.vocab_size):  # our reader and megatron-core must agree
+        raise LongctxError(f"dtype rule mismatch for vocab {encoding.vocab_size}")
+    job = _Job(str(tok.path), tok.spec, json_key, add_bos, append_eod)
     stack_outer = contextlib.ExitStack()
     try:
         stack_outer.enter_context(_terminate_raises())
         builder = IndexedDatasetBuilder(str(bin_path(tmp_prefix)), dtype=dtype)
-        stats = _tokenize_inputs(paths, builder, str(tok.path), json_key, add_bos, workers, progress)
+        stats = _tokenize_inputs(paths, builder, job, workers, progress, tok)
         builder.finalize(str(idx_path(tmp_prefix)))
         documents = sum(s.documents for s in stats)
         sidecar = DatasetSidecar(
@@ -275,11 +319,14 @@ def tokenize_jsonl(
             tokenizer=SidecarTokenizer.of(tok),
             dtype=np.dtype(dtype).name,
             documents=documents,
-            sequences=documents,
+            sequences=sum(s.sequences for s in stats),
             tokens=sum(s.tokens for s in stats),
-            append_eod=True,
+            append_eod=append_eod,
             add_bos=add_bos,
             json_key=json_key,
+            megatron_flags=None
+            if add_bos
+            else megatron_preprocess_flags(tok, json_key=json_key, append_eod=append_eod),
             inputs=[s.record for s in stats],
         )
         write_sidecar(tmp_prefix, sidecar, path=sidecar_path(tmp_prefix))
@@ -290,30 +337,124 @@ def tokenize_jsonl(
             os.replace(tmp, final)
         fsync_dir(out_dir)
         return sidecar
-    except BaseException:
+    except BaseException as err:
         for tmp in tmp_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        if created is not None:  # directories this call made, now empty again
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise DatasetError(
+                f"cannot write the dataset: {err.strerror or err}",
+                where=str(err.filename or prefix),
+                fix="free space on that filesystem or choose another --output-prefix; nothing was written",
+            ) from None
         raise
     finally:
         stack_outer.close()
+
+
+def _output_dir(
+    prefix: str, targets: list[Path], inputs: list[Path], tok: LoadedTokenizer, force: bool
+) -> tuple[Path, Path | None]:
+    """The output directory (made here) and the topmost directory this call created (None: it existed).
+    Refuses outputs inside the tokenizer, over an input, or over an earlier output without `force`."""
+    refuse_write_into(Path(prefix), Path(tok.path), "--output-prefix")
+    for t in targets:
+        for src in inputs:
+            if is_within(t, src):
+                raise DatasetError(
+                    f"output {t.name} would overwrite the input {src}", where=prefix,
+                    fix="choose an --output-prefix that names no input file",
+                )  # fmt: skip
+    existing = [t.name for t in targets if t.exists()]
+    if existing and not force:
+        raise DatasetError(
+            f"output prefix exists: {', '.join(existing)}",
+            where=prefix,
+            fix="pass --force to overwrite it, or choose another --output-prefix",
+        )
+    out_dir = Path(prefix).parent
+    created = next((d for d in reversed([out_dir, *out_dir.parents]) if not d.exists()), None)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DatasetError(
+            f"cannot create the output directory: {err.strerror}", where=str(err.filename or out_dir),
+            fix="choose an --output-prefix in a writable directory",
+        ) from None  # fmt: skip
+    return out_dir, created
+
+
+def _usable_encoding(tok: LoadedTokenizer, *, append_eod: bool, add_bos: bool) -> Any:
+    """The tokenizer's encoding backend, after refusing what would make wrong data."""
+    problems = tok.encoding_problems()
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise TokenizerError(
+            f"the tokenizer's files disagree, no data written: {problems[0]}{more}",
+            where=str(tok.path),
+            fix="run `longctx tokenizer check PATH --manifest …` to see every problem; take the model and its "
+            "HF files from the same release",
+        )
+    backend = tok.backend
+    if append_eod and backend.eod_id is None:
+        raise DatasetError(
+            "the tokenizer has no EOD/EOS token to end documents with",
+            where=str(tok.path),
+            fix="pass --no-append-eod, or use a tokenizer with an EOS token",
+        )
+    if add_bos:
+        if tok.bos_id is None:
+            raise TokenizerError("this tokenizer has no BOS token", where=str(tok.path), fix="drop --add-bos")
+        probe = tok.encoding_fingerprint().probe_ids
+        if tok.spec.adds_special_tokens and probe and probe[0][:1] == [tok.bos_id]:
+            raise DatasetError(
+                f"--add-bos with {tok.spec.describe()}, which already starts every document with BOS",
+                where=str(tok.path),
+                fix="drop --add-bos (the tokenizer's own BOS is what Megatron writes)",
+            )
+    return backend
+
+
+def megatron_preprocess_flags(
+    tok: LoadedTokenizer, *, json_key: str = "text", append_eod: bool = True
+) -> list[str]:
+    """The `tools/preprocess_data.py` flags that encode as `tok` does (besides --input, --output-prefix
+    and --workers)."""
+    spec = tok.spec
+    if spec.tokenizer_type == "GPT2BPETokenizer":
+        files = ["--vocab-file", str(tok.path / "vocab.json"), "--merge-file", str(tok.path / "merges.txt")]
+        # only the legacy GPT-2 tokenizer reads these files; the current one loads "gpt2" from the Hub
+        spec = dataclasses.replace(spec, legacy=True)
+    elif tok.spec.tokenizer_type in SP_TYPES and tok.path.is_dir():
+        files = ["--tokenizer-model", str(tok.path / "tokenizer.model")]
+    else:
+        files = ["--tokenizer-model", str(tok.path)]
+    return [
+        *spec.megatron_flags(),
+        *files,
+        "--json-keys",
+        json_key,
+        *(["--append-eod"] if append_eod else []),
+    ]
 
 
 @dataclasses.dataclass
 class _InputStats:
     record: SidecarInput
     documents: int
+    sequences: int
     tokens: int
 
 
 def _tokenize_inputs(
     paths: list[Path],
     builder: IndexedDatasetBuilder,
-    tokenizer_path: str,
-    json_key: str,
-    add_bos: bool,
+    job: _Job,
     workers: int,
     progress: bool,
+    tok: LoadedTokenizer,
 ) -> list[_InputStats]:
     """Encode every input in order into `builder`: in worker processes when `workers` > 1, else here."""
     stats: list[_InputStats] = []
@@ -321,9 +462,9 @@ def _tokenize_inputs(
     with contextlib.ExitStack() as stack:
         pool = None
         if workers > 1:
-            pool = stack.enter_context(_start_pool(workers, tokenizer_path, json_key, add_bos))
+            pool = stack.enter_context(_start_pool(workers, job))
         else:
-            _init_worker(tokenizer_path, json_key, add_bos)
+            _init_worker(job, tok=tok)
         advance = (
             stack.enter_context(progress_bar("tokenize", total, unit="bytes"))
             if progress
@@ -342,20 +483,26 @@ def _tokenize_input(
     advance: Callable[..., None],
 ) -> _InputStats:
     reader = _HashingReader(path)
-    docs_in = skipped_in = tokens = 0
+    docs_in = blank_in = empty_in = seqs_in = tokens = 0
     try:
         batches = _batches(path, reader, advance)
         results = _ordered(pool, batches, 4 * workers) if pool else map(_encode_batch, batches)
         for result in results:
             if isinstance(result, dict):
                 raise DatasetError(str(result["what"]), where=result["where"], fix=result["fix"])
-            flat, lengths, skipped = result
-            skipped_in += skipped
-            pos = 0
-            for n in lengths.tolist():
-                builder.add_document(flat[pos : pos + n], [n])
+            flat, seqs_per_doc, seq_lengths, blank = result
+            blank_in += blank
+            lengths = seq_lengths.tolist()
+            pos = seq = 0
+            for n_seqs in seqs_per_doc.tolist():
+                doc_lengths = lengths[seq : seq + n_seqs]
+                n = sum(doc_lengths)
+                builder.add_document(flat[pos : pos + n], doc_lengths)
                 pos += n
-            docs_in += len(lengths)
+                seq += n_seqs
+                empty_in += n_seqs == 0
+            docs_in += len(seqs_per_doc)
+            seqs_in += len(lengths)
             tokens += int(flat.size)
     finally:
         reader.close()
@@ -364,9 +511,10 @@ def _tokenize_input(
         bytes=path.stat().st_size,
         sha256=reader.sha.hexdigest(),
         documents=docs_in,
-        skipped_empty=skipped_in,
+        skipped_empty=blank_in,
+        empty_documents=empty_in,
     )
-    return _InputStats(record, docs_in, tokens)
+    return _InputStats(record, docs_in, seqs_in, tokens)
 
 
 @contextlib.contextmanager

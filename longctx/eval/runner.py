@@ -42,7 +42,9 @@ from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import is_main_process
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
-from longctx.tokenizer.load import LoadedTokenizer, load_tokenizer
+from longctx.plan.stage_data import plan_tokenizer
+from longctx.tokenizer.load import LoadedTokenizer
+from longctx.util.confine import refuse_write_into
 
 # what runs after each local stage; `eval summary` and the demo use the same, so they re-use those results
 STAGE_SETTINGS = EvalSettings()
@@ -72,7 +74,8 @@ def plan_lengths(rp: ResolvedPlan, upto: int | None = None) -> list[int]:
 
 
 def _plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
-    return load_tokenizer(paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path"))
+    # prompts are encoded the way the plan declares its training data encoded (Megatron's type)
+    return plan_tokenizer(rp)
 
 
 def _base_path(rp: ResolvedPlan) -> Path | None:
@@ -214,6 +217,8 @@ def evaluate_path(
 
     Default lengths: the base's and the stages' (up to `stage`) that fit the checkpoint's trained
     window (all of them with `extrapolate`). The plan's base model is the short-context reference."""
+    if out_dir is not None:
+        refuse_write_into(Path(out_dir), Path(checkpoint), "--out")
     st = rp.stage(stage) if stage is not None else rp.stages[-1]
     upto = st.index if stage is not None else None
     info = checkpoint_info(checkpoint, rotary_base=rotary_base)

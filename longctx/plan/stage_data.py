@@ -9,7 +9,8 @@ from longctx.data.check import DataReport, check_datasets
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.stage_artifact import StageDataReport, stage_data_report, stage_tier_blend
-from longctx.tokenizer.load import LoadedTokenizer
+from longctx.tokenizer import EncodingSpec, TokenizerManifest, declared_spec, load_manifest
+from longctx.tokenizer.load import LoadedTokenizer, load_tokenizer
 
 
 def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Blend:
@@ -30,6 +31,22 @@ def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Blend:
     return stage_tier_blend(rp, st)
 
 
+def plan_encoding_spec(rp: ResolvedPlan) -> EncodingSpec | None:
+    """How the plan's tokenizer encodes: `tokenizer.megatron_type` (else the manifest's type), with the
+    options of the manifest's pinned encoding; None when neither is known (the layout's type applies)."""
+    manifest: TokenizerManifest | None = None
+    path = paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest")
+    if path.is_file():
+        manifest = load_manifest(path)
+    return declared_spec(rp.plan.tokenizer.megatron_type, manifest)
+
+
+def plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
+    """The plan's tokenizer, encoding as the plan declares (see `plan_encoding_spec`)."""
+    path = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
+    return load_tokenizer(path, spec=plan_encoding_spec(rp))
+
+
 def check_plan_data(
     rp: ResolvedPlan,
     *,
@@ -37,7 +54,10 @@ def check_plan_data(
     scan: bool = True,
     strict: bool = False,
 ) -> dict[str, DataReport | StageDataReport]:
-    """Run the data checks of every stage against its own length and token budget."""
+    """Run the data checks of every stage against its own length and token budget; a tokenizer given as
+    a path encodes as the plan declares, so the datasets' encoding fingerprints are compared with it."""
+    if tokenizer is not None and not isinstance(tokenizer, LoadedTokenizer):
+        tokenizer = load_tokenizer(tokenizer, spec=plan_encoding_spec(rp))
     out: dict[str, DataReport | StageDataReport] = {}
     for st in rp.stages:
         if st.data is not None and st.data.tier_mix is not None:

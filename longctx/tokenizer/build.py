@@ -2,8 +2,9 @@
 
 `train_sentencepiece` reproduces the OpenEuroLLM special layout (`<unk>`=0 `<bos>`=1 `<eos>`=2,
 user-defined `<start_of_turn>`=3 `<end_of_turn>`=4, optionally an HF directory with `<pad>` added at
-id = vocab size); `train_gpt2_bpe` writes a GPT-2 style vocab.json + merges.txt with `<|endoftext|>` last.
-Both train in about a second on `synthetic_corpus()`.
+id = vocab size) or Llama's (`<unk>`=0 `<s>`=1 `</s>`=2, a dummy-prefix model, no pad);
+`train_gpt2_bpe` writes a GPT-2 style vocab.json + merges.txt with `<|endoftext|>` last. Both train in
+about a second on `synthetic_corpus()`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from longctx.util.fs import atomic_write_bytes, atomic_write_json, atomic_write_
 
 OELLM_USER_DEFINED = ("<start_of_turn>", "<end_of_turn>")
 OELLM_PAD = "<pad>"
+# (unk, bos, eos) pieces of each layout
+LAYOUT_SPECIALS = {"oellm": ("<unk>", "<bos>", "<eos>"), "llama": ("<unk>", "<s>", "</s>")}
 
 _WORD_TEXT = (
     "the of and to in is that for it as with was on be by data model long context token training "
@@ -64,8 +67,12 @@ def train_sentencepiece(
     layout: str = "oellm",
     hf: bool = False,
     tokenizer_json: bool = False,
-    user_defined: Sequence[str] = OELLM_USER_DEFINED,
+    user_defined: Sequence[str] | None = None,
     byte_fallback: bool = True,
+    hf_class: str = "LlamaTokenizer",
+    hf_legacy: bool = False,
+    add_bos_token: bool = True,
+    add_eos_token: bool = False,
 ) -> Path:
     """Train a small SentencePiece BPE model into `out_dir/tokenizer.model` and return that path.
 
@@ -75,11 +82,19 @@ def train_sentencepiece(
     `<pad>` added at id `vocab_size`, so `len(tokenizer)` = vocab_size + 1 as in the real tokenizer;
     `tokenizer_json=True` adds a `tokenizer.json` equivalent to the model. `byte_fallback=False` makes
     characters unseen in training decode as `<unk>` (for tests of failing round trips).
+
+    `layout="llama"`: `<unk>`=0 `<s>`=1 `</s>`=2, no user-defined pieces (unless given), a dummy-prefix
+    model (a leading "▁" on every text) and, with `hf=True`, no `<pad>`. `hf_class`, `hf_legacy`,
+    `add_bos_token` and `add_eos_token` are written to tokenizer_config.json (`tokenizer_class`,
+    `legacy`, …): what transformers' AutoTokenizer — and so Megatron's HuggingFaceTokenizer — obeys.
     """
     import sentencepiece as spm  # lazy: a native library that only training needs
 
-    if layout != "oellm":
-        raise TokenizerError(f"unknown tokenizer layout {layout!r}", fix="use layout='oellm'")
+    if layout not in LAYOUT_SPECIALS:
+        raise TokenizerError(f"unknown tokenizer layout {layout!r}", fix="use layout='oellm' or 'llama'")
+    unk, bos, eos = LAYOUT_SPECIALS[layout]
+    if user_defined is None:
+        user_defined = OELLM_USER_DEFINED if layout == "oellm" else ()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lines = [line for line in _as_lines(texts_or_file) if line.strip()]
@@ -94,14 +109,14 @@ def train_sentencepiece(
         bos_id=1,
         eos_id=2,
         pad_id=-1,
-        unk_piece="<unk>",
-        bos_piece="<bos>",
-        eos_piece="<eos>",
+        unk_piece=unk,
+        bos_piece=bos,
+        eos_piece=eos,
         user_defined_symbols=list(user_defined),
         byte_fallback=byte_fallback,
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
-        add_dummy_prefix=False,
+        add_dummy_prefix=layout == "llama",
         split_digits=True,
         character_coverage=1.0,
         num_threads=1,
@@ -109,15 +124,31 @@ def train_sentencepiece(
     )
     model = out / "tokenizer.model"
     atomic_write_bytes(model, buffer.getvalue())
+    added = {OELLM_PAD: vocab_size} if hf and layout == "oellm" else {}
     if hf:
-        write_hf_side_files(model, out, added={OELLM_PAD: vocab_size})
+        write_hf_side_files(
+            model, out, added=added, specials=(unk, bos, eos), tokenizer_class=hf_class, legacy=hf_legacy,
+            add_bos_token=add_bos_token, add_eos_token=add_eos_token,
+        )  # fmt: skip
     if tokenizer_json:
-        write_tokenizer_json(model, out / "tokenizer.json", added={OELLM_PAD: vocab_size} if hf else {})
+        write_tokenizer_json(model, out / "tokenizer.json", added=added)
     return model
 
 
-def write_hf_side_files(model: Path, out_dir: Path, *, added: dict[str, int]) -> None:
-    """HF tokenizer files in the shape of the OpenEuroLLM tokenizer directory (LlamaTokenizer)."""
+def write_hf_side_files(
+    model: Path,
+    out_dir: Path,
+    *,
+    added: dict[str, int],
+    specials: tuple[str, str, str] = LAYOUT_SPECIALS["oellm"],
+    tokenizer_class: str = "LlamaTokenizer",
+    legacy: bool = False,
+    add_bos_token: bool = True,
+    add_eos_token: bool = False,
+) -> None:
+    """HF tokenizer files in the shape of the OpenEuroLLM tokenizer directory (LlamaTokenizer by
+    default); `specials` are the (unk, bos, eos) pieces of the model."""
+    unk, bos, eos = specials
     proto = parse_model(model.read_bytes())
     decoder: dict[str, dict[str, object]] = {}
     for idx, piece in enumerate(proto.pieces):
@@ -126,29 +157,30 @@ def write_hf_side_files(model: Path, out_dir: Path, *, added: dict[str, int]) ->
     for content, idx in added.items():
         decoder[str(idx)] = _added_entry(content)
     config = {
-        "add_bos_token": True,
-        "add_eos_token": False,
+        "add_bos_token": add_bos_token,
+        "add_eos_token": add_eos_token,
         "added_tokens_decoder": decoder,
-        "bos_token": "<bos>",
-        "eos_token": "<eos>",
+        "bos_token": bos,
+        "eos_token": eos,
         "pad_token": OELLM_PAD if OELLM_PAD in added else None,
-        "unk_token": "<unk>",
+        "unk_token": unk,
         "clean_up_tokenization_spaces": False,
-        "legacy": False,
+        "legacy": legacy,
         "model_max_length": 1000000000000000019884624838656,
         "sp_model_kwargs": {},
-        "tokenizer_class": "LlamaTokenizer",
+        "tokenizer_class": tokenizer_class,
     }
     smap: dict[str, object] = {
-        "bos_token": _special("<bos>"),
-        "eos_token": _special("<eos>"),
-        "unk_token": _special("<unk>"),
+        "bos_token": _special(bos),
+        "eos_token": _special(eos),
+        "unk_token": _special(unk),
     }
     if OELLM_PAD in added:
         smap["pad_token"] = _special(OELLM_PAD)
     atomic_write_json(out_dir / "tokenizer_config.json", config)
     atomic_write_json(out_dir / "special_tokens_map.json", smap)
-    atomic_write_json(out_dir / "added_tokens.json", added)
+    if added:
+        atomic_write_json(out_dir / "added_tokens.json", added)
 
 
 def _added_entry(content: str) -> dict[str, object]:
@@ -195,7 +227,7 @@ def write_tokenizer_json(model: Path, out_path: Path, *, added: dict[str, int]) 
     bpe = BPE(
         vocab=vocab,
         merges=[(a, b) for _, _, a, b in merges],
-        unk_token="<unk>",
+        unk_token=next(p.piece for p in proto.pieces if p.type == PieceType.UNKNOWN),
         fuse_unk=True,
         byte_fallback=True,
     )

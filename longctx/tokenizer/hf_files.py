@@ -37,6 +37,12 @@ class HfSideFiles:
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise TokenizerError(
+            f"{path.name} nests too deeply to be a tokenizer file",
+            where=str(path),
+            fix="restore the file from the original tokenizer directory",
+        ) from None
     except json.JSONDecodeError as err:
         raise TokenizerError(
             f"malformed JSON in {path.name}: {err.msg} at line {err.lineno} column {err.colno}",
@@ -73,7 +79,9 @@ def read_side_files(directory: Path) -> HfSideFiles:
         cfg = read_json(directory / "tokenizer_config.json")
         if not isinstance(cfg, dict):
             raise TokenizerError(
-                "tokenizer_config.json is not a JSON object", where=str(directory / "tokenizer_config.json")
+                "tokenizer_config.json is not a JSON object",
+                where=str(directory / "tokenizer_config.json"),
+                fix="restore the file from the tokenizer's release",
             )
         declared += _added_tokens_decoder(cfg, directory / "tokenizer_config.json")
         _read_specials(cfg, named, additional)
@@ -86,6 +94,7 @@ def read_side_files(directory: Path) -> HfSideFiles:
             raise TokenizerError(
                 "special_tokens_map.json is not a JSON object",
                 where=str(directory / "special_tokens_map.json"),
+                fix="restore the file from the tokenizer's release",
             )
         _read_specials(smap, named, additional)  # overrides tokenizer_config.json's named specials
     if "tokenizer.json" in present:
@@ -107,16 +116,34 @@ def read_side_files(directory: Path) -> HfSideFiles:
 def _added_tokens_json(path: Path) -> list[tuple[str, int, str]]:
     data = read_json(path)
     if not isinstance(data, dict):
-        raise TokenizerError("added_tokens.json is not a JSON object", where=str(path))
+        raise TokenizerError(
+            "added_tokens.json is not a JSON object", where=str(path),
+            fix='it maps each added token to its id: {"<pad>": 512}',
+        )  # fmt: skip
     out = []
     for content, idx in data.items():
-        if not isinstance(idx, int):
+        if isinstance(idx, bool) or not isinstance(idx, int):
             raise TokenizerError(
                 f"added_tokens.json maps {content!r} to a non-integer id {idx!r}",
                 where=str(path),
+                fix="give every added token an integer id (as the tokenizer was saved)",
             )
+        check_token_id(content, idx, path)
         out.append((content, idx, "added_tokens.json"))
     return out
+
+
+# ids index embedding rows: Megatron's vocabularies stay far below 2^31
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def check_token_id(content: str, idx: int, path: Path) -> None:
+    if not 0 <= idx <= MAX_TOKEN_ID:
+        raise TokenizerError(
+            f"{path.name} gives {content!r} the id {idx}, outside 0…{MAX_TOKEN_ID:,}",
+            where=str(path),
+            fix="restore the file from the tokenizer's release: ids are row numbers of the embedding",
+        )
 
 
 def _added_tokens_decoder(cfg: dict[str, Any], path: Path) -> list[tuple[str, int, str]]:
@@ -131,7 +158,9 @@ def _added_tokens_decoder(cfg: dict[str, Any], path: Path) -> list[tuple[str, in
             raise TokenizerError(
                 f"tokenizer_config.json added_tokens_decoder has a malformed entry {sid!r}",
                 where=str(path),
+                fix="restore the file from the tokenizer's release",
             )
+        check_token_id(content, idx, path)
         out.append((content, idx, "tokenizer_config.json"))
     return out
 
@@ -154,6 +183,8 @@ def _tokenizer_json_added(path: Path) -> list[tuple[str, int, str]]:
     for entry in (tj.get("added_tokens") or []) if isinstance(tj, dict) else []:
         content = _token_content(entry)
         idx = entry.get("id") if isinstance(entry, dict) else None
+        if content is not None and isinstance(idx, int) and not isinstance(idx, bool):
+            check_token_id(content, idx, path)
         if content is None or not isinstance(idx, int):
             raise TokenizerError("tokenizer.json has a malformed added_tokens entry", where=str(path))
         out.append((content, idx, "tokenizer.json"))

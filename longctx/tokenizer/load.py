@@ -8,7 +8,10 @@ Three layouts are understood:
 - `gpt2-bpe`: a directory with GPT-2 `vocab.json` + `merges.txt` (Megatron `GPT2BPETokenizer`).
 
 Identity (`md5`) is the md5 of `tokenizer.model` for the first two, and the md5 of the bytes of
-`vocab.json` followed by the bytes of `merges.txt` (one stream) for GPT-2.
+`vocab.json` followed by the bytes of `merges.txt` (one stream) for GPT-2. How text becomes ids is a
+separate fact: `encode` goes through the backend of the tokenizer's `EncodingSpec` (the Megatron
+tokenizer type, by default the one of the layout), exactly as Megatron-LM's `preprocess_data.py`
+encodes (see `longctx.tokenizer.backend`); `encoding_fingerprint()` records that behaviour.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from longctx.errors import TokenizerError
-from longctx.tokenizer.hf_files import HfSideFiles, read_json, read_side_files
+from longctx.tokenizer.backend import GPT2_EOD, Backend, build_backend, fingerprint_backend
+from longctx.tokenizer.encoding import EncodingFingerprint, EncodingSpec
+from longctx.tokenizer.hf_files import SIDE_FILES, HfSideFiles, read_json, read_side_files
 from longctx.tokenizer.spm_proto import PieceType, ProtoError, SpmModel, parse_model
 from longctx.util.hashing import CHUNK, md5_file
 
@@ -37,7 +42,6 @@ MD5_OF: dict[str, str] = {
     "hf-sentencepiece": "tokenizer.model",
     "gpt2-bpe": "vocab.json+merges.txt",
 }
-GPT2_EOD = "<|endoftext|>"
 _SPECIAL_PIECE_TYPES = (PieceType.UNKNOWN, PieceType.CONTROL, PieceType.USER_DEFINED)
 
 
@@ -45,9 +49,10 @@ class LoadedTokenizer:
     """A tokenizer with the facts Megatron depends on.
 
     `vocab_size` is Megatron's view (`len(tokenizer)` for HF directories: model pieces plus added
-    tokens with new ids); `model_vocab_size` counts only the model file's pieces. `encode` never adds
-    special tokens unless `add_bos=True`. `problems` lists inconsistencies found while loading
-    (conflicting added-token declarations, gaps in ids, …); `verify` reports them as errors.
+    tokens with new ids); `model_vocab_size` counts only the model file's pieces. `encode` gives the ids
+    Megatron-LM's tokenizer of `spec` gives (`add_bos=True` prepends BOS on top). `problems` lists
+    inconsistencies found while loading (conflicting added-token declarations, gaps in ids, …);
+    `backend_problems()` those between the files and the encoding backend; `verify` reports both.
     """
 
     path: Path
@@ -66,11 +71,15 @@ class LoadedTokenizer:
     encoder: str
     side_files: HfSideFiles | None
     problems: list[str]
+    spec: EncodingSpec
 
     def __init__(self) -> None:
         self._sp: Any = None
         self._tk: Any = None
         self._id_to_added: dict[int, str] = {}
+        self._backend: Backend | None = None
+        self._fingerprint: EncodingFingerprint | None = None
+        self._gpt2_vocab: dict[str, int] | None = None
 
     # -- facts -------------------------------------------------------------------------------------
     @property
@@ -80,7 +89,7 @@ class LoadedTokenizer:
 
     @property
     def megatron_tokenizer_type(self) -> str:
-        return MEGATRON_TOKENIZER_TYPE[self.kind]
+        return self.spec.tokenizer_type
 
     @property
     def megatron_tokenizer_model(self) -> str:
@@ -88,22 +97,70 @@ class LoadedTokenizer:
         return str(self.path)
 
     # -- text <-> ids ------------------------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        """The encoder of `spec`, built on first use (HF directories load transformers)."""
+        if self._backend is None:
+            model = None
+            if self._sp is not None:
+                model = self.path if self.kind == "sentencepiece" else self.path / "tokenizer.model"
+            hf_dir = self.path.is_dir() and (self.path / "tokenizer_config.json").is_file()
+            self._backend = build_backend(
+                self.spec, path=self.path, model_file=model, gpt2_vocab=self._gpt2_vocab, hf_dir=hf_dir
+            )
+        return self._backend
+
+    def encoding_fingerprint(self) -> EncodingFingerprint:
+        """What `spec` does with this tokenizer (probe ids, EOD, BOS, Megatron's vocabulary size)."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_backend(self.backend)
+        return self._fingerprint
+
+    def backend_problems(self) -> list[str]:
+        """Where the encoding backend and the tokenizer files disagree (vocabulary size, EOD, BOS)."""
+        b = self.backend
+        out: list[str] = []
+        if b.library == "transformers":
+            if b.vocab_size != self.vocab_size:
+                out.append(
+                    f"transformers loads {b.vocab_size} tokens (len(tokenizer), what Megatron sizes the "
+                    f"embedding by), but {self.md5_of} and the HF files declare {self.vocab_size}"
+                )
+            if b.eod_id != self.eos_id:
+                out.append(
+                    f"transformers' EOS (Megatron's EOD) is id {b.eod_id}, the files declare {self.eos_id}"
+                )
+        if b.eod_id is None:
+            out.append(f"{self.spec.tokenizer_type} finds no EOS/EOD token in this tokenizer")
+        return out
+
+    def file_md5s(self) -> dict[str, str]:
+        """md5 of every file this tokenizer is loaded from (model, vocabulary and HF JSON files)."""
+        if self.path.is_file():
+            return {self.path.name: md5_file(self.path)}
+        names = ["tokenizer.model", "vocab.json", "merges.txt", *SIDE_FILES]
+        return {n: md5_file(self.path / n) for n in names if (self.path / n).is_file()}
+
+    def encoding_problems(self) -> list[str]:
+        """The problems that make this tokenizer's encoding under `spec` untrustworthy: those of the files
+        the backend reads (the HF side files only for HuggingFaceTokenizer) and `backend_problems()`."""
+        files = (
+            self.problems
+            if self.spec.tokenizer_type == "HuggingFaceTokenizer" or self.kind == "gpt2-bpe"
+            else []
+        )
+        return [*files, *self.backend_problems()]
+
+    def with_spec(self, spec: EncodingSpec | str | None) -> LoadedTokenizer:
+        """This tokenizer encoding through another spec (self when it is the same)."""
+        wanted = _as_spec(spec, self.kind)
+        return self if wanted == self.spec else load_tokenizer(self.path, spec=wanted)
+
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
-        if self._tk is not None:
-            ids = list(self._tk.encode(text, add_special_tokens=False).ids)
-        else:
-            ids = list(self._sp.encode(text))
-        if add_bos:
-            if self.bos_id is None:
-                raise TokenizerError("this tokenizer has no BOS token", where=str(self.path))
-            ids.insert(0, self.bos_id)
-        return ids
+        return self.encode_batch([text], add_bos=add_bos)[0]
 
     def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False) -> list[list[int]]:
-        if self._tk is not None:
-            out = [list(e.ids) for e in self._tk.encode_batch(list(texts), add_special_tokens=False)]
-        else:
-            out = [list(ids) for ids in self._sp.encode(list(texts))]
+        out = self.backend.encode_batch(list(texts))
         if add_bos:
             if self.bos_id is None:
                 raise TokenizerError("this tokenizer has no BOS token", where=str(self.path))
@@ -112,8 +169,8 @@ class LoadedTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]
-        if self._tk is not None:
-            return str(self._tk.decode(ids, skip_special_tokens=False))
+        if self.backend.library != "sentencepiece":
+            return self.backend.decode(ids)
         # sentencepiece knows only its own pieces: decode runs of them, splice added tokens in between
         parts: list[str] = []
         run: list[int] = []
@@ -129,9 +186,14 @@ class LoadedTokenizer:
             parts.append(self._sp.decode(run))
         return "".join(parts)
 
+    def encode_with_tokenizer_json(self, text: str) -> list[int] | None:
+        """Encode with tokenizer.json itself (None without one), no special tokens added."""
+        if self._tk is None or self.kind != "hf-sentencepiece":
+            return None
+        return list(self._tk.encode(text, add_special_tokens=False).ids)
+
     def encode_with_model_file(self, text: str) -> list[int] | None:
-        """Encode with tokenizer.model itself (None for GPT-2); differs from `encode` only when a
-        tokenizer.json is present and disagrees with the model."""
+        """Encode with tokenizer.model itself (None for GPT-2)."""
         return None if self._sp is None else list(self._sp.encode(text))
 
     def token_to_id(self, token: str) -> int | None:
@@ -155,20 +217,36 @@ class LoadedTokenizer:
         tok = self._tk.id_to_token(idx)
         return None if tok is None else str(tok)
 
-    def __reduce__(self) -> tuple[Any, tuple[Path]]:
+    def __reduce__(self) -> tuple[Any, tuple[Path, EncodingSpec]]:
         # worker processes reload from disk rather than pickling native tokenizer objects
-        return (load_tokenizer, (self.path,))
+        return (load_tokenizer, (self.path, self.spec))
 
     def __repr__(self) -> str:
         return (
             f"LoadedTokenizer(kind={self.kind!r}, path={str(self.path)!r}, vocab_size={self.vocab_size}, "
-            f"eod_id={self.eod_id}, md5={self.md5!r})"
+            f"eod_id={self.eod_id}, md5={self.md5!r}, encoding={self.spec.describe()!r})"
         )
 
 
 # -- loading ----------------------------------------------------------------------------------------
-def load_tokenizer(path: str | os.PathLike[str]) -> LoadedTokenizer:
-    """Load a `tokenizer.model`, an HF tokenizer directory, or a GPT-2 vocab.json+merges.txt directory."""
+def _as_spec(spec: EncodingSpec | str | None, kind: Kind) -> EncodingSpec:
+    if spec is None:
+        return EncodingSpec(MEGATRON_TOKENIZER_TYPE[kind])
+    return EncodingSpec(spec) if isinstance(spec, str) else spec
+
+
+def load_tokenizer(path: str | os.PathLike[str], spec: EncodingSpec | str | None = None) -> LoadedTokenizer:
+    """Load a `tokenizer.model`, an HF tokenizer directory, or a GPT-2 vocab.json+merges.txt directory.
+
+    `spec` is how Megatron-LM encodes with it (a tokenizer type or an `EncodingSpec`); by default the
+    type of the layout (`MEGATRON_TOKENIZER_TYPE`). Nothing is encoded until `encode` is called.
+    """
+    tok = _load_files(path)
+    tok.spec = _as_spec(spec, tok.kind)
+    return tok
+
+
+def _load_files(path: str | os.PathLike[str]) -> LoadedTokenizer:
     p = Path(path)
     if not p.exists():
         raise TokenizerError(
@@ -371,6 +449,7 @@ def _load_gpt2(directory: Path) -> LoadedTokenizer:
     tok.path = directory
     tok.kind = "gpt2-bpe"
     tok._tk = tk
+    tok._gpt2_vocab = vocab
     tok.encoder = "bpe"
     tok.md5 = _md5_concat([vocab_path, merges_path])
     tok.md5_of = MD5_OF["gpt2-bpe"]
@@ -413,7 +492,7 @@ def tokenizer_md5(path: str | os.PathLike[str]) -> str:
             return md5_file(p / "tokenizer.model")
         if (p / "vocab.json").is_file() and (p / "merges.txt").is_file():
             return _md5_concat([p / "vocab.json", p / "merges.txt"])
-        return load_tokenizer(p).md5  # raises the specific error
+        return _load_files(p).md5  # raises the specific error
     if not p.exists():
-        return load_tokenizer(p).md5
+        return _load_files(p).md5
     return md5_file(p)

@@ -1,7 +1,8 @@
 """Tokenizer manifests (`tokenization/*.toml`): what "the right tokenizer" means for a model.
 
 A manifest pins the identity md5, Megatron's vocabulary size, every special id, the EOD id, the added
-tokens and sample texts that must survive an encode → decode round trip.
+tokens, sample texts that must survive an encode → decode round trip, and (`[encoding]`) the encoding
+fingerprint: how Megatron-LM's tokenizer of the declared type turns fixed probe texts into ids.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from longctx.errors import TokenizerError
+from longctx.errors import OutputError, TokenizerError
+from longctx.tokenizer.encoding import EncodingFingerprint
 from longctx.tokenizer.load import MD5_OF, Kind
 from longctx.tokenizer.padding import DEFAULT_DIVISIBLE_BY
+from longctx.util.confine import is_within
 from longctx.util.fs import atomic_write_text
 from longctx.util.hashing import is_hex_digest
 
@@ -41,6 +44,7 @@ class TokenizerManifest(BaseModel):
     round_trip: list[str] = Field(default_factory=list)
     special_tokens: dict[str, int] = Field(default_factory=dict)
     added_tokens: dict[str, int] = Field(default_factory=dict)
+    encoding: EncodingFingerprint | None = None
 
     @field_validator("md5")
     @classmethod
@@ -126,6 +130,8 @@ def _toml_value(value: Any) -> str:
         return str(value)
     if isinstance(value, str):
         return _toml_str(value)
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "[" + ", ".join(str(v) for v in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} to a manifest")
 
 
@@ -136,7 +142,7 @@ def manifest_to_toml(manifest: TokenizerManifest, *, header: str | None = None) 
         lines += [f"# {line}" if line else "#" for line in header.splitlines()]
         lines.append("")
     for key, value in data.items():
-        if value is None or key in ("round_trip", "special_tokens", "added_tokens"):
+        if value is None or key in ("round_trip", "special_tokens", "added_tokens", "encoding"):
             continue
         if key in ("description", "source") and value == "":
             continue
@@ -148,10 +154,46 @@ def manifest_to_toml(manifest: TokenizerManifest, *, header: str | None = None) 
         lines.append("")
         lines.append(f"[{table}]")
         lines += [f"{_toml_str(tok)} = {idx}" for tok, idx in data[table].items()]
+    if data.get("encoding") is not None:
+        lines += ["", "[encoding]", *_encoding_lines(data["encoding"])]
     return "\n".join(lines) + "\n"
+
+
+def _encoding_lines(enc: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for key, value in enc.items():
+        if value is None:
+            continue
+        if isinstance(value, list):  # lists of id lists, one probe text per line
+            lines.append(f"{key} = [")
+            lines += [f"  {_toml_value(ids)}," for ids in value]
+            lines.append("]")
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    return lines
 
 
 def write_manifest(
     manifest: TokenizerManifest, path: str | os.PathLike[str], *, header: str | None = None
 ) -> None:
     atomic_write_text(path, manifest_to_toml(manifest, header=header))
+
+
+def check_manifest_target(target: Path, tokenizer: Path, *, force: bool) -> None:
+    """Where `tokenizer fingerprint --write` may write: never over one of the tokenizer's own files
+    (a manifest beside them is fine), and over an existing file only with `force`."""
+    if target.exists() and target.is_dir():
+        raise TokenizerError(f"{target} is a directory", where=str(target), fix="give --write a file path")
+    own = target.suffix != ".toml" or (tokenizer.is_file() and target.resolve() == tokenizer.resolve())
+    if own and is_within(target, tokenizer):
+        raise OutputError(
+            f"--write {target} would be written inside the input {tokenizer}, over the tokenizer's files",
+            where=str(target),
+            fix=f"write the manifest as a .toml file, e.g. --write {tokenizer.parent / (tokenizer.name + '.toml')}",
+        )
+    if target.exists() and not force:
+        raise TokenizerError(
+            f"{target} exists; a manifest is not replaced silently",
+            where=str(target),
+            fix="pass --force to replace it, or choose another --write path",
+        )

@@ -1,4 +1,9 @@
-"""Verify a tokenizer against a manifest (or an md5), and fingerprint a tokenizer into a manifest."""
+"""Verify a tokenizer against a manifest (or an md5), and fingerprint a tokenizer into a manifest.
+
+Identity is two facts: the md5 of the model file(s), and the encoding fingerprint — the ids Megatron's
+tokenizer of the declared type gives for fixed probe texts. The second tells apart directories that
+share a model file but differ in their HF config (prefix space, legacy mode, BOS/EOS flags).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 
 from longctx.errors import TokenizerError, TokenizerMismatch
 from longctx.report import Findings
+from longctx.tokenizer.encoding import EncodingFingerprint, EncodingSpec, declared_spec, encoding_differences
 from longctx.tokenizer.load import LoadedTokenizer, load_tokenizer
 from longctx.tokenizer.manifest import TokenizerManifest
 from longctx.tokenizer.padding import DEFAULT_DIVISIBLE_BY, padded_vocab_size, padding_table
@@ -57,7 +63,11 @@ class TokenizerReport:
 
 
 def tokenizer_facts(
-    tok: LoadedTokenizer, *, tp: int = 1, divisible_by: int = DEFAULT_DIVISIBLE_BY
+    tok: LoadedTokenizer,
+    *,
+    tp: int = 1,
+    divisible_by: int = DEFAULT_DIVISIBLE_BY,
+    encoding: EncodingFingerprint | None = None,
 ) -> dict[str, Any]:
     return {
         "kind": tok.kind,
@@ -77,6 +87,7 @@ def tokenizer_facts(
         "tp": tp,
         "padded_vocab_size": padded_vocab_size(tok.vocab_size, divisible_by, tp),
         "padded_vocab_size_by_tp": padding_table(tok.vocab_size, divisible_by),
+        "encoding": encoding.model_dump(mode="json") if encoding is not None else None,
     }
 
 
@@ -102,25 +113,48 @@ def verify_tokenizer(
     md5: str | None = None,
     tp: int = 1,
     divisible_by: int | None = None,
+    spec: EncodingSpec | str | None = None,
 ) -> TokenizerReport:
     """Compare a tokenizer with a manifest and/or an expected md5.
 
-    Raises `TokenizerError` when the tokenizer cannot be loaded at all (missing, empty, not a
-    SentencePiece model, HF directory without tokenizer.model) or the md5 given is malformed;
-    every mismatch of a loadable tokenizer is an error finding (expected vs found).
+    `spec` is how Megatron encodes with it (default: the manifest's pinned encoding, else its
+    tokenizer type, else the layout's). Raises `TokenizerError` when the tokenizer cannot be loaded at
+    all (missing, empty, not a SentencePiece model, HF directory without tokenizer.model) or the md5
+    given is malformed; every mismatch of a loadable tokenizer is an error finding (expected vs found),
+    the encoding fingerprint's included.
     """
     if md5 is not None and not is_hex_digest(md5, 32):
         raise TokenizerError(
             f"--md5 must be 32 hexadecimal digits, found {md5!r}",
             fix="copy the md5 exactly (e.g. from md5sum)",
         )
-    tok = path if isinstance(path, LoadedTokenizer) else load_tokenizer(path)
+    wanted = spec if spec is not None else declared_spec(None, manifest)
+    if isinstance(path, LoadedTokenizer):
+        tok = path.with_spec(wanted) if wanted is not None else path
+    else:
+        tok = load_tokenizer(path, spec=wanted)
     div = divisible_by or (manifest.make_vocab_size_divisible_by if manifest else DEFAULT_DIVISIBLE_BY)
-    facts = tokenizer_facts(tok, tp=tp, divisible_by=div)
     f = Findings()
 
     for problem in tok.problems:
         f.error("consistency", problem, where=str(tok.path))
+    try:
+        encoding: EncodingFingerprint | None = tok.encoding_fingerprint()
+    except TokenizerError as err:
+        f.error("encoding", f"{tok.spec.tokenizer_type} cannot encode with this tokenizer: {err.what}",
+                where=err.where or str(tok.path), fix=err.fix)  # fmt: skip
+        encoding = None
+    else:
+        for problem in tok.backend_problems():
+            f.error(
+                "consistency",
+                problem,
+                where=str(tok.path),
+                fix="take the HF files and the model from the same release",
+            )
+    facts = tokenizer_facts(tok, tp=tp, divisible_by=div, encoding=encoding)
+    if encoding is not None:
+        _compare_encoding(tok, manifest, encoding, f)
 
     expected_md5 = md5.lower() if md5 else (manifest.md5 if manifest else None)
     if expected_md5 is None:
@@ -150,7 +184,7 @@ def verify_tokenizer(
         samples = DEFAULT_ROUND_TRIP
         level = "warning"  # without a manifest we cannot know whether this tokenizer is meant to round-trip
 
-    for i, text, decoded in check_round_trip(tok, samples):
+    for i, text, decoded in check_round_trip(tok, samples) if encoding is not None else []:
         getattr(f, level)(
             "round-trip",
             f"sample {i} does not survive encode → decode ({_first_difference(text, decoded)})",
@@ -175,11 +209,49 @@ def verify_tokenizer(
     )
 
 
+def _compare_encoding(
+    tok: LoadedTokenizer, manifest: TokenizerManifest | None, found: EncodingFingerprint, f: Findings
+) -> None:
+    pinned = manifest.encoding if manifest is not None else None
+    if pinned is None:
+        level = "warning" if manifest is not None else "info"
+        getattr(f, level)(
+            "encoding",
+            f"no encoding fingerprint to compare with: how {found.describe()} turns text into ids is "
+            f"not checked (digest {found.digest[:16]}…)",
+            found=found.digest,
+            fix="pin it: `longctx tokenizer fingerprint PATH --write FILE` writes the manifest's [encoding]"
+            if manifest is not None
+            else None,
+        )
+        return
+    diffs = encoding_differences(pinned, found)
+    if diffs:
+        f.error(
+            "encoding",
+            "the tokenizer encodes differently from the manifest's fingerprint: " + "; ".join(diffs),
+            where=str(tok.path),
+            expected=f"{pinned.describe()} digest {pinned.digest}",
+            found=f"{found.describe()} digest {found.digest}",
+            fix="use the tokenizer directory the model was trained with (its HF config files and library "
+            "decide the prefix space, legacy mode and BOS/EOS); pass the Megatron options it was used with "
+            "(--tokenizer-type, --legacy-tokenizer, …)",
+        )
+    elif (pinned.library, pinned.library_version) != (found.library, found.library_version):
+        f.info(
+            "encoding",
+            f"same probe ids as the manifest's fingerprint under {found.library} {found.library_version} "
+            f"(pinned with {pinned.library} {pinned.library_version})",
+        )
+    else:
+        f.info("encoding", f"encoding fingerprint matches ({found.describe()})", found=found.digest)
+
+
 def _compare_json_with_model(tok: LoadedTokenizer, samples: tuple[str, ...] | list[str], f: Findings) -> None:
-    """Megatron's HuggingFaceTokenizer encodes with tokenizer.json; identity is tokenizer.model's md5."""
+    """transformers encodes with tokenizer.json when there is one; identity is tokenizer.model's md5."""
     for i, text in enumerate(samples):
-        via_json, via_model = tok.encode(text), tok.encode_with_model_file(text)
-        if via_json != via_model:
+        via_json, via_model = tok.encode_with_tokenizer_json(text), tok.encode_with_model_file(text)
+        if via_json is not None and via_json != via_model:
             f.warning(
                 "json-vs-model",
                 f"tokenizer.json and tokenizer.model encode sample {i} differently "
@@ -243,9 +315,22 @@ def fingerprint(
     *,
     name: str | None = None,
     round_trip: list[str] | tuple[str, ...] = DEFAULT_ROUND_TRIP,
+    spec: EncodingSpec | str | None = None,
 ) -> TokenizerManifest:
-    """Describe a tokenizer as a manifest; only sample texts that survive a round trip are pinned."""
-    tok = path if isinstance(path, LoadedTokenizer) else load_tokenizer(path)
+    """Describe a tokenizer as a manifest, its encoding fingerprint under `spec` (default: the layout's
+    Megatron tokenizer type) included; only sample texts that survive a round trip are pinned."""
+    if isinstance(path, LoadedTokenizer):
+        tok = path.with_spec(spec) if spec is not None else path
+    else:
+        tok = load_tokenizer(path, spec=spec)
+    problems = tok.encoding_problems()
+    if problems:
+        raise TokenizerError(
+            f"the tokenizer files are inconsistent: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            where=str(tok.path),
+            fix="run `longctx tokenizer check PATH --md5 …` for every problem; take all files from one release",
+        )
     if tok.eod_id is None:
         raise TokenizerError(
             "tokenizer has no EOS/EOD token; Megatron needs one to separate documents",
@@ -258,7 +343,7 @@ def fingerprint(
         name=name or (Path(tok.path).parent.name if base == "tokenizer.model" else base),
         description=f"fingerprint of {tok.path}",
         kind=tok.kind,
-        megatron_tokenizer_type=tok.megatron_tokenizer_type,
+        megatron_tokenizer_type=tok.spec.tokenizer_type,
         md5=tok.md5,
         md5_of=tok.md5_of,
         vocab_size=tok.vocab_size,
@@ -269,4 +354,5 @@ def fingerprint(
         round_trip=[t for i, t in enumerate(round_trip) if i not in failing],
         special_tokens={k: v for k, v in tok.special_tokens.items() if v < tok.model_vocab_size},
         added_tokens=dict(tok.added_tokens),
+        encoding=tok.encoding_fingerprint(),
     )

@@ -56,14 +56,18 @@ def test_workers_give_identical_output_and_gz_input(
     assert sc.inputs[0].bytes == gz.stat().st_size
 
 
-def test_bos_and_empty_lines(oellm_like_spm: Path, tmp_path: Path) -> None:
+def test_bos_blank_lines_and_empty_documents(oellm_like_spm: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text('{"body": "alpha"}\n\n{"body": ""}\n{"body": "beta gamma"}\n')
     prefix = str(tmp_path / "b")
     sc = tokenize_jsonl([src], oellm_like_spm, prefix, json_key="body", add_bos=True, progress=False)
-    assert (sc.documents, sc.inputs[0].skipped_empty, sc.add_bos) == (2, 2, True)
+    # the blank line is skipped; an empty text is an empty document, as Megatron writes it
+    assert (sc.documents, sc.inputs[0].skipped_empty, sc.inputs[0].empty_documents) == (3, 1, 1)
+    assert sc.add_bos and sc.megatron_flags is None  # --add-bos has no Megatron equivalent
+    info = read_index(prefix)
+    assert info.document_indices.tolist() == [0, 1, 1, 2]
     ds = _megatron_dataset(prefix)
-    assert ds[0][0] == 1 and ds[0][-1] == 2 and ds[1][0] == 1
+    assert ds[0][0] == 1 and ds[0][-1] == 2 and ds[1][0] == 1 and ds[1][-1] == 2
 
 
 def test_refuses_existing_prefix_unless_force(
@@ -93,7 +97,7 @@ def test_failure_leaves_nothing_behind(oellm_like_spm: Path, tmp_path: Path) -> 
             tokenize_jsonl([src], oellm_like_spm, out / "p", workers=workers, progress=False)
         assert err.value.what.startswith("line 3 is not valid JSON")
         assert err.value.where == f"{src}:3"
-        assert sorted(p.name for p in out.iterdir()) == []
+        assert not out.exists()  # the directory it created is gone too
 
 
 def test_bad_inputs(oellm_like_spm: Path, tmp_path: Path) -> None:

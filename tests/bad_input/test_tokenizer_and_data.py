@@ -1,0 +1,97 @@
+"""Tokenizer directories and tokenization outputs that must be refused, and writes onto the inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.bad_input.harness import refused
+
+
+@pytest.fixture
+def tok(oellm_like_hf_dir: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "tok"
+    shutil.copytree(oellm_like_hf_dir, d)
+    return d
+
+
+ADDED = {
+    "negative-id": ({"<pad>": -1}, "<pad>"),
+    "huge-id": ({"<pad>": 10**20}, "<pad>"),
+    "float-id": ({"<pad>": 512.5}, "<pad>"),
+    "not-an-object": ([512], "added_tokens.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADDED))
+def test_bad_added_tokens(case: str, tok: Path, tmp_path: Path) -> None:
+    content, needle = ADDED[case]
+    (tok / "added_tokens.json").write_text(json.dumps(content))
+    refused(["tokenizer", "fingerprint", tok], [tmp_path], needle=needle)
+
+
+def test_added_tokens_not_utf8(tok: Path, tmp_path: Path) -> None:
+    (tok / "added_tokens.json").write_bytes(b'{"<p\xffd>": 512}')
+    refused(["tokenizer", "fingerprint", tok], [tmp_path], needle="added_tokens.json")
+
+
+def test_tokenizer_config_not_json(tok: Path, tmp_path: Path) -> None:
+    (tok / "tokenizer_config.json").write_text("{not json")
+    refused(["tokenizer", "fingerprint", tok], [tmp_path], needle="tokenizer_config.json")
+
+
+def test_truncated_sentencepiece_model(tok: Path, tmp_path: Path) -> None:
+    model = tok / "tokenizer.model"
+    model.write_bytes(model.read_bytes()[:100])
+    refused(["tokenizer", "fingerprint", tok], [tmp_path], needle="tokenizer.model")
+
+
+def test_fingerprint_write_over_the_tokenizer_model(tok: Path, tmp_path: Path) -> None:
+    refused(
+        ["tokenizer", "fingerprint", tok, "--write", tok / "tokenizer.model"],
+        [tmp_path],
+        needle="inside the input",
+    )
+
+
+def test_fingerprint_write_into_the_tokenizer_dir_needs_force(tok: Path, tmp_path: Path) -> None:
+    # the manifest beside the files is the usual place, but an existing file is not replaced silently
+    (tok / "manifest.toml").write_text("# someone's notes\n")
+    refused(["tokenizer", "fingerprint", tok, "--write", tok / "manifest.toml"], [tmp_path], needle="--force")
+
+
+@pytest.fixture
+def jsonl(tmp_path: Path) -> Path:
+    p = tmp_path / "in.jsonl"
+    p.write_text("\n".join(json.dumps({"text": f"document {i} " * 20}) for i in range(5)) + "\n")
+    return p
+
+
+def test_tokenize_output_into_the_tokenizer(tok: Path, jsonl: Path, tmp_path: Path) -> None:
+    refused(["data", "tokenize", jsonl, "-t", tok, "-o", tok / "ds"], [tmp_path], needle="inside the input")
+
+
+def test_tokenize_output_below_a_file(tok: Path, jsonl: Path, tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("x\n")
+    refused(
+        ["data", "tokenize", jsonl, "-t", tok, "-o", tmp_path / "blocker" / "ds"],
+        [tmp_path],
+        needle="blocker",
+    )
+
+
+def test_tokenize_bad_jsonl_line(tok: Path, tmp_path: Path) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"text": "fine"}\n{"text": 12}\n')
+    refused(["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="bad.jsonl")
+
+
+def test_tokenize_jsonl_not_utf8(tok: Path, tmp_path: Path) -> None:
+    p = tmp_path / "latin.jsonl"
+    p.write_bytes(b'{"text": "n\xe9ud"}\n')
+    refused(
+        ["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="latin.jsonl"
+    )
