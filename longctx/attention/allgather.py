@@ -13,9 +13,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from longctx.attention.autograd import attention_function
-from longctx.attention.blocks import allgather_plan
+from longctx.attention.blocks import Block, allgather_plan
 from longctx.attention.checks import check_qkv
 from longctx.attention.comm import all_gather_dim0, group_rank, group_size, reduce_scatter_dim0
+from longctx.attention.documents import CuSeqlens, Documents, Layout, document_blocks, documents_for
 from longctx.attention.kernels import BlockKernel, default_scale, lse_dtype, select_kernel
 from longctx.attention.merge import merge_
 from longctx.attention.zigzag import zigzag_all_gather, zigzag_split
@@ -30,13 +31,18 @@ def allgather_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     kernel: str | None = None,
+    cu_seqlens: CuSeqlens | None = None,
 ) -> Tensor:
-    """Same contract as `ring_attention` (zigzag-sharded `[batch, seq_local, heads, head_dim]`)."""
+    """Same contract as `ring_attention` (zigzag-sharded `[batch, seq_local, heads, head_dim]`,
+    `cu_seqlens` the document boundaries of the full sequence)."""
     cp = group_size(group)
-    check_qkv(q, k, v, cp_size=cp, causal=causal, where="allgather_attention")
+    docs = None
+    if cu_seqlens is not None:
+        docs = documents_for(q, cu_seqlens, group, where="allgather_attention")
+    check_qkv(q, k, v, cp_size=cp, causal=causal or docs is not None, where="allgather_attention")
     scale = default_scale(q.shape[-1], softmax_scale)
     blk = select_kernel(q.device, q.dtype, kernel)
-    return _AllGatherAttention.apply(q, k, v, group, causal, scale, blk)
+    return _AllGatherAttention.apply(q, k, v, group, causal, scale, blk, docs)
 
 
 def _gather_kv(k: Tensor, v: Tensor, group: dist.ProcessGroup, causal: bool) -> Tensor:
@@ -63,6 +69,23 @@ def _scatter_dkv(dkv: Tensor, group: dist.ProcessGroup, causal: bool) -> Tensor:
     return reduce_scatter_dim0(per_rank, group)
 
 
+def _document_plan(
+    rank: int, world: int, local_len: int, causal: bool, docs: Documents
+) -> list[tuple[slice, Block]]:
+    """(batch rows, block) of the all-gather plan cut at documents; keys in sequence order."""
+    if world == 1:
+        plan = [Block(0, 0, 0, local_len, 0, local_len, causal)]
+    else:
+        plan = allgather_plan(rank, world, local_len, causal)
+    mine, full = Layout.zigzag(rank, world, local_len), Layout.natural(local_len * world)
+    return [
+        (rows, sub)
+        for block in plan
+        for rows, bounds in docs.rows()
+        for sub in document_blocks(block, mine, full, bounds)
+    ]
+
+
 def allgather_forward(
     q: Tensor,
     k: Tensor,
@@ -71,19 +94,27 @@ def allgather_forward(
     causal: bool,
     scale: float,
     blk: BlockKernel,
+    docs: Documents | None = None,
 ) -> tuple[Tensor, Tensor]:
     world, rank = group_size(group), group_rank(group)
-    if world == 1:
+    if world == 1 and docs is None:
         out, lse = blk.forward(q, k, v, causal, scale)
         return out, lse.to(lse_dtype(q.dtype))
     acc = lse_dtype(q.dtype)
-    kv = _gather_kv(k, v, group, causal)  # type: ignore[arg-type]
+    # with documents the keys are always gathered in sequence order (the boundaries refer to it)
+    kv = torch.stack([k, v]) if world == 1 else _gather_kv(k, v, group, causal or docs is not None)  # type: ignore[arg-type]
     b, s, h, d = q.shape
     out_acc = torch.zeros(b, s, h, d, dtype=acc, device=q.device)
     lse_acc = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
-    for block in allgather_plan(rank, world, s, causal):
-        b_out, b_lse = blk.forward(q[:, block.q], kv[0][:, block.k], kv[1][:, block.k], block.causal, scale)
-        merge_(out_acc[:, block.q], lse_acc[:, :, block.q], b_out, b_lse)
+    if docs is None:
+        plan = [(slice(None), block) for block in allgather_plan(rank, world, s, causal)]
+    else:
+        plan = _document_plan(rank, world, s, causal, docs)
+    for rows, block in plan:
+        b_out, b_lse = blk.forward(
+            q[rows, block.q], kv[0][rows, block.k], kv[1][rows, block.k], block.causal, scale
+        )
+        merge_(out_acc[rows, block.q], lse_acc[rows, :, block.q], b_out, b_lse)
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -98,23 +129,32 @@ def allgather_backward(
     causal: bool,
     scale: float,
     blk: BlockKernel,
+    docs: Documents | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     world, rank = group_size(group), group_rank(group)
-    if world == 1:
+    if world == 1 and docs is None:
         return blk.backward(dout, q, k, v, out, lse, causal, scale)
     acc = lse_dtype(q.dtype)
-    kv = _gather_kv(k, v, group, causal)  # type: ignore[arg-type]
+    ordered = causal or docs is not None
+    kv = torch.stack([k, v]) if world == 1 else _gather_kv(k, v, group, ordered)  # type: ignore[arg-type]
     dkv = torch.zeros(kv.shape, dtype=acc, device=kv.device)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    for block in allgather_plan(rank, world, q.shape[1], causal):
+    if docs is None:
+        plan = [(slice(None), block) for block in allgather_plan(rank, world, q.shape[1], causal)]
+    else:
+        plan = _document_plan(rank, world, q.shape[1], causal, docs)
+    for rows, block in plan:
         qs, ks = block.q, block.k
         b_dq, b_dk, b_dv = blk.backward(
-            dout[:, qs], q[:, qs], kv[0][:, ks], kv[1][:, ks], out[:, qs], lse[:, :, qs], block.causal, scale
-        )
-        dq[:, qs] += b_dq
-        dkv[0][:, ks] += b_dk
-        dkv[1][:, ks] += b_dv
-    mine = _scatter_dkv(dkv, group, causal)  # type: ignore[arg-type]
+            dout[rows, qs], q[rows, qs], kv[0][rows, ks], kv[1][rows, ks], out[rows, qs], lse[rows, :, qs],
+            block.causal, scale,
+        )  # fmt: skip
+        dq[rows, qs] += b_dq
+        dkv[0][rows, ks] += b_dk
+        dkv[1][rows, ks] += b_dv
+    if world == 1:
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    mine = _scatter_dkv(dkv, group, ordered)  # type: ignore[arg-type]
     return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -98,7 +99,7 @@ class LongctxCoreAttention(MegatronModule):
         raise AttentionError(
             f"attention mask type {mask_type.name} is not supported",
             where=_WHERE,
-            fix="use causal (GPT) or no_mask (bidirectional); packed/document masks are not implemented",
+            fix="use causal (GPT) or no_mask (bidirectional); documents go in packed_seq_params (document_params)",
         )
 
     @staticmethod
@@ -127,12 +128,7 @@ class LongctxCoreAttention(MegatronModule):
         attention_bias: Tensor | None = None,
         packed_seq_params: PackedSeqParams | None = None,
     ) -> Tensor:
-        if packed_seq_params is not None:
-            raise AttentionError(
-                "packed sequences (THD) are not supported",
-                where=_WHERE,
-                fix="train on padded [s, b] batches",
-            )
+        cu_seqlens = None if packed_seq_params is None else _document_bounds(packed_seq_params)
         if attention_bias is not None:
             raise AttentionError("attention bias is not supported", where=_WHERE)
         if attention_mask is not None:
@@ -153,9 +149,57 @@ class LongctxCoreAttention(MegatronModule):
             group=self.cp_group,
             causal=causal,
             softmax_scale=self.softmax_scale,
+            cu_seqlens=cu_seqlens,
         )
         # [b, sq, np, hn] → [sq, b, np·hn]
         return out.transpose(0, 1).reshape(sq, b, heads * head_dim)
+
+
+def document_params(cu_seqlens: Tensor, seq_len: int) -> PackedSeqParams:
+    """What a GPTModel forward takes to attend within documents through `LongctxCoreAttention`.
+
+    `cu_seqlens`: boundaries of the full (unsharded) sequences of the batch, concatenated
+    (`[0, …, b·S]`, see `longctx.attention.documents`); the tokens stay in the `[s, b]` layout, zigzag
+    sharded. `qkv_format` 'sbhd' keeps megatron-core on its dense path (its THD handling is for
+    TransformerEngine's per-document layout). `seq_len` is the full length S: megatron-core sizes
+    the rotary table of a packed batch by `max_seqlen_*` (and then takes this rank's zigzag rows).
+    """
+    return PackedSeqParams(
+        qkv_format="sbhd",
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=seq_len,
+        max_seqlen_kv=seq_len,
+    )
+
+
+def _document_bounds(params: PackedSeqParams) -> Tensor:
+    if not isinstance(params, PackedSeqParams):
+        raise AttentionError(
+            f"packed sequences must come as megatron-core PackedSeqParams, got {type(params).__name__}",
+            where=_WHERE,
+            fix="pass document_params(cu_seqlens, local_len)",
+        )
+    if params.qkv_format == "thd":
+        raise AttentionError(
+            "packed sequences in THD layout (each document zigzag-split, TransformerEngine's format) are "
+            "not supported",
+            where=_WHERE,
+            fix="keep [s, b] batches sharded with zigzag_split and pass document_params(cu_seqlens, local_len)",
+        )
+    cu = params.cu_seqlens_q
+    if cu is None:
+        raise AttentionError(
+            "packed_seq_params without cu_seqlens_q", where=_WHERE, fix="use document_params"
+        )
+    kv = params.cu_seqlens_kv
+    if kv is not None and kv is not cu and not torch.equal(kv.cpu(), cu.cpu()):
+        raise AttentionError(
+            "cu_seqlens_kv differs from cu_seqlens_q: self-attention within documents needs one set",
+            where=_WHERE,
+            fix="pass the same boundaries for queries and keys",
+        )
+    return cu
 
 
 def longctx_local_layer_spec(**kwargs: Any) -> ModuleSpec:
@@ -172,4 +216,4 @@ def longctx_local_layer_spec(**kwargs: Any) -> ModuleSpec:
     return spec
 
 
-__all__ = ["LongctxCoreAttention", "longctx_local_layer_spec"]
+__all__ = ["LongctxCoreAttention", "document_params", "longctx_local_layer_spec"]

@@ -32,9 +32,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from longctx.attention.autograd import attention_function
-from longctx.attention.blocks import Slot, query_tiles, ring_schedule
+from longctx.attention.blocks import Block, Slot, query_tiles, ring_schedule
 from longctx.attention.checks import check_qkv
 from longctx.attention.comm import PeerExchange, Pending, group_rank, group_size
+from longctx.attention.documents import CuSeqlens, Documents, Layout, document_blocks, documents_for
 from longctx.attention.kernels import BlockKernel, default_scale, lse_dtype, select_kernel
 from longctx.attention.merge import merge_
 from longctx.errors import AttentionError
@@ -102,6 +103,7 @@ def ring_attention(
     softmax_scale: float | None = None,
     kernel: str | None = None,
     piece: int | None = None,
+    cu_seqlens: CuSeqlens | None = None,
 ) -> Tensor:
     """Attention of this rank's zigzag chunks against the whole sequence held by `group`.
 
@@ -111,13 +113,20 @@ def ring_attention(
     attention. Non-causal attention uses the same ring without masks. `kernel` forces a block
     kernel (see `kernels.select_kernel`); `piece` sets the keys per K/V message (see `ring_piece`;
     every rank must use the same value).
+
+    `cu_seqlens` (see `documents`): document boundaries of the full sequence, the same on every
+    rank; each token then attends only within its document (causal or not), blocks no document
+    spans are skipped. The shards are zigzag in both modes then (the length a multiple of 2·CP).
     """
     cp = group_size(group)
-    check_qkv(q, k, v, cp_size=cp, causal=causal, where="ring_attention")
+    docs = None
+    if cu_seqlens is not None:
+        docs = documents_for(q, cu_seqlens, group, where="ring_attention")
+    check_qkv(q, k, v, cp_size=cp, causal=causal or docs is not None, where="ring_attention")
     scale = default_scale(q.shape[-1], softmax_scale)
     blk = select_kernel(q.device, q.dtype, kernel)
     size = ring_piece(q.shape[1], piece, device=q.device)
-    return _RingAttention.apply(q, k, v, group, causal, scale, blk, size)
+    return _RingAttention.apply(q, k, v, group, causal, scale, blk, size, docs)
 
 
 class _KVStream:
@@ -168,18 +177,20 @@ def _exchange_grads(
     mine: tuple[Tensor, Tensor] | None,
     dk: Tensor,
     dv: Tensor,
+    expect: bool | None = None,
 ) -> None:
     """End of a slot: send its float32 dK/dV (`mine`, rows of src's chunk) to src, receive dst's for
     rows of this rank's chunk and add them to `dk`/`dv`; wait for both.
 
     Synchronous on purpose: keeping these in flight during the next slot would hold four more
     pieces of rows (ours and the arriving ones), and with equal-work slots both sides reach this
-    point together, so the wait is little more than one transfer.
+    point together, so the wait is little more than one transfer. `expect`: whether dst computed
+    anything with our rows (default: its block has pairs).
     """
     sends = [(t, slot.src) for t in mine] if mine is not None else []
     theirs = slot.dst_block
     bufs: tuple[Tensor, Tensor] | None = None
-    if theirs.pairs:
+    if theirs.pairs if expect is None else expect:
         n = theirs.k_stop - theirs.k_start
         bufs = (dk.new_empty(dk.shape[0], n, *dk.shape[2:]), dv.new_empty(dv.shape[0], n, *dv.shape[2:]))
     recvs = [(t, slot.dst) for t in bufs] if bufs is not None else []
@@ -199,8 +210,11 @@ def ring_forward(
     scale: float,
     blk: BlockKernel,
     piece: int,
+    docs: Documents | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(out in q's dtype, lse float32 `[b, h, s]`) of ring attention; no autograd."""
+    if docs is not None:
+        return _documents_forward(q, k, v, group, causal, scale, blk, piece, docs)
     world, rank = group_size(group), group_rank(group)
     if world == 1:
         out, lse = blk.forward(q, k, v, causal, scale)
@@ -240,8 +254,11 @@ def ring_backward(
     scale: float,
     blk: BlockKernel,
     piece: int,
+    docs: Documents | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) for this rank's chunks, given the saved final out and lse."""
+    if docs is not None:
+        return _documents_backward(dout, q, k, v, out, lse, group, causal, scale, blk, piece, docs)
     world, rank = group_size(group), group_rank(group)
     if world == 1:
         return blk.backward(dout, q, k, v, out, lse, causal, scale)
@@ -282,6 +299,139 @@ def ring_backward(
             kv.release()
         del held
         _exchange_grads(exchange, slot, summed, dk, dv)
+        del summed
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _cut(block: Block, q_layout: Layout, k_layout: Layout, docs: Documents) -> list[tuple[slice, Block]]:
+    """`block` cut at the documents of each group of batch rows: (rows, sub-block) pairs."""
+    return [
+        (rows, sub)
+        for rows, bounds in docs.rows()
+        for sub in document_blocks(block, q_layout, k_layout, bounds)
+    ]
+
+
+def _documents_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group: dist.ProcessGroup | None,
+    causal: bool,
+    scale: float,
+    blk: BlockKernel,
+    piece: int,
+    docs: Documents,
+) -> tuple[Tensor, Tensor]:
+    """`ring_forward` within documents: the same slots and messages, each block cut per document."""
+    world, rank = group_size(group), group_rank(group)
+    acc = lse_dtype(q.dtype)
+    b, s, h, d = q.shape
+    mine = Layout.zigzag(rank, world, s)
+    out_acc = torch.zeros(b, s, h, d, dtype=acc, device=q.device)
+    lse_acc = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
+    slots = ring_schedule(rank, world, s, causal, _FORWARD_PIECES * piece)
+    kv = None
+    if slots:
+        kv = _KVStream(PeerExchange(group), k.contiguous(), v.contiguous(), slots)  # type: ignore[arg-type]
+        kv.post(0)
+    # every query sees at least itself, so each row gets a finite LSE from its own document
+    for rows, sub in _cut(Block(0, rank, 0, s, 0, s, causal), mine, mine, docs):
+        b_out, b_lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], sub.causal, scale)
+        merge_(out_acc[rows, sub.q], lse_acc[rows, :, sub.q], b_out, b_lse)
+    for i, slot in enumerate(slots):
+        assert kv is not None
+        kv.post(i + 1)
+        held = kv.take(i)
+        block = slot.block
+        if block.pairs:
+            assert held is not None
+            for rows, sub in _cut(block, mine, Layout.zigzag(slot.src, world, s), docs):
+                ks = slice(sub.k_start - block.k_start, sub.k_stop - block.k_start)
+                b_out, b_lse = blk.forward(q[rows, sub.q], held[0][rows, ks], held[1][rows, ks], False, scale)
+                merge_(out_acc[rows, sub.q], lse_acc[rows, :, sub.q], b_out, b_lse)
+        if slot.piece_done:
+            kv.release()
+        del held
+    return out_acc.to(q.dtype), lse_acc
+
+
+def _documents_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    group: dist.ProcessGroup | None,
+    causal: bool,
+    scale: float,
+    blk: BlockKernel,
+    piece: int,
+    docs: Documents,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`ring_backward` within documents; a slot with no document on both sides sends no gradients."""
+    world, rank = group_size(group), group_rank(group)
+    acc = lse_dtype(q.dtype)
+    s = q.shape[1]
+    mine = Layout.zigzag(rank, world, s)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+    slots = ring_schedule(rank, world, s, causal, piece)
+    exchange = kv = None
+    if slots:
+        exchange = PeerExchange(group)  # type: ignore[arg-type]
+        kv = _KVStream(exchange, k.contiguous(), v.contiguous(), slots)
+        kv.post(0)
+    for rows, sub in _cut(Block(0, rank, 0, s, 0, s, causal), mine, mine, docs):
+        qs, ks = sub.q, sub.k
+        t_dq, t_dk, t_dv = blk.backward(
+            dout[rows, qs],
+            q[rows, qs],
+            k[rows, ks],
+            v[rows, ks],
+            out[rows, qs],
+            lse[rows, :, qs],
+            sub.causal,
+            scale,
+        )
+        dq[rows, qs] += t_dq
+        dk[rows, ks] += t_dk
+        dv[rows, ks] += t_dv
+    tile = ring_query_tile(piece)
+    for i, slot in enumerate(slots):
+        assert kv is not None and exchange is not None
+        kv.post(i + 1)
+        held = kv.take(i)
+        block = slot.block
+        subs = _cut(block, mine, Layout.zigzag(slot.src, world, s), docs) if block.pairs else []
+        summed: tuple[Tensor, Tensor] | None = None  # this slot's dK/dV of src's rows, float32
+        if subs:
+            assert held is not None
+            n = block.k_stop - block.k_start
+            summed = (
+                torch.zeros(k.shape[0], n, *k.shape[2:], dtype=acc, device=k.device),
+                torch.zeros(v.shape[0], n, *v.shape[2:], dtype=acc, device=v.device),
+            )
+        for rows, sub in subs:
+            assert held is not None and summed is not None
+            ks = slice(sub.k_start - block.k_start, sub.k_stop - block.k_start)
+            for q0, q1 in query_tiles(sub, tile):
+                qs = slice(q0, q1)
+                t_dq, t_dk, t_dv = blk.backward(
+                    dout[rows, qs], q[rows, qs], held[0][rows, ks], held[1][rows, ks],
+                    out[rows, qs], lse[rows, :, qs], False, scale,
+                )  # fmt: skip
+                dq[rows, qs] += t_dq
+                summed[0][rows, ks] += t_dk
+                summed[1][rows, ks] += t_dv
+        if slot.piece_done:
+            kv.release()
+        del held
+        theirs = slot.dst_block
+        expect = bool(theirs.pairs) and bool(_cut(theirs, Layout.zigzag(slot.dst, world, s), mine, docs))
+        _exchange_grads(exchange, slot, summed, dk, dv, expect)
         del summed
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import queue
+import random
 import resource
 import statistics
 import sys
@@ -44,7 +46,8 @@ from longctx.attention.blocks import (
     ring_plan,
     ring_schedule,
 )
-from longctx.attention.ring import ring_piece
+from longctx.attention.documents import ring_document_pairs
+from longctx.attention.ring import ring_attention, ring_piece
 from longctx.attention.zigzag import check_zigzag_len
 from longctx.errors import AttentionError
 
@@ -433,3 +436,122 @@ def _host() -> dict[str, Any]:
         "torch": torch.__version__,
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
+
+
+# ------------------------------------------------------------------------------ packed documents
+
+
+@dataclass(frozen=True)
+class DocumentBenchCase:
+    """Attention within documents vs dense causal on one window: FLOPs at `cp`, time at CP = 1."""
+
+    seq_len: int
+    documents: int
+    short_tokens: int  # tokens in documents shorter than `short_max`
+    flops_dense: int
+    flops_documents: int
+    flop_ratio: float  # documents / dense
+    balance_documents: float  # max/min per-rank FLOPs of the zigzag ring with boundaries
+    balance_dense: float
+    kernel_calls_per_rank: int  # most sub-block calls of one rank
+    t_dense_s: float | None
+    t_documents_s: float | None
+    time_ratio: float | None
+
+
+def document_lengths(seq_len: int, short_fraction: float, short_max: int, seed: int = 0) -> list[int]:
+    """A window of `seq_len` tokens: about `short_fraction` of them in documents shorter than
+    `short_max` (lengths uniform in [short_max/16, short_max)), the rest in one long document cut by
+    the window, at a random place among them."""
+    if not 0 <= short_fraction < 1 or short_max < 16:
+        raise AttentionError(
+            f"document mix {short_fraction:.0%} < {short_max} is not benchmarkable",
+            fix="give a fraction in [0, 1) and a short length ≥ 16, e.g. --documents 10%<4K",
+        )
+    rng = random.Random(seed)
+    budget = int(seq_len * short_fraction)
+    short: list[int] = []
+    while sum(short) < budget:
+        short.append(min(rng.randrange(short_max // 16, short_max), budget - sum(short)))
+    lengths = [*short]
+    lengths.insert(rng.randrange(len(lengths) + 1), seq_len - sum(short))
+    return [n for n in lengths if n > 0]
+
+
+def parse_document_mix(text: str) -> tuple[float, int]:
+    """'10%<4K' → (0.10, 4096)."""
+    try:
+        frac, short = text.replace(" ", "").split("<")
+        value = float(frac.rstrip("%")) / (100 if frac.endswith("%") else 1)
+        n = short.upper()
+        mult = 1024 if n.endswith("K") else 1
+        return value, int(n.rstrip("K")) * mult
+    except ValueError:
+        raise AttentionError(
+            f"document mix {text!r} is not FRACTION<LENGTH", fix="e.g. --documents '10%<4K'"
+        ) from None
+
+
+def _fwd_bwd_seconds(
+    seq_len: int, heads: int, kv_heads: int, head_dim: int, cu: list[int] | None, repeats: int
+) -> float:
+    import torch  # see _worker
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, seq_len, heads, head_dim, generator=gen, requires_grad=True)
+    k = torch.randn(1, seq_len, kv_heads, head_dim, generator=gen, requires_grad=True)
+    v = torch.randn(1, seq_len, kv_heads, head_dim, generator=gen, requires_grad=True)
+    times = []
+    for i in range(repeats + 1):  # the first is warm-up
+        t0 = time.perf_counter()
+        ring_attention(q, k, v, group=None, causal=True, cu_seqlens=cu).sum().backward()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_document_bench(
+    seq_lens: tuple[int, ...],
+    *,
+    cp: int,
+    short_fraction: float,
+    short_max: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    repeats: int,
+    time_max_len: int,
+) -> list[DocumentBenchCase]:
+    """Per length: FLOPs with boundaries vs dense causal (counted from the blocks the zigzag ring runs
+    at `cp`), and fwd+bwd wall time of both in this process (CP = 1) where S ≤ `time_max_len`."""
+    cases = []
+    for s in seq_lens:
+        check_zigzag_len(s, cp)
+        lengths = document_lengths(s, short_fraction, short_max)
+        bounds = (0, *itertools.accumulate(lengths))
+        local = s // cp
+        per_rank = [ring_document_pairs(r, cp, local, True, bounds) for r in range(cp)]
+        docs = [p for p, _ in per_rank]
+        dense = [plan_pairs(ring_plan(r, cp, local, True)) for r in range(cp)]
+        scale = 4 * heads * head_dim
+        t_dense = t_docs = None
+        if s <= time_max_len:
+            t_dense = _fwd_bwd_seconds(s, heads, kv_heads, head_dim, None, repeats)
+            t_docs = _fwd_bwd_seconds(s, heads, kv_heads, head_dim, list(bounds), repeats)
+        cases.append(
+            DocumentBenchCase(
+                seq_len=s,
+                documents=len(lengths),
+                short_tokens=sum(n for n in lengths if n < short_max),
+                flops_dense=scale * sum(dense),
+                flops_documents=scale * sum(docs),
+                flop_ratio=sum(docs) / sum(dense),
+                balance_documents=_ratio(docs),
+                balance_dense=_ratio(dense),
+                kernel_calls_per_rank=max(c for _, c in per_rank),
+                t_dense_s=t_dense,
+                t_documents_s=t_docs,
+                time_ratio=None if t_dense is None or t_docs is None else t_docs / t_dense,
+            )
+        )
+    return cases

@@ -28,7 +28,8 @@ app = typer.Typer(
         "  longctx bench attention                       # CP=2 vs one process, S = 8K and 16K, causal\n\n"
         "  longctx bench attention --seq-lens 2K,4K --heads 8 --kv-heads 2 --threads 1 --json\n\n"
         "  longctx bench rope --lengths 16K,64K,128K                # suggest and the exact Men search\n\n"
-        "  longctx bench trainer --megatron-lm ~/Megatron-LM        # local backend vs pretrain_gpt.py, CPU"
+        "  longctx bench trainer --megatron-lm ~/Megatron-LM        # local backend vs pretrain_gpt.py, CPU\n\n"
+        "  longctx bench tokenize --workers 2                       # data tokenize vs preprocess_data.py"
     ),
     no_args_is_help=True,
 )
@@ -62,9 +63,22 @@ def attention_cmd(
     piece: int | None = typer.Option(
         None, "--piece", min=1, help="Ring keys per K/V message (default: the rule, or $LONGCTX_RING_PIECE)."
     ),
+    documents: str | None = typer.Option(
+        None,
+        "--documents",
+        help="Packed documents instead: FRACTION<LENGTH of the window's tokens in short documents, e.g. '10%<4K'.",
+    ),
+    time_max_len: int = typer.Option(
+        16384, "--time-max-len", min=1, help="With --documents: time fwd+bwd (1 process) up to this length."
+    ),
     json_out: Json = False,
 ) -> None:
     """Ring attention fwd+bwd per rank at CP = n (n processes, gloo) vs one process on the full sequence.
+
+    With --documents: attention within documents vs dense causal on windows packed at that mix (the rest
+    of each window one long document), FLOPs counted from the blocks the zigzag ring runs at CP = n (total,
+    ratio, per-rank balance) and fwd+bwd time of both in one process up to --time-max-len.
+    Example: longctx bench attention --documents '10%<4K' --seq-lens 16K,128K --cp 8
 
     Prints parallel efficiency t_full / (CP · t_cp) with t_cp the slowest rank's median, per-rank peak memory vs the full run (peak RSS increase in a fresh process per measurement), and the per-rank block-FLOP balance max/min of the zigzag split vs a contiguous split, counted from the blocks each rank computes. Targets (not asserted): efficiency ≥ 0.9, memory ratio ≤ 0.55, zigzag balance ≤ 1.02.
 
@@ -74,6 +88,11 @@ def attention_cmd(
     from longctx.util.progress import progress_bar
 
     lens = parse_int_list(seq_lens) or []
+    if documents is not None:
+        _documents_bench(
+            documents, lens, cp, heads, kv_heads or heads, head_dim, repeats, time_max_len, json_out
+        )
+        return
     spec = AttentionBenchSpec(
         seq_lens=tuple(lens),
         cp=cp,
@@ -127,6 +146,53 @@ def attention_cmd(
         "held: what forward leaves resident for backward (inputs, output, LSE), which is what stacks up "
         "over layers in a model; cpu eff: efficiency on process CPU time (compute overhead only)\n"
         f"memory method: {report.memory_method} · load avg {report.host.get('load_avg_1m')}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _documents_bench(
+    mix: str,
+    lens: list[int],
+    cp: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    repeats: int,
+    time_max_len: int,
+    json_out: bool,
+) -> None:
+    from dataclasses import asdict
+
+    from longctx.bench.attention import parse_document_mix, run_document_bench
+
+    fraction, short_max = parse_document_mix(mix)
+    cases = run_document_bench(
+        tuple(lens), cp=cp, short_fraction=fraction, short_max=short_max, heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, repeats=repeats, time_max_len=time_max_len,
+    )  # fmt: skip
+    if json_out:
+        print_json({"mix": mix, "cp": cp, "cases": [asdict(c) for c in cases]})
+        return
+    table = Table(title=f"attention within documents vs dense causal: {mix} of each window, CP={cp} ring")
+    for col in ("S", "docs", "short tokens", "TFLOP dense", "TFLOP docs", "FLOP ratio", "balance docs",
+                "balance dense", "calls/rank", "t dense s", "t docs s", "time ratio"):  # fmt: skip
+        table.add_column(col, justify="right")
+
+    def t(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    for c in cases:
+        table.add_row(
+            str(c.seq_len), str(c.documents), str(c.short_tokens), f"{c.flops_dense / 1e12:.2f}",
+            f"{c.flops_documents / 1e12:.2f}", f"{c.flop_ratio:.3f}", f"{c.balance_documents:.3f}",
+            f"{c.balance_dense:.3f}", str(c.kernel_calls_per_rank), t(c.t_dense_s), t(c.t_documents_s),
+            t(c.time_ratio),
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        "FLOPs: forward QKᵀ and PV of the blocks the ring computes, summed over ranks (h heads, batch 1); "
+        "time: fwd+bwd in one process on this machine (median)",
         highlight=False,
         soft_wrap=True,
     )
@@ -452,3 +518,80 @@ def trainer_cmd(
     console.print("what differs:", highlight=False)
     for line in r.differences:
         console.print(f"  - {line}", highlight=False, soft_wrap=True)
+
+
+@app.command("tokenize")
+@cli_errors
+def tokenize_cmd(
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", "-t", help="Tokenizer (default: a demo-style HF directory, trained here)."
+    ),
+    input_path: str | None = typer.Option(
+        None, "--input", help="JSONL to tokenize (default: --documents synthetic documents)."
+    ),
+    documents: int = typer.Option(400, "--documents", min=1, help="Synthetic documents when no --input."),
+    workers: int = typer.Option(2, "--workers", "-w", min=1, help="Worker processes of each side."),
+    repeats: int = typer.Option(2, "--repeats", min=1, help="Runs of each side; the fastest is reported."),
+    json_key: str = typer.Option("text", "--json-key", help="JSON field holding the text."),
+    tokenizer_type: str | None = typer.Option(
+        None, "--tokenizer-type", help="Megatron's --tokenizer-type (default: the tokenizer layout's)."
+    ),
+    legacy_tokenizer: bool = typer.Option(False, "--legacy-tokenizer", help="Megatron's --legacy-tokenizer."),
+    megatron_lm: str | None = typer.Option(
+        None,
+        "--megatron-lm",
+        help="Megatron-LM checkout with tools/preprocess_data.py (default: $LONGCTX_MEGATRON_LM).",
+    ),
+    work_dir: str | None = typer.Option(
+        None, "--work-dir", help="Build inputs and outputs here and keep them (default: temp, removed)."
+    ),
+    json_out: Json = False,
+) -> None:
+    """`data tokenize` vs Megatron-LM's tools/preprocess_data.py: same JSONL, tokenizer, options and workers; tokens/s each.
+
+    Module imports are outside both clocks; tokenizer loading, worker start-up, encoding and writing are
+    inside; the fastest of --repeats runs of each is reported, and tokens per CPU-second of all processes. Also reports whether the two .bin/.idx are
+    byte-identical. Target (not asserted): ratio ≥ 1.0.
+
+    Example: longctx bench tokenize --workers 2 --documents 400 --json
+    """
+    from longctx.bench.tokenize import run_tokenize_bench
+    from longctx.tokenizer import spec_from_options
+
+    spec = spec_from_options(tokenizer_type, legacy=legacy_tokenizer)
+    with console.status("tokenizing with longctx and with Megatron-LM's preprocess_data.py"):
+        r = run_tokenize_bench(
+            tokenizer=tokenizer, input_path=input_path, spec=spec, documents=documents, workers=workers,
+            repeats=repeats, json_key=json_key, megatron_lm=megatron_lm, work_dir=work_dir,
+        )  # fmt: skip
+    if json_out:
+        print_json(r.to_dict())
+        return
+    table = Table(
+        title=(
+            f"tokenize {r.documents:,} documents, {r.tokens:,} tokens ({r.input_bytes / 2**20:.1f} MiB), "
+            f"{r.workers} worker(s) each: {r.encoding}"
+        )
+    )
+    for col in ("tool", "tokens/s (fastest run)", "seconds of each run", "tokens per CPU-second"):
+        table.add_column(col, justify="right")
+    for tool, seconds, runs, cpu in (
+        ("longctx data tokenize", r.longctx_seconds, r.longctx_runs, r.longctx_cpu_seconds),
+        ("Megatron-LM preprocess_data.py", r.megatron_seconds, r.megatron_runs, r.megatron_cpu_seconds),
+    ):
+        table.add_row(
+            tool, f"{r.tokens / seconds:,.0f}", ", ".join(f"{s:.2f}" for s in runs), f"{r.tokens / cpu:,.0f}"
+        )
+    console.print(table)
+    status = "[green]meets[/]" if r.ratio >= r.target_ratio else "[yellow]below[/]"
+    same = "[green]byte-identical[/]" if r.identical else "[bold red]DIFFERENT[/]"
+    m = r.machine
+    console.print(
+        f"ratio longctx / Megatron-LM = {r.ratio:.2f} ({status} target ≥ {r.target_ratio}; per CPU-second "
+        f"{r.cpu_ratio:.2f}) · outputs {same}\n"
+        f"machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), load avg {m['load_avg_1m']}, "
+        f"transformers {m['transformers']}, sentencepiece {m['sentencepiece']}, tokenizers {m['tokenizers']}\n"
+        f"Megatron-LM: {r.megatron_lm_checkout}",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -84,6 +84,11 @@ class DataSpec(_Strict):
     tier_mix: TierMix | None = None
     split: str = "99,1,0"
     cache_dir: str | None = None
+    # "concat": attention runs across the documents a sample is stitched from (Megatron's default);
+    # "documents": each token attends within its document only, boundaries after each EOD token
+    packing: Literal["concat", "documents"] = "concat"
+    # position ids restart at every document (Megatron's --reset-position-ids); needs "documents"
+    reset_position_ids: bool = False
 
     @model_validator(mode="after")
     def _one(self) -> DataSpec:
@@ -96,6 +101,13 @@ class DataSpec(_Strict):
             for w, p in self.blend:
                 if not w > 0:
                     raise ValueError(f"blend weight {w} for {p!r} must be positive")
+        if self.reset_position_ids and self.packing != "documents":
+            # megatron-core applies RoPE by sequence index and never reads position ids: without the
+            # document mask resetting them would change nothing
+            raise ValueError(
+                'reset_position_ids = true needs packing = "documents": RoPE models ignore position ids, '
+                "so with attention across documents the reset would do nothing"
+            )
         return self
 
 

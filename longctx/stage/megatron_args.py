@@ -98,6 +98,38 @@ def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     return flags
 
 
+def packing_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
+    """Attention within documents on Megatron-LM, or why this Megatron-LM cannot do it.
+
+    At megatron-core ≤ 0.18 pretrain_gpt.py takes the THD path (`get_thd_batch_on_this_cp_rank`,
+    TransformerEngine with CP) only for batches that carry `cu_seqlens`, and only `--sft` datasets
+    (chat JSONL, micro batch 1) produce them; `--reset-attention-mask` on a GPTDataset only edits the
+    dense S×S mask of the dataloader, which TransformerEngine ignores for the causal mask type (and
+    which longctx never builds: `--no-create-attention-mask-in-dataloader`). So a plan asking for
+    documents is refused there rather than trained across documents. From 0.19
+    `--dataloader-inter-document-masking` gives pretraining batches their `cu_seqlens`.
+    """
+    d = st.data
+    if d is None or d.packing != "documents":
+        return []
+    version = rp.plan.megatron.version
+    need = MIN_VERSION["--dataloader-inter-document-masking"]
+    if parse_version(version) < need:
+        raise StageError(
+            f'stage {st.name!r}: packing = "documents" cannot run on Megatron-LM at megatron-core {version}: '
+            "its pretraining batches carry no document boundaries (THD with CP needs cu_seqlens, which only "
+            "--sft datasets produce there), and --reset-attention-mask only edits a dense mask that "
+            "TransformerEngine ignores for causal attention",
+            where=str(rp.plan.plan_path),
+            fix=f"run the stage on the local backend (--backend local), use Megatron-LM ≥ "
+            f'{".".join(map(str, need))} and set [megatron].version, or set packing = "concat"',
+        )
+    flags = [_f("--dataloader-inter-document-masking")]
+    if d.reset_position_ids:
+        flags.append(_f("--reset-position-ids"))
+    return flags
+
+
 def lr_flags(st: ResolvedStage) -> list[Flag]:
     lr = st.lr
     flags = [
@@ -275,6 +307,7 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     flags += lr_flags(st)
     flags += [_f("--seed", st.seed)]
     flags += data_flags(rp, st)
+    flags += packing_flags(rp, st)
     flags += _checkpoint_flags(st, prev, version)
     flags += _logging_flags(st, paths.stage_dir(plan, st.name))
     flags += _pairs(list(plan.megatron.performance_args))

@@ -244,6 +244,14 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
             where=str(plan.plan_path),
             fix="set nodes = 1 for local runs",
         )
+    packing = st.data.packing if st.data else "concat"
+    if packing == "documents" and plan.local.attention != "longctx":
+        raise StageError(
+            f'stage {st.name}: packing = "documents" on the local backend needs longctx\'s attention, '
+            f"[local] attention is {plan.local.attention!r}",
+            where=str(plan.plan_path),
+            fix='set [local] attention = "longctx" (it takes the document boundaries), or packing = "concat"',
+        )
     nproc = st.world
     tok_path = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
     tok = load_tokenizer(tok_path)
@@ -260,6 +268,7 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
         data=[(e.weight, e.prefix) for e in blend.entries],
         split=st.data.split if st.data else "99,1,0",
         data_cache_path=str(paths.run_dir(plan) / "cache"),
+        packing=packing, reset_position_ids=bool(st.data and st.data.reset_position_ids),
         seed=st.seed, micro_batch_size=st.micro_batch_size, global_batch_size=st.global_batch_size,
         train_iters=st.train_iters,
         lr=LRSchedule(lr=st.lr.lr, min_lr=st.lr.min_lr, warmup_iters=st.warmup_iters, decay_iters=st.train_iters,

@@ -72,6 +72,29 @@ class MicroBatch:
     labels: torch.Tensor
     loss_mask: torch.Tensor
     position_ids: torch.Tensor
+    # document boundaries of the full (unsharded) samples, concatenated: [0, …, b·S], int32; None = concat
+    cu_seqlens: torch.Tensor | None = None
+
+
+def document_bounds(tokens: torch.Tensor, eod: int) -> torch.Tensor:
+    """Boundaries `[0, …, b·S]` (int32) of the documents in `tokens` `[b, S]`, samples concatenated.
+
+    A document ends after each EOD token, as Megatron's --reset-attention-mask has it (the EOD belongs
+    to the document it closes); every sample edge is a boundary.
+    """
+    b, s = tokens.shape
+    ends = (tokens == eod).nonzero()  # [n, 2] (sample, position), in row-major order
+    cuts = ends[:, 0] * s + ends[:, 1] + 1
+    edges = torch.arange(b + 1, dtype=cuts.dtype) * s
+    return torch.unique(torch.cat([edges, cuts])).to(torch.int32)  # sorted; a cut at a sample edge once
+
+
+def document_positions(cu_seqlens: torch.Tensor, b: int, s: int) -> torch.Tensor:
+    """Position ids `[b, S]` restarting at 0 at every boundary (Megatron's --reset-position-ids)."""
+    flat = torch.arange(b * s)
+    cu = cu_seqlens.long()
+    starts = cu[torch.searchsorted(cu, flat, right=True) - 1]
+    return (flat - starts).view(b, s)
 
 
 def global_batch_indices(consumed: int, gbs: int, mbs: int, dp: int, dp_rank: int) -> list[list[int]]:
@@ -80,12 +103,28 @@ def global_batch_indices(consumed: int, gbs: int, mbs: int, dp: int, dp_rank: in
     return [[consumed + m * per_step + dp_rank * mbs + j for j in range(mbs)] for m in range(gbs // per_step)]
 
 
-def micro_batch(dataset: TrainDataset, indices: list[int], cp_rank: int, cp_size: int) -> MicroBatch:
+def micro_batch(
+    dataset: TrainDataset,
+    indices: list[int],
+    cp_rank: int,
+    cp_size: int,
+    *,
+    documents_eod: int | None = None,
+    reset_position_ids: bool = False,
+) -> MicroBatch:
+    """This CP rank's shard of the samples `indices`. `documents_eod`: the EOD id whose tokens end
+    documents (packing = "documents"; the boundaries are of the full samples, the same on every
+    rank); `reset_position_ids` restarts positions at each document (needs `documents_eod`)."""
     samples = [dataset[i] for i in indices]
     stack = {
         k: torch.stack([torch.as_tensor(s[k]) for s in samples])
         for k in ("tokens", "labels", "loss_mask", "position_ids")
     }
+    cu_seqlens = None
+    if documents_eod is not None:
+        cu_seqlens = document_bounds(stack["tokens"], documents_eod)
+        if reset_position_ids:
+            stack["position_ids"] = document_positions(cu_seqlens, *stack["tokens"].shape)
     if cp_size > 1:
         stack = {k: zigzag_split(v, cp_rank, cp_size, seq_dim=1).contiguous() for k, v in stack.items()}
     return MicroBatch(
@@ -93,4 +132,5 @@ def micro_batch(dataset: TrainDataset, indices: list[int], cp_rank: int, cp_size
         stack["labels"].long(),
         stack["loss_mask"].float(),
         stack["position_ids"].long(),
+        cu_seqlens,
     )

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core import parallel_state as ps
 
+from longctx.attention.megatron_adapter import document_params
 from longctx.checkpoint.layout import read_tracker
 from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
@@ -162,7 +163,16 @@ class Trainer:
         self.main.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: one sync
         for b in batches:
-            out = self.model(b.tokens.to(device), b.position_ids.to(device), None, labels=b.labels.to(device))
+            packed = None
+            if b.cu_seqlens is not None:  # attention within documents (longctx attention only)
+                packed = document_params(b.cu_seqlens.to(device), spec.seq_length)
+            out = self.model(
+                b.tokens.to(device),
+                b.position_ids.to(device),
+                None,
+                labels=b.labels.to(device),
+                packed_seq_params=packed,
+            )
             token_loss = (out.float() * b.loss_mask.to(device)).sum()
             (token_loss / n_tokens).backward()
             loss_sum += token_loss.detach()
@@ -181,8 +191,16 @@ class Trainer:
     def _micro_batches(self) -> list[MicroBatch]:
         """This rank's micro batches of the global batch starting at `consumed` (its CP shard of each)."""
         spec = self.spec
+        eod = spec.tokenizer.eod_id if spec.packing == "documents" else None
         return [
-            micro_batch(self.dataset, idx, self.cp_rank, self.cp)
+            micro_batch(
+                self.dataset,
+                idx,
+                self.cp_rank,
+                self.cp,
+                documents_eod=eod,
+                reset_position_ids=spec.reset_position_ids,
+            )
             for idx in global_batch_indices(
                 self.consumed, spec.global_batch_size, spec.micro_batch_size, self.dp, self.dp_rank
             )

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from longctx.arch import ModelArch
 from longctx.util.fs import atomic_write_text
@@ -59,6 +59,9 @@ class TrainSpec(BaseModel):
     data: list[tuple[float | None, str]]
     split: str = "99,1,0"
     data_cache_path: str
+    # "documents": attention within the documents of each sample (boundaries after EOD tokens)
+    packing: Literal["concat", "documents"] = "concat"
+    reset_position_ids: bool = False  # position ids restart at each document
     seed: int = 1234
     micro_batch_size: int = 1
     global_batch_size: int
@@ -81,6 +84,15 @@ class TrainSpec(BaseModel):
     threads_per_process: int | None = None
     metrics_file: str | None = None
     extra_args: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _packing(self) -> TrainSpec:
+        if self.packing == "documents" and self.attention != "longctx":
+            raise ValueError(
+                f"packing = 'documents' needs attention = 'longctx' (got {self.attention!r}): only longctx's "
+                "attention takes document boundaries on the local backend"
+            )
+        return self
 
     def dump(self, path: Path) -> None:
         atomic_write_text(path, self.model_dump_json(indent=2) + "\n")

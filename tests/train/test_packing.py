@@ -1,0 +1,53 @@
+"""Packed documents on the local backend: boundaries from EOD tokens as Megatron derives them, and a
+GPTModel trained within documents at CP = 2 equal to CP = 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
+
+from longctx.train.data import build_train_dataset, document_bounds, document_positions, micro_batch
+from tests.attention.document_cases import document_mask
+from tests.train.helpers import run, spec
+
+EOD = 7
+
+
+def test_boundaries_and_positions_are_megatrons():
+    """Boundaries after every EOD (none twice at a sample edge), positions reset like Megatron's
+    --reset-position-ids, and the block-diagonal causal mask equal to its --reset-attention-mask."""
+    tokens = torch.tensor([[1, 2, EOD, 3, EOD, EOD, 4, 5, 6, EOD], [EOD, 1, 2, 3, 4, 5, 6, 7 - 6, 2, 3]])
+    cu = document_bounds(tokens, EOD)
+    assert cu.dtype == torch.int32
+    assert cu.tolist() == [0, 3, 5, 6, 10, 11, 20]
+    positions = document_positions(cu, 2, 10)
+    for i in range(2):
+        mask, _, theirs = _get_ltor_masks_and_position_ids(tokens[i], EOD, True, True, False, True)
+        assert torch.equal(positions[i], theirs)
+        bounds = [x - 10 * i for x in cu.tolist() if 10 * i <= x <= 10 * (i + 1)]
+        assert torch.equal(~mask[0], document_mask(bounds, 10, causal=True))  # Megatron: True = masked
+
+
+def _losses(path: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, path.read_text().splitlines())]
+
+
+@pytest.mark.slow
+def test_cp2_within_documents_matches_cp1(fresh_run: Path, tmp_path: Path) -> None:
+    kw = dict(seq_length=256, max_position_embeddings=256, rotary_base=50000, train_iters=2, global_batch_size=2,
+              micro_batch_size=2, save_interval=2, packing="documents", reset_position_ids=True)  # fmt: skip
+    one, two = tmp_path / "cp1" / "ckpt", tmp_path / "cp2" / "ckpt"
+    s1 = spec(fresh_run, one, **kw)
+    # the windows really are stitched from several documents
+    batch = micro_batch(build_train_dataset(s1), list(range(4)), 0, 1, documents_eod=s1.tokenizer.eod_id)
+    assert batch.cu_seqlens is not None and len(batch.cu_seqlens) > 5, batch.cu_seqlens
+    run(s1, tmp_path / "cp1.json")
+    run(spec(fresh_run, two, context_parallel=2, **kw), tmp_path / "cp2.json", nproc=2)
+    l1, l2 = _losses(one.parent / "metrics.jsonl"), _losses(two.parent / "metrics.jsonl")
+    assert len(l1) == len(l2) == 2
+    assert l1 == pytest.approx(l2, rel=1e-5, abs=1e-5)
+    print("cp1", l1, "cp2", l2, "max diff", max(abs(a - b) for a, b in zip(l1, l2, strict=True)))
