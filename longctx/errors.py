@@ -79,3 +79,7 @@ class ParallelError(LongctxError):
 
 class OutputError(LongctxError):
     """An output path that would land on (or inside) an input the command reads."""
+
+
+class ExportError(LongctxError):
+    """A checkpoint cannot be exported as asked (unmapped architecture, wrong stage, bad output, …)."""

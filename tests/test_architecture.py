@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "slurm": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "stage"},
     "bench": {"tokenizer", "rope", "attention", "data", "checkpoint", "mcore", "plan"},
     "demo": {"tokenizer", "data", "checkpoint", "plan", "launch", "train", "eval", "stage"},
+    "export": {"tokenizer", "checkpoint", "plan"},
     "cli": {"*"},
     "__main__": {"*"},  # `python -m longctx`: the CLI
 }

@@ -35,6 +35,7 @@ SUBAPPS: list[tuple[str, str]] = [
     ("stage", "stage"),
     ("slurm", "slurm"),
     ("eval", "eval"),
+    ("export", "export"),
     ("bench", "bench"),
 ]
 

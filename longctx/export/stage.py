@@ -1,0 +1,103 @@
+"""Which stage of the plan a checkpoint belongs to, and so its RoPE base and window.
+
+`rope_theta` and `max_position_embeddings` of the exported config are the stage's (the plan's base
+for the base model), never copied from the base model: a 128K stage exported with the base's 4K
+window and base would load, run and be worse beyond 4K. The stage is `--stage`, else the stage the
+local trainer recorded in the saved args (`longctx_stage`), else the stage whose save dir holds the
+checkpoint. The saved `rotary_base`, when there is one, must equal the stage's: the weights were
+trained with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from longctx.errors import ExportError
+from longctx.plan import paths
+from longctx.plan.derive import ResolvedPlan
+
+BASE = "base"
+
+
+@dataclasses.dataclass(frozen=True)
+class StageChoice:
+    name: str  # a stage of the plan, or "base"
+    rotary_base: int
+    max_position_embeddings: int
+    seq_length: int
+    source: str  # how it was chosen: "--stage", "saved args", "checkpoint path"
+
+
+def _names(rp: ResolvedPlan) -> list[str]:
+    return [BASE, *(s.name for s in rp.stages)]
+
+
+def _by_name(rp: ResolvedPlan, name: str, source: str) -> StageChoice:
+    if name == BASE:
+        base = rp.plan.base
+        return StageChoice(BASE, int(base.rotary_base), int(base.seq_length), int(base.seq_length), source)
+    for st in rp.stages:
+        if st.name == name:
+            return StageChoice(
+                st.name, int(st.rotary_base), int(st.max_position_embeddings), int(st.seq_length), source
+            )
+    raise ExportError(
+        f"plan {rp.plan.name!r} has no stage {name!r}",
+        where=str(rp.plan.plan_path or rp.plan.name),
+        fix=f"use one of: {', '.join(_names(rp))}",
+    )
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _from_path(rp: ResolvedPlan, checkpoint: Path) -> str | None:
+    for st in rp.stages:
+        if _inside(checkpoint, st.save_dir):
+            return st.name
+    if rp.plan.base.path and _inside(
+        checkpoint, paths.resolve(rp.plan.base.path, rp.plan, field="base.path")
+    ):
+        return BASE
+    return None
+
+
+def choose_stage(
+    rp: ResolvedPlan, checkpoint: Path, args: Mapping[str, Any], stage: str | None
+) -> StageChoice:
+    """The stage for `checkpoint` (its iteration directory), checked against its saved rotary base."""
+    if stage is not None:
+        choice = _by_name(rp, stage, "--stage")
+    elif isinstance(args.get("longctx_stage"), str) and args["longctx_stage"] in _names(rp):
+        choice = _by_name(rp, args["longctx_stage"], "saved args")
+    elif (found := _from_path(rp, checkpoint)) is not None:
+        choice = _by_name(rp, found, "checkpoint path")
+    else:
+        raise ExportError(
+            f"cannot tell which stage of plan {rp.plan.name!r} this checkpoint is: its args name no stage of "
+            "the plan and it is not in a stage's save dir",
+            where=str(checkpoint),
+            fix=f"pass --stage with one of: {', '.join(_names(rp))}",
+        )
+    saved = args.get("rotary_base")
+    if saved is not None and int(saved) != choice.rotary_base:
+        what = "the plan's base model" if choice.name == BASE else f"stage {choice.name}"
+        raise ExportError(
+            f"the checkpoint was trained with rotary base {int(saved):,}, but {what} has {choice.rotary_base:,} "
+            f"(stage chosen from {choice.source})",
+            where=str(checkpoint),
+            fix="pass the --stage this checkpoint belongs to (or the plan it was trained with); a config with "
+            "another base than the weights were trained with loads, runs and is worse at long context",
+        )
+    return choice
+
+
+__all__ = ["BASE", "StageChoice", "choose_stage"]
