@@ -84,11 +84,23 @@ def _key(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
 
 
+# 16M tokens: beyond every released context window (and the filler needed for it is built in memory)
+MAX_EVAL_LENGTH = 1 << 24
+
+
 def check_length(info: CheckpointInfo, length: int, *, allow_extrapolation: bool, cp: int) -> bool:
     """Raise EvalError for lengths this checkpoint cannot be evaluated at; True when extrapolating."""
     if length < 2:
         raise EvalError(
-            f"length {length} is too short to evaluate", where="--lengths", fix="use lengths of at least 64 tokens"
+            f"length {length} is too short to evaluate",
+            where="--lengths",
+            fix="use lengths of at least 64 tokens",
+        )
+    if length > MAX_EVAL_LENGTH:
+        raise EvalError(
+            f"length {length:,} is beyond what longctx evaluates ({MAX_EVAL_LENGTH:,} tokens)",
+            where="--lengths",
+            fix=f"evaluate at lengths up to {MAX_EVAL_LENGTH:,} (16M) tokens",
         )
     if cp > 1 and length % (2 * cp):
         raise EvalError(
@@ -276,6 +288,13 @@ def _measure_length(
     )  # fmt: skip
 
 
+def _check_refs(refs: Sequence[CheckpointRef], lengths: Sequence[int], cp: int) -> None:
+    for ref in refs:
+        info = checkpoint_info(ref.path, rotary_base=ref.rotary_base)
+        for n in (ref.lengths if ref.lengths is not None else lengths) if ref.passkey else []:
+            check_length(info, n, allow_extrapolation=ref.allow_extrapolation, cp=cp)
+
+
 def evaluate_checkpoints(
     refs: Sequence[CheckpointRef],
     *,
@@ -305,6 +324,7 @@ def evaluate_checkpoints(
                     f"length {n} does not split into 2·CP = {2 * cp} equal chunks (CP = {cp})",
                     fix=f"use lengths that are multiples of {2 * cp}",
                 )
+    _check_refs(refs, lengths, cp)  # every checkpoint and length before the first one is scored
     filler = heldout.filler_tokens(2 * max(lengths, default=0)) if s.filler == "heldout" else None
     grid = PasskeyGrid(tokenizer, seed=s.seed, key_digits=s.key_digits, distractors=s.distractors,
                        filler=s.filler, heldout_tokens=filler)  # fmt: skip
