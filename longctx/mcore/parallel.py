@@ -162,7 +162,9 @@ def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
     """
     if cp < 1:
         raise ParallelError(
-            f"context-parallel size must be ≥ 1, got {cp}", where="--cp", fix="pass --cp 1 (or a larger CP size)"
+            f"context-parallel size must be ≥ 1, got {cp}",
+            where="--cp",
+            fix="pass --cp 1 (or a larger CP size)",
         )
     apply_cpu_compat()
     made_pg = made_mp = False
