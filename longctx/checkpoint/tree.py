@@ -23,6 +23,8 @@ from typing import BinaryIO
 from longctx.errors import CheckpointError
 
 TAR_SUFFIXES = (".tar",)
+# a 9B model's save with optimizer has a few thousand files; the index of a tar is held in memory
+MAX_TAR_MEMBERS = 200_000
 
 
 def join(*parts: str) -> str:
@@ -378,7 +380,13 @@ class TarTree(Tree):
                 ) from None
             index = _Index()
             try:
-                for ti in tf:
+                for count, ti in enumerate(tf, 1):
+                    if count > MAX_TAR_MEMBERS:
+                        raise CheckpointError(
+                            f"the archive has more than {MAX_TAR_MEMBERS:,} members; no checkpoint has that many",
+                            where=str(path),
+                            fix="extract it yourself and point longctx at the checkpoint directory inside",
+                        )
                     reason = _unsafe_reason(ti)
                     if reason:
                         index.unsafe.append(UnsafeMember(ti.name, reason))
