@@ -173,6 +173,17 @@ def document_params(cu_seqlens: Tensor, seq_len: int) -> PackedSeqParams:
     )
 
 
+def eod_document_bounds(tokens: Tensor, eod: int) -> Tensor:
+    """Boundaries `[0, …, b·S]` (int32) of the documents in `tokens` `[b, S]`, samples concatenated,
+    for `document_params`: a document ends after each EOD token (the EOD belongs to the document it
+    closes, as with Megatron's --reset-attention-mask) and at every sample edge."""
+    b, s = tokens.shape
+    ends = (tokens == eod).nonzero()  # [n, 2] (sample, position), in row-major order
+    cuts = ends[:, 0] * s + ends[:, 1] + 1
+    edges = torch.arange(b + 1, dtype=cuts.dtype, device=cuts.device) * s
+    return torch.unique(torch.cat([edges, cuts])).to(torch.int32)  # sorted; a cut at a sample edge once
+
+
 def _document_bounds(params: PackedSeqParams) -> Tensor:
     if not isinstance(params, PackedSeqParams):
         raise AttentionError(
@@ -216,4 +227,4 @@ def longctx_local_layer_spec(**kwargs: Any) -> ModuleSpec:
     return spec
 
 
-__all__ = ["LongctxCoreAttention", "document_params", "longctx_local_layer_spec"]
+__all__ = ["LongctxCoreAttention", "document_params", "eod_document_bounds", "longctx_local_layer_spec"]

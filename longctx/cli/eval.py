@@ -63,6 +63,12 @@ LOSS_DOCS = typer.Option(
 SHORT_DOCS = typer.Option(
     16, "--short-docs", help="short held-out documents for the short-context loss (0: skip)"
 )
+PACKED = typer.Option(
+    _D["packed_windows"],
+    "--packed-windows",
+    help="windows per length packed from several held-out documents, scored with attention across and "
+    "within documents (0: skip)",
+)
 SEED = typer.Option(_D["seed"], "--seed", help="seed of keys, names and filler")
 BATCH = typer.Option(_D["batch_size"], "--batch-size", help="sequences per forward")
 DATA = typer.Option(
@@ -89,7 +95,7 @@ def _depths(text: str | None) -> list[float] | None:
         raise typer.BadParameter(f"depths must be numbers in [0, 1], got {text!r}") from None
 
 
-def _settings(depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch):
+def _settings(depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch, packed_windows):
     from pydantic import ValidationError
 
     from longctx.errors import EvalError
@@ -97,7 +103,7 @@ def _settings(depths, keys, distractors, digits, filler, loss_docs, short_docs, 
     from longctx.eval.settings import EvalSettings
 
     kw = dict(keys_per_cell=keys, distractors=distractors, key_digits=digits, filler=filler, loss_docs=loss_docs,
-              short_docs=short_docs, seed=seed, batch_size=batch)  # fmt: skip
+              short_docs=short_docs, seed=seed, batch_size=batch, packed_windows=packed_windows)  # fmt: skip
     parsed = _depths(depths)
     if parsed is not None:
         kw["depths"] = check_depths(parsed)
@@ -160,6 +166,7 @@ def run(
     filler: str = FILLER,
     loss_docs: int = LOSS_DOCS,
     short_docs: int = SHORT_DOCS,
+    packed_windows: int = PACKED,
     seed: int = SEED,
     batch_size: int = BATCH,
     rotary_base: int | None = typer.Option(
@@ -187,7 +194,7 @@ def run(
     from longctx.eval.runner import evaluate_path
 
     settings = _settings(
-        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size
+        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size, packed_windows
     )
     _threads(threads)
     rp = _resolved(plan, run_dir)
@@ -211,6 +218,7 @@ def summary(
     filler: str = FILLER,
     loss_docs: int = LOSS_DOCS,
     short_docs: int = SHORT_DOCS,
+    packed_windows: int = PACKED,
     seed: int = SEED,
     batch_size: int = BATCH,
     data: list[str] | None = DATA,
@@ -231,7 +239,7 @@ def summary(
 
     the_plan = _summary_plan(plan, plan_option)
     settings = _settings(
-        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size
+        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size, packed_windows
     )
     _threads(threads)
     rp = _resolved(the_plan, run_dir)

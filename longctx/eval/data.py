@@ -124,6 +124,19 @@ class HeldOut:
                         return out
         return out
 
+    def shuffled_documents(self, seed: int) -> Iterator[np.ndarray]:
+        """Whole held-out documents (end-of-document id included) in a seeded random order, endless:
+        each pass over the held-out documents is a new permutation."""
+        self._require_some()
+        ranges = list(self._ranges())
+        sizes = np.cumsum([n - s for _, s, n in ranges])
+        rng = np.random.default_rng(seed)
+        while True:
+            for k in rng.permutation(int(sizes[-1])):
+                j = int(np.searchsorted(sizes, k, side="right"))
+                ds, start, _ = ranges[j]
+                yield np.asarray(ds[start + int(k) - (int(sizes[j - 1]) if j else 0)], dtype=np.int64)
+
     def filler_tokens(self, count: int) -> list[int]:
         """Up to `count` held-out tokens back to back (passkey filler), end-of-document ids included."""
         self._require_some()

@@ -24,7 +24,13 @@ from longctx.errors import EvalError
 from longctx.eval.data import HeldOut
 from longctx.eval.grid import PasskeyGrid, PasskeyItem, check_depths
 from longctx.eval.load import CheckpointInfo, checkpoint_info, load_model
-from longctx.eval.loss_position import loss_by_position, position_buckets
+from longctx.eval.loss_position import (
+    PackedLoss,
+    loss_by_position,
+    packed_loss_by_position,
+    packed_windows,
+    position_buckets,
+)
 from longctx.eval.plots import plot_loss_by_position, plot_niah
 from longctx.eval.render import markdown_table
 from longctx.eval.results import (
@@ -241,14 +247,19 @@ def _measure(
     items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
     loss_docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
     short_docs = ctx.heldout.short_documents(ctx.short_length, s.short_docs) if need_short else []
+    windows = _packed_windows(todo, ctx)
     total = sum(forwards_needed(v) for v in items.values()) + sum(len(d[0]) for d in loss_docs.values())
-    total += len(short_docs)
+    total += len(short_docs) + 2 * sum(len(w) for w in windows.values())
     loaded = load_model(job.info, ctx.parallel, max_length=max([*todo, ctx.short_length]))
     score = model_scorer(loaded)
+    eod = ctx.tokenizer.eod_id
+    within = model_scorer(loaded, eod=eod) if eod is not None else None
     short: ShortLoss | None = None
     with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
         for n in todo:
             results[n] = _measure_length(job, n, items[n], loss_docs[n], score, advance, ctx)
+            if within is not None and eod is not None and n in windows:
+                results[n].packed = _measure_packed(n, windows[n], score, within, eod, advance, ctx)
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
         if need_short:
@@ -257,6 +268,35 @@ def _measure(
             if ctx.parallel.is_main:
                 ctx.cache.put(job.short_key(ctx.short_length), short.model_dump(mode="json"))
     return short
+
+
+def _packed_windows(todo: list[int], ctx: _Context) -> dict[int, list[np.ndarray]]:
+    """The packed windows per length (none when disabled or the tokenizer has no end-of-document id)."""
+    s = ctx.settings
+    eod = ctx.tokenizer.eod_id
+    if s.packed_windows == 0 or not todo:
+        return {}
+    if eod is None:
+        ctx.notes.append(
+            "no packed-window loss: the tokenizer has no end-of-document id to separate documents"
+        )
+        return {}
+    return {n: packed_windows(ctx.heldout.shuffled_documents(s.seed), n, s.packed_windows, eod=eod, seed=s.seed)
+            for n in todo}  # fmt: skip
+
+
+def _measure_packed(
+    n: int,
+    windows: list[np.ndarray],
+    score: ScoreFn,
+    within: ScoreFn,
+    eod: int,
+    advance: Callable[..., None],
+    ctx: _Context,
+) -> PackedLoss:
+    s = ctx.settings
+    return packed_loss_by_position(score, within, windows, eod=eod, batch_size=s.batch_size, advance=advance,
+                                   buckets=position_buckets(n, kind=s.buckets, first=s.bucket_first))  # fmt: skip
 
 
 def _measure_length(

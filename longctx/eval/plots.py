@@ -92,11 +92,18 @@ def _common_length(evals: list[CheckpointEval], lengths: list[int]) -> int | Non
 
 def plot_loss_by_position(report: EvalReport, path: Path) -> Path:
     """One line per checkpoint: mean held-out loss per position bucket at the longest length all of
-    them were evaluated at; dotted verticals at each checkpoint's trained window."""
+    them were evaluated at; dotted verticals at each checkpoint's trained window. With packed-window
+    results, a second panel: loss by window position on windows of several documents, attention
+    across documents (solid) vs within documents (dashed)."""
     plt = _plt()
     evals = [ce for ce in report.checkpoints if ce.results]
     n = _common_length(evals, report.lengths) or max(r.length for ce in evals for r in ce.results)
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    shown = {ce.label: ce.at(n) or max(ce.results, key=lambda x: x.length) for ce in evals}
+    packed_of = {label: r.packed for label, r in shown.items() if r.packed is not None}
+    if packed_of:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.5, 4.2))
+    else:
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     packed = False
     for k, ce in enumerate(evals):
@@ -116,4 +123,29 @@ def plot_loss_by_position(report: EvalReport, path: Path) -> Path:
     ax.set_title(f"loss by position at length {_label(n)} ({source}); dotted: trained window", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+    if packed_of:
+        _packed_panel(ax2, evals, packed_of, colors)
     return _save(fig, path)
+
+
+def _packed_panel(ax, evals: list[CheckpointEval], packed_of: dict, colors: list[str]) -> None:
+    length = 0
+    for k, ce in enumerate(evals):
+        pk = packed_of.get(ce.label)
+        if pk is None:
+            continue
+        length = max(length, pk.length)
+        color = colors[k % len(colors)]
+        for ys_all, style, how in ((pk.plain, "-", "across"), (pk.within, "--", "within")):
+            xs = [x for x, y in zip(pk.centers(), ys_all, strict=True) if y is not None]
+            ys = [y for y in ys_all if y is not None]
+            ax.plot(
+                xs, ys, linestyle=style, marker="o", markersize=2.5, color=color, label=f"{ce.label}, {how}"
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the window (tokens)")
+    ax.set_ylabel("mean token loss (nats)")
+    ax.set_title(f"windows of several held-out documents at {_label(length)}: attention across (solid) "
+                 "vs within documents (dashed)", fontsize=9)  # fmt: skip
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)

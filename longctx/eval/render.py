@@ -27,12 +27,27 @@ def _short(row: dict) -> str:
     return f"{row['short_loss']:.3f}" + (f" ({delta:+.3f})" if delta is not None else "")
 
 
+def _packed(row: dict) -> str:
+    pk = row.get("packed")
+    if pk is None or pk["plain_later_loss"] is None:
+        return "—"
+    return f"{pk['plain_later_loss']:.3f} → {pk['within_later_loss']:.3f} @{pk['length']}"
+
+
+def _has_packed(report: EvalReport) -> bool:
+    return any(ce.packed_result() is not None for ce in report.checkpoints)
+
+
 def _legend(report: EvalReport) -> str:
     n = report.settings.distractors
     method = f"log-likelihood vs {n} distractors (g = greedy)" if n else "greedy"
-    return (f"cells: passkey accuracy ({method}) and margin in nats │ mean loss at positions ≥ length/2; "
+    text = (f"cells: passkey accuracy ({method}) and margin in nats │ mean loss at positions ≥ length/2; "
             "* = beyond the checkpoint's trained window; short = loss on short held-out documents "
             "(change vs base)")  # fmt: skip
+    if _has_packed(report):
+        text += ("; packed = windows of several held-out documents: loss on the documents after the "
+                 "first, attention across → within documents, @ window length")  # fmt: skip
+    return text
 
 
 def report_table(report: EvalReport) -> Table:
@@ -43,19 +58,31 @@ def report_table(report: EvalReport) -> Table:
     for n in report.lengths:
         table.add_column(str(n), justify="right")
     table.add_column("short loss", justify="right")
+    packed = _has_packed(report)
+    if packed:
+        table.add_column("packed", justify="right")
     for row in report.table():
         table.add_row(row["checkpoint"], str(row["trained_length"] or "?"),
-                      *(_cell(report, row[str(n)]) for n in report.lengths), _short(row))  # fmt: skip
+                      *(_cell(report, row[str(n)]) for n in report.lengths), _short(row),
+                      *([_packed(row)] if packed else []))  # fmt: skip
     return table
 
 
 def markdown_table(report: EvalReport) -> str:
-    head = ["checkpoint", "trained", *(str(n) for n in report.lengths), "short loss"]
+    packed = _has_packed(report)
+    head = [
+        "checkpoint",
+        "trained",
+        *(str(n) for n in report.lengths),
+        "short loss",
+        *(["packed"] if packed else []),
+    ]
     lines = [f"# evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     for row in report.table():
         cells = [row["checkpoint"], str(row["trained_length"] or "?"),
-                 *(_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths), _short(row)]  # fmt: skip
+                 *(_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths), _short(row),
+                 *([_packed(row)] if packed else [])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", _legend(report), "", f"method: {report.method}"]
     lines += [f"- note: {n}" for n in report.notes]

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from longctx.eval.loss_position import PositionLoss
+from longctx.eval.loss_position import PackedLoss, PositionLoss
 from longctx.eval.score import ItemScore
 from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss
@@ -84,6 +84,7 @@ class LengthResult(BaseModel):
     passkey: PasskeyResult
     position: PositionLoss
     seconds: float
+    packed: PackedLoss | None = None  # windows packed from several documents, across vs within
 
 
 class CheckpointEval(BaseModel):
@@ -99,6 +100,10 @@ class CheckpointEval(BaseModel):
 
     def at(self, length: int) -> LengthResult | None:
         return next((r for r in self.results if r.length == length), None)
+
+    def packed_result(self) -> PackedLoss | None:
+        """The packed-window measurement at the longest length that has one."""
+        return next((r.packed for r in sorted(self.results, key=lambda r: -r.length) if r.packed), None)
 
 
 class EvalReport(BaseModel):
@@ -116,7 +121,8 @@ class EvalReport(BaseModel):
 
     def table(self) -> list[dict[str, Any]]:
         """One row per checkpoint: per length the headline passkey accuracy, greedy accuracy, mean
-        margin and the long-position loss; then the short-context loss and its change vs the base."""
+        margin and the long-position loss; then the short-context loss and its change vs the base, and
+        the packed-window losses (across vs within documents) at the longest length measured."""
         rows = []
         for ce in self.checkpoints:
             row: dict[str, Any] = {
@@ -133,6 +139,11 @@ class EvalReport(BaseModel):
                 }  # fmt: skip
             row["short_loss"] = ce.short.loss if ce.short else None
             row["short_delta_vs_base"] = ce.short_delta_vs_base
+            pk = ce.packed_result()
+            row["packed"] = None if pk is None else {
+                "length": pk.length, "plain_loss": pk.plain_loss, "within_loss": pk.within_loss,
+                "plain_later_loss": pk.plain_later_loss, "within_later_loss": pk.within_later_loss,
+            }  # fmt: skip
             rows.append(row)
         return rows
 

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from longctx.attention.megatron_adapter import document_params, eod_document_bounds
 from longctx.attention.zigzag import check_zigzag_len, zigzag_gather, zigzag_split
 from longctx.eval.grid import PasskeyItem
 from longctx.eval.load import LoadedModel
@@ -69,9 +70,13 @@ def scores_from_logits(
     return torch.cat(lp_out, 1), torch.cat(am_out, 1), torch.cat(mg_out, 1)
 
 
-def model_scorer(loaded: LoadedModel) -> ScoreFn:
+def model_scorer(loaded: LoadedModel, *, eod: int | None = None) -> ScoreFn:
     """A ScoreFn running `loaded.model`; every CP rank must call it with the same tokens, and every
-    rank gets the full result."""
+    rank gets the full result.
+
+    With `eod`, attention stays within documents: a document ends after each `eod` token, and the
+    boundaries of the full sequences go to longctx's attention as packed_seq_params (the same on
+    every CP rank). Position ids stay 0 … S − 1 either way, so the mask is the only difference."""
     par = loaded.parallel
     model = loaded.model
 
@@ -81,12 +86,15 @@ def model_scorer(loaded: LoadedModel) -> ScoreFn:
         check_zigzag_len(s, par.cp)
         labels = torch.roll(tokens, -1, dims=1)  # the last column is dropped below
         positions = torch.arange(s).unsqueeze(0).expand(b, s)
+        dev = par.device
+        packed = None
+        if eod is not None:
+            packed = document_params(eod_document_bounds(tokens, eod).to(dev), s)
         if par.cp > 1:
             tokens, labels, positions = (zigzag_split(t, par.rank, par.cp, seq_dim=1).contiguous()
                                          for t in (tokens, labels, positions))  # fmt: skip
-        dev = par.device
         with torch.inference_mode():
-            logits = model(tokens.to(dev), positions.to(dev), None)
+            logits = model(tokens.to(dev), positions.to(dev), None, packed_seq_params=packed)
             lp, am, mg = scores_from_logits(logits, labels.to(dev))
             del logits
         parts = [lp.double(), am.double(), mg.double()]

@@ -16,7 +16,8 @@ class EvalSettings(BaseModel):
     """What is measured; everything here except `batch_size` changes the numbers.
 
     The defaults are what runs after each local stage: every checkpoint of the ladder at every length
-    so far, cheap enough for the CPU demo (about 35 forwards per checkpoint and length)."""
+    so far, cheap enough for the CPU demo (about 35 forwards per checkpoint and length, and two
+    sequences scored twice for the packed windows)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,6 +31,8 @@ class EvalSettings(BaseModel):
     buckets: Literal["log", "fixed"] = "log"
     bucket_first: int = Field(default=16, ge=2)
     short_docs: int = Field(default=16, ge=0)  # 0: no short-context loss
+    # windows per length packed from several held-out documents, scored across and within documents
+    packed_windows: int = Field(default=2, ge=0)  # 0: none
     batch_size: int = Field(default=4, ge=1)
 
     def fingerprint(self, *extra: object) -> str:

@@ -16,6 +16,7 @@ from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+from longctx.attention.megatron_adapter import eod_document_bounds
 from longctx.attention.zigzag import zigzag_split
 from longctx.train.spec import TrainSpec
 
@@ -76,19 +77,6 @@ class MicroBatch:
     cu_seqlens: torch.Tensor | None = None
 
 
-def document_bounds(tokens: torch.Tensor, eod: int) -> torch.Tensor:
-    """Boundaries `[0, …, b·S]` (int32) of the documents in `tokens` `[b, S]`, samples concatenated.
-
-    A document ends after each EOD token, as Megatron's --reset-attention-mask has it (the EOD belongs
-    to the document it closes); every sample edge is a boundary.
-    """
-    b, s = tokens.shape
-    ends = (tokens == eod).nonzero()  # [n, 2] (sample, position), in row-major order
-    cuts = ends[:, 0] * s + ends[:, 1] + 1
-    edges = torch.arange(b + 1, dtype=cuts.dtype) * s
-    return torch.unique(torch.cat([edges, cuts])).to(torch.int32)  # sorted; a cut at a sample edge once
-
-
 def document_positions(cu_seqlens: torch.Tensor, b: int, s: int) -> torch.Tensor:
     """Position ids `[b, S]` restarting at 0 at every boundary (Megatron's --reset-position-ids)."""
     flat = torch.arange(b * s)
@@ -122,7 +110,7 @@ def micro_batch(
     }
     cu_seqlens = None
     if documents_eod is not None:
-        cu_seqlens = document_bounds(stack["tokens"], documents_eod)
+        cu_seqlens = eod_document_bounds(stack["tokens"], documents_eod)
         if reset_position_ids:
             stack["position_ids"] = document_positions(cu_seqlens, *stack["tokens"].shape)
     if cp_size > 1:

@@ -10,7 +10,8 @@ import pytest
 import torch
 from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
 
-from longctx.train.data import build_train_dataset, document_bounds, document_positions, micro_batch
+from longctx.attention.megatron_adapter import eod_document_bounds
+from longctx.train.data import build_train_dataset, document_positions, micro_batch
 from tests.attention.document_cases import document_mask
 from tests.train.helpers import run, spec
 
@@ -21,7 +22,7 @@ def test_boundaries_and_positions_are_megatrons():
     """Boundaries after every EOD (none twice at a sample edge), positions reset like Megatron's
     --reset-position-ids, and the block-diagonal causal mask equal to its --reset-attention-mask."""
     tokens = torch.tensor([[1, 2, EOD, 3, EOD, EOD, 4, 5, 6, EOD], [EOD, 1, 2, 3, 4, 5, 6, 7 - 6, 2, 3]])
-    cu = document_bounds(tokens, EOD)
+    cu = eod_document_bounds(tokens, EOD)
     assert cu.dtype == torch.int32
     assert cu.tolist() == [0, 3, 5, 6, 10, 11, 20]
     positions = document_positions(cu, 2, 10)
