@@ -40,6 +40,7 @@ from longctx.data.indexed import read_index
 from longctx.data.tokenize import megatron_preprocess_flags, tokenize_jsonl
 from longctx.errors import StageError
 from longctx.tokenizer import EncodingSpec, load_tokenizer, synthetic_corpus, train_sentencepiece
+from longctx.util.machine import cpu_model
 
 TARGET_RATIO = 1.0
 SCRIPT = Path("tools") / "preprocess_data.py"
@@ -228,20 +229,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _machine() -> dict[str, Any]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "cpus_usable": affinity,
         "python": platform.python_version(),

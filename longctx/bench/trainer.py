@@ -49,6 +49,7 @@ from longctx.tokenizer import (
     train_sentencepiece,
     write_manifest,
 )
+from longctx.util.machine import cpu_model
 
 TARGET_RATIO = 1.0
 MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
@@ -488,16 +489,6 @@ def run_backend(
 # -- the machine and what differs ---------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -508,7 +499,7 @@ def _version(dist: str) -> str | None:
 def machine(s: TrainerBenchSettings) -> dict[str, Any]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "cpus_usable": affinity,
         "processes": s.processes,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 import traceback
@@ -33,6 +32,7 @@ from longctx.mcore.parallel import collective_device, init_training_parallel
 from longctx.train.optim import build_optimizer
 from longctx.train.precision import MainParams
 from longctx.train.spec import LRSchedule
+from longctx.util.machine import cpu_model
 
 # bf16 kernels against an fp32 math reference on the same bf16 inputs
 FWD_TOL = 2.5e-2
@@ -155,7 +155,7 @@ def run_checks(device: torch.device) -> list[Check]:
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__}, CUDA {torch.version.cuda})"
-    return f"{platform.processor() or platform.machine()} CPU (torch {torch.__version__})"
+    return f"{cpu_model()} (torch {torch.__version__})"
 
 
 def main(argv: list[str] | None = None) -> int:
