@@ -83,3 +83,7 @@ class OutputError(LongctxError):
 
 class ExportError(LongctxError):
     """A checkpoint cannot be exported as asked (unmapped architecture, wrong stage, bad output, …)."""
+
+
+class FileSystemError(LongctxError):
+    """The operating system refused a read or write (read-only, full, no permission, a loop)."""

@@ -151,6 +151,17 @@ def complete_iterations(save_dir: str | os.PathLike[str]) -> list[int]:
     return complete_iterations_in(DirTree(p))
 
 
+def partial_saves(save_dir: str | os.PathLike[str]) -> dict[int, Path]:
+    """{iteration: directory} of the iter_NNNNNNN directories in `save_dir` that hold no finished save."""
+    p = Path(save_dir)
+    if not p.is_dir():
+        return {}
+    tree = DirTree(p)
+    return {
+        it: p / d for it, d in iteration_dirs_in(tree).items() if not checkpoint_dir_status(tree, d).complete
+    }
+
+
 def looks_like_checkpoint_dir(tree: Tree, rel: str) -> bool:
     names = tree.listdir(rel)
     return any(n in MARKERS for n in names) or any(DISTCP_RE.match(n) for n in names)

@@ -19,9 +19,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from longctx.errors import LongctxError
 from longctx.report import Findings, to_jsonable
+from longctx.util.oserrors import file_system_error
 
 # Logs and pipes get a wide console so tables stay readable; terminals keep their own width.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -45,16 +47,66 @@ def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
 
 
 def cli_errors(fn: F) -> F:
-    """Decorate a command so any LongctxError becomes a clean message and exit code 2."""
+    """Decorate a command so any LongctxError, and any OS error nothing closer turned into one (a
+    read-only or full file system, a permission), becomes a clean message and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("json_out") or kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
         except LongctxError as err:
-            fail(err, as_json=bool(kwargs.get("json_out") or kwargs.get("as_json")))
+            fail(err, as_json=as_json)
+        except OSError as err:
+            fail(file_system_error(err, _command_name(fn)), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _command_name(fn: Callable[..., Any]) -> str:
+    """`noun verb` of a command function (longctx.cli.stage.run → "stage run")."""
+    noun = fn.__module__.rsplit(".", 1)[-1]
+    verb = fn.__name__.strip("_").replace("_", "-")
+    return f"longctx {noun} {verb}" if noun != verb else f"longctx {noun}"
+
+
+_JSON_ASKED = "longctx.json"
+# click's UsageError as the installed typer raises it (newer typers carry their own copy of click)
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class JsonUsageGroup(TyperGroup):
+    """The root command: a usage error (unknown option, bad value, missing argument) of a command run
+    with --json also prints its one JSON document on stdout, the error object naming what/where/fix;
+    click's own message still goes to stderr and the exit code stays 2."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        asked = "--json" in args
+        try:
+            ctx = super().make_context(info_name, list(args), parent=parent, **extra)
+        except UsageError as err:
+            if asked:
+                _usage_json(err)
+            raise
+        ctx.meta[_JSON_ASKED] = asked
+        return ctx
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as err:
+            if ctx.meta.get(_JSON_ASKED):
+                _usage_json(err)
+            raise
+
+
+def _usage_json(err: Exception) -> None:
+    ctx = getattr(err, "ctx", None)
+    path = ctx.command_path if ctx is not None else "longctx"
+    what = err.format_message() if hasattr(err, "format_message") else str(err)
+    error = {"type": "UsageError", "what": what, "where": path,
+             "fix": f"see `{path} --help` for the arguments and options it takes"}  # fmt: skip
+    print(json.dumps({"ok": False, "error": error}, indent=2), flush=True)
 
 
 def print_json(obj: Any) -> None:

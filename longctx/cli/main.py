@@ -7,12 +7,14 @@ import importlib
 import typer
 
 from longctx import __version__
+from longctx.cli._common import JsonUsageGroup
 from longctx.util.quiet import quiet_megatron_notices
 
 quiet_megatron_notices()
 
 app = typer.Typer(
     name="longctx",
+    cls=JsonUsageGroup,
     help=(
         "Turn a Megatron-LM base model into a long-context model by staged continued pretraining "
         "(4K → 16K → 64K → 128K): verify tokenizer, data and checkpoint; plan stages; launch resumable "

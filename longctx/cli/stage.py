@@ -238,6 +238,12 @@ def run(
             err_console.print(
                 f"{label}: {outcome.no_progress}", markup=False, highlight=False, soft_wrap=True
             )
+        if outcome.storage:
+            err_console.print(f"error: {outcome.storage}", markup=False, highlight=False, soft_wrap=True)
+        for d in outcome.discarded:
+            err_console.print(
+                f"removed the unfinished save {d}", markup=False, highlight=False, soft_wrap=True
+            )
         if evaluates_after(rp, outcome, backend=backend, enabled=eval_after):  # type: ignore[arg-type]
             warning = evaluate_finished(rp, outcome.stage)
             if warning:

@@ -7,13 +7,14 @@ period while they save. Other launchers (srun + torchrun on a cluster) provide t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -28,12 +29,40 @@ class Launcher(Protocol):
     def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int: ...
 
 
-def pump_lines(src: IO[bytes], sinks: list[IO[bytes]], prefix: bytes = b"") -> None:
-    """Copy `src` line by line to every sink, each line flushed at once (logs stay live)."""
+def pump_lines(
+    src: IO[bytes], sinks: list[IO[bytes]], prefix: bytes = b"", failed: list[OSError] | None = None
+) -> None:
+    """Copy `src` line by line to every sink, each line flushed at once (logs stay live). A sink that
+    refuses a write (a full or read-only disk under the log) is dropped and its error kept in `failed`:
+    the workers must not block on a pipe nobody reads."""
+    live = list(sinks)
     for line in iter(src.readline, b""):
-        for s in sinks:
-            s.write(prefix + line)
-            s.flush()
+        for s in list(live):
+            try:
+                s.write(prefix + line)
+                s.flush()
+            except OSError as err:
+                live.remove(s)
+                if failed is not None:
+                    failed.append(err)
+
+
+@contextlib.contextmanager
+def launch_log(log: Path) -> Iterator[tuple[IO[bytes], list[OSError]]]:
+    """The launch log opened for appending, and the list `pump_lines` puts its write errors in. Errors
+    after the open are reported, not raised: a disk that fills up under the log must not kill a launch
+    whose workers may still save elsewhere, nor stop its end from being recorded."""
+    failed: list[OSError] = []
+    logf = open(log, "ab")  # noqa: SIM115 (closed below, where a failing close is reported, not raised)
+    try:
+        yield logf, failed
+    finally:
+        try:
+            logf.close()
+        except OSError as err:
+            failed.append(err)
+        if failed:
+            print(f"warning: the launch log {log} is incomplete: {failed[0].strerror}", file=sys.stderr)
 
 
 class LocalLauncher:
@@ -57,7 +86,7 @@ class LocalLauncher:
                     p.send_signal(signum)
 
         old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-        with open(log, "ab") as logf:
+        with launch_log(log) as (logf, log_errors):
             try:
                 for rank in range(nproc):
                     wenv = dict(os.environ, **env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
@@ -72,7 +101,7 @@ class LocalLauncher:
                         sinks.append(sys.stdout.buffer)
                     t = threading.Thread(
                         target=pump_lines,
-                        args=(p.stdout, sinks, f"[{rank}] ".encode() if nproc > 1 else b""),
+                        args=(p.stdout, sinks, f"[{rank}] ".encode() if nproc > 1 else b"", log_errors),
                         daemon=True,
                     )
                     t.start()
@@ -83,11 +112,13 @@ class LocalLauncher:
                     signal.signal(s, h)
                 for t in threads:
                     t.join(timeout=5)
-        return max(codes, key=abs) if codes else 0
+        return codes[0] if codes else 0
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    """Wait for every worker; when one fails, stop the others (they would hang in a collective)."""
+    """Wait for every worker; when one fails, stop the others (they would hang in a collective).
+    The exit codes come in the order the workers ended: the first failure (the cause, not the
+    SIGTERM of the workers stopped after it) first."""
     codes: dict[int, int] = {}
     while len(codes) < len(procs):
         for i, p in enumerate(procs):
@@ -101,4 +132,4 @@ def _wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
                         if q.poll() is None:
                             q.terminate()
         time.sleep(0.2)
-    return [codes[i] for i in range(len(procs))]
+    return sorted(codes.values(), key=lambda rc: rc == 0)

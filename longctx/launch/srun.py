@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import SlurmError
-from longctx.launch.local import SIGNALS_RECEIVED, pump_lines
+from longctx.launch.local import SIGNALS_RECEIVED, launch_log, pump_lines
 
 SRUN_CONFIG_ENV = "LONGCTX_SRUN_CONFIG"
 NODES_ENV = "LONGCTX_NODES"  # a launch may use fewer nodes than the job holds
@@ -151,9 +151,11 @@ class SrunLauncher:
             proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE if tee else None,
                                     stderr=subprocess.STDOUT if tee else None)  # fmt: skip
             if tee:
-                with open(log, "ab") as logf:
-                    pump = threading.Thread(target=pump_lines, args=(proc.stdout, [logf, sys.stdout.buffer] if self.echo
-                                                                 else [logf]), daemon=True)  # fmt: skip
+                with launch_log(log) as (logf, log_errors):
+                    sinks = [logf, sys.stdout.buffer] if self.echo else [logf]
+                    pump = threading.Thread(
+                        target=pump_lines, args=(proc.stdout, sinks, b"", log_errors), daemon=True
+                    )
                     pump.start()
                     rc = proc.wait()
                     pump.join(timeout=10)

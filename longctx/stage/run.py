@@ -20,13 +20,14 @@ import hashlib
 import os
 import re
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Literal
 
-from longctx.checkpoint.layout import TRACKER, complete_iterations, read_tracker
-from longctx.errors import StageError
+from longctx.checkpoint.layout import TRACKER, complete_iterations, partial_saves, read_tracker
+from longctx.errors import CheckpointError, StageError
 from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
@@ -38,6 +39,8 @@ from longctx.stage.saved_schedule import checkpoint_schedule
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
+from longctx.util.disk import storage_problem
+from longctx.util.oserrors import file_system_error
 
 Backend = Literal["local", "megatron-lm"]
 MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
@@ -88,6 +91,8 @@ class LaunchOutcome:
     no_progress: str | None = None  # why the launch made no progress (execute: with the log's lines)
     log_lines: list[str] = dataclasses.field(default_factory=list)  # the log's lines that say why
     interrupted: bool = False  # a signal asked the launch to stop (time limit, cancel) while it ran
+    discarded: list[str] = dataclasses.field(default_factory=list)  # unfinished saves a failed launch left
+    storage: str | None = None  # a failed launch's file system that cannot take a save: what, where, fix
 
     @property
     def progressed(self) -> bool:
@@ -435,9 +440,13 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         else None,
     })  # fmt: skip
     saves_before = set(complete_iterations(lp.stage.save_dir))
+    partial_before = set(partial_saves(lp.stage.save_dir))
     signals_before = len(SIGNALS_RECEIVED)
     t0 = time.monotonic()
     code = launcher.run(lp.command, nproc=lp.nproc, env=lp.env, log=lp.log)
+    # asked before the unfinished saves are removed: they are what filled the disk
+    storage = storage_problem(lp.stage.save_dir) if code != 0 else None
+    discarded = _discard_partial_saves(lp.stage.save_dir, partial_before) if code != 0 else []
     after = plan_state(rp)[lp.stage.index]
     outcome = LaunchOutcome(
         lp.stage.name,
@@ -449,6 +458,8 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         time.monotonic() - t0,
         new_saves=sorted(set(after.complete) - saves_before),
         interrupted=len(SIGNALS_RECEIVED) > signals_before,
+        discarded=discarded,
+        storage=None if storage is None else str(file_system_error(storage, f"stage {lp.stage.name}")),
     )
     if not outcome.progressed and not outcome.interrupted:
         outcome.log_lines = relevant_log_lines(lp.log)
@@ -458,5 +469,24 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
                             "start_iteration": lp.step.start_iteration, "end_iteration": after.iteration,
                             "status": after.status, "seconds": round(outcome.seconds, 1),
                             "new_saves": outcome.new_saves, "outcome": outcome.verdict,
-                            "no_progress": outcome.no_progress, "log_lines": outcome.log_lines or None})  # fmt: skip
+                            "no_progress": outcome.no_progress, "log_lines": outcome.log_lines or None,
+                            "discarded": discarded or None, "storage": outcome.storage})  # fmt: skip
     return outcome
+
+
+def _discard_partial_saves(save_dir: Path, before: set[int]) -> list[str]:
+    """Remove the unfinished saves a failed launch started (a full disk, a kill mid-save): they hold
+    space the next launch needs, and a save into a non-empty directory is refused. Saves that were
+    already unfinished before the launch, and the one the tracker names, are left alone."""
+    try:
+        tracker = read_tracker(save_dir)
+    except CheckpointError:
+        return []  # a damaged tracker: the next launch's repair decides, nothing is removed blindly
+    out: list[str] = []
+    for it, d in sorted(partial_saves(save_dir).items()):
+        if it in before or (tracker is not None and tracker.dir_name == d.name):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        if not d.exists():
+            out.append(str(d))
+    return out

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core import parallel_state as ps
+from torch.distributed.checkpoint.api import CheckpointException
 
 from longctx.attention.megatron_adapter import document_params
 from longctx.checkpoint.layout import read_tracker
@@ -43,6 +44,8 @@ from longctx.train.precision import MainParams
 from longctx.train.rng import restore_rng, rng_sharded_object
 from longctx.train.schedule import LRScheduler
 from longctx.train.spec import TrainSpec
+from longctx.util.disk import os_error_in, storage_problem
+from longctx.util.oserrors import file_system_error
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
@@ -305,6 +308,18 @@ class Trainer:
     def save(self) -> Path:
         """A torch_dist checkpoint of iteration `iteration` in `save`, as Megatron-LM writes it."""
         model_sd = self.model.sharded_state_dict()
+        try:
+            return self._save(model_sd)
+        except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+            # a full or read-only disk surfaces from the writers as RuntimeError/CheckpointException
+            problem = os_error_in(err) or storage_problem(self.spec.save)
+            if problem is None:
+                raise
+            raise file_system_error(
+                problem, f"saving iteration {self.iteration} to {self.spec.save}"
+            ) from err
+
+    def _save(self, model_sd: dict) -> Path:
         return save_checkpoint(
             self.spec.save, self.iteration, model=self.model,
             args=checkpoint_args(self.spec, self.iteration, self.consumed, self.bf16),
@@ -361,9 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = TrainSpec.read(ns.spec)
     try:
         result = run(spec)
-    except (
-        LongctxError
-    ) as err:  # a refusal (no GPU for this rank, unusable CUDA, …): its message, no traceback
+    except LongctxError as err:  # a refusal (no GPU for this rank, a full disk, …): its message, no traceback
         print(f"[longctx] error: {err}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     _log(

@@ -70,9 +70,19 @@ def append_line_durably(path: str | os.PathLike[str], line: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if "\n" in line:
         raise ValueError("a ledger line must not contain a newline")
+    data = (line + "\n").encode("utf-8")
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, (line + "\n").encode("utf-8"))
-        os.fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:  # a full disk may take part of the line before it refuses the rest
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError:
+            # a torn line would glue itself to the next append: take it back, then report
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)

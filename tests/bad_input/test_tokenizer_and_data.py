@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.bad_input.harness import refused
+from tests.fixtures.artifact import copy_artifact
 
 
 @pytest.fixture
@@ -95,3 +96,29 @@ def test_tokenize_jsonl_not_utf8(tok: Path, tmp_path: Path) -> None:
     refused(
         ["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="latin.jsonl"
     )
+
+
+@pytest.fixture
+def artifact(oellm_artifact: Path, tmp_path: Path) -> Path:
+    return copy_artifact(oellm_artifact, tmp_path / "artifact")
+
+
+@pytest.mark.parametrize(
+    ("listing", "entry"),
+    [("checksums.json", "../outside.txt"), ("checksums.json", "/etc/hostname"),
+     ("checksums.sha256", "bin/../../outside.txt")],
+)  # fmt: skip
+def test_checksum_lists_naming_files_outside_the_artifact(
+    listing: str, entry: str, artifact: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "outside.txt").write_text("not the artifact's\n")
+    digest = "0" * 64
+    path = artifact / "manifests" / listing
+    if listing.endswith(".json"):
+        sums = json.loads(path.read_text())
+        sums[entry] = {"bytes": 19, "sha256": digest}
+        path.write_text(json.dumps(sums))
+    else:
+        path.write_text(path.read_text() + f"{digest}  {entry}\n")
+    msg = refused(["data", "check", artifact, "--index-only"], [tmp_path], needle="outside the artifact")
+    assert entry in msg, msg

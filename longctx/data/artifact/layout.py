@@ -557,7 +557,15 @@ def _read_checksums(manifests: Path, root: Path, out: dict[str, Expected], findi
     js, sha = manifests / "checksums.json", manifests / "checksums.sha256"
 
     def put(rel_to_base: str, e: Expected) -> None:
-        rel = _rel(base / rel_to_base, root)
+        rel = _rel(os.path.normpath(base / rel_to_base), root)
+        if os.path.isabs(rel_to_base) or rel == ".." or rel.startswith("../"):
+            # a hostile list would make a check hash (and report on) any file of the machine
+            raise DatasetError(
+                f"{e.source} names {rel_to_base!r}, a path outside the artifact",
+                where=str(manifests / e.source),
+                fix="the list is damaged or not this artifact's: fetch the artifact again (longctx reads only "
+                "files inside the artifact's root)",
+            )
         out[rel] = _merge_expected(rel, e, out.get(rel))
 
     if js.is_file():
