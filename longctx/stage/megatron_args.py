@@ -107,7 +107,10 @@ def packing_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     dense S×S mask of the dataloader, which TransformerEngine ignores for the causal mask type (and
     which longctx never builds: `--no-create-attention-mask-in-dataloader`). So a plan asking for
     documents is refused there rather than trained across documents. From 0.19
-    `--dataloader-inter-document-masking` gives pretraining batches their `cu_seqlens`.
+    `--dataloader-inter-document-masking` gives pretraining batches their `cu_seqlens` (from the dataset's
+    document index: the same boundaries as the EOD tokens longctx's trainer reads, for data tokenized with
+    --append-eod), splits each document across the CP ranks (per-document balance) and always restarts
+    positions at each document, so a plan keeping positions across documents is refused there.
     """
     d = st.data
     if d is None or d.packing != "documents":
@@ -124,10 +127,15 @@ def packing_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
             fix=f"run the stage on the local backend (--backend local), use Megatron-LM ≥ "
             f'{".".join(map(str, need))} and set [megatron].version, or set packing = "concat"',
         )
-    flags = [_f("--dataloader-inter-document-masking")]
-    if d.reset_position_ids:
-        flags.append(_f("--reset-position-ids"))
-    return flags
+    if not d.reset_position_ids:
+        raise StageError(
+            f'stage {st.name!r}: packing = "documents" with reset_position_ids = false cannot run on Megatron-LM '
+            f"{version}: --dataloader-inter-document-masking restarts the positions at every document",
+            where=str(rp.plan.plan_path),
+            fix="set reset_position_ids = true for this stage (what Megatron-LM does), or run it on the local "
+            "backend, which keeps positions across documents when asked",
+        )
+    return [_f("--dataloader-inter-document-masking"), _f("--reset-position-ids")]
 
 
 def lr_flags(st: ResolvedStage) -> list[Flag]:

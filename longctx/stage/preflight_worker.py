@@ -35,7 +35,6 @@ import dataclasses
 import json
 import math
 import os
-import runpy
 import sys
 import tempfile
 import time
@@ -235,8 +234,16 @@ def _argv(words: list[str]) -> Iterator[None]:
 
 
 def _capture_entry(script: Path, argv: list[str]) -> dict[str, Any]:
-    """Run the entry script as __main__ until it calls `pretrain`; what it passes, by name."""
+    """Run the entry script as __main__ until it hands Megatron-LM its setup; what it passes, by name.
+
+    Up to megatron-core 0.18 that is `pretrain(datasets, model_provider, …, args_defaults=…,
+    extra_args_provider=…)`. From 0.19 the script parses first (`parse_and_validate_args(extra_args_provider,
+    args_defaults=…)`) and hands `pretrain` a config container; the model provider is then the one it
+    imports, `model_provider` bound to its `gpt_builder`, which builds the same model from the args."""
+    import functools
+
     import megatron.training as mt
+    import megatron.training.arguments as mta
     import megatron.training.training as mtt
 
     got: dict[str, Any] = {}
@@ -247,18 +254,39 @@ def _capture_entry(script: Path, argv: list[str]) -> dict[str, Any]:
         got.update(kwargs)
         raise _Captured
 
-    saved = (mt.pretrain, mtt.pretrain)
-    mt.pretrain = recorder
-    mtt.pretrain = recorder
-    if str(script.parent) not in sys.path:
-        sys.path.append(str(script.parent))
+    def parse_recorder(extra_args_provider: Any = None, ignore_unknown_args: bool = False,
+                       args_defaults: dict[str, Any] | None = None) -> None:  # fmt: skip
+        got.update(extra_args_provider=extra_args_provider, args_defaults=dict(args_defaults or {}))
+        got["entry_style"] = "parse_and_validate_args"
+        raise _Captured
+
+    patched = [(mt, "pretrain", recorder), (mtt, "pretrain", recorder),
+               (mta, "parse_and_validate_args", parse_recorder), (mt, "parse_and_validate_args", parse_recorder)]  # fmt: skip
+    missing = object()
+    saved = [(mod, name, getattr(mod, name, missing)) for mod, name, _ in patched]
+    for mod, name, fn in patched:
+        setattr(mod, name, fn)
+    # the script's globals stay readable when it stops at a recorder (runpy would drop them)
+    scope: dict[str, Any] = {"__name__": "__main__", "__file__": str(script), "__builtins__": __builtins__}
     try:
         with _argv([str(script), *argv]):
-            runpy.run_path(str(script), run_name="__main__")
+            exec(
+                compile(script.read_bytes(), str(script), "exec"), scope
+            )  # the entry script, as python runs it
     except _Captured:
         pass
     finally:
-        mt.pretrain, mtt.pretrain = saved
+        for mod, name, fn in saved:
+            if fn is missing:
+                delattr(mod, name)
+            else:
+                setattr(mod, name, fn)
+    if (
+        "model_provider" not in got
+        and callable(scope.get("model_provider"))
+        and callable(scope.get("gpt_builder"))
+    ):
+        got["model_provider"] = functools.partial(scope["model_provider"], scope["gpt_builder"])
     if "model_provider" not in got:
         raise RuntimeError(f"{script.name} ran to its end without calling megatron.training.pretrain")
     return got
@@ -508,7 +536,11 @@ def _entry_step(s: _Stage) -> dict[str, Any] | None:
         s.failed("entry-script", f"{s.script} did not get to megatron.training.pretrain", err)
         return None
     name = _provider_name(entry["model_provider"])
-    s.check("entry-script", True, f"{s.script.name} hands pretrain the model provider {name}")
+    if entry.get("entry_style") == "parse_and_validate_args":
+        s.check("entry-script", True, f"{s.script.name} parses through parse_and_validate_args and builds "
+                f"its model with {name}")  # fmt: skip
+    else:
+        s.check("entry-script", True, f"{s.script.name} hands pretrain the model provider {name}")
     s.out["model_provider"] = name
     return entry
 
@@ -593,10 +625,12 @@ def main(argv: list[str] | None = None) -> int:
     stood_in: list[str] = []
     result: dict[str, Any] = {"stages": [], "stood_in": stood_in}
     try:
-        # as a launch sees it: the script's directory, then $PYTHONPATH of the launch environment
-        for p in [str(script.parent), *(req.get("sys_path") or [])]:
-            if p not in sys.path:
-                sys.path.append(p)
+        # as a launch sees it: the script's directory first (python puts it there, so a checkout that
+        # carries its own megatron/core uses it), then $PYTHONPATH of the launch environment
+        for i, p in enumerate([str(script.parent), *(req.get("sys_path") or [])]):
+            if p in sys.path:
+                sys.path.remove(p)
+            sys.path.insert(i, p)
         _stub_batch_invariant_kernels(stood_in)
         for job in req["stages"]:
             result["stages"].append(_stage(script, job, facts, stood_in))

@@ -38,7 +38,10 @@ def test_documents_from_019_use_inter_document_masking(baby) -> None:  # noqa: F
     assert "--dataloader-inter-document-masking" in names and "--reset-position-ids" in names
     assert "--reset-attention-mask" not in names  # the dense-mask path stays off
     rp, st = _documents(baby[0], "128k", "0.19.0", reset=False)
-    assert "--reset-position-ids" not in [f.name for f in stage_flags(rp, st)]
+    # Megatron-LM restarts positions at every document under inter-document masking: no way to keep them
+    with pytest.raises(StageError, match="reset_position_ids = false cannot run on Megatron-LM") as err:
+        stage_flags(rp, st)
+    assert err.value.fix and "reset_position_ids = true" in err.value.fix
 
 
 def test_concat_adds_nothing(baby) -> None:  # noqa: F811

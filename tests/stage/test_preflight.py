@@ -190,6 +190,37 @@ def test_rotary_base_checked_on_the_real_model(megatron_lm: Path, tmp_path: Path
         require_passed(report)
 
 
+def test_entry_script_that_parses_first(megatron_lm: Path, tmp_path: Path) -> None:
+    """Megatron-LM ≥ 0.19's pretrain_gpt.py calls parse_and_validate_args itself and hands pretrain a config
+    container: the preflight takes the parser's inputs from that call and the model provider the script
+    imports (model_provider bound to gpt_builder). Stand-in: links to the checkout's files, and an entry
+    script of that shape (0.16.1 has no parse_and_validate_args; the recorder stands in for it)."""
+    new = tmp_path / "megatron-0.19-style"
+    new.mkdir()
+    for name in ("megatron", "model_provider.py", "gpt_builders.py"):
+        (new / name).symlink_to(megatron_lm / name)
+    (new / "pretrain_gpt.py").write_text(
+        textwrap.dedent("""\
+        from gpt_builders import gpt_builder
+        from megatron.training import pretrain
+        from megatron.training.arguments import parse_and_validate_args
+        from model_provider import model_provider
+
+        if __name__ == "__main__":
+            args = parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
+            pretrain({"config": args}, None, None, None)
+        """)
+    )
+    rp = _ermine()
+    report = preflight_plan(rp, A100, stages=["8k"], script=new / "pretrain_gpt.py")
+    (s,) = report.stages
+    assert s.passed() == ["entry-script", "parse_args", "validate_args", "transformer_config", "rotary"], (
+        "\n".join(report.lines())
+    )
+    assert s.model_provider == "model_provider.model_provider(gpt_builders.gpt_builder)"
+    assert s.rotary is not None and s.rotary["applied_base"] == pytest.approx(rp.stage("8k").rotary_base)
+
+
 def test_stage_args_check_cli(megatron_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(megatron_lm))
     plan = _tiny_plan(tmp_path, extra='extra_args = ["--no-such-flag"]')
