@@ -453,6 +453,9 @@ class DocumentBenchCase:
     flop_ratio: float  # documents / dense
     balance_documents: float  # max/min per-rank FLOPs of the zigzag ring with boundaries
     balance_dense: float
+    # the slowest rank's FLOPs over the mean (what a step waits for), and every rank's share of the mean
+    slowest_documents: float
+    rank_shares: tuple[float, ...]
     kernel_calls_per_rank: int  # most sub-block calls of one rank
     t_dense_s: float | None
     t_documents_s: float | None
@@ -548,6 +551,8 @@ def run_document_bench(
                 flop_ratio=sum(docs) / sum(dense),
                 balance_documents=_ratio(docs),
                 balance_dense=_ratio(dense),
+                slowest_documents=max(docs) * cp / sum(docs),
+                rank_shares=tuple(round(x * cp / sum(docs), 3) for x in docs),
                 kernel_calls_per_rank=max(c for _, c in per_rank),
                 t_dense_s=t_dense,
                 t_documents_s=t_docs,

@@ -176,7 +176,7 @@ def _documents_bench(
         return
     table = Table(title=f"attention within documents vs dense causal: {mix} of each window, CP={cp} ring")
     for col in ("S", "docs", "short tokens", "TFLOP dense", "TFLOP docs", "FLOP ratio", "balance docs",
-                "balance dense", "calls/rank", "t dense s", "t docs s", "time ratio"):  # fmt: skip
+                "slowest/mean", "balance dense", "calls/rank", "t dense s", "t docs s", "time ratio"):  # fmt: skip
         table.add_column(col, justify="right")
 
     def t(x: float | None) -> str:
@@ -186,12 +186,13 @@ def _documents_bench(
         table.add_row(
             str(c.seq_len), str(c.documents), str(c.short_tokens), f"{c.flops_dense / 1e12:.2f}",
             f"{c.flops_documents / 1e12:.2f}", f"{c.flop_ratio:.3f}", f"{c.balance_documents:.3f}",
-            f"{c.balance_dense:.3f}", str(c.kernel_calls_per_rank), t(c.t_dense_s), t(c.t_documents_s),
+            f"{c.slowest_documents:.3f}", f"{c.balance_dense:.3f}", str(c.kernel_calls_per_rank), t(c.t_dense_s), t(c.t_documents_s),
             t(c.time_ratio),
         )  # fmt: skip
     console.print(table)
     console.print(
         "FLOPs: forward QKᵀ and PV of the blocks the ring computes, summed over ranks (h heads, batch 1); "
+        "balance: max/min per-rank FLOPs; slowest/mean: what each ring step waits for (1.0 = even); "
         "time: fwd+bwd in one process on this machine (median)",
         highlight=False,
         soft_wrap=True,

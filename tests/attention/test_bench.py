@@ -75,3 +75,27 @@ def test_piece_is_reported_and_flops_count_the_executed_pieces():
 def test_bad_piece_size_is_refused_by_name():
     with pytest.raises(AttentionError, match="ring piece size must be a positive number of keys, got 0"):
         validate_spec(AttentionBenchSpec(piece=0))
+
+
+def test_document_bench_counts_against_hand_computed_cases():
+    from longctx.bench.attention import document_lengths, run_document_bench
+
+    lengths = document_lengths(4096, 0.25, 512)
+    assert sum(lengths) == 4096 and sum(n for n in lengths if n < 512) >= 1024
+    (case,) = run_document_bench((4096,), cp=2, short_fraction=0.25, short_max=512, heads=2, kv_heads=1,
+                                 head_dim=8, repeats=1, time_max_len=0)  # fmt: skip
+    # dense causal over the window: 4·h·d·S(S+1)/2; within documents: the same sum per document
+    assert case.flops_dense == 4 * 2 * 8 * 4096 * 4097 // 2
+    assert case.flops_documents == 4 * 2 * 8 * sum(n * (n + 1) // 2 for n in lengths)
+    assert case.flop_ratio == pytest.approx(case.flops_documents / case.flops_dense)
+    assert sum(case.rank_shares) == pytest.approx(2, abs=2e-3)
+    assert case.slowest_documents == pytest.approx(max(case.rank_shares), abs=1e-3)
+    assert case.balance_dense == 1.0 and case.t_dense_s is None
+
+
+def test_document_bench_json_is_one_document():
+    r = runner.invoke(app, ["bench", "attention", "--documents", "10%<1K", "--seq-lens", "8K", "--cp", "4",
+                            "--time-max-len", "1", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    (case,) = json.loads(r.stdout)["cases"]
+    assert len(case["rank_shares"]) == 4 and case["slowest_documents"] >= 1.0
