@@ -57,10 +57,14 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
                 acc = c.loglik_accuracy if c.loglik_accuracy is not None else c.greedy_accuracy
                 grid[i, j] = acc
                 margin = c.loglik_margin if c.loglik_margin is not None else c.token_margin
+                at_chance = c.depth in r.passkey.depths_at_chance
+                if at_chance:  # hatched: the interval reaches chance, the colour means nothing
+                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
+                                               edgecolor="0.45", linewidth=0))  # fmt: skip
                 ax.text(
                     j,
                     i,
-                    f"{acc:.0%}\ng {c.greedy_accuracy:.0%}  {margin:+.1f}",
+                    f"{'~' if at_chance else ''}{acc:.0%}\ng {c.greedy_hits}/{c.keys}  {margin:+.1f}",
                     ha="center",
                     va="center",
                     fontsize=7,
@@ -74,11 +78,14 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
         ax.set_yticklabels([f"{d:.0%}" for d in depths])
         ax.set_xlabel("context length (tokens)")
         window = f"trained ≤ {_label(ce.trained_length)}" if ce.trained_length else ""
-        ax.set_title(f"{ce.label}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
+        eff = _label(ce.effective_length) if ce.effective_length else "none"
+        ax.set_title(f"{ce.label}: effective {eff}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
     axes[0][0].set_ylabel("needle depth")
     if image is not None:
         fig.colorbar(image, ax=list(axes[0]), fraction=0.04, pad=0.02, label="passkey accuracy")
-    fig.suptitle(f"passkey retrieval ({headline}; g = greedy, ± = margin in nats; * beyond trained window)",
+    fig.suptitle(f"passkey retrieval ({headline}; g = greedy exact keys, ± = margin in nats; * beyond trained "
+                 f"window; hatched ~ = 95 % interval reaches chance; effective = greedy ≥ "
+                 f"{report.effective_threshold:.0%} at every depth up to that length)",
                  fontsize=9, y=1.0 + 0.35 / fig.get_figheight())  # fmt: skip
     return _save(fig, path)
 

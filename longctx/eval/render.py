@@ -14,10 +14,18 @@ def _cell(report: EvalReport, value: dict | None) -> str:
     if value is None:
         return "—"
     star = "*" if value["extrapolated"] else ""
-    acc = f"{value['passkey']:.0%}"
+    chance = "~" if value["depths_at_chance"] else ""
+    acc = f"{chance}{value['passkey']:.0%}"
     if report.settings.distractors:
-        acc += f" (g {value['greedy']:.0%})"
+        acc += f" (g {value['greedy_hits']}/{value['keys']})"
+    else:
+        acc = f"{chance}{value['greedy_hits']}/{value['keys']}"
     return f"{acc} {value['margin']:+.2f} │ {value['long_loss']:.3f}{star}"
+
+
+def _effective(row: dict) -> str:
+    n = row["effective_length"]
+    return "—" if n is None else str(n)
 
 
 def _short(row: dict) -> str:
@@ -41,8 +49,10 @@ def _has_packed(report: EvalReport) -> bool:
 def _legend(report: EvalReport) -> str:
     n = report.settings.distractors
     method = f"log-likelihood vs {n} distractors (g = greedy)" if n else "greedy"
-    text = (f"cells: passkey accuracy ({method}) and margin in nats │ mean loss at positions ≥ length/2; "
-            "* = beyond the checkpoint's trained window; short = loss on short held-out documents "
+    text = (f"cells: passkey accuracy ({method}; g = greedy exact keys / keys) and margin in nats │ mean "
+            "loss at positions ≥ length/2; ~ = the 95 % interval of some depth reaches chance; "
+            "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
+            f"keeps greedy ≥ {report.effective_threshold:.0%}; short = loss on short held-out documents "
             "(change vs base)")  # fmt: skip
     if _has_packed(report):
         text += ("; packed = windows of several held-out documents: loss on the documents after the "
@@ -57,13 +67,14 @@ def report_table(report: EvalReport) -> Table:
     table.add_column("trained", justify="right")
     for n in report.lengths:
         table.add_column(str(n), justify="right")
+    table.add_column("effective", justify="right")
     table.add_column("short loss", justify="right")
     packed = _has_packed(report)
     if packed:
         table.add_column("packed", justify="right")
     for row in report.table():
         table.add_row(row["checkpoint"], str(row["trained_length"] or "?"),
-                      *(_cell(report, row[str(n)]) for n in report.lengths), _short(row),
+                      *(_cell(report, row[str(n)]) for n in report.lengths), _effective(row), _short(row),
                       *([_packed(row)] if packed else []))  # fmt: skip
     return table
 
@@ -74,6 +85,7 @@ def markdown_table(report: EvalReport) -> str:
         "checkpoint",
         "trained",
         *(str(n) for n in report.lengths),
+        "effective",
         "short loss",
         *(["packed"] if packed else []),
     ]
@@ -81,7 +93,8 @@ def markdown_table(report: EvalReport) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     for row in report.table():
         cells = [row["checkpoint"], str(row["trained_length"] or "?"),
-                 *(_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths), _short(row),
+                 *(_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths), _effective(row),
+                 _short(row),
                  *([_packed(row)] if packed else [])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", _legend(report), "", f"method: {report.method}"]

@@ -6,12 +6,21 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from longctx.eval.loss_position import PackedLoss, PositionLoss
 from longctx.eval.score import ItemScore
 from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss
+from longctx.eval.stats import (
+    EFFECTIVE_THRESHOLD,
+    chance_greedy,
+    chance_loglik,
+    effective_length,
+    hits_of,
+    spans,
+    wilson_interval,
+)
 
 
 class PasskeyCell(BaseModel):
@@ -23,6 +32,33 @@ class PasskeyCell(BaseModel):
     loglik_margin: float | None  # mean over keys, nats
     token_margin: float
     digit_accuracy: float
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def greedy_hits(self) -> int:
+        return hits_of(self.greedy_accuracy, self.keys) or 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def greedy_interval(self) -> tuple[float, float]:
+        """Wilson 95 % interval of the greedy exact-match accuracy."""
+        return wilson_interval(self.greedy_hits, self.keys)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def loglik_hits(self) -> int | None:
+        return hits_of(self.loglik_accuracy, self.keys)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def loglik_interval(self) -> tuple[float, float] | None:
+        return None if self.loglik_hits is None else wilson_interval(self.loglik_hits, self.keys)
+
+    def headline(self) -> tuple[float, tuple[float, float]]:
+        """The accuracy the table leads with (log-likelihood when scored, else greedy) and its interval."""
+        if self.loglik_accuracy is not None and self.loglik_interval is not None:
+            return self.loglik_accuracy, self.loglik_interval
+        return self.greedy_accuracy, self.greedy_interval
 
 
 class PasskeyResult(BaseModel):
@@ -40,6 +76,35 @@ class PasskeyResult(BaseModel):
     def accuracy(self) -> float:
         """The headline accuracy: log-likelihood when distractors were scored, else greedy."""
         return self.loglik_accuracy if self.loglik_accuracy is not None else self.greedy_accuracy
+
+    @property
+    def chance(self) -> float:
+        """The headline accuracy of guessing: 1/(distractors + 1), or 10^-digits for the greedy key."""
+        if self.loglik_accuracy is not None:
+            return chance_loglik(self.distractors)
+        digits = max((len(i.key) for i in self.items), default=1)
+        return chance_greedy(digits)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def keys(self) -> int:
+        return sum(c.keys for c in self.cells)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def greedy_hits(self) -> int:
+        return sum(c.greedy_hits for c in self.cells)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def greedy_interval(self) -> tuple[float, float]:
+        return wilson_interval(self.greedy_hits, self.keys)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def depths_at_chance(self) -> list[float]:
+        """Depths whose headline interval reaches chance: their accuracy tells nothing apart from guessing."""
+        return [c.depth for c in self.cells if spans(c.headline()[1], self.chance)]
 
     @classmethod
     def from_items(
@@ -101,6 +166,15 @@ class CheckpointEval(BaseModel):
     def at(self, length: int) -> LengthResult | None:
         return next((r for r in self.results if r.length == length), None)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def effective_length(self) -> int | None:
+        """RULER's effective length on this grid: the longest evaluated length up to which every depth's
+        greedy exact match stays ≥ EFFECTIVE_THRESHOLD (longctx.eval.stats)."""
+        return effective_length(
+            {r.length: [c.greedy_accuracy for c in r.passkey.cells] for r in self.results}
+        )
+
     def packed_result(self) -> PackedLoss | None:
         """The packed-window measurement at the longest length that has one."""
         return next((r.packed for r in sorted(self.results, key=lambda r: -r.length) if r.packed), None)
@@ -118,6 +192,9 @@ class EvalReport(BaseModel):
     plots: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     seconds: float = 0.0
+    effective_threshold: float = (
+        EFFECTIVE_THRESHOLD  # greedy accuracy every depth keeps up to the effective length
+    )
 
     def table(self) -> list[dict[str, Any]]:
         """One row per checkpoint: per length the headline passkey accuracy, greedy accuracy, mean
@@ -134,9 +211,13 @@ class EvalReport(BaseModel):
                 r = ce.at(n)
                 row[str(n)] = None if r is None else {
                     "passkey": r.passkey.accuracy, "greedy": r.passkey.greedy_accuracy,
+                    "greedy_hits": r.passkey.greedy_hits, "keys": r.passkey.keys,
+                    "greedy_interval": r.passkey.greedy_interval,
+                    "depths_at_chance": r.passkey.depths_at_chance,
                     "margin": r.passkey.loglik_margin if r.passkey.loglik_margin is not None else r.passkey.token_margin,
                     "long_loss": r.position.long_loss, "extrapolated": r.extrapolated,
                 }  # fmt: skip
+            row["effective_length"] = ce.effective_length
             row["short_loss"] = ce.short.loss if ce.short else None
             row["short_delta_vs_base"] = ce.short_delta_vs_base
             pk = ce.packed_result()
