@@ -43,6 +43,7 @@ from longctx.eval.results import (
 from longctx.eval.score import ScoreFn, forwards_needed, model_scorer, score_passkey
 from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss, short_context_loss
+from longctx.eval.stats import paired_delta_interval
 from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
 from longctx.tokenizer.load import LoadedTokenizer
 from longctx.util.fs import atomic_write_json, atomic_write_text
@@ -380,6 +381,9 @@ def evaluate_checkpoints(
     for e in evals:
         if base is not None and e.short is not None:
             e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
+            if e is not base and e.short.doc_tokens == base.short.doc_tokens:  # type: ignore[union-attr]
+                e.short_delta_interval = paired_delta_interval(e.short.doc_nll, base.short.doc_nll,  # type: ignore[union-attr]
+                                                               e.short.doc_tokens)  # fmt: skip
     unnatural = [f"{e.label}@{r.length}" for e in evals for r in e.results if r.passkey.natural < 1.0]
     if unnatural:
         notes.append(

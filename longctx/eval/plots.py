@@ -84,8 +84,8 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
     if image is not None:
         fig.colorbar(image, ax=list(axes[0]), fraction=0.04, pad=0.02, label="passkey accuracy")
     fig.suptitle(f"passkey retrieval ({headline}; g = greedy exact keys, ± = margin in nats; * beyond trained "
-                 f"window; hatched ~ = 95 % interval reaches chance; effective = greedy ≥ "
-                 f"{report.effective_threshold:.0%} at every depth up to that length)",
+                 f"window)\nhatched ~ = 95 % interval reaches chance; effective = greedy ≥ "
+                 f"{report.effective_threshold:.0%} at every depth up to that length",
                  fontsize=9, y=1.0 + 0.35 / fig.get_figheight())  # fmt: skip
     return _save(fig, path)
 
@@ -107,10 +107,12 @@ def plot_loss_by_position(report: EvalReport, path: Path) -> Path:
     n = _common_length(evals, report.lengths) or max(r.length for ce in evals for r in ce.results)
     shown = {ce.label: ce.at(n) or max(ce.results, key=lambda x: x.length) for ce in evals}
     packed_of = {label: r.packed for label, r in shown.items() if r.packed is not None}
-    if packed_of:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.5, 4.2))
-    else:
-        fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    # left: the curves over the change from the previous checkpoint; right (packed windows): across vs within
+    fig = plt.figure(figsize=(13.5 if packed_of else 7.5, 6.4))
+    grid = fig.add_gridspec(2, 2 if packed_of else 1, height_ratios=(2.2, 1))
+    ax = fig.add_subplot(grid[0, 0])
+    axd = fig.add_subplot(grid[1, 0], sharex=ax)
+    ax2 = fig.add_subplot(grid[:, 1]) if packed_of else None
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     packed = False
     for k, ce in enumerate(evals):
@@ -124,15 +126,36 @@ def plot_loss_by_position(report: EvalReport, path: Path) -> Path:
         if ce.trained_length and ce.trained_length < pos.length:
             ax.axvline(ce.trained_length, color=color, linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in the sequence (tokens)")
     ax.set_ylabel("mean token loss (nats)")
     source = "held-out documents packed back to back" if packed else "held-out documents"
     ax.set_title(f"loss by position at length {_label(n)} ({source}); dotted: trained window", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    if packed_of:
+    _difference_panel(axd, [shown[ce.label].position for ce in evals], [ce.label for ce in evals], colors)
+    if ax2 is not None:
         _packed_panel(ax2, evals, packed_of, colors)
     return _save(fig, path)
+
+
+def _difference_panel(ax, positions: list, labels: list[str], colors: list[str]) -> None:
+    """Each checkpoint's loss minus the previous one's, per position bucket (same buckets and documents):
+    where along the sequence a stage gained (below 0) or lost."""
+    ax.axhline(0.0, color="0.5", linewidth=0.8)
+    for k in range(1, len(positions)):
+        cur, prev = positions[k], positions[k - 1]
+        if cur.buckets != prev.buckets:
+            continue  # measured at different lengths: no bucket-by-bucket difference
+        pts = [(x, a - b) for x, a, b in zip(cur.centers(), cur.loss, prev.loss, strict=True)
+               if a is not None and b is not None]  # fmt: skip
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, color=colors[k % len(colors)],
+                    label=f"{labels[k]} − {labels[k - 1]}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the sequence (tokens)")
+    ax.set_ylabel("Δ loss vs previous")
+    ax.grid(True, which="both", alpha=0.3)
+    if len(positions) > 1:
+        ax.legend(fontsize=7)
 
 
 def _packed_panel(ax, evals: list[CheckpointEval], packed_of: dict, colors: list[str]) -> None:

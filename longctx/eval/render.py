@@ -31,8 +31,11 @@ def _effective(row: dict) -> str:
 def _short(row: dict) -> str:
     if row["short_loss"] is None:
         return "—"
-    delta = row["short_delta_vs_base"]
-    return f"{row['short_loss']:.3f}" + (f" ({delta:+.3f})" if delta is not None else "")
+    delta, ci = row["short_delta_vs_base"], row.get("short_delta_interval")
+    if delta is None:
+        return f"{row['short_loss']:.3f}"
+    interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+    return f"{row['short_loss']:.3f} ({delta:+.3f}{interval})"
 
 
 def _packed(row: dict) -> str:
@@ -48,12 +51,12 @@ def _has_packed(report: EvalReport) -> bool:
 
 def _legend(report: EvalReport) -> str:
     n = report.settings.distractors
-    method = f"log-likelihood vs {n} distractors (g = greedy)" if n else "greedy"
+    method = f"log-likelihood vs {n} distractors" if n else "greedy"
     text = (f"cells: passkey accuracy ({method}; g = greedy exact keys / keys) and margin in nats │ mean "
             "loss at positions ≥ length/2; ~ = the 95 % interval of some depth reaches chance; "
             "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
             f"keeps greedy ≥ {report.effective_threshold:.0%}; short = loss on short held-out documents "
-            "(change vs base)")  # fmt: skip
+            "(change vs base [95 % interval over the documents])")  # fmt: skip
     if _has_packed(report):
         text += ("; packed = windows of several held-out documents: loss on the documents after the "
                  "first, attention across → within documents, @ window length")  # fmt: skip

@@ -160,6 +160,9 @@ class CheckpointEval(BaseModel):
     results: list[LengthResult] = Field(default_factory=list)
     short: ShortLoss | None = None
     short_delta_vs_base: float | None = None  # short loss − the base model's on the same documents
+    short_delta_interval: tuple[float, float] | None = (
+        None  # its 95 % interval over the documents (bootstrap)
+    )
     seconds: float = 0.0
     cached: list[str] = Field(default_factory=list)  # which parts came from the result cache
 
@@ -220,6 +223,7 @@ class EvalReport(BaseModel):
             row["effective_length"] = ce.effective_length
             row["short_loss"] = ce.short.loss if ce.short else None
             row["short_delta_vs_base"] = ce.short_delta_vs_base
+            row["short_delta_interval"] = ce.short_delta_interval
             pk = ce.packed_result()
             row["packed"] = None if pk is None else {
                 "length": pk.length, "plain_loss": pk.plain_loss, "within_loss": pk.within_loss,

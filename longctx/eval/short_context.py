@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from longctx.errors import EvalError
 from longctx.eval.score import ScoreFn
@@ -22,6 +22,10 @@ class ShortLoss(BaseModel):
     docs: int
     tokens: int
     loss: float
+    # per document, in scoring order (the same for every checkpoint): summed NLL and predictions, so a
+    # difference between two checkpoints gets an interval over documents
+    doc_nll: list[float] = Field(default_factory=list)
+    doc_tokens: list[int] = Field(default_factory=list)
 
 
 def short_context_loss(
@@ -44,17 +48,18 @@ def short_context_loss(
         n = (len(d) // step) * step
         if n >= 2:
             groups.setdefault(n, []).append(d[:n])
-    total, count = 0.0, 0
+    doc_nll: list[float] = []
+    doc_tokens: list[int] = []
     for group in groups.values():
         for k in range(0, len(group), max(1, batch_size)):
             batch = torch.tensor(np.stack(group[k : k + batch_size]), dtype=torch.long)
             out = score(batch)
-            total += float(-out.logprob.sum())
-            count += out.logprob.size
+            doc_nll += [float(x) for x in -out.logprob.sum(axis=1)]
+            doc_tokens += [int(out.logprob.shape[1])] * out.logprob.shape[0]
             if advance is not None:
                 advance(len(batch))
+    count = sum(doc_tokens)
     if count == 0:
         raise EvalError("the short documents are too short to score")
-    return ShortLoss(
-        length=length, docs=sum(len(g) for g in groups.values()), tokens=count, loss=total / count
-    )
+    return ShortLoss(length=length, docs=len(doc_nll), tokens=count, loss=sum(doc_nll) / count, doc_nll=doc_nll,
+                     doc_tokens=doc_tokens)  # fmt: skip

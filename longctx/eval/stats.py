@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 EFFECTIVE_THRESHOLD = 0.9
 
@@ -67,3 +69,23 @@ def effective_length(
             break
         best = length
     return best
+
+
+def paired_delta_interval(
+    nll: Sequence[float],
+    base_nll: Sequence[float],
+    tokens: Sequence[int],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """95 % percentile-bootstrap interval of the token-weighted loss difference of two checkpoints on the
+    same documents (resampling documents, paired); None with fewer than two documents."""
+    a, b, n = np.asarray(nll, float), np.asarray(base_nll, float), np.asarray(tokens, float)
+    if len(a) < 2 or len(a) != len(b) or len(a) != len(n) or n.sum() <= 0:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    weight = n[idx].sum(axis=1)
+    delta = (a[idx].sum(axis=1) - b[idx].sum(axis=1)) / weight
+    lo, hi = np.percentile(delta, [2.5, 97.5])
+    return float(lo), float(hi)

@@ -105,3 +105,45 @@ def test_table_and_heatmap_mark_cells_at_chance(report: EvalReport, tmp_path) ->
     assert "effective" in md and "| 1024 |" in md
     assert "~" in md.split("\n")[4]  # the 4K cell reaches chance
     assert plot_niah(report, tmp_path / "niah.png").stat().st_size > 0
+
+
+def test_paired_delta_interval_against_exact_cases() -> None:
+    from longctx.eval.stats import paired_delta_interval
+
+    tokens = [10, 20, 30, 40]
+    base = [12.0, 30.0, 33.0, 60.0]
+    # the same losses: no difference in any resample
+    assert paired_delta_interval(base, base, tokens) == pytest.approx((0.0, 0.0))
+    # every token 0.05 nats worse: the token-weighted difference is 0.05 in every resample
+    worse = [b + 0.05 * n for b, n in zip(base, tokens, strict=True)]
+    assert paired_delta_interval(worse, base, tokens) == pytest.approx((0.05, 0.05))
+    # one document much worse: the interval holds the point estimate and spans 0 (3 of 4 unchanged)
+    mixed = [base[0] + 10.0, *base[1:]]
+    lo, hi = paired_delta_interval(mixed, base, tokens)
+    assert lo <= 10.0 / 100 <= hi and lo == pytest.approx(0.0)
+    assert paired_delta_interval([1.0], [1.0], [5]) is None  # one document: no interval
+
+
+def test_short_loss_keeps_per_document_sums() -> None:
+    import numpy as np
+
+    from longctx.eval.score import TokenScores
+    from longctx.eval.short_context import short_context_loss
+
+    def score(batch):  # each token of document d costs d + 1 nats
+        b, s = batch.shape
+        lp = -(batch[:, :1].numpy().astype(float) + 1.0) * np.ones((b, s - 1))
+        return TokenScores(logprob=lp, argmax=np.zeros((b, s - 1), np.int64), margin=lp)
+
+    docs = [np.full(9, d) for d in range(3)] + [np.full(5, 3)]
+    out = short_context_loss(score, docs, length=9, batch_size=2)
+    assert out.doc_tokens == [8, 8, 8, 4] and out.doc_nll == [8.0, 16.0, 24.0, 16.0]
+    assert out.loss == pytest.approx(64.0 / 28) and out.tokens == 28 and out.docs == 4
+
+
+def test_loss_by_position_plot_has_the_difference_panel(report: EvalReport, tmp_path) -> None:
+    from longctx.eval.plots import plot_loss_by_position
+
+    second = report.checkpoints[0].model_copy(update={"label": "stage 4k"})
+    two = report.model_copy(update={"checkpoints": [report.checkpoints[0], second]})
+    assert plot_loss_by_position(two, tmp_path / "loss.png").stat().st_size > 0
