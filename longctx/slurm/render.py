@@ -19,6 +19,8 @@ from longctx.checkpoint.layout import iter_dir_name
 from longctx.errors import SlurmError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
+from longctx.plan.eval_memory import BATCHES, eval_cp
+from longctx.plan.memory import GiB
 from longctx.slurm.profiles import Profile
 from longctx.slurm.quote import env_name, fill, sbatch_word, sh, sh_words, slurm_filename
 from longctx.slurm.settings import JobSettings, job_settings
@@ -57,10 +59,13 @@ class Rendered:
     out_dir: Path
     scripts: list[Script]
     inputs: list[Path] = dataclasses.field(default_factory=list)  # what the scripts must not land in
+    notes: list[str] = dataclasses.field(
+        default_factory=list
+    )  # what rendering decided that the user should know
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return self.settings.warnings
+        return (*self.settings.warnings, *self.notes)
 
     def path(self, script: Script) -> Path:
         return self.out_dir / script.name
@@ -143,21 +148,46 @@ def render(
             "scripts_dir": sh(out, "scripts directory"),
         }, where=f"template {CHAIN_SCRIPT}")),
     ]  # fmt: skip
+    notes: list[str] = []
     if settings.backend == "megatron-lm":
         for st in rp.stages:
             directives = _directives(settings, nodes=eff.eval_nodes, time=eff.eval_time.strip(),
                                      name=f"{settings.job_name}-eval-{st.name}", signal=False)  # fmt: skip
             final = st.save_dir / iter_dir_name(st.train_iters)
+            est, batch = eval_cp(rp.arch, st.padded_vocab_size, st.seq_length, max_cp=settings.gpus_per_node,
+                                 gpu_memory_gib=rp.plan.cluster.gpu_memory_gib,
+                                 margin=rp.plan.cluster.memory_margin, where=f"{where}: stage {st.name}")  # fmt: skip
+            launch, note = eval_launch(command, est.cp)
+            if note and note not in notes:
+                notes.append(note)
             scripts.append(Script(eval_script_name(st.name), "eval", fill(template("eval"), {
                 "title": _comment(f"longctx eval job: plan {settings.plan_name}, stage {st.name}, profile {eff.name}"),
                 "directives": directives,
                 "environment": env,
-                "longctx": sh_words(command, "longctx command"),
+                "longctx": sh_words(launch, "longctx command"),
                 "checkpoint": sh(final, "checkpoint path"),
                 "plan": sh(settings.plan_path, "plan path"),
                 "stage": sh(st.name, "stage name"),
+                "eval_options": "" if est.cp == 1 and batch == BATCHES[0] else
+                f" --cp {est.cp} --batch-size {batch}",
+                "memory": _comment(f"memory per GPU (longctx.plan.eval_memory): {est.total / GiB:.1f} of "
+                                   f"{est.budget / GiB:.1f} GiB at CP {est.cp}, {batch} per forward"),
             }, where=f"template {eval_script_name(st.name)}"), stage=st.name))  # fmt: skip
-    return Rendered(settings, out, scripts, inputs=plan_inputs(rp))
+    return Rendered(settings, out, scripts, inputs=plan_inputs(rp), notes=notes)
+
+
+def eval_launch(command: list[str], cp: int) -> tuple[list[str], str | None]:
+    """The eval job's command (eval run --cp N needs exactly N processes) and a note for the user: longctx
+    itself at CP 1; `PYTHON -m longctx` becomes the same python's torch.distributed.run of `-m longctx`;
+    another command (a wrapper script) is run by `torchrun --no-python` from the job's PATH."""
+    if cp == 1:
+        return command, None
+    if len(command) >= 3 and command[1:3] == ["-m", "longctx"]:
+        return [command[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cp}",
+                "-m", "longctx", *command[3:]], None  # fmt: skip
+    note = (f"the eval jobs run {cp} processes (context parallelism) through `torchrun --no-python` from the "
+            f"job's PATH, since the longctx command {' '.join(command)!r} is not `PYTHON -m longctx`")  # fmt: skip
+    return ["torchrun", "--standalone", f"--nproc-per-node={cp}", "--no-python", *command], note
 
 
 def plan_inputs(rp: ResolvedPlan) -> list[Path]:
