@@ -25,14 +25,16 @@ import dataclasses
 
 from longctx.arch import ModelArch
 from longctx.errors import PlanError
-from longctx.plan.memory import OVERHEAD_BYTES, GiB, activation_terms, params_per_gpu
+from longctx.plan.memory import OVERHEAD_BYTES, Budgeted, GiB, activation_terms, params_per_gpu
 
 WEIGHT_BYTES = 2.0
 LOGIT_SLICE_ROWS = 2048  # rows of logits turned into fp32 scores at once (longctx.eval.score._SLICE)
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalMemory:
+class EvalMemory(Budgeted):
+    PARTS = ("weights", "activations", "logits", "overhead")
+
     cp: int
     weights: float
     activations: float
@@ -40,22 +42,6 @@ class EvalMemory:
     overhead: float
     gpu_memory: float
     margin: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.activations + self.logits + self.overhead
-
-    @property
-    def budget(self) -> float:
-        return self.gpu_memory * (1.0 - self.margin)
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.budget
-
-    def to_gib(self) -> dict[str, float]:
-        fields = ("weights", "activations", "logits", "overhead", "total", "budget")
-        return {k: round(getattr(self, k) / GiB, 2) for k in fields}
 
 
 def eval_memory(arch: ModelArch, padded_vocab_size: int, seq_length: int, cp: int, *, batch: int,

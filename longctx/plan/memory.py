@@ -101,20 +101,16 @@ class MemoryInputs:
     attention_backend: AttentionBackend = "flash"
 
 
-@dataclasses.dataclass(frozen=True)
-class MemoryEstimate:
-    weights: float
-    grads: float
-    optimizer: float
-    activations: float
-    logits: float
-    overhead: float
+class Budgeted:
+    """An estimate whose `PARTS` (byte fields) add up to its total, against (1 − margin) × GPU memory."""
+
+    PARTS: tuple[str, ...] = ()
     gpu_memory: float
     margin: float
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.logits + self.overhead
+        return sum(getattr(self, k) for k in self.PARTS)
 
     @property
     def budget(self) -> float:
@@ -129,8 +125,21 @@ class MemoryEstimate:
         return self.total / self.gpu_memory
 
     def to_gib(self) -> dict[str, float]:
-        fields = ("weights", "grads", "optimizer", "activations", "logits", "overhead", "total", "budget")
-        return {k: round(getattr(self, k) / GiB, 2) for k in fields}
+        return {k: round(getattr(self, k) / GiB, 2) for k in (*self.PARTS, "total", "budget")}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate(Budgeted):
+    PARTS = ("weights", "grads", "optimizer", "activations", "logits", "overhead")
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    overhead: float
+    gpu_memory: float
+    margin: float
 
 
 def params_per_gpu(arch: ModelArch, padded_vocab_size: int, tp: int, pp: int) -> float:
