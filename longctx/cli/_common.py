@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import json
 import os
 import sys
@@ -37,7 +38,7 @@ EXIT_ERROR = 2
 def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
     """Print an error (what / where / fix) and exit 2."""
     if as_json:
-        print(json.dumps({"ok": False, "error": err.to_dict()}, indent=2))
+        _error_document(err.to_dict())
     err_console.print(f"[bold red]error:[/] {escape(err.what)}", highlight=False, soft_wrap=True)
     if err.where:
         err_console.print(f"  [red]where:[/] {escape(err.where)}", highlight=False, soft_wrap=True)
@@ -58,21 +59,30 @@ def cli_errors(fn: F) -> F:
         except LongctxError as err:
             fail(err, as_json=as_json)
         except OSError as err:
-            fail(file_system_error(err, _command_name(fn)), as_json=as_json)
+            fail(file_system_error(err, _command_name()), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _command_name(fn: Callable[..., Any]) -> str:
-    """`noun verb` of a command function (longctx.cli.stage.run → "stage run")."""
-    noun = fn.__module__.rsplit(".", 1)[-1]
-    verb = fn.__name__.strip("_").replace("_", "-")
-    return f"longctx {noun} {verb}" if noun != verb else f"longctx {noun}"
+def _command_name() -> str:
+    """The running command as typed (`longctx stage run`)."""
+    ctx = _current_context(silent=True)
+    return ctx.command_path if ctx is not None else "longctx"
 
 
 _JSON_ASKED = "longctx.json"
-# click's UsageError as the installed typer raises it (newer typers carry their own copy of click)
-UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _click_module(name: str) -> Any:
+    """A module of the click the installed typer runs on (newer typers carry their own copy of click)."""
+    core = next(
+        c for c in typer.Context.__mro__ if c.__name__ == "Context" and c.__module__.endswith(".core")
+    )
+    return importlib.import_module(f"{core.__module__.rsplit('.', 1)[0]}.{name}")
+
+
+UsageError: type[Exception] = _click_module("exceptions").UsageError
+_current_context = _click_module("globals").get_current_context
 
 
 class JsonUsageGroup(TyperGroup):
@@ -104,8 +114,12 @@ def _usage_json(err: Exception) -> None:
     ctx = getattr(err, "ctx", None)
     path = ctx.command_path if ctx is not None else "longctx"
     what = err.format_message() if hasattr(err, "format_message") else str(err)
-    error = {"type": "UsageError", "what": what, "where": path,
-             "fix": f"see `{path} --help` for the arguments and options it takes"}  # fmt: skip
+    _error_document({"type": "UsageError", "what": what, "where": path,
+                     "fix": f"see `{path} --help` for the arguments and options it takes"})  # fmt: skip
+
+
+def _error_document(error: dict[str, Any]) -> None:
+    """The one JSON document a failing command prints under --json."""
     print(json.dumps({"ok": False, "error": error}, indent=2), flush=True)
 
 

@@ -60,7 +60,7 @@ def test_stage_run_on_a_read_only_run_dir(tmpfs: Mount, fresh_run: Path, tmp_pat
     msg = refused(
         ["stage", "run", plan], [tmpfs.path, tmp_path / "plan.toml"], needle="Read-only file system"
     )
-    assert str(run) in " ".join(msg.split()), msg
+    assert str(run) in " ".join(msg.split()) and "longctx stage run:" in msg, msg
 
 
 def test_stage_run_that_fills_the_disk(tmpfs: Mount, fresh_run: Path, tmp_path: Path) -> None:
