@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -43,10 +44,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

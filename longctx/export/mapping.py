@@ -27,6 +27,7 @@ them, so memory stays at one step.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -61,10 +62,7 @@ class HfTensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +73,7 @@ class Read:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.sizes:
-            n *= s
-        return n
+        return math.prod(self.sizes)
 
 
 Split = Callable[[torch.Tensor], list[tuple[str, torch.Tensor]]]
