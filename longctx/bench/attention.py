@@ -1,14 +1,15 @@
 """Context-parallel attention benchmark: fwd+bwd per rank at CP = n against one process on the full
 sequence, with the same thread count per process.
 
-Every measurement runs in a fresh spawned process (the CP ranks talk over gloo), so its peak memory
-can be read honestly from the kernel's own accounting of the process: after a warm-up (one fwd+bwd
-on a short sequence in every process, which triggers one-off allocations such as BLAS workspaces,
-then in the CP ranks one more over the process group, which pages in the communication code and
-sets up gloo's buffers), the peak resident set (VmHWM) is reset through /proc/self/clear_refs and
-the figure is the peak during the iterations minus the resident set just before the inputs are
-allocated (glibc's mmap threshold is pinned at 64 KiB so that freed tensors leave the resident set
-and iterations do not ratchet it). That covers everything torch allocated — inputs, kernel
+Every measurement runs in a fresh spawned process (the CP ranks talk over gloo). After a warm-up
+(one fwd+bwd on a short sequence in every process, which triggers one-off allocations such as BLAS
+workspaces, then in the CP ranks one more over the process group, which pages in the communication
+code and sets up gloo's buffers), the timed iterations run with the allocator as a training process
+has it: glibc's defaults, which keep freed blocks for reuse, so an iteration pays no page faults for
+memory an earlier one touched. Then memory is measured in one more fwd+bwd on fresh inputs, with
+glibc's mmap threshold pinned at 64 KiB (every tensor-sized block mmap'd, so the resident set follows
+live memory; see `longctx.bench.processes`): the peak resident set (VmHWM, reset first) minus the
+resident set just before the inputs. That covers everything torch allocated — inputs, kernel
 workspaces, ring buffers, gradients — which Python-level tracers miss. Where the peak cannot be
 reset, the increase of `getrusage` `ru_maxrss` is used and the report says so.
 
@@ -22,18 +23,11 @@ actually computes. The ring's K/V piece size (keys per message, `ring_piece`) is
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import itertools
 import os
-import queue
 import random
-import resource
 import statistics
-import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -49,12 +43,16 @@ from longctx.attention.blocks import (
 from longctx.attention.documents import ring_document_pairs
 from longctx.attention.ring import ring_attention, ring_piece
 from longctx.attention.zigzag import check_zigzag_len
+from longctx.bench.processes import (
+    MEMORY_METHODS,
+    PeakMemory,
+    fixed_mmap_threshold,
+    guarded,
+    run_ranks,
+    trim_heap,
+)
 from longctx.errors import AttentionError
 
-MEMORY_METHODS = {
-    "hwm": "peak RSS (VmHWM, reset after warm-up) minus RSS before the inputs, fresh process per run",
-    "maxrss": "increase of getrusage ru_maxrss over the timed runs, fresh process per run",
-}
 TARGETS = {"efficiency": 0.9, "memory_ratio": 0.55, "balance": 1.02}
 _DTYPES = ("float32", "bfloat16")
 
@@ -98,6 +96,11 @@ class RankMeasure:
     def median_cpu_s(self) -> float:
         return statistics.median(self.cpu_times_s)
 
+    @property
+    def spread(self) -> float:
+        """(slowest − fastest) / median of the timed iterations."""
+        return (max(self.times_s) - min(self.times_s)) / self.median_s if self.times_s else 0.0
+
 
 @dataclass
 class AttentionBenchCase:
@@ -105,6 +108,8 @@ class AttentionBenchCase:
     piece: int | None  # ring keys per K/V message (None for the all-gather variant)
     t_full_s: float
     t_cp_s: float  # slowest rank's median
+    spread_full: float  # (max − min) / median of the full run's timed iterations
+    spread_cp: float  # the same for the slowest rank
     efficiency: float
     cpu_efficiency: float  # same ratio on process CPU time: compute overhead, blind to waiting
     mem_full_bytes: int
@@ -207,182 +212,92 @@ def _ratio(values: list[int]) -> float:
 # ----------------------------------------------------------------------------------- measurement
 
 
-def _maxrss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # Linux reports KiB
-
-
-def _status_bytes(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        return None
-    return None
-
-
-def _fixed_mmap_threshold() -> None:
-    # glibc raises its mmap threshold after large frees and then serves tensors from a heap that only
-    # grows; a fixed 64 KiB threshold keeps every tensor-sized block mmap'd (down to a ring piece's
-    # buffers and the CPU kernel's work tiles), so RSS follows live memory and repeated iterations
-    # do not ratchet the peak through heap fragmentation. Applied identically to every process.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
-
-
-def _trim_heap() -> None:
-    # hand freed heap pages back to the OS so the warm-up's leftovers are not reused unseen
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-class _PeakMemory:
-    """Peak resident memory of this process from `start()` on (see the module docstring)."""
-
-    def start(self) -> None:
-        self.method = "maxrss"
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current RSS (Linux ≥ 4.0)
-            if _status_bytes("VmHWM") is not None:
-                self.method = "hwm"
-        except OSError:
-            pass
-        if self.method == "hwm":
-            self.base = _status_bytes("VmRSS") or 0
-        else:
-            self.base = _maxrss_bytes()
-
-    def current_increase(self) -> int:
-        now = _status_bytes("VmRSS") if self.method == "hwm" else None
-        return max(0, now - self.base) if now is not None else 0
-
-    def peak_increase(self) -> int:
-        peak = _status_bytes("VmHWM") if self.method == "hwm" else _maxrss_bytes()
-        return max(0, (peak or 0) - self.base)
-
-
 def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, out: Any) -> None:
-    try:
-        # torch and the torch-based kernels load in the spawned worker only, not when the CLI imports this
-        import torch
-        import torch.distributed as dist
+    guarded(rank, out, lambda: _measure_rank(rank, world, init_file, spec, seq_len))
 
-        from longctx.attention import allgather_attention, ring_attention
 
-        _fixed_mmap_threshold()
-        torch.set_num_threads(spec.threads)
-        group = None
-        if world > 1:
-            dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-            group = dist.group.WORLD
-        extra: dict[str, Any] = {"piece": spec.piece} if spec.variant == "ring" else {}
-        fn = ring_attention if spec.variant == "ring" else allgather_attention
-        dtype = getattr(torch, spec.dtype)
-        # identical warm-up in every process: one-off allocations stay out
-        warm_len = min(1024, seq_len // world)
-        wq = torch.randn(1, warm_len, spec.heads, spec.head_dim, dtype=dtype, requires_grad=True)
-        wkv = torch.randn(1, warm_len, spec.n_kv_heads, spec.head_dim, dtype=dtype, requires_grad=True)
-        w_out = fn(wq, wkv, wkv, group=None, causal=spec.causal)
-        w_out.backward(torch.randn_like(w_out))  # a dense upstream gradient, as in the timed runs
-        if group is not None:  # and once through the communication path (several pieces per step)
-            few = {"piece": 32} if spec.variant == "ring" else {}
-            w_out = fn(wq[:, :256], wkv[:, :256], wkv[:, :256], group=group, causal=spec.causal, **few)
-            w_out.backward(torch.randn_like(w_out))
-        del wq, wkv, w_out
-        _trim_heap()
+def _inputs(spec: AttentionBenchSpec, local: int, rank: int) -> tuple[Any, Any, Any, Any]:
+    import torch  # see _measure_rank
 
-        memory = _PeakMemory()
-        memory.start()
-        local = seq_len // world
-        gen = torch.Generator().manual_seed(rank)
-        q = (
-            torch.randn(spec.batch, local, spec.heads, spec.head_dim, generator=gen)
-            .to(dtype)
-            .requires_grad_()
-        )
-        k = (
-            torch.randn(spec.batch, local, spec.n_kv_heads, spec.head_dim, generator=gen)
-            .to(dtype)
-            .requires_grad_()
-        )
-        v = (
-            torch.randn(spec.batch, local, spec.n_kv_heads, spec.head_dim, generator=gen)
-            .to(dtype)
-            .requires_grad_()
-        )
-        dout = torch.randn(spec.batch, local, spec.heads, spec.head_dim, generator=gen).to(dtype)
-        times: list[float] = []
-        cpu_times: list[float] = []
-        for i in range(spec.warmup + spec.repeats):
-            if group is not None:
-                dist.barrier(group)
-            t0, c0 = time.perf_counter(), time.process_time()
-            result = fn(q, k, v, group=group, causal=spec.causal, **extra)
-            if i == 0:  # what forward leaves for backward (in a model: per layer, until its backward)
-                held = memory.current_increase()
-            result.backward(dout)
-            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-            del result
-            q.grad = k.grad = v.grad = None
-            if i >= spec.warmup:
-                times.append(elapsed)
-                cpu_times.append(cpu)
-        measure = RankMeasure(rank, times, cpu_times, memory.peak_increase(), held, memory.method)
-        out.put(("ok", rank, measure))
+    dtype = getattr(torch, spec.dtype)
+    gen = torch.Generator().manual_seed(rank)
+
+    def rows(heads: int, grad: bool = True) -> Any:
+        x = torch.randn(spec.batch, local, heads, spec.head_dim, generator=gen).to(dtype)
+        return x.requires_grad_() if grad else x
+
+    return rows(spec.heads), rows(spec.n_kv_heads), rows(spec.n_kv_heads), rows(spec.heads, grad=False)
+
+
+def _measure_rank(
+    rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int
+) -> RankMeasure:
+    # torch and the torch-based kernels load in the spawned worker only, not when the CLI imports this
+    import torch
+    import torch.distributed as dist
+
+    from longctx.attention import allgather_attention, ring_attention
+
+    torch.set_num_threads(spec.threads)
+    group = None
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        group = dist.group.WORLD
+    extra: dict[str, Any] = {"piece": spec.piece} if spec.variant == "ring" else {}
+    fn = ring_attention if spec.variant == "ring" else allgather_attention
+    dtype = getattr(torch, spec.dtype)
+    # identical warm-up in every process: one-off allocations stay out
+    warm_len = min(1024, seq_len // world)
+    wq = torch.randn(1, warm_len, spec.heads, spec.head_dim, dtype=dtype, requires_grad=True)
+    wkv = torch.randn(1, warm_len, spec.n_kv_heads, spec.head_dim, dtype=dtype, requires_grad=True)
+    w_out = fn(wq, wkv, wkv, group=None, causal=spec.causal)
+    w_out.backward(torch.randn_like(w_out))  # a dense upstream gradient, as in the timed runs
+    if group is not None:  # and once through the communication path (several pieces per step)
+        few = {"piece": 32} if spec.variant == "ring" else {}
+        w_out = fn(wq[:, :256], wkv[:, :256], wkv[:, :256], group=group, causal=spec.causal, **few)
+        w_out.backward(torch.randn_like(w_out))
+    del wq, wkv, w_out
+    local = seq_len // world
+
+    def step(q: Any, k: Any, v: Any, dout: Any, memory: PeakMemory | None = None) -> tuple[float, float, int]:
         if group is not None:
             dist.barrier(group)
-            dist.destroy_process_group()
-    except BaseException as err:  # reported to the parent, which raises
-        out.put(("error", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = fn(q, k, v, group=group, causal=spec.causal, **extra)
+        held = memory.current_increase() if memory is not None else 0  # what forward leaves for backward
+        result.backward(dout)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        del result
+        q.grad = k.grad = v.grad = None
+        return elapsed, cpu, held
+
+    # timing: the allocator as a training process has it (glibc reuses freed blocks)
+    q, k, v, dout = _inputs(spec, local, rank)
+    runs = [step(q, k, v, dout) for _ in range(spec.warmup + spec.repeats)][spec.warmup :]
+    del q, k, v, dout
+    # memory: every tensor-sized block mmap'd, so RSS follows live memory; one more fwd+bwd
+    fixed_mmap_threshold()
+    trim_heap()
+    memory = PeakMemory()
+    memory.start()
+    _, _, held = step(*_inputs(spec, local, rank), memory=memory)
+    measure = RankMeasure(
+        rank, [r[0] for r in runs], [r[1] for r in runs], memory.peak_increase(), held, memory.method
+    )
+    if group is not None:
+        dist.barrier(group)
+        dist.destroy_process_group()
+    return measure
 
 
 def _measure(spec: AttentionBenchSpec, seq_len: int, world: int) -> list[RankMeasure]:
-    import torch.multiprocessing as mp  # torch: see _worker
+    def error(message: str) -> AttentionError:
+        return AttentionError(
+            f"attention benchmark failed at S = {seq_len}, {world} process(es): {message}",
+            where="longctx bench attention",
+        )
 
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="longctx-bench-") as tmp:
-        init_file = os.path.join(tmp, "init")
-        procs = [
-            ctx.Process(target=_worker, args=(r, world, init_file, spec, seq_len, results), daemon=True)
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        got: dict[int, RankMeasure] = {}
-        errors: list[str] = []
-        deadline = time.monotonic() + spec.timeout_s
-        try:
-            while len(got) + len(errors) < world:
-                try:
-                    status, rank, value = results.get(timeout=5.0)
-                except queue.Empty:
-                    dead = [p.exitcode for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
-                    if dead:
-                        errors.append(f"worker(s) died with exit codes {dead} (out of memory?)")
-                    elif time.monotonic() > deadline:
-                        errors.append(f"no result after {spec.timeout_s:.0f} s")
-                    else:
-                        continue
-                    break
-                if status == "ok":
-                    got[rank] = value
-                else:
-                    errors.append(f"rank {rank}: {value}")
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-        if errors:
-            raise AttentionError(
-                f"attention benchmark failed at S = {seq_len}, {world} process(es): " + "; ".join(errors),
-                where="longctx bench attention",
-            )
-    return [got[r] for r in range(world)]
+    return run_ranks(_worker, (spec, seq_len), world, timeout_s=spec.timeout_s, error=error)
 
 
 def run_attention_bench(
@@ -398,7 +313,8 @@ def run_attention_bench(
         ranks = _measure(spec, seq_len, spec.cp)
         if advance:
             advance()
-        t_cp = max(r.median_s for r in ranks)
+        slowest = max(ranks, key=lambda r: r.median_s)
+        t_cp = slowest.median_s
         mem_cp = max(r.peak_mem_bytes for r in ranks)
         held_cp = max(r.held_after_forward_bytes for r in ranks)
         zig, cont = flop_balance(spec, seq_len)
@@ -408,6 +324,8 @@ def run_attention_bench(
                 piece=ring_piece_for(spec, seq_len),
                 t_full_s=full.median_s,
                 t_cp_s=t_cp,
+                spread_full=full.spread,
+                spread_cp=slowest.spread,
                 efficiency=full.median_s / (spec.cp * t_cp),
                 cpu_efficiency=full.median_cpu_s / (spec.cp * max(r.median_cpu_s for r in ranks)),
                 mem_full_bytes=full.peak_mem_bytes,

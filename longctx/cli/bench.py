@@ -29,6 +29,8 @@ app = typer.Typer(
         "  longctx bench attention --seq-lens 2K,4K --heads 8 --kv-heads 2 --threads 1 --json\n\n"
         "  longctx bench rope --lengths 16K,64K,128K                # suggest and the exact Men search\n\n"
         "  longctx bench trainer --megatron-lm ~/Megatron-LM        # local backend vs pretrain_gpt.py, CPU\n\n"
+        "  longctx bench memory                                     # memory model vs measured peaks\n\n"
+        "  longctx bench throughput --models demo,125m --cp 1,2     # local backend tokens/s and MFU\n\n"
         "  longctx bench tokenize --workers 2                       # data tokenize vs preprocess_data.py"
     ),
     no_args_is_help=True,
@@ -119,7 +121,7 @@ def attention_cmd(
             f"h={spec.heads}/{spec.n_kv_heads} d={spec.head_dim}, {spec.threads} thread(s)/process"
         )
     )
-    columns = ("S", "piece", "t_full s", "t_cp s", "efficiency", "cpu eff", "peak full MiB", "peak/rank MiB", "peak ratio",
+    columns = ("S", "piece", "t_full s", "t_cp s", "spread full/cp", "efficiency", "cpu eff", "peak full MiB", "peak/rank MiB", "peak ratio",
                "held ratio", "balance zigzag", "balance contiguous")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right")
@@ -129,6 +131,7 @@ def attention_cmd(
             "-" if c.piece is None else str(c.piece),
             f"{c.t_full_s:.3f}",
             f"{c.t_cp_s:.3f}",
+            f"{c.spread_full:.2f}/{c.spread_cp:.2f}",
             f"{c.efficiency:.3f}",
             f"{c.cpu_efficiency:.3f}",
             _mib(c.mem_full_bytes),
@@ -144,7 +147,8 @@ def attention_cmd(
         f"balance ≤ {TARGETS['balance']}\n"
         "peak: largest per-rank peak during fwd+bwd (inputs, ring buffers, gradients) vs the full run; "
         "held: what forward leaves resident for backward (inputs, output, LSE), which is what stacks up "
-        "over layers in a model; cpu eff: efficiency on process CPU time (compute overhead only)\n"
+        "over layers in a model; cpu eff: efficiency on process CPU time (compute overhead only); "
+        f"times: medians of {spec.repeats} iterations, spread (max − min) / median\n"
         f"memory method: {report.memory_method} · load avg {report.host.get('load_avg_1m')}",
         highlight=False,
         soft_wrap=True,
@@ -519,6 +523,137 @@ def trainer_cmd(
     console.print("what differs:", highlight=False)
     for line in r.differences:
         console.print(f"  - {line}", highlight=False, soft_wrap=True)
+
+
+@app.command("memory")
+@cli_errors
+def memory_cmd(
+    grid: str = typer.Option(
+        "full", "--grid", help="full (16 configurations, ~11 min on 2 cores) or quick (2)."
+    ),
+    iterations: int = typer.Option(3, "--iterations", min=2, help="Training steps per configuration."),
+    threads: int = typer.Option(1, "--threads", min=1, help="Torch threads per process."),
+    json_out: Json = False,
+) -> None:
+    """The memory model against measured peaks: the local trainer over a grid of configurations.
+
+    Each configuration (sequence 1K–8K, layers, hidden, GQA, micro batch, TP 1/2, CP 1/2, recompute
+    none/selective/full, fp32/bf16) runs a few training steps in fresh processes; its steady peak per
+    process (above the process before the trainer is built) is set beside the model's estimate for the
+    same configuration with this machine's device description. Target (not asserted): every ratio
+    measured / predicted within ±15 %.
+
+    Example: longctx bench memory --json
+    """
+    from longctx.bench.memory import GRID, QUICK, run_memory_bench
+    from longctx.errors import PlanError
+    from longctx.util.progress import progress_bar
+
+    grids = {"full": GRID, "quick": QUICK}
+    if grid not in grids:
+        raise PlanError(f"unknown grid {grid!r}", where="--grid", fix="pass --grid full or --grid quick")
+    cases = grids[grid]
+    with progress_bar("memory bench", total=len(cases), unit="configurations") as advance:
+        report = run_memory_bench(cases, iterations=iterations, threads=threads, advance=advance)
+    if json_out:
+        print_json(report.to_dict())
+        return
+    table = Table(title=f"memory per process, predicted vs measured ({report.device_model})")
+    for col in ("configuration", "procs", "weights+grads+optim MiB", "activations MiB", "logits MiB",
+                "predicted MiB", "measured MiB", "ratio", "s/iteration"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for r in report.rows:
+        p = r.predicted
+        table.add_row(
+            r.case.label, str(r.case.world), _mib(int(p["weights"] + p["grads"] + p["optimizer"])),
+            _mib(int(p["activations"])), _mib(int(p["logits"])), _mib(int(r.predicted_bytes)),
+            _mib(r.measured_bytes), f"[{'green' if r.within else 'yellow'}]{r.ratio:.3f}[/]",
+            f"{r.seconds_per_iteration:.2f}",
+        )  # fmt: skip
+    console.print(table)
+    m = report.machine
+    console.print(
+        f"within ±{report.tolerance:.0%}: {sum(r.within for r in report.rows)} of {len(report.rows)}; "
+        f"largest deviation {report.worst:.1%}\n"
+        "base: 4 layers, hidden 256, 8 heads, SwiGLU 768, vocab 512, fp32; measured: the largest steady "
+        f"peak of the configuration's processes ({report.rows[0].ranks[0].memory_method if report.rows else '-'})\n"
+        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}"
+        + (f", GPU {m['gpu']}" if m.get("gpu") else "")
+        + f", load avg {m['load_avg_1m']}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command("throughput")
+@cli_errors
+def throughput_cmd(
+    models: str = typer.Option(
+        "demo,125m", "--models", help="Comma-separated: demo (stages/tiny.toml), 125m."
+    ),
+    seq_lens: str = typer.Option("1K", "--seq-lens", help="Comma-separated sequence lengths (4K = 4096)."),
+    cps: str = typer.Option("1,2", "--cp", help="Comma-separated context-parallel sizes."),
+    iterations: int = typer.Option(4, "--iterations", min=2, help="Training steps (the first is left out)."),
+    bf16: bool = typer.Option(False, "--bf16/--fp32", help="Precision (fp32 is the CPU default)."),
+    json_out: Json = False,
+) -> None:
+    """Local backend tokens/s and model FLOP utilisation, per model, length and CP size.
+
+    CP 1 runs one process with every core's thread, CP n runs n processes sharing the cores, so the
+    rows compare the same machine. MFU is against the matmul FLOP/s each process measures in the
+    same dtype and threads (and a GPU's datasheet bf16 peak where known). Nothing is asserted.
+
+    Example: longctx bench throughput --models demo --seq-lens 1K,4K --cp 1,2 --json
+    """
+    from longctx.bench.throughput import MODELS, run_throughput_bench
+    from longctx.errors import PlanError
+    from longctx.util.progress import progress_bar
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown or not names:
+        raise PlanError(
+            f"unknown model(s) {', '.join(unknown) or '(none given)'}",
+            where="--models",
+            fix=f"pass a comma-separated subset of {', '.join(MODELS)}",
+        )
+    lens = positive_sizes(seq_lens, "--seq-lens") or [1024]
+    cp_sizes = parse_int_list(cps) or [1]
+    bad = [f"S = {s} with CP {c}" for s in lens for c in cp_sizes if c < 1 or s % (2 * c)]
+    if bad:
+        raise PlanError(
+            f"{'; '.join(bad)}: CP must be ≥ 1 and the length a multiple of 2 × CP (zigzag chunks)",
+            where="--seq-lens / --cp",
+            fix="pick lengths divisible by 2 × CP",
+        )
+    total = len(names) * len(lens) * len(cp_sizes)
+    with progress_bar("throughput bench", total=total, unit="runs") as advance:
+        report = run_throughput_bench(
+            names, lens, cp_sizes, iterations=iterations, bf16=bf16, advance=advance
+        )
+    if json_out:
+        print_json(report.to_dict())
+        return
+    table = Table(title=f"local backend training throughput ({'bf16' if bf16 else 'fp32'})")
+    for col in ("model", "S", "CP", "threads/proc", "tokens/s", "s/iteration", "MFU (matmul peak)", "MFU (datasheet)",
+                "loss first→last"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for r in report.rows:
+        table.add_row(
+            r.model, str(r.seq_length), str(r.cp), str(r.threads), f"{r.tokens_per_s:,.0f}",
+            f"{r.seconds_per_iteration:.3f}", f"{r.mfu:.3f}",
+            "-" if r.mfu_datasheet is None else f"{r.mfu_datasheet:.3f}",
+            f"{r.loss_first:.3f}→{r.loss_last:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    m = report.machine
+    console.print(
+        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}"
+        + (f", GPU {m['gpu']}" if m.get("gpu") else "")
+        + f", load avg {m['load_avg_1m']} · tokens/s: the global batch over the median step after the first",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("tokenize")

@@ -31,6 +31,7 @@ def apply_cpu_compat() -> bool:
             return True
         _patch_torch_cuda_queries()
         _patch_rope()
+        _patch_checkpoint_rng()
         # GlobalMemoryBuffer.get_tensor (megatron/core/utils.py) allocates on torch.cuda.current_device(),
         # covered by the first patch; tensor_parallel.random.model_parallel_cuda_manual_seed needs a
         # driver, so training seeds through `seed_model_parallel_rng` below instead.
@@ -45,6 +46,17 @@ def _patch_torch_cuda_queries() -> None:
     # torch.cuda.current_device(). On CPU the device is "cpu" and there is nothing to synchronize.
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+
+
+def _patch_checkpoint_rng() -> None:
+    # Activation recompute (tensor_parallel.checkpoint, CheckpointWithoutOutput) saves and restores
+    # every RNG state around the recomputed forward, CUDA's included, through these two functions,
+    # which need a driver. A CPU-only process has no CUDA generator: its state is an empty tensor and
+    # restoring it does nothing (torch's CPU state and the tracker's are still saved and restored).
+    from megatron.core.tensor_parallel import random as mp_random
+
+    mp_random._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)  # type: ignore[assignment]
+    mp_random._set_cuda_rng_state = lambda *a, **k: None  # type: ignore[assignment]
 
 
 def _patch_rope() -> None:

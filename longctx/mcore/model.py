@@ -37,6 +37,8 @@ class ModelSettings:
     sequence_parallel: bool = False
     params_dtype: torch.dtype = torch.float32
     recompute: str | None = None  # None | "selective" | "full"
+    recompute_method: str = "uniform"  # full recompute: "uniform" | "block"
+    recompute_num_layers: int = 1  # full recompute: layers per chunk (uniform) or recomputed (block)
     # "longctx": our ring/all-gather attention (CP without TE); "te": TransformerEngine spec;
     # "megatron-local": megatron's DotProductAttention (CP 1 only, needs CUDA for its mask).
     attention: Literal["longctx", "te", "megatron-local"] = "longctx"
@@ -79,7 +81,8 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> TransformerConfig:
         attention_softmax_in_fp32=True,
     )
     if s.recompute == "full":
-        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        kwargs.update(recompute_granularity="full", recompute_method=s.recompute_method,
+                      recompute_num_layers=s.recompute_num_layers)  # fmt: skip
     elif s.recompute == "selective":
         kwargs.update(recompute_granularity="selective")
     if arch.num_experts:

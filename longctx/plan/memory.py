@@ -55,6 +55,24 @@ L_p = ceil(L/p) layers per pipeline stage):
 * overhead  3 GiB fixed: CUDA context, NCCL buffers, library workspaces.
 A stage fits when the sum stays under (1 − margin) × GPU memory.
 
+The byte sizes above are those of a GPU run under Megatron-LM with TransformerEngine (`GPU_FUSED`).
+The same formulas serve the local backend through a `DeviceModel` (`CPU_LOCAL_FP32`,
+`CPU_LOCAL_BF16`): its element sizes, whether a separate fp32 master exists, no fixed overhead (the
+benchmark measures above the process's start-up), and the layer as megatron-core's local spec with
+longctx's attention builds it, whose unfused modules keep more per token and layer (bytes, e the
+element size; `longctx bench memory` checks them against measured peaks):
+    norm_inputs 4·2h: torch's RMSNorm keeps its input in fp32 (an fp32 copy of a bf16 input);
+    norm_scaled 4·2h: x·rstd in fp32, which the weight multiply keeps; norm_outputs e·2h;
+    qkv e·(a+2g)k: linear_qkv's output, which the QK-norms keep (q, k, v are views of it);
+    qk_norm 4·(a+g)k, the QK-norms' x·rstd, and in bf16 their fp32 input copies, 4·(a+g)k more;
+    attention e·(2ak + gk) in bf16, e·(3ak + gk) in fp32: q and k after RoPE, the [b, s, heads, d]
+    copies longctx's attention keeps, its output and linear_proj's input;
+    core_attn 4 B × a, the log-sum-exp; mlp e·5f: fc1's output 2f, SiLU's output f, the product f
+    (linear_fc2's input) and its copy f.
+Selective recompute of core_attn keeps the same on the local spec (the checkpointed attention keeps
+its inputs, which are the copies), so it credits only the log-sum-exp.
+Logits on the local backend are kept in fp32 three times (logits, softmax, gradient): 12 B × s×V.
+
 Calibration (tests/plan/test_memory.py): a 32K run of a Llama-like 8B model (262K vocab) on
 A100-64GB at TP 4, SP, distributed optimizer and full recompute measured a 55.4 GB peak (the model,
 with longctx's full-recompute default uniform / 1 layer: 51.2 GB); NeMo's Llama-3-8B recipes (TP 4, PP 2, CP 2 @16K, 4 @64K, 8 @128K) run on
@@ -74,10 +92,42 @@ OVERHEAD_BYTES = 3 * GiB
 LOGIT_BYTES = 8
 
 Recompute = Literal["none", "selective", "full"]
+Kernels = Literal["fused", "local"]
 RecomputeMethod = Literal["uniform", "block"]
 AttentionBackend = Literal["flash", "fused", "unfused", "auto"]
 # megatron-core 0.16.1 TransformerConfig.recompute_modules choices
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceModel:
+    """What the device, the precision and the layer implementation make of the formulas (bytes)."""
+
+    name: str
+    weight_bytes: float  # per parameter, the model's own copy
+    grad_bytes: float  # per parameter, the gradient the optimizer reads (fp32 main grads)
+    optimizer_bytes: float  # per parameter before sharding: Adam m and v, and an fp32 master if separate
+    element_bytes: float  # activations
+    kernels: Kernels  # "fused": TransformerEngine / flash; "local": megatron-core's local spec, unfused
+    logit_bytes: float  # per logit element of the last stage
+    overhead_bytes: float  # fixed: CUDA context, communication buffers, workspaces
+
+
+GPU_FUSED = DeviceModel(
+    "GPU, bf16 with fp32 main grads and masters, TransformerEngine / flash kernels",
+    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="fused",
+    logit_bytes=float(LOGIT_BYTES), overhead_bytes=float(OVERHEAD_BYTES),
+)  # fmt: skip
+CPU_LOCAL_FP32 = DeviceModel(
+    "CPU, fp32 (the masters are the weights), megatron-core local spec with longctx attention",
+    weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, element_bytes=4.0, kernels="local",
+    logit_bytes=12.0, overhead_bytes=0.0,
+)  # fmt: skip
+CPU_LOCAL_BF16 = DeviceModel(
+    "CPU, bf16 with fp32 grads and masters, megatron-core local spec with longctx attention",
+    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="local",
+    logit_bytes=12.0, overhead_bytes=0.0,
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +149,7 @@ class MemoryInputs:
     recompute_num_layers: int = 1  # full recompute only
     recompute_modules: tuple[str, ...] = ()  # selective recompute only
     attention_backend: AttentionBackend = "flash"
+    device: DeviceModel = GPU_FUSED
 
 
 class Budgeted:
@@ -162,8 +213,11 @@ def activation_terms(
     *,
     attention_backend: AttentionBackend = "flash",
     seq_length: int | None = None,
+    device: DeviceModel = GPU_FUSED,
 ) -> dict[str, float]:
     """Bytes per token per layer that the backward keeps, by what keeps them (the module docstring)."""
+    if device.kernels == "local":
+        return _local_activation_terms(arch, tp, device.element_bytes)
     h, a, g, k, f = (
         arch.hidden_size,
         arch.num_attention_heads,
@@ -188,6 +242,29 @@ def activation_terms(
     }
 
 
+def _local_activation_terms(arch: ModelArch, tp: int, e: float) -> dict[str, float]:
+    """`activation_terms` of megatron-core's local spec with longctx attention (no sequence parallel)."""
+    h, a, g, k, f = (
+        arch.hidden_size,
+        arch.num_attention_heads,
+        arch.query_groups,
+        arch.head_dim,
+        arch.ffn_hidden_size,
+    )
+    fp32_copy = 4.0 if e < 4 else 0.0  # torch's norms upcast a bf16 input and keep that copy
+    qk = arch.qk_layernorm
+    return {
+        "norm_inputs": 4.0 * 2 * h,
+        "norm_scaled": 4.0 * 2 * h,
+        "norm_outputs": e * 2 * h,
+        "qkv": e * (a + 2 * g) * k / tp if qk else 0.0,
+        "qk_norm": (4.0 + fp32_copy) * (a + g) * k / tp if qk else 0.0,
+        "attention": e * ((2 if e < 4 else 3) * a * k + g * k) / tp,
+        "core_attn": 4.0 * a / tp,
+        "mlp": e * (5 if arch.swiglu else 3) * f / tp,
+    }
+
+
 def activation_bytes_per_token_layer(
     arch: ModelArch,
     tp: int,
@@ -195,9 +272,10 @@ def activation_bytes_per_token_layer(
     *,
     attention_backend: AttentionBackend = "flash",
     seq_length: int | None = None,
+    device: DeviceModel = GPU_FUSED,
 ) -> float:
     terms = activation_terms(
-        arch, tp, sequence_parallel, attention_backend=attention_backend, seq_length=seq_length
+        arch, tp, sequence_parallel, attention_backend=attention_backend, seq_length=seq_length, device=device
     )
     return sum(terms.values())
 
@@ -210,11 +288,14 @@ def recompute_module_credit(
     *,
     attention_backend: AttentionBackend = "flash",
     seq_length: int | None = None,
+    device: DeviceModel = GPU_FUSED,
 ) -> float:
     """Bytes per token per layer that `--recompute-modules <module>` stops keeping (module docstring)."""
     terms = activation_terms(
-        arch, tp, sequence_parallel, attention_backend=attention_backend, seq_length=seq_length
+        arch, tp, sequence_parallel, attention_backend=attention_backend, seq_length=seq_length, device=device
     )
+    if device.kernels == "local" and module == "core_attn":
+        return terms["core_attn"]
     t_sp = tp if sequence_parallel else 1
     one_norm_output = 2.0 * arch.hidden_size / t_sp
     moe = bool(arch.num_experts)
@@ -238,9 +319,9 @@ def layer_activations(inp: MemoryInputs) -> float:
     a = inp.arch
     tokens = inp.seq_length / inp.cp * inp.micro_batch_size
     t_sp = inp.tp if inp.sequence_parallel else 1
-    kw = {"attention_backend": inp.attention_backend, "seq_length": inp.seq_length}
+    kw = {"attention_backend": inp.attention_backend, "seq_length": inp.seq_length, "device": inp.device}
     per_layer = activation_bytes_per_token_layer(a, inp.tp, inp.sequence_parallel, **kw) * tokens
-    layer_input = 2.0 * tokens * a.hidden_size / t_sp
+    layer_input = inp.device.element_bytes * tokens * a.hidden_size / t_sp
     layers = math.ceil(a.num_layers / inp.pp)
     in_flight = min(inp.pp, max(1, inp.num_microbatches))
     if inp.recompute == "full":
@@ -263,25 +344,26 @@ def layer_activations(inp: MemoryInputs) -> float:
 
 def estimate(inp: MemoryInputs, *, gpu_memory_gib: float, margin: float) -> MemoryEstimate:
     a = inp.arch
+    dev = inp.device
     p_gpu = params_per_gpu(a, inp.padded_vocab_size, inp.tp, inp.pp)
-    weights = 2.0 * p_gpu
-    grads = (4.0 if inp.fp32_grads else 2.0) * p_gpu
+    weights = dev.weight_bytes * p_gpu
+    grads = (dev.grad_bytes if inp.fp32_grads else 2.0) * p_gpu
     shard = inp.dp * inp.cp if inp.distributed_optimizer else 1
-    optimizer = 12.0 * p_gpu / shard
+    optimizer = dev.optimizer_bytes * p_gpu / shard
 
     tokens = inp.seq_length / inp.cp * inp.micro_batch_size
     t_sp = inp.tp if inp.sequence_parallel else 1
     activations = layer_activations(inp)
     # embedding output and the final norm's input
-    activations += 2 * 2.0 * tokens * a.hidden_size / t_sp
-    logits = LOGIT_BYTES * tokens * inp.padded_vocab_size / inp.tp
+    activations += 2 * dev.element_bytes * tokens * a.hidden_size / t_sp
+    logits = dev.logit_bytes * tokens * inp.padded_vocab_size / inp.tp
     return MemoryEstimate(
         weights=weights,
         grads=grads,
         optimizer=optimizer,
         activations=activations,
         logits=logits,
-        overhead=float(OVERHEAD_BYTES),
+        overhead=dev.overhead_bytes,
         gpu_memory=gpu_memory_gib * GiB,
         margin=margin,
     )

@@ -284,6 +284,7 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
         tensor_parallel=1, context_parallel=st.cp, attention=plan.local.attention, cp_comm=plan.local.cp_comm,
         bf16=plan.local.bf16,
         recompute="none" if st.recompute == "selective" else st.recompute,
+        recompute_method=st.recompute_method or "uniform", recompute_num_layers=st.recompute_num_layers or 1,
         save=str(st.save_dir), pretrained=str(st.load_from) if st.load_from else None,
         save_interval=st.save_interval, exit_duration_in_mins=st.exit_duration_in_mins,
         log_interval=st.log_interval, threads_per_process=threads,

@@ -100,6 +100,7 @@ class Trainer:
             seq_length=spec.seq_length, rotary_base=spec.rotary_base, padded_vocab_size=spec.padded_vocab_size,
             tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,
             params_dtype=dtype, recompute=None if spec.recompute == "none" else spec.recompute,
+            recompute_method=spec.recompute_method, recompute_num_layers=spec.recompute_num_layers,
             attention=spec.attention, cp_comm=spec.cp_comm,
         )  # fmt: skip
 

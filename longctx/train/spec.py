@@ -72,6 +72,8 @@ class TrainSpec(BaseModel):
     attention: Literal["longctx", "te", "megatron-local"] = "longctx"
     cp_comm: Literal["ring", "allgather"] = "ring"
     recompute: Literal["none", "selective", "full"] = "none"
+    recompute_method: Literal["uniform", "block"] = "uniform"  # full recompute only
+    recompute_num_layers: int = Field(default=1, ge=1)  # full recompute only
     bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
     # checkpoints: save == load (resume); pretrained = previous stage (weights only, finetune semantics);
     # neither → random initialisation (pretraining a base model)

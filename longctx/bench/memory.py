@@ -1,0 +1,166 @@
+"""The memory model (`longctx.plan.memory`) against the peaks the local backend measures.
+
+Each configuration of a grid runs a few training steps of the local trainer in fresh processes
+(`longctx.bench.steps`) and its steady peak per process is set beside the model's estimate for the
+same model, length, TP, CP, micro batch, recompute and precision, with the device description of
+the machine it runs on (`CPU_LOCAL_FP32` / `CPU_LOCAL_BF16` on the CPU, `GPU_FUSED`'s formulas with
+the local kernels on a GPU). The ratio measured / predicted says per configuration whether a scaling
+term (length, layers, hidden, GQA, TP, CP, recompute, micro batch) holds; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from longctx.bench.steps import StepCase, StepMeasure, measure_steps
+from longctx.plan.memory import (
+    CPU_LOCAL_BF16,
+    CPU_LOCAL_FP32,
+    DeviceModel,
+    MemoryEstimate,
+    MemoryInputs,
+    estimate,
+)
+from longctx.util.machine import cpu_model
+
+TOLERANCE = 0.15  # the target: every configuration within ±15 % on the CPU
+GPU_LOCAL_BF16 = DeviceModel(
+    "GPU, bf16 with fp32 grads and masters, megatron-core local spec with longctx attention",
+    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="local",
+    logit_bytes=12.0, overhead_bytes=0.0,
+)  # fmt: skip
+
+# base: 4 layers, hidden 256, 8 heads (MHA), SwiGLU 768, vocab 512; each case varies one thing
+GRID: tuple[StepCase, ...] = (
+    StepCase("seq 1K", 1024),
+    StepCase("seq 2K", 2048),
+    StepCase("seq 4K", 4096),
+    StepCase("seq 8K", 8192),
+    StepCase("8 layers, 2K", 2048, layers=8),
+    StepCase("hidden 512, 2K", 2048, hidden=512),
+    StepCase("GQA 8/2, 2K", 2048, groups=2),
+    StepCase("micro batch 2, 2K", 2048, micro_batch=2),
+    StepCase("TP 2, 2K", 2048, tp=2),
+    StepCase("TP 2, 4K", 4096, tp=2),
+    StepCase("CP 2, 4K", 4096, cp=2),
+    StepCase("CP 2, 8K", 8192, cp=2),
+    StepCase("full recompute, 4K", 4096, recompute="full"),
+    StepCase("selective recompute, 4K", 4096, recompute="selective"),
+    StepCase("bf16, 2K", 2048, bf16=True),
+    StepCase("bf16 GQA 8/2, CP 2, 4K", 4096, groups=2, cp=2, bf16=True),
+)
+QUICK: tuple[StepCase, ...] = (
+    StepCase("seq 1K", 1024),
+    StepCase("CP 2, 2K", 2048, cp=2),
+)
+
+
+def device_model(case: StepCase, device: str) -> DeviceModel:
+    if device == "cuda":
+        return GPU_LOCAL_BF16 if case.bf16 else CPU_LOCAL_FP32  # fp32 on a GPU keeps what the CPU keeps
+    return CPU_LOCAL_BF16 if case.bf16 else CPU_LOCAL_FP32
+
+
+def predict(case: StepCase, device: str = "cpu") -> MemoryEstimate:
+    """The model's bytes per process for `case` (the local trainer: no distributed optimizer, no SP)."""
+    inp = MemoryInputs(
+        arch=case.arch(), padded_vocab_size=case.vocab, seq_length=case.seq_length,
+        micro_batch_size=case.micro_batch, tp=case.tp, pp=1, cp=case.cp, dp=1, num_microbatches=1,
+        sequence_parallel=False, recompute=case.recompute,  # type: ignore[arg-type]
+        distributed_optimizer=False, recompute_modules=("core_attn",) if case.recompute == "selective" else (),
+        device=device_model(case, device),
+    )  # fmt: skip
+    return estimate(inp, gpu_memory_gib=1024.0, margin=0.0)
+
+
+@dataclass
+class MemoryRow:
+    case: StepCase
+    predicted: dict[str, float]  # the estimate's parts, bytes
+    predicted_bytes: float
+    measured_bytes: int  # largest steady peak of the case's processes
+    ratio: float  # measured / predicted
+    seconds_per_iteration: float
+    ranks: list[StepMeasure] = field(default_factory=list)
+
+    @property
+    def within(self) -> bool:
+        return abs(self.ratio - 1.0) <= TOLERANCE
+
+
+@dataclass
+class MemoryReport:
+    device: str
+    device_model: str
+    machine: dict[str, Any]
+    rows: list[MemoryRow]
+    tolerance: float = TOLERANCE
+
+    @property
+    def worst(self) -> float:
+        return max((abs(r.ratio - 1.0) for r in self.rows), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "device_model": self.device_model,
+            "machine": self.machine,
+            "tolerance": self.tolerance,
+            "worst_deviation": self.worst,
+            "within_tolerance": sum(r.within for r in self.rows),
+            "rows": [
+                {
+                    "case": asdict(r.case),
+                    "predicted": r.predicted,
+                    "predicted_bytes": r.predicted_bytes,
+                    "measured_bytes": r.measured_bytes,
+                    "ratio": r.ratio,
+                    "within": r.within,
+                    "seconds_per_iteration": r.seconds_per_iteration,
+                    "ranks": [asdict(m) for m in r.ranks],
+                }
+                for r in self.rows
+            ],
+        }
+
+
+def machine() -> dict[str, Any]:
+    import torch  # measuring needs it anyway
+
+    return {
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def run_memory_bench(
+    cases: tuple[StepCase, ...] = GRID,
+    *,
+    iterations: int = 3,
+    threads: int = 1,
+    advance: Callable[[], None] | None = None,
+) -> MemoryReport:
+    """Measure every case of the grid and set it beside the model; `advance()` after each case."""
+    rows: list[MemoryRow] = []
+    device = "cpu"
+    for case in cases:
+        ranks = measure_steps(case, iterations=iterations, threads=threads)
+        device = ranks[0].device
+        est = predict(case, device)
+        measured = max(m.steady_peak for m in ranks)
+        seconds = statistics.median(t for m in ranks for t in m.times_s[1:] or m.times_s)
+        parts = {k: getattr(est, k) for k in est.PARTS}
+        rows.append(MemoryRow(case, parts, est.total, measured, measured / est.total, seconds, ranks))
+        if advance:
+            advance()
+    model = device_model(cases[0], device).name if cases else ""
+    return MemoryReport(device=device, device_model=model, machine=machine(), rows=rows)
