@@ -6,10 +6,10 @@ Every measurement runs in a fresh spawned process (the CP ranks talk over gloo).
 workspaces, then in the CP ranks one more over the process group, which pages in the communication
 code and sets up gloo's buffers), the timed iterations run with the allocator as a training process
 has it: glibc's defaults, which keep freed blocks for reuse, so an iteration pays no page faults for
-memory an earlier one touched. Then memory is measured in one more fwd+bwd on fresh inputs, with
-glibc's mmap threshold pinned at 64 KiB (every tensor-sized block mmap'd, so the resident set follows
-live memory; see `longctx.bench.processes`): the peak resident set (VmHWM, reset first) minus the
-resident set just before the inputs. That covers everything torch allocated — inputs, kernel
+memory an earlier one touched. Memory is measured in a second set of fresh processes, one fwd+bwd
+after the same warm-up, with glibc's mmap threshold pinned at 64 KiB from the start (every
+tensor-sized block mmap'd, so the resident set follows live memory; see `longctx.bench.processes`):
+the peak resident set (VmHWM, reset first) minus the resident set just before the inputs. That covers everything torch allocated — inputs, kernel
 workspaces, ring buffers, gradients — which Python-level tracers miss. Where the peak cannot be
 reset, the increase of `getrusage` `ru_maxrss` is used and the report says so.
 
@@ -212,8 +212,10 @@ def _ratio(values: list[int]) -> float:
 # ----------------------------------------------------------------------------------- measurement
 
 
-def _worker(rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, out: Any) -> None:
-    guarded(rank, out, lambda: _measure_rank(rank, world, init_file, spec, seq_len))
+def _worker(
+    rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, phase: str, out: Any
+) -> None:
+    guarded(rank, out, lambda: _measure_rank(rank, world, init_file, spec, seq_len, phase))
 
 
 def _inputs(spec: AttentionBenchSpec, local: int, rank: int) -> tuple[Any, Any, Any, Any]:
@@ -230,7 +232,7 @@ def _inputs(spec: AttentionBenchSpec, local: int, rank: int) -> tuple[Any, Any, 
 
 
 def _measure_rank(
-    rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int
+    rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, phase: str
 ) -> RankMeasure:
     # torch and the torch-based kernels load in the spawned worker only, not when the CLI imports this
     import torch
@@ -238,6 +240,8 @@ def _measure_rank(
 
     from longctx.attention import allgather_attention, ring_attention
 
+    if phase == "memory":
+        fixed_mmap_threshold()
     torch.set_num_threads(spec.threads)
     group = None
     if world > 1:
@@ -257,6 +261,7 @@ def _measure_rank(
         w_out = fn(wq[:, :256], wkv[:, :256], wkv[:, :256], group=group, causal=spec.causal, **few)
         w_out.backward(torch.randn_like(w_out))
     del wq, wkv, w_out
+    trim_heap()
     local = seq_len // world
 
     def step(q: Any, k: Any, v: Any, dout: Any, memory: PeakMemory | None = None) -> tuple[float, float, int]:
@@ -271,19 +276,15 @@ def _measure_rank(
         q.grad = k.grad = v.grad = None
         return elapsed, cpu, held
 
-    # timing: the allocator as a training process has it (glibc reuses freed blocks)
-    q, k, v, dout = _inputs(spec, local, rank)
-    runs = [step(q, k, v, dout) for _ in range(spec.warmup + spec.repeats)][spec.warmup :]
-    del q, k, v, dout
-    # memory: every tensor-sized block mmap'd, so RSS follows live memory; one more fwd+bwd
-    fixed_mmap_threshold()
-    trim_heap()
-    memory = PeakMemory()
-    memory.start()
-    _, _, held = step(*_inputs(spec, local, rank), memory=memory)
-    measure = RankMeasure(
-        rank, [r[0] for r in runs], [r[1] for r in runs], memory.peak_increase(), held, memory.method
-    )
+    if phase == "time":  # the allocator as a training process has it (glibc reuses freed blocks)
+        q, k, v, dout = _inputs(spec, local, rank)
+        runs = [step(q, k, v, dout) for _ in range(spec.warmup + spec.repeats)][spec.warmup :]
+        measure = RankMeasure(rank, [r[0] for r in runs], [r[1] for r in runs], 0, 0, "")
+    else:  # one fwd+bwd with every tensor-sized block mmap'd (fixed_mmap_threshold, set first)
+        memory = PeakMemory()
+        memory.start()
+        _, _, held = step(*_inputs(spec, local, rank), memory=memory)
+        measure = RankMeasure(rank, [], [], memory.peak_increase(), held, memory.method)
     if group is not None:
         dist.barrier(group)
         dist.destroy_process_group()
@@ -291,13 +292,23 @@ def _measure_rank(
 
 
 def _measure(spec: AttentionBenchSpec, seq_len: int, world: int) -> list[RankMeasure]:
+    """Time in one set of fresh processes, memory in another (see the module docstring)."""
+
     def error(message: str) -> AttentionError:
         return AttentionError(
             f"attention benchmark failed at S = {seq_len}, {world} process(es): {message}",
             where="longctx bench attention",
         )
 
-    return run_ranks(_worker, (spec, seq_len), world, timeout_s=spec.timeout_s, error=error)
+    timed = run_ranks(_worker, (spec, seq_len, "time"), world, timeout_s=spec.timeout_s, error=error)
+    sized = run_ranks(_worker, (spec, seq_len, "memory"), world, timeout_s=spec.timeout_s, error=error)
+    for t, m in zip(timed, sized, strict=True):
+        t.peak_mem_bytes, t.held_after_forward_bytes, t.memory_method = (
+            m.peak_mem_bytes,
+            m.held_after_forward_bytes,
+            m.memory_method,
+        )
+    return timed
 
 
 def run_attention_bench(

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from longctx.bench.steps import StepCase, StepMeasure, measure_steps
 from longctx.plan.memory import (
     CPU_LOCAL_BF16,
@@ -130,8 +132,6 @@ class MemoryReport:
 
 
 def machine() -> dict[str, Any]:
-    import torch  # measuring needs it anyway
-
     return {
         "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),

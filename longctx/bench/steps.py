@@ -19,9 +19,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from longctx.arch import ModelArch
 from longctx.bench.processes import PeakMemory, fixed_mmap_threshold, guarded, run_ranks, trim_heap
 from longctx.errors import LongctxError
+from longctx.mcore.parallel import backend, training_device
+from longctx.train.loop import Trainer
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 
 Recompute = str  # "none" | "selective" | "full"
@@ -102,8 +107,6 @@ class SyntheticSamples:
         self.seq_length, self.vocab = seq_length, vocab
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        import torch  # see _measure
-
         gen = torch.Generator().manual_seed(i)
         ids = torch.randint(0, self.vocab, (self.seq_length + 1,), generator=gen)
         return {
@@ -120,25 +123,17 @@ class _CudaPeak:
     method = "cuda max_memory_allocated"
 
     def start(self) -> None:
-        import torch
-
         torch.cuda.synchronize()
         self.base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
 
     def reset_peak(self) -> None:
-        import torch
-
         torch.cuda.reset_peak_memory_stats()
 
     def current_increase(self) -> int:
-        import torch
-
         return max(0, torch.cuda.memory_allocated() - self.base)
 
     def peak_increase(self) -> int:
-        import torch
-
         torch.cuda.synchronize()
         return max(0, torch.cuda.max_memory_allocated() - self.base)
 
@@ -146,8 +141,6 @@ class _CudaPeak:
 def gemm_flops_per_s(device: Any, dtype: Any, *, n: int | None = None, seconds: float = 0.5) -> float:
     """FLOP/s of repeated n×n matmuls on `device` in `dtype` (the median of 5 timed batches): the
     achievable peak that model FLOP utilisation is measured against on this process's threads."""
-    import torch
-
     n = n or (8192 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -173,13 +166,6 @@ def gemm_flops_per_s(device: Any, dtype: Any, *, n: int | None = None, seconds: 
 def _measure(
     rank: int, world: int, init_file: str, case: StepCase, iterations: int, threads: int
 ) -> StepMeasure:
-    # torch, megatron-core and the trainer load in the spawned worker only
-    import torch
-    import torch.distributed as dist
-
-    from longctx.mcore.parallel import backend, training_device
-    from longctx.train.loop import Trainer
-
     fixed_mmap_threshold()
     torch.set_num_threads(threads)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))

@@ -62,6 +62,9 @@ def attention_cmd(
     warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed iterations first."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
     variant: str = typer.Option("ring", "--variant", help="ring or allgather."),
+    causal: bool = typer.Option(
+        True, "--causal/--non-causal", help="Causal (default) or bidirectional attention."
+    ),
     piece: int | None = typer.Option(
         None, "--piece", min=1, help="Ring keys per K/V message (default: the rule, or $LONGCTX_RING_PIECE)."
     ),
@@ -108,6 +111,7 @@ def attention_cmd(
         dtype=dtype,
         variant=variant,
         piece=piece,
+        causal=causal,
     )
     validate_spec(spec)
     with progress_bar("attention bench", total=2 * len(lens), unit="runs") as advance:
@@ -117,7 +121,8 @@ def attention_cmd(
         return
     table = Table(
         title=(
-            f"{spec.variant} attention fwd+bwd, CP={spec.cp} vs 1 process, causal, {spec.dtype}, b={spec.batch} "
+            f"{spec.variant} attention fwd+bwd, CP={spec.cp} vs 1 process, "
+            f"{'causal' if spec.causal else 'non-causal'}, {spec.dtype}, b={spec.batch} "
             f"h={spec.heads}/{spec.n_kv_heads} d={spec.head_dim}, {spec.threads} thread(s)/process"
         )
     )

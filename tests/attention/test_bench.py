@@ -51,6 +51,22 @@ def test_cli_runs_and_reports_json():
     assert case["balance_zigzag"] == 1.0 and case["balance_contiguous"] > 2.9
     assert len(case["ranks"]) == 2
     assert report["memory_method"]
+    assert case["spread_full"] >= 0 and case["spread_cp"] >= 0
+
+
+def test_cli_non_causal_balances_every_split():
+    result = runner.invoke(
+        app,
+        ["bench", "attention", "--seq-lens", "256", "--heads", "2", "--head-dim", "16", "--non-causal",
+         "--repeats", "2", "--warmup", "0", "--threads", "1", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["spec"]["causal"] is False
+    (case,) = report["cases"]
+    # without a mask every rank scores all its queries against every key, whatever the split
+    assert case["balance_zigzag"] == case["balance_contiguous"] == 1.0
+    assert all(len(r["times_s"]) == 2 for r in case["ranks"])
 
 
 def test_cli_bad_sequence_length_exits_2():
