@@ -38,7 +38,9 @@ def test_recompute_trains_the_same_steps_on_the_cpu() -> None:
     # activation recompute saves and restores the RNG states, CUDA's included, which needs the CPU shim
     base = StepCase("none", 256, layers=2, hidden=64, heads=4)
     runs = {
-        rc: measure_steps(StepCase(rc, 256, layers=2, hidden=64, heads=4, recompute=rc), iterations=3, threads=1)
+        rc: measure_steps(
+            StepCase(rc, 256, layers=2, hidden=64, heads=4, recompute=rc), iterations=3, threads=1
+        )
         for rc in ("full", "selective")
     }
     ref = measure_steps(base, iterations=3, threads=1)[0].losses
@@ -68,4 +70,6 @@ def test_prediction_scales_as_the_case_does() -> None:
     tp2 = predict(StepCase("c", 2048, tp=2))
     assert cp2.activations == pytest.approx(one.activations)  # the same tokens per rank
     assert tp2.weights < one.weights and tp2.activations < one.activations
-    assert predict(StepCase("d", 4096, recompute="full")).activations < predict(StepCase("e", 4096)).activations
+    assert (
+        predict(StepCase("d", 4096, recompute="full")).activations < predict(StepCase("e", 4096)).activations
+    )

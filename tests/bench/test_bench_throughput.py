@@ -28,7 +28,8 @@ def test_datasheet_peaks_are_matched_by_name() -> None:
 
 
 def test_demo_model_at_cp1_and_cp2_prints_one_json_document() -> None:
-    args = ["bench", "throughput", "--models", "demo", "--seq-lens", "512", "--cp", "1,2", "--iterations", "3", "--json"]
+    args = ["bench", "throughput", "--models", "demo", "--seq-lens", "512", "--cp", "1,2", "--iterations", "3",
+            "--json"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["rows"]
