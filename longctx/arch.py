@@ -59,6 +59,17 @@ class ModelArch(BaseModel):
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
+    def widths(self) -> tuple[int, int, int, int, int]:
+        """(hidden h, heads a, query groups g, head dim k, FFN f): the letters of the memory formulas."""
+        return (
+            self.hidden_size,
+            self.num_attention_heads,
+            self.query_groups,
+            self.head_dim,
+            self.ffn_hidden_size,
+        )
+
+    @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.rotary_percent)
 

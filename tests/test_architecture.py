@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"tokenizer", "attention", "data", "checkpoint", "mcore", "plan"},
     "stage": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "train", "eval"},
     "slurm": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "stage"},
-    "bench": {"tokenizer", "rope", "attention", "data", "checkpoint", "mcore", "plan"},
+    "bench": {"tokenizer", "rope", "attention", "data", "checkpoint", "mcore", "plan", "train"},
     "demo": {"tokenizer", "data", "checkpoint", "plan", "launch", "train", "eval", "stage"},
     "export": {"tokenizer", "checkpoint", "plan"},
     "cli": {"*"},

@@ -37,13 +37,7 @@ MODELS: dict[str, StepCase] = {
 def matmul_params(case: StepCase) -> int:
     """Parameters that take part in matmuls: every layer's linear weights and the output layer."""
     arch = case.arch()
-    h, a, g, k, f = (
-        arch.hidden_size,
-        arch.num_attention_heads,
-        arch.query_groups,
-        arch.head_dim,
-        arch.ffn_hidden_size,
-    )
+    h, a, g, k, f = arch.widths
     per_layer = h * (a + 2 * g) * k + a * k * h + h * f * (2 if arch.swiglu else 1) + f * h
     return arch.num_layers * per_layer + case.vocab * h
 

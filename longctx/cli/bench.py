@@ -41,6 +41,13 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f}"
 
 
+def _machine_line(m: dict) -> str:
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    return (
+        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}{gpu}, load avg {m['load_avg_1m']}"
+    )
+
+
 @app.command("attention")
 @cli_errors
 def attention_cmd(
@@ -576,15 +583,12 @@ def memory_cmd(
             f"{r.seconds_per_iteration:.2f}",
         )  # fmt: skip
     console.print(table)
-    m = report.machine
     console.print(
         f"within ±{report.tolerance:.0%}: {sum(r.within for r in report.rows)} of {len(report.rows)}; "
         f"largest deviation {report.worst:.1%}\n"
         "base: 4 layers, hidden 256, 8 heads, SwiGLU 768, vocab 512, fp32; measured: the largest steady "
         f"peak of the configuration's processes ({report.rows[0].ranks[0].memory_method if report.rows else '-'})\n"
-        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}"
-        + (f", GPU {m['gpu']}" if m.get("gpu") else "")
-        + f", load avg {m['load_avg_1m']}",
+        + _machine_line(report.machine),
         highlight=False,
         soft_wrap=True,
     )
@@ -651,11 +655,8 @@ def throughput_cmd(
             f"{r.loss_first:.3f}→{r.loss_last:.3f}",
         )  # fmt: skip
     console.print(table)
-    m = report.machine
     console.print(
-        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}"
-        + (f", GPU {m['gpu']}" if m.get("gpu") else "")
-        + f", load avg {m['load_avg_1m']} · tokens/s: the global batch over the median step after the first",
+        _machine_line(report.machine) + " · tokens/s: the global batch over the median step after the first",
         highlight=False,
         soft_wrap=True,
     )

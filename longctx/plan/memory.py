@@ -218,13 +218,7 @@ def activation_terms(
     """Bytes per token per layer that the backward keeps, by what keeps them (the module docstring)."""
     if device.kernels == "local":
         return _local_activation_terms(arch, tp, device.element_bytes)
-    h, a, g, k, f = (
-        arch.hidden_size,
-        arch.num_attention_heads,
-        arch.query_groups,
-        arch.head_dim,
-        arch.ffn_hidden_size,
-    )
+    h, a, g, k, f = arch.widths
     t_sp = tp if sequence_parallel else 1
     if attention_backend == "unfused":
         if seq_length is None:
@@ -244,13 +238,7 @@ def activation_terms(
 
 def _local_activation_terms(arch: ModelArch, tp: int, e: float) -> dict[str, float]:
     """`activation_terms` of megatron-core's local spec with longctx attention (no sequence parallel)."""
-    h, a, g, k, f = (
-        arch.hidden_size,
-        arch.num_attention_heads,
-        arch.query_groups,
-        arch.head_dim,
-        arch.ffn_hidden_size,
-    )
+    h, a, g, k, f = arch.widths
     fp32_copy = 4.0 if e < 4 else 0.0  # torch's norms upcast a bf16 input and keep that copy
     qk = arch.qk_layernorm
     return {
