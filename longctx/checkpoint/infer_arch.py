@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 
 ASSUMED_HEAD_DIM = 128
 
-_PER_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_STACKED = re.compile(r"^decoder\.layers\.(?!\d+\.)(.+)$")
+# GPTModel's block is `decoder.`; the BERT-derived diffusion models store the same layers as `encoder.`
+_PER_LAYER = re.compile(r"^(?:decoder|encoder)\.layers\.(\d+)\.(.+)$")
+_STACKED = re.compile(r"^(?:decoder|encoder)\.layers\.(?!\d+\.)(.+)$")
 _LOCAL_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.+)$")
 
 _Shapes = Mapping[str, tuple[int, ...]]  # tensor key → global shape
@@ -224,13 +225,12 @@ def _infer_embeddings(a: InferredArch, model_shapes: _Shapes, args: _Args) -> No
 
 def _infer_normalization(a: InferredArch, per: _Shapes, model_shapes: _Shapes) -> None:
     # TE-fused names (linear_qkv.layer_norm_*) or separate input_layernorm
-    norm_bias = (
-        any(k in per for k in ("self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"))
-        or "decoder.final_layernorm.bias" in model_shapes
-    )
-    if any(k in per for k in ("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")) or (
-        "decoder.final_layernorm.weight" in model_shapes
-    ):
+    norm_bias = any(
+        k in per for k in ("self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias")
+    ) or any(f"{b}.final_layernorm.bias" in model_shapes for b in ("decoder", "encoder"))
+    if any(
+        k in per for k in ("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")
+    ) or any(f"{b}.final_layernorm.weight" in model_shapes for b in ("decoder", "encoder")):
         _put(a, "normalization", "LayerNorm" if norm_bias else "RMSNorm", "shape")
 
 

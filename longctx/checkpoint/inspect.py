@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from longctx.checkpoint.family import FamilyReport, detect_family, family_findings
 from longctx.checkpoint.infer_arch import InferredArch, infer_arch
 from longctx.checkpoint.layout import ResolvedCheckpoint, Tracker, resolve_in_tree
 from longctx.checkpoint.metadata import (
@@ -98,6 +99,7 @@ class CheckpointReport:
     dtypes: dict[str, int]
     tensor_model_parallel_size_from_layout: int | None
     arch: InferredArch
+    family: FamilyReport
     padded_vocab_size: int | None
     saved_args: dict[str, Any]
     args: dict[str, Any] = field(repr=False)
@@ -209,6 +211,8 @@ def inspect_resolved(
     arch = infer_arch(shapes, args, head_dim=head_dim, findings=findings)
     for note in arch.notes:
         findings.info("arch-note", note)
+    family = detect_family(shapes, args)
+    family_findings(family, resolved.where, findings)
 
     model_tensors = {k: t for k, t in index.tensors.items() if _is_model_key(k)}
     optimizer = _optimizer_info(index, state)
@@ -251,6 +255,7 @@ def inspect_resolved(
         dtypes=dict(Counter(t.dtype for t in model_tensors.values())),
         tensor_model_parallel_size_from_layout=tp_layout,
         arch=arch,
+        family=family,
         padded_vocab_size=arch.padded_vocab_size,
         saved_args={k: args[k] for k in EXTENSION_ARGS if k in args},
         args=args,

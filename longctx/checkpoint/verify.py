@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from longctx.checkpoint.family import FamilyReport, detect_family, family_findings
 from longctx.checkpoint.layout import (
     DISTCP_RE,
     ResolvedCheckpoint,
@@ -36,7 +37,7 @@ from longctx.checkpoint.layout import (
     complete_iterations_in,
     resolve_in_tree,
 )
-from longctx.checkpoint.metadata import DcpIndex, read_backend, read_common_state, read_dcp_index
+from longctx.checkpoint.metadata import DcpIndex, args_dict, read_backend, read_common_state, read_dcp_index
 from longctx.checkpoint.tree import TarTree, Tree, join, open_tree
 from longctx.errors import CheckpointError
 from longctx.report import Findings, to_jsonable
@@ -69,6 +70,7 @@ class VerifyReport:
     shard_bytes: int
     findings: Findings
     deep: DeepResult | None = None
+    family: FamilyReport | None = None
     resolved: ResolvedCheckpoint | None = field(default=None, repr=False)
 
     @property
@@ -137,7 +139,9 @@ def check_shards(tree: Tree, rel: str, index: DcpIndex, findings: Findings) -> t
 
 def verify_resolved(
     resolved: ResolvedCheckpoint, findings: Findings, *, stub_megatron: bool | None = None
-) -> tuple[int, int, DcpIndex | None]:
+) -> tuple[int, int, DcpIndex | None, FamilyReport | None]:
+    """Shard files and bytes, the DCP index and the model family (None where unreadable); problems go
+    into `findings`."""
     tree, rel = resolved.tree, resolved.checkpoint_rel
     if resolved.tracker is not None and resolved.save_rel is not None:
         done = complete_iterations_in(tree, resolved.save_rel)
@@ -171,8 +175,9 @@ def verify_resolved(
         index = read_dcp_index(tree, rel, stub_megatron=stub_megatron)
     except CheckpointError as err:
         _error_from(findings, "dcp-metadata", err)
-        return 0, 0, None
+        return 0, 0, None, None
     files, nbytes = check_shards(tree, rel, index, findings)
+    args: dict[str, Any] = {}
     try:
         common = read_common_state(tree, rel, index, stub_megatron=stub_megatron)
         if common.state is None and backend is not None:
@@ -185,9 +190,12 @@ def verify_resolved(
             )
         elif common.state is None:
             findings.warning("no-common-state", "no common.pt and no common_state object (no saved args)")
+        args = args_dict(common.state or {})
     except CheckpointError as err:
         _error_from(findings, "common-state", err)
-    return files, nbytes, index
+    family = detect_family({k: t.shape for k, t in index.tensors.items()}, args)
+    family_findings(family, tree.where(rel), findings)
+    return files, nbytes, index, family
 
 
 # ---- deep -----------------------------------------------------------------------------------------------
@@ -377,7 +385,7 @@ def verify_checkpoint(
     except TrackerError as err:
         _error_from(findings, "tracker", err)
         return VerifyReport(str(path), None, None, None, [], 0, 0, findings)
-    files, nbytes, _ = verify_resolved(resolved, findings, stub_megatron=stub_megatron)
+    files, nbytes, _, family = verify_resolved(resolved, findings, stub_megatron=stub_megatron)
     report = VerifyReport(
         path=str(path),
         location=resolved.where,
@@ -387,6 +395,7 @@ def verify_checkpoint(
         shard_files=files,
         shard_bytes=nbytes,
         findings=findings,
+        family=family,
         resolved=resolved,
     )
     if deep:

@@ -114,12 +114,31 @@ def inspect_cmd(
             continue
         table.add_row(name, "-" if value is None else str(value), arch.sources.get(name, ""))
     console.print(table)
+    console.print(_family_table(report.family))
     if report.saved_args:
         console.print(_kv("saved args (for extension)", list(report.saved_args.items())))
     if all_args and report.args:
         console.print(_kv("all saved args", sorted(report.args.items())))
     print_findings(report.findings)
     exit_for(report.findings)
+
+
+def _family_table(f: Any) -> Table:
+    """The model family with its evidence and what the weights leave undecided."""
+    vocab = f"input {f.input_vocab_rows}, output {'tied' if f.tied else f.output_vocab_rows}"
+    rows: list[tuple[str, Any]] = [
+        ("family", f.label),
+        ("layers stored under", f.block and f"{f.block}."),
+        ("attention", f.attention),
+        ("objective", f.objective or "unknown (the plan must say)"),
+        ("mask id", f"{f.mask_id} ({f.mask_id_source})" if f.mask_id is not None else "-"),
+        ("vocabulary rows", f"{vocab}; {'padded' if f.vocab_padded else 'unpadded'}"),
+    ]
+    if f.moe:
+        rows.append(("experts", f.expert_layout))
+    rows += [("evidence", item) for item in f.evidence]
+    rows += [("unknown", item) for item in f.unknown]
+    return _kv("model family", rows)
 
 
 @app.command("check")

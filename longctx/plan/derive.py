@@ -13,6 +13,7 @@ from typing import Any
 
 from longctx.arch import ModelArch
 from longctx.checkpoint import inspect_checkpoint
+from longctx.checkpoint.family import FamilyReport
 from longctx.errors import LongctxError, PlanError
 from longctx.plan import memory, paths
 from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
@@ -158,9 +159,12 @@ def _arch(plan: Plan, findings: Findings) -> ModelArch:
     if plan.model is not None:
         if plan.model_from_checkpoint:
             _cross_check_arch(plan, plan.model, findings)
+        else:
+            _family_if_on_disk(plan, findings)
         return plan.model
     try:
         report = inspect_checkpoint(_base_path(plan))
+        _check_family(plan, report.family, findings)
         return report.arch.to_model_arch()
     except LongctxError as err:
         raise PlanError(
@@ -178,12 +182,14 @@ def _base_path(plan: Plan) -> Path:
 
 def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
     try:
-        inferred = inspect_checkpoint(_base_path(plan)).arch.to_model_arch()
+        report = inspect_checkpoint(_base_path(plan))
+        inferred = report.arch.to_model_arch()
     except LongctxError as err:
         findings.warning(
             "arch-unchecked", f"base checkpoint not readable, [model] not cross-checked: {err.what}"
         )
         return
+    _check_family(plan, report.family, findings)
     for name, (mine, theirs) in arch.diff(inferred).items():
         findings.error(
             "arch-mismatch",
@@ -193,6 +199,34 @@ def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
             where=_where(plan, field=f"model.{name}"),
             fix="make the plan's [model] match the checkpoint",
         )
+
+
+def _family_if_on_disk(plan: Plan, findings: Findings) -> None:
+    """The family check for a base that is already on disk (a plan is often resolved before it is)."""
+    if plan.base.path is None:
+        return
+    path = paths.resolve(plan.base.path, plan, field="base.path")
+    if not path.exists():
+        return
+    try:
+        report = inspect_checkpoint(path)
+    except LongctxError:
+        return  # not (yet) a readable checkpoint: the stage's own load reports it
+    _check_family(plan, report.family, findings)
+
+
+def _check_family(plan: Plan, family: FamilyReport, findings: Findings) -> None:
+    """Every stage continues the base with the autoregressive objective (causal attention, next-token
+    loss): a diffusion checkpoint trained that way is ruined, so such a base is refused."""
+    if family.family in (None, "ARM") and not family.time_conditioning_keys:
+        return
+    findings.error(
+        "base-family",
+        f"the base checkpoint is a {family.label} model ({'; '.join(family.evidence)}), but the stages train "
+        "with the autoregressive objective (causal attention, next-token loss), which would overwrite it",
+        where=_where(plan, field="base.path"),
+        fix="use an autoregressive (ARM) base checkpoint; this version of longctx does not train diffusion objectives",
+    )
 
 
 def _tokenizer_vocab(plan: Plan, findings: Findings) -> tuple[int, int]:
