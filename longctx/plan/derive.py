@@ -159,12 +159,10 @@ def _arch(plan: Plan, findings: Findings) -> ModelArch:
     if plan.model is not None:
         if plan.model_from_checkpoint:
             _cross_check_arch(plan, plan.model, findings)
-        else:
-            _family_if_on_disk(plan, findings)
         return plan.model
     try:
         report = inspect_checkpoint(_base_path(plan))
-        _check_family(plan, report.family, findings)
+        check_base_family(plan, report.family, findings)
         return report.arch.to_model_arch()
     except LongctxError as err:
         raise PlanError(
@@ -189,7 +187,7 @@ def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
             "arch-unchecked", f"base checkpoint not readable, [model] not cross-checked: {err.what}"
         )
         return
-    _check_family(plan, report.family, findings)
+    check_base_family(plan, report.family, findings)
     for name, (mine, theirs) in arch.diff(inferred).items():
         findings.error(
             "arch-mismatch",
@@ -201,21 +199,7 @@ def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
         )
 
 
-def _family_if_on_disk(plan: Plan, findings: Findings) -> None:
-    """The family check for a base that is already on disk (a plan is often resolved before it is)."""
-    if plan.base.path is None:
-        return
-    path = paths.resolve(plan.base.path, plan, field="base.path")
-    if not path.exists():
-        return
-    try:
-        report = inspect_checkpoint(path)
-    except LongctxError:
-        return  # not (yet) a readable checkpoint: the stage's own load reports it
-    _check_family(plan, report.family, findings)
-
-
-def _check_family(plan: Plan, family: FamilyReport, findings: Findings) -> None:
+def check_base_family(plan: Plan, family: FamilyReport, findings: Findings) -> None:
     """Every stage continues the base with the autoregressive objective (causal attention, next-token
     loss): a diffusion checkpoint trained that way is ruined, so such a base is refused."""
     if family.family in (None, "ARM") and not family.time_conditioning_keys:

@@ -26,12 +26,14 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.checkpoint.layout import TRACKER, complete_iterations, partial_saves, read_tracker
-from longctx.errors import CheckpointError, StageError
+from longctx.errors import CheckpointError, LongctxError, StageError
 from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan import paths
-from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.derive import ResolvedPlan, ResolvedStage, check_base_family
 from longctx.plan.stage_data import stage_blend
+from longctx.report import Findings
 from longctx.stage import ledger
 from longctx.stage.megatron_args import argv as megatron_argv
 from longctx.stage.megatron_args import attention_backend_env, cpu_flags
@@ -353,6 +355,8 @@ def launch_plan(
         / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.environ.get('SLURM_JOB_ID', os.getpid())}.log"
     )
     binding = binding_for(rp, st)
+    if step.action == "first-launch":
+        refuse_non_autoregressive_base(rp, st)
     if backend == "local":
         spec, nproc = local_spec(rp, st)
         spec_path = stage_root / "train_spec.json"
@@ -394,6 +398,23 @@ def launch_plan(
         env["OMP_NUM_THREADS"] = str(threads)
     return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu,
                       schedule_override=override)  # fmt: skip
+
+
+def refuse_non_autoregressive_base(rp: ResolvedPlan, st: ResolvedStage) -> None:
+    """The first stage continues the base with the autoregressive loss: a diffusion base is refused
+    (StageError) before anything is written. Read here, not when the plan is resolved, because reading
+    a checkpoint's index imports torch, which plan commands otherwise never need."""
+    if st.index != 0 or st.load_from is None or not Path(st.load_from).exists():
+        return
+    try:
+        family = inspect_checkpoint(st.load_from).family
+    except LongctxError:
+        return  # not a readable checkpoint: the trainer's load says why
+    findings = Findings()
+    check_base_family(rp.plan, family, findings)
+    if not findings.ok:
+        first = findings.errors[0]
+        raise StageError(first.message, where=first.where, fix=first.fix)
 
 
 # Megatron-LM reads the peak and minimum LR from the optimizer's param groups (max_lr/min_lr), which a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -136,20 +137,37 @@ def test_shapes_alone() -> None:
     assert empty.family is None and any("no transformer layers" in u for u in empty.unknown)
 
 
-def test_a_plan_on_a_diffusion_base_is_refused(
+def _on_base(good: Path, out: Path, base: Path, *, from_checkpoint: bool = False) -> Path:
+    text = good.read_text().replace('"${RUN_DIR}/base/checkpoints"', f'"{base}"')
+    if from_checkpoint:  # no [model]: the architecture comes from the checkpoint
+        text = re.sub(r"\[model\]\n(?:\w+ = \d+\n)+", "", text)
+        text = text.replace('name = "test-tiny"\n', 'name = "test-tiny"\nmodel_from_checkpoint = true\n')
+    out.write_text(text)
+    return out
+
+
+def test_a_diffusion_base_is_refused_before_anything_runs(
     tiny_run: Path, diffusion_checkpoints: Path, tmp_path: Path
 ) -> None:
     good = write_plan(tmp_path / "arm.toml", tiny_run)
-    assert resolve_plan(load_plan(good)).findings.ok  # the tiny run's own base is autoregressive
     for name, label in (("mdm", "MDM"), ("udm_time", "UDM (objective unknown)")):
-        plan = tmp_path / f"{name}.toml"
-        plan.write_text(
-            good.read_text().replace('"${RUN_DIR}/base/checkpoints"', f'"{diffusion_checkpoints / name}"')
+        # the architecture read from the checkpoint: the plan itself is refused
+        derived = _on_base(
+            good, tmp_path / f"{name}-derived.toml", diffusion_checkpoints / name, from_checkpoint=True
         )
         with pytest.raises(PlanError) as err:
-            resolve_plan(load_plan(plan))
+            resolve_plan(load_plan(derived))
         assert f"the base checkpoint is a {label} model" in err.value.what and err.value.where.endswith(
             "base.path"
         )
-        res = cli("plan", "check", plan)
+        res = cli("plan", "check", derived)
         assert res.exit_code == 2 and "autoregressive" in res.output
+        # an explicit [model]: the first launch refuses, and writes nothing
+        plan = _on_base(good, tmp_path / f"{name}.toml", diffusion_checkpoints / name)
+        rp = resolve_plan(load_plan(plan))
+        before = sorted(p.relative_to(tiny_run) for p in tiny_run.rglob("*"))
+        res = cli("stage", "run", plan, "--backend", "local")
+        assert res.exit_code == 2, res.output
+        assert f"the base checkpoint is a {label} model" in res.output
+        assert sorted(p.relative_to(tiny_run) for p in tiny_run.rglob("*")) == before
+        assert rp.stages[0].load_from == diffusion_checkpoints / name
