@@ -47,7 +47,10 @@ _LAYER = re.compile(r"^(decoder|encoder)\.layers\.(?:(\d+)\.)?(.+)$")
 _KNOWN_LAYER_KEY = re.compile(
     r"^(?:input_layernorm|pre_mlp_layernorm)\.(?:weight|bias)$"
     r"|^self_attention\.(?:linear_qkv|linear_proj)\.(?:weight|bias|layer_norm_weight|layer_norm_bias|_extra_state)$"
-    r"|^self_attention\.(?:q_layernorm|k_layernorm)\.(?:weight|bias)$"
+    r"|^self_attention\.(?:q_layernorm|k_layernorm|kv_layernorm)\.(?:weight|bias)$"
+    # multi-latent attention (MLA)
+    r"|^self_attention\.linear_(?:q_proj|q_down_proj|q_up_proj|kv_down_proj|kv_up_proj)"
+    r"\.(?:weight|bias|layer_norm_weight|layer_norm_bias|_extra_state)$"
     r"|^self_attention\.core_attention\._extra_state$"
     r"|^mlp\.(?:linear_fc1|linear_fc2)\.(?:weight|bias|layer_norm_weight|layer_norm_bias|_extra_state)$"
     r"|^mlp\.router\.(?:weight|bias|expert_bias|local_tokens_per_expert)$"
