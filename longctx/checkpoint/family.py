@@ -63,7 +63,6 @@ _KNOWN_TOP_KEY = re.compile(
     r"^embedding\.(?:word_embeddings|position_embeddings)\.weight$"
     r"|^output_layer\.(?:weight|bias|_extra_state)$"
     r"|^(?:decoder|encoder)\.final_layernorm\.(?:weight|bias)$"
-    r"|^(?:decoder|encoder)\.layers\.\d+\.|^(?:decoder|encoder)\.layers\.(?!\d)"
     rf"|^{re.escape(MASK_BUFFER)}$|^{re.escape(LOOKUP_BUFFER)}$"
     r"|^rotary_pos_emb\.inv_freq$|^mtp\."
 )
@@ -132,8 +131,6 @@ def unrecognised_keys(shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
     nor a diffusion model's known buffers: what a loader would not know where to put."""
     out = []
     for key in sorted(_model_keys(shapes)):
-        if key.startswith("common_state") or key.startswith("rng_state"):
-            continue
         m = _LAYER.match(key)
         if m:
             if not _KNOWN_LAYER_KEY.match(m.group(3)):
@@ -159,7 +156,7 @@ def _mask(r: FamilyReport, keys: Mapping[str, tuple[int, ...]], args: Mapping[st
         found = True
         vocab = args.get("vocab_size")
         if r.mask_id is None and isinstance(vocab, int) and inp is not None and inp > vocab:
-            r.mask_id, r.mask_id_source = int(args["vocab_size"]), "saved vocab_size (the first id past it)"
+            r.mask_id, r.mask_id_source = vocab, "saved vocab_size (the first id past it)"
         if r.mask_id is None:
             r.unknown.append(
                 f"mask id: the shapes do not give it; it is the value of the `{MASK_BUFFER}` buffer"
@@ -213,7 +210,6 @@ def _decide(r: FamilyReport, has_mask: bool) -> None:
         return
     if diffusion:
         r.family, r.attention = "UDM", "bidirectional"
-        r.mask_id = None
         r.unknown.append(
             "objective: a diffusion model without a [MASK] row or buffer is a uniform-state one, but its "
             'corruption and bound are not in the weights — pass objective = "udm" (and its bound) in the plan'

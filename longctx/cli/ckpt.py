@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
 from longctx.cli._params import Json
+
+if TYPE_CHECKING:
+    from longctx.checkpoint.family import FamilyReport
 
 # The library is imported inside the commands: `longctx --help` need not load the checkpoint machinery.
 
@@ -123,7 +126,7 @@ def inspect_cmd(
     exit_for(report.findings)
 
 
-def _family_table(f: Any) -> Table:
+def _family_table(f: FamilyReport) -> Table:
     """The model family with its evidence and what the weights leave undecided."""
     vocab = f"input {f.input_vocab_rows}, output {'tied' if f.tied else f.output_vocab_rows}"
     rows: list[tuple[str, Any]] = [
