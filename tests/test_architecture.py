@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "longctx"
 
 # The shared vocabulary every folder may use: errors, findings, the architecture type, small utilities.
-FOUNDATION = {"errors", "report", "arch", "util", "__init__"}
+FOUNDATION = {"errors", "report", "arch", "objective", "util", "__init__"}
 
 # folder → the folders it may import (besides itself and FOUNDATION). Lower layers first.
 ALLOWED: dict[str, set[str]] = {

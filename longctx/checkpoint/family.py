@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from longctx.objective import ObjectiveKind
 from longctx.report import Findings
 
 Family = Literal["ARM", "MDM", "UDM"]
-Objective = Literal["ar", "mdm", "udm"]
 
 MASK_BUFFER = "subtokenizer.mask"
 LOOKUP_BUFFER = "subtokenizer.lookup_table"
@@ -76,7 +76,7 @@ class FamilyReport:
     moe: bool
     block: Literal["decoder", "encoder"] | None
     attention: Literal["causal", "bidirectional", "unknown"]
-    objective: Objective | None  # None: the weights cannot say; the plan must
+    objective: ObjectiveKind | None  # None: the weights cannot say; the plan must
     mask_id: int | None
     mask_id_source: str | None
     input_vocab_rows: int | None
