@@ -66,12 +66,14 @@ def save_checkpoint(
     common_extra: Mapping[str, Any] | None = None,
     content_metadata: Mapping[str, Any] | None = None,
     write_tracker: bool = True,
+    model_state: Mapping[str, Any] | None = None,
 ) -> Path:
     """Save `model` (+ optional optimizer/RNG entries) as SAVE/iter_N; then update the tracker.
 
     `sharded_extra` may hold ShardedTensor/ShardedObject trees (optimizer, rng_state); `common_extra`
     plain picklable values (opt_param_scheduler, consumed samples); `content_metadata` is what
-    Megatron-LM's loader reads the optimizer layout from. Every rank must call this.
+    Megatron-LM's loader reads the optimizer layout from; `model_state` the model's sharded state
+    dict when it is stored under other keys (see `longctx.mcore.stored_layout`). Every rank must call this.
     """
     use_fork_write_queue()
     root = Path(save_dir)
@@ -88,7 +90,7 @@ def save_checkpoint(
         "args": args,
         "checkpoint_version": CHECKPOINT_VERSION,
         "iteration": iteration,
-        "model": model.sharded_state_dict(),
+        "model": dict(model_state) if model_state is not None else model.sharded_state_dict(),
     }
     state.update(common_extra or {})
     state.update(sharded_extra or {})
@@ -110,12 +112,19 @@ class _NoCommonPt(TorchCommonLoadStrategy):
         return {}
 
 
-def load_model_weights(model: MegatronModule, checkpoint_dir: str | Path, *, strict: bool = True) -> None:
-    """Load only the model weights of a torch_dist checkpoint directory (iter_N) into `model`."""
+def load_model_weights(
+    model: MegatronModule,
+    checkpoint_dir: str | Path,
+    *,
+    strict: bool = True,
+    model_state: Mapping[str, Any] | None = None,
+) -> None:
+    """Load only the model weights of a torch_dist checkpoint directory (iter_N) into `model`
+    (`model_state`: its sharded state dict under the checkpoint's keys, when they are not GPTModel's)."""
     directory = Path(checkpoint_dir)
     extra = {} if (directory / "common.pt").is_file() else {"common_strategy": _NoCommonPt()}
     state = dist_checkpointing.load(
-        {"model": model.sharded_state_dict()},
+        {"model": dict(model_state) if model_state is not None else model.sharded_state_dict()},
         str(directory),
         strict=StrictHandling.ASSUME_OK_UNEXPECTED,
         **extra,

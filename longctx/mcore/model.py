@@ -8,11 +8,13 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -43,6 +45,10 @@ class ModelSettings:
     # "megatron-local": megatron's DotProductAttention (CP 1 only, needs CUDA for its mask).
     attention: Literal["longctx", "te", "megatron-local"] = "longctx"
     cp_comm: Literal["ring", "allgather"] = "ring"  # how CP ranks exchange K/V (longctx attention)
+    causal: bool = True  # False: bidirectional attention (the diffusion objectives)
+    # output-layer rows when they differ from the input embedding's (a masked-diffusion model's [MASK]
+    # row is input-only); untied models only
+    output_vocab_size: int | None = None
 
 
 def transformer_config(arch: ModelArch, s: ModelSettings) -> TransformerConfig:
@@ -100,6 +106,14 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> TransformerConfig:
 
 
 def layer_spec(arch: ModelArch, s: ModelSettings) -> ModuleSpec:
+    """The layer spec of `s.attention`, with a bidirectional mask when `s.causal` is False."""
+    spec = _attention_spec(arch, s)
+    if not s.causal:
+        spec.submodules.self_attention.params["attn_mask_type"] = AttnMaskType.no_mask
+    return spec
+
+
+def _attention_spec(arch: ModelArch, s: ModelSettings) -> ModuleSpec:
     """Megatron's local GPT layer spec with longctx's core attention (CP without TransformerEngine)."""
     if s.attention == "te":
         if importlib.util.find_spec("transformer_engine") is None:
@@ -137,7 +151,23 @@ def build_gpt_model(
         rotary_percent=arch.rotary_percent,
         rotary_base=int(s.rotary_base),
     )
+    if s.output_vocab_size is not None and s.output_vocab_size != s.padded_vocab_size and post_process:
+        _own_output_layer(model, config, arch, s)
     return cast_parameters(model, s.params_dtype)
+
+
+def _own_output_layer(model: GPTModel, config: TransformerConfig, arch: ModelArch, s: ModelSettings) -> None:
+    """An output layer of `output_vocab_size` rows in place of GPTModel's (which has the input's)."""
+    if not arch.untie_embeddings_and_output_weights:
+        raise TrainError(
+            f"a tied model has one vocabulary: {s.padded_vocab_size} input rows cannot feed "
+            f"{s.output_vocab_size} output rows",
+            fix="set [model] untie_embeddings_and_output_weights = true, or give equal input_rows and output_rows",
+        )
+    model.output_layer = tensor_parallel.ColumnParallelLinear(
+        config.hidden_size, s.output_vocab_size, config=config, init_method=config.init_method, bias=False,
+        skip_bias_add=False, gather_output=not model.parallel_output, tp_group=model.pg_collection.tp,
+    )  # fmt: skip
 
 
 def cast_parameters(model: GPTModel, dtype: torch.dtype) -> GPTModel:

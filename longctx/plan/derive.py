@@ -15,12 +15,13 @@ from longctx.arch import ModelArch
 from longctx.checkpoint import inspect_checkpoint
 from longctx.checkpoint.family import FamilyReport
 from longctx.errors import LongctxError, PlanError
+from longctx.objective import Objective
 from longctx.plan import memory, paths
+from longctx.plan.objective import check_against_base, check_vocab_rows, resolve_objective, vocab_rows
 from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
 from longctx.report import Findings
 from longctx.rope import choose_base
 from longctx.tokenizer.manifest import load_manifest
-from longctx.tokenizer.padding import padded_vocab_size
 
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -93,6 +94,7 @@ class ResolvedStage:
     smallest_fitting_cp: int | None
     save_dir: Path
     load_from: Path | None  # the previous stage's save dir, or the base checkpoint
+    output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
 
     @property
     def world(self) -> int:
@@ -129,6 +131,7 @@ class ResolvedPlan:
     make_vocab_size_divisible_by: int
     stages: list[ResolvedStage]
     findings: Findings
+    objective: Objective = dataclasses.field(default_factory=Objective)  # the plan's, [MASK] id decided
 
     @property
     def run_dir(self) -> Path:
@@ -155,14 +158,14 @@ def _merged(plan: Plan, stage: StageSpec, field: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _arch(plan: Plan, findings: Findings) -> ModelArch:
+def _arch(plan: Plan, vocab: int, findings: Findings) -> ModelArch:
     if plan.model is not None:
         if plan.model_from_checkpoint:
-            _cross_check_arch(plan, plan.model, findings)
+            _cross_check_arch(plan, plan.model, vocab, findings)
         return plan.model
     try:
         report = inspect_checkpoint(_base_path(plan))
-        check_base_family(plan, report.family, findings)
+        check_base_family(plan, report.family, vocab, findings)
         return report.arch.to_model_arch()
     except LongctxError as err:
         raise PlanError(
@@ -178,7 +181,7 @@ def _base_path(plan: Plan) -> Path:
     return paths.resolve(plan.base.path, plan, field="base.path")
 
 
-def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
+def _cross_check_arch(plan: Plan, arch: ModelArch, vocab: int, findings: Findings) -> None:
     try:
         report = inspect_checkpoint(_base_path(plan))
         inferred = report.arch.to_model_arch()
@@ -187,7 +190,7 @@ def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
             "arch-unchecked", f"base checkpoint not readable, [model] not cross-checked: {err.what}"
         )
         return
-    check_base_family(plan, report.family, findings)
+    check_base_family(plan, report.family, vocab, findings)
     for name, (mine, theirs) in arch.diff(inferred).items():
         findings.error(
             "arch-mismatch",
@@ -199,18 +202,11 @@ def _cross_check_arch(plan: Plan, arch: ModelArch, findings: Findings) -> None:
         )
 
 
-def check_base_family(plan: Plan, family: FamilyReport, findings: Findings) -> None:
-    """Every stage continues the base with the autoregressive objective (causal attention, next-token
-    loss): a diffusion checkpoint trained that way is ruined, so such a base is refused."""
-    if family.family in (None, "ARM") and not family.time_conditioning_keys:
-        return
-    findings.error(
-        "base-family",
-        f"the base checkpoint is a {family.label} model ({'; '.join(family.evidence)}), but the stages train "
-        "with the autoregressive objective (causal attention, next-token loss), which would overwrite it",
-        where=_where(plan, field="base.path"),
-        fix="use an autoregressive (ARM) base checkpoint; this version of longctx does not train diffusion objectives",
-    )
+def check_base_family(plan: Plan, family: FamilyReport, vocab: int, findings: Findings) -> None:
+    """The plan's objective against the family the base checkpoint was trained as (an autoregressive
+    plan on a diffusion model would ruin it; a masked-diffusion plan needs the checkpoint's [MASK] row)."""
+    obj = resolve_objective(plan.objective, vocab)
+    check_against_base(obj, family, vocab_rows(obj, vocab, 1, 1), _where(plan, field="base.path"), findings)
 
 
 def _tokenizer_vocab(plan: Plan, findings: Findings) -> tuple[int, int]:
@@ -286,8 +282,9 @@ def resolve_plan(plan: Plan) -> ResolvedPlan:
 def validate_plan(plan: Plan) -> ResolvedPlan:
     findings = Findings()
     _check_kernel_flags(plan, findings)
-    arch = _arch(plan, findings)
     vocab, divisible_by = _tokenizer_vocab(plan, findings)
+    arch = _arch(plan, vocab, findings)
+    objective = resolve_objective(plan.objective, vocab)
     stages: list[ResolvedStage] = []
     prev_base = plan.base.rotary_base
     prev_len = plan.base.seq_length
@@ -310,7 +307,7 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
             )
         prev_base, prev_len = st.rotary_base, st.seq_length
         stages.append(st)
-    return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings)
+    return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings, objective)
 
 
 # -- one stage, step by step ----------------------------------------------------------------------------
@@ -788,7 +785,11 @@ def _resolve_stage(
 ) -> ResolvedStage:
     ctx = _StageContext(plan, i, spec, findings)
     s = _settings(ctx)
-    padded = padded_vocab_size(vocab, divisible_by, s.tp)
+    objective = resolve_objective(plan.objective, vocab)
+    padded, out_rows = vocab_rows(objective, vocab, divisible_by, s.tp)
+    if i == 0:
+        check_vocab_rows(objective, vocab, (padded, out_rows), arch.untie_embeddings_and_output_weights,
+                         _where(plan, field="objective"), findings)  # fmt: skip
     rotary_base, rope_method, rope_expl = _rope(plan, i, spec, arch, findings)
     _check_parallelism(ctx, s, arch)
     _check_recompute(ctx, s, arch)
@@ -819,5 +820,5 @@ def _resolve_stage(
         exit_duration_in_mins=ctx.merged("exit_duration_in_mins", None),
         data=data, extra_args=extra, seed=ctx.merged("seed", 1234), padded_vocab_size=padded,
         memory=est, smallest_fitting_cp=smallest, save_dir=paths.stage_save_dir(plan, spec.name),
-        load_from=load_from,
+        load_from=load_from, output_vocab_size=out_rows,
     )  # fmt: skip

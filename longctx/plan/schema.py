@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from longctx.arch import ModelArch
 from longctx.errors import PlanError
+from longctx.objective import Objective
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -224,6 +225,7 @@ class Plan(_Strict):
     tokenizer: TokenizerSpec
     model: ModelArch | None = None
     model_from_checkpoint: bool = False
+    objective: Objective = Objective()
     cluster: ClusterSpec = ClusterSpec()
     megatron: MegatronSpec = MegatronSpec()
     local: LocalSpec = LocalSpec()

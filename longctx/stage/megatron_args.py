@@ -303,6 +303,13 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     plan = rp.plan
     version = plan.megatron.version
     prev = st.load_from
+    if rp.objective.kind != "ar":
+        raise StageError(
+            f"pretrain_gpt.py trains the autoregressive objective; the plan's objective is {rp.objective.describe()}",
+            where=f"{plan.plan_path or plan.name}: objective.kind",
+            fix="train diffusion objectives with --backend local (CPU or one GPU); a Megatron-LM fork's diffusion "
+            "entry script is not driven by longctx",
+        )
     if prev is None:
         raise StageError(
             f"stage {st.name!r} has nothing to start from",

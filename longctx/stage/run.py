@@ -267,8 +267,8 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
     stage_root = paths.stage_dir(plan, st.name)
     spec = TrainSpec(
         stage=st.name, arch=rp.arch, seq_length=st.seq_length, max_position_embeddings=st.max_position_embeddings,
-        rotary_base=st.rotary_base, padded_vocab_size=st.padded_vocab_size,
-        make_vocab_size_divisible_by=rp.make_vocab_size_divisible_by,
+        rotary_base=st.rotary_base, padded_vocab_size=st.padded_vocab_size, output_vocab_size=st.output_vocab_size,
+        make_vocab_size_divisible_by=rp.make_vocab_size_divisible_by, objective=rp.objective,
         tokenizer=TokenizerInfo(path=str(tok_path), md5=tok.md5, vocab_size=tok.vocab_size, eod_id=tok.eod_id,
                                 pad_id=tok.pad_id,
                                 megatron_type=plan.tokenizer.megatron_type or "HuggingFaceTokenizer"),
@@ -356,7 +356,7 @@ def launch_plan(
     )
     binding = binding_for(rp, st)
     if step.action == "first-launch":
-        refuse_non_autoregressive_base(rp, st)
+        refuse_contradicting_base(rp, st)
     if backend == "local":
         spec, nproc = local_spec(rp, st)
         spec_path = stage_root / "train_spec.json"
@@ -400,10 +400,12 @@ def launch_plan(
                       schedule_override=override)  # fmt: skip
 
 
-def refuse_non_autoregressive_base(rp: ResolvedPlan, st: ResolvedStage) -> None:
-    """The first stage continues the base with the autoregressive loss: a diffusion base is refused
-    (StageError) before anything is written. Read here, not when the plan is resolved, because reading
-    a checkpoint's index imports torch, which plan commands otherwise never need."""
+def refuse_contradicting_base(rp: ResolvedPlan, st: ResolvedStage) -> None:
+    """A base whose family contradicts the plan's objective (a diffusion model under the autoregressive
+    loss, a masked-diffusion plan without a [MASK] row, another mask id, other vocabulary rows, time
+    conditioning) is refused (StageError) before the first launch writes anything. Read here, not when
+    the plan is resolved, because reading a checkpoint's index imports torch, which plan commands
+    otherwise never need."""
     if st.index != 0 or st.load_from is None or not Path(st.load_from).exists():
         return
     try:
@@ -411,7 +413,7 @@ def refuse_non_autoregressive_base(rp: ResolvedPlan, st: ResolvedStage) -> None:
     except LongctxError:
         return  # not a readable checkpoint: the trainer's load says why
     findings = Findings()
-    check_base_family(rp.plan, family, findings)
+    check_base_family(rp.plan, family, rp.vocab_size, findings)
     if not findings.ok:
         first = findings.errors[0]
         raise StageError(first.message, where=first.where, fix=first.fix)

@@ -123,8 +123,16 @@ def preflight_launch(lp: LaunchPlan, facts: DeviceFacts, *, enabled: bool = True
 
 def evaluates_after(rp: ResolvedPlan, outcome: LaunchOutcome, *, backend: Backend, enabled: bool) -> bool:
     """A finished stage is evaluated right away on the local backend (unless disabled by option or plan);
-    on a cluster the chain job submits the eval job instead."""
-    return outcome.status == "done" and backend == "local" and enabled and rp.plan.local.eval_after_stage
+    on a cluster the chain job submits the eval job instead. The evaluation scores next-token
+    predictions, so a diffusion objective's stages are not evaluated by it."""
+    autoregressive = rp.objective.kind == "ar"
+    return (
+        outcome.status == "done"
+        and backend == "local"
+        and enabled
+        and rp.plan.local.eval_after_stage
+        and autoregressive
+    )
 
 
 def evaluate_finished(rp: ResolvedPlan, stage: str) -> str | None:

@@ -3,7 +3,8 @@
 Samples are drawn in Megatron-LM's order (MegatronPretrainingSampler): global batch g holds samples
 [g·GBS, (g+1)·GBS); within it, micro batch m of data-parallel rank r takes
 m·(MBS·DP) + r·MBS … + MBS. Resuming at `consumed` samples continues exactly there.
-Under context parallelism each sample is cut into the zigzag shards of this CP rank.
+Under context parallelism each sample is cut into the zigzag shards of this CP rank; a diffusion
+objective corrupts the full samples first (`longctx.train.noise`), so the shards are of one corruption.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from longctx.attention.megatron_adapter import eod_document_bounds
 from longctx.attention.zigzag import zigzag_split
+from longctx.objective import Objective
+from longctx.train.noise import corrupt
 from longctx.train.spec import TrainSpec
 
 # one prefix builds a GPTDataset, several a BlendedDataset over them
@@ -75,6 +78,20 @@ class MicroBatch:
     position_ids: torch.Tensor
     # document boundaries of the full (unsharded) samples, concatenated: [0, …, b·S], int32; None = concat
     cu_seqlens: torch.Tensor | None = None
+    # diffusion objectives: `tokens` is the corrupted input, `labels` the clean tokens (no shift);
+    # which positions were corrupted, and each position's time t
+    corrupted: torch.Tensor | None = None
+    t: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseSource:
+    """What a diffusion objective's draws depend on (see `longctx.train.noise`)."""
+
+    objective: Objective
+    seed: int
+    global_batch_size: int
+    vocab_size: int
 
 
 def document_positions(cu_seqlens: torch.Tensor, b: int, s: int) -> torch.Tensor:
@@ -99,15 +116,21 @@ def micro_batch(
     *,
     documents_eod: int | None = None,
     reset_position_ids: bool = False,
+    noise: NoiseSource | None = None,
 ) -> MicroBatch:
     """This CP rank's shard of the samples `indices`. `documents_eod`: the EOD id whose tokens end
     documents (packing = "documents"; the boundaries are of the full samples, the same on every
-    rank); `reset_position_ids` restarts positions at each document (needs `documents_eod`)."""
+    rank); `reset_position_ids` restarts positions at each document (needs `documents_eod`).
+    `noise`: a diffusion objective's corruption of the clean tokens (GPTDataset's labels, unshifted)."""
     samples = [dataset[i] for i in indices]
     stack = {
         k: torch.stack([torch.as_tensor(s[k]) for s in samples])
         for k in ("tokens", "labels", "loss_mask", "position_ids")
     }
+    if noise is not None:
+        clean = stack["labels"].long()
+        c = corrupt(noise.objective, clean, indices, noise.seed, noise.global_batch_size, noise.vocab_size)
+        stack.update(tokens=c.inputs, labels=clean, corrupted=c.corrupted, t=c.t)
     cu_seqlens = None
     if documents_eod is not None:
         cu_seqlens = eod_document_bounds(stack["tokens"], documents_eod)
@@ -121,4 +144,6 @@ def micro_batch(
         stack["loss_mask"].float(),
         stack["position_ids"].long(),
         cu_seqlens,
+        stack.get("corrupted"),
+        stack.get("t"),
     )

@@ -31,14 +31,17 @@ from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
+from longctx.mcore.stored_layout import StoredLayout, read_layout
 from longctx.train import optim, signals
 from longctx.train.data import (
     MicroBatch,
+    NoiseSource,
     TrainDataset,
     build_train_dataset,
     global_batch_indices,
     micro_batch,
 )
+from longctx.train.diffusion_loss import mdm_token_loss, udlm_token_loss
 from longctx.train.optim import build_optimizer, sharded_state_dict
 from longctx.train.precision import MainParams
 from longctx.train.rng import restore_rng, rng_sharded_object
@@ -92,6 +95,8 @@ class Trainer:
         self.reduce_group = ps.get_data_parallel_group(with_context_parallel=True)
         self.reduce_device = collective_device(self.reduce_group)
         self.dataset: TrainDataset | None = None  # built by `run`, once it knows there is work left
+        # the keys and buffers of the checkpoint loaded, kept for every save (GPTModel's for a fresh model)
+        self.layout = StoredLayout()
 
     def _model_settings(self) -> ModelSettings:
         spec = self.spec
@@ -101,7 +106,8 @@ class Trainer:
             tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,
             params_dtype=dtype, recompute=None if spec.recompute == "none" else spec.recompute,
             recompute_method=spec.recompute_method, recompute_num_layers=spec.recompute_num_layers,
-            attention=spec.attention, cp_comm=spec.cp_comm,
+            attention=spec.attention, cp_comm=spec.cp_comm, causal=spec.objective.causal,
+            output_vocab_size=spec.output_vocab_size,
         )  # fmt: skip
 
     # -- load ----------------------------------------------------------------------------------
@@ -122,7 +128,8 @@ class Trainer:
                     fix="finish the previous stage first (or adopt the base checkpoint)",
                 )
             src = pre / pre_tracker.dir_name
-            load_model_weights(self.model, src)
+            self.layout = read_layout(src)
+            load_model_weights(self.model, src, model_state=self.layout.model_state(self.model))
             self.main.refresh_from_model()
             return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
         return "random initialisation"
@@ -132,7 +139,8 @@ class Trainer:
         backend or by Megatron-LM (see `longctx.train.optim` for the optimizer layouts it reads)."""
         common = dist_checkpointing.load_common_state_dict(str(ckpt))
         layout = optim.layout_of(common, str(ckpt))
-        model_sd = self.model.sharded_state_dict()
+        self.layout = read_layout(ckpt)
+        model_sd = self.layout.model_state(self.model)
         template = {
             "model": model_sd,
             "optimizer": optim.template(self.optimizer, model_sd, layout, self.model_params),
@@ -167,17 +175,7 @@ class Trainer:
         self.main.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: one sync
         for b in batches:
-            packed = None
-            if b.cu_seqlens is not None:  # attention within documents (longctx attention only)
-                packed = document_params(b.cu_seqlens.to(device), spec.seq_length)
-            out = self.model(
-                b.tokens.to(device),
-                b.position_ids.to(device),
-                None,
-                labels=b.labels.to(device),
-                packed_seq_params=packed,
-            )
-            token_loss = (out.float() * b.loss_mask.to(device)).sum()
+            token_loss = self._token_loss_sum(b)
             (token_loss / n_tokens).backward()
             loss_sum += token_loss.detach()
         self._sum_gradients()
@@ -192,10 +190,29 @@ class Trainer:
         self.consumed += spec.global_batch_size
         return total / n_tokens, grad_norm
 
+    def _token_loss_sum(self, b: MicroBatch) -> torch.Tensor:
+        """Σ over the loss tokens of micro batch `b` of the objective's per-token loss (fp32)."""
+        spec, device, obj = self.spec, self.device, self.spec.objective
+        packed = None
+        if b.cu_seqlens is not None:  # attention within documents (longctx attention only)
+            packed = document_params(b.cu_seqlens.to(device), spec.seq_length)
+        inputs = (b.tokens.to(device), b.position_ids.to(device), None)
+        if obj.kind == "udm":  # the bound needs the whole distribution, not the CE of one token
+            logits = self.model(*inputs, packed_seq_params=packed)
+            per_token = udlm_token_loss(obj, logits, b.labels, b.tokens, b.t, spec.tokenizer.vocab_size)
+        else:
+            per_token = self.model(*inputs, labels=b.labels.to(device), packed_seq_params=packed).float()
+            if obj.kind == "mdm":
+                per_token = mdm_token_loss(obj, per_token, b.corrupted, b.t)
+        return (per_token * b.loss_mask.to(device)).sum()
+
     def _micro_batches(self) -> list[MicroBatch]:
         """This rank's micro batches of the global batch starting at `consumed` (its CP shard of each)."""
         spec = self.spec
         eod = spec.tokenizer.eod_id if spec.packing == "documents" else None
+        noise = None
+        if not spec.objective.causal:
+            noise = NoiseSource(spec.objective, spec.seed, spec.global_batch_size, spec.tokenizer.vocab_size)
         return [
             micro_batch(
                 self.dataset,
@@ -204,6 +221,7 @@ class Trainer:
                 self.cp,
                 documents_eod=eod,
                 reset_position_ids=spec.reset_position_ids,
+                noise=noise,
             )
             for idx in global_batch_indices(
                 self.consumed, spec.global_batch_size, spec.micro_batch_size, self.dp, self.dp_rank
@@ -308,7 +326,7 @@ class Trainer:
     # -- save ----------------------------------------------------------------------------------
     def save(self) -> Path:
         """A torch_dist checkpoint of iteration `iteration` in `save`, as Megatron-LM writes it."""
-        model_sd = self.model.sharded_state_dict()
+        model_sd = self.layout.model_state(self.model, buffers=True)
         try:
             return self._save(model_sd)
         except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
@@ -328,7 +346,7 @@ class Trainer:
                            "rng_state": rng_sharded_object(self.spec.seed)},
             common_extra={"opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
                           "num_floating_point_operations_so_far": 0},
-            content_metadata=optim.CONTENT_METADATA,
+            content_metadata=optim.CONTENT_METADATA, model_state=model_sd,
         )  # fmt: skip
 
 
@@ -359,6 +377,7 @@ def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int, bf16: bool =
         seed=spec.seed, bf16=bf16, fp16=False, ckpt_format="torch_dist", iteration=iteration,
         consumed_train_samples=consumed, skipped_train_samples=0, consumed_valid_samples=0,
         num_experts=a.num_experts, longctx_stage=spec.stage, longctx_tokenizer_md5=spec.tokenizer.md5,
+        longctx_objective=spec.objective.kind,
     )  # fmt: skip
     return ns
 

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from longctx.arch import ModelArch
+from longctx.objective import Objective
 from longctx.util.fs import atomic_write_text
 
 
@@ -52,8 +53,10 @@ class TrainSpec(BaseModel):
     seq_length: int
     max_position_embeddings: int
     rotary_base: int
-    padded_vocab_size: int
+    padded_vocab_size: int  # input-embedding rows
+    output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size (untied only)
     make_vocab_size_divisible_by: int = 128
+    objective: Objective = Field(default_factory=Objective)
     tokenizer: TokenizerInfo
     # data: [(weight, prefix)]; weights None → size-weighted
     data: list[tuple[float | None, str]]
@@ -93,6 +96,12 @@ class TrainSpec(BaseModel):
             raise ValueError(
                 f"packing = 'documents' needs attention = 'longctx' (got {self.attention!r}): only longctx's "
                 "attention takes document boundaries on the local backend"
+            )
+        if self.objective.kind == "mdm" and self.objective.mask_id is None:
+            raise ValueError("objective.mask_id must be resolved for the masked-diffusion objective")
+        if self.objective.kind == "mdm" and self.objective.mask_id >= self.padded_vocab_size:  # type: ignore[operator]
+            raise ValueError(
+                f"mask id {self.objective.mask_id} has no input-embedding row ({self.padded_vocab_size} rows)"
             )
         return self
 

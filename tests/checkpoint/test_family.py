@@ -150,7 +150,10 @@ def test_a_diffusion_base_is_refused_before_anything_runs(
     tiny_run: Path, diffusion_checkpoints: Path, tmp_path: Path
 ) -> None:
     good = write_plan(tmp_path / "arm.toml", tiny_run)
-    for name, label in (("mdm", "MDM"), ("udm_time", "UDM (objective unknown)")):
+    for name, label, why in (
+        ("mdm", "MDM", "autoregressive"),
+        ("udm_time", "UDM (objective unknown)", "time-conditioning"),
+    ):
         # the architecture read from the checkpoint: the plan itself is refused
         derived = _on_base(
             good, tmp_path / f"{name}-derived.toml", diffusion_checkpoints / name, from_checkpoint=True
@@ -161,7 +164,7 @@ def test_a_diffusion_base_is_refused_before_anything_runs(
             "base.path"
         )
         res = cli("plan", "check", derived)
-        assert res.exit_code == 2 and "autoregressive" in res.output
+        assert res.exit_code == 2 and why in res.output
         # an explicit [model]: the first launch refuses, and writes nothing
         plan = _on_base(good, tmp_path / f"{name}.toml", diffusion_checkpoints / name)
         rp = resolve_plan(load_plan(plan))
