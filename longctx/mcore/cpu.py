@@ -1,8 +1,9 @@
 """Every workaround megatron-core 0.16.1 needs to run on a machine without CUDA.
 
 megatron-core assumes a GPU in a handful of places that have nothing to do with the maths. Each patch
-below names the call it covers. `apply_cpu_compat()` is idempotent and does nothing when CUDA is
-available, so GPU runs use megatron-core untouched.
+below names the call it covers. `apply_cpu_compat()` is idempotent and, when CUDA is available, only
+binds the one name megatron-core leaves undefined without TransformerEngine (the MoE router's GEMM);
+GPU runs otherwise use megatron-core untouched.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def cpu_only() -> bool:
 def apply_cpu_compat() -> bool:
     """Patch megatron-core for CPU use. Returns True when patches are (now) active."""
     global _applied
+    _patch_moe_router_without_te()
     if not cpu_only():
         return False
     with _lock:
@@ -37,6 +39,16 @@ def apply_cpu_compat() -> bool:
         # driver, so training seeds through `seed_model_parallel_rng` below instead.
         _applied = True
     return True
+
+
+def _patch_moe_router_without_te() -> None:
+    # moe_utils.RouterGatingLinearFunction tests `te_general_gemm is not None`, but the name is only bound
+    # when TransformerEngine imports: without TE (every CPU, and GPUs without it) the MoE router's
+    # forward raises NameError. Bound to None it takes its plain torch matmul path.
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
 
 
 def _patch_torch_cuda_queries() -> None:

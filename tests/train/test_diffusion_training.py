@@ -88,3 +88,33 @@ def test_encoder_checkpoint_trains_through_stages_and_keeps_its_layout(
     tracker = read_tracker(s2.save_dir)
     assert tracker is not None and tracker.iteration == s2.train_iters + 2
     _assert_encoder_layout(s2.save_dir, base_buffers)
+
+
+def test_uniform_state_moe_trains_from_its_stacked_expert_checkpoint(
+    fresh_run: Path, diffusion_checkpoints: Path, tmp_path: Path
+) -> None:
+    """UDM-MoE (encoder layout, experts stacked, no [MASK] row): forward and backward of the MoE FFN on
+    CPU (EP 1), saved back with its router and expert tensors under `encoder.`."""
+    base = diffusion_checkpoints / "udm_moe"
+    plan = diffusion_plan(tmp_path, fresh_run, base, 'kind = "udm"')
+    rp = resolve_plan(load_plan(plan))
+    assert rp.arch.num_experts == 4 and rp.stages[0].padded_vocab_size == VOCAB
+    res = CliRunner().invoke(app, ["stage", "run", str(plan), "--no-eval"])
+    assert res.exit_code == 0, res.output
+    s1 = rp.stages[0]
+    tracker = read_tracker(s1.save_dir)
+    assert tracker is not None and tracker.iteration == s1.train_iters
+    ckpt = s1.save_dir / tracker.dir_name
+    fam = inspect_checkpoint(ckpt).family
+    assert (fam.family, fam.moe, fam.block, fam.expert_layout) == ("UDM", True, "encoder", "stacked")
+    before = {
+        k: v for k, v in saved_tensors(base / "iter_0000001", prefixes=("encoder.",)).items() if ".mlp." in k
+    }
+    after = {k: v for k, v in saved_tensors(ckpt, prefixes=("encoder.",)).items() if ".mlp." in k}
+    assert before.keys() == after.keys()
+    assert any(".router." in k for k in after) and any(".experts." in k for k in after)
+    assert all(not torch.equal(before[k], after[k]) for k in after), (
+        "every expert and the router were trained"
+    )
+    losses = _losses(stage_dir(rp.plan, s1.name) / "metrics.jsonl")
+    assert len(losses) == s1.train_iters and all(x > 0 for x in losses)
