@@ -139,6 +139,7 @@ def _report(rp) -> dict:
         "run_dir": str(rp.run_dir),
         "vocab_size": rp.vocab_size,
         "arch": rp.arch.model_dump(),
+        "objective": {**rp.objective.model_dump(), "causal": rp.objective.causal},
         "stages": [s.summary() for s in rp.stages],
         "findings": rp.findings,
         "ok": rp.findings.ok,
@@ -158,6 +159,7 @@ def show(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     else:
         console.print(plan_table(rp))
         console.print(memory_table(rp))
+        console.print(f"objective: {escape(rp.objective.describe())}", soft_wrap=True, highlight=False)
         for s in rp.stages:
             console.print(
                 f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}",

@@ -120,6 +120,7 @@ class ResolvedStage:
             "memory_gib": self.memory.to_gib(),
             "memory_fits": self.memory.fits,
             "smallest_fitting_cp": self.smallest_fitting_cp,
+            "vocab_rows": {"input": self.padded_vocab_size, "output": self.output_vocab_size or self.padded_vocab_size},
         }  # fmt: skip
 
 
@@ -222,6 +223,13 @@ def _tokenizer_vocab(plan: Plan, findings: Findings) -> tuple[int, int]:
     return manifest.vocab_size, manifest.make_vocab_size_divisible_by or 128
 
 
+def _rope_window(plan: Plan, length: int) -> int:
+    """The span of offsets the RoPE methods are given for a window of `length` tokens: a causal model
+    sees offsets 0 … L − 1; a bidirectional one −(L − 1) … L − 1, whose sin terms span 2L, so its
+    pretrained and target windows are read as 2·L (UltraLLaDA's rule; the ratio methods are unchanged)."""
+    return length if plan.objective.causal else 2 * length
+
+
 def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findings) -> tuple[int, str, str]:
     if stage.rope.base is not None:
         # an explicit base still gets the diagnostics (e.g. a base below Men's bound for this length)
@@ -230,8 +238,8 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
             rotary_dim=arch.rotary_dim,
             head_dim=arch.head_dim,
             pretrain_base=plan.base.rotary_base,
-            pretrain_length=plan.base.seq_length,
-            target_length=stage.seq_length,
+            pretrain_length=_rope_window(plan, plan.base.seq_length),
+            target_length=_rope_window(plan, stage.seq_length),
             base=stage.rope.base,
         )
         for f in explicit.findings:
@@ -245,8 +253,8 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
             rotary_dim=arch.rotary_dim,
             head_dim=arch.head_dim,
             pretrain_base=plan.base.rotary_base,
-            pretrain_length=plan.base.seq_length,
-            target_length=stage.seq_length,
+            pretrain_length=_rope_window(plan, plan.base.seq_length),
+            target_length=_rope_window(plan, stage.seq_length),
             with_diagnostics=False,
             **stage.rope.params,
         )
@@ -263,7 +271,10 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
         )
     for f in choice.findings:
         findings.append(dataclasses.replace(f, where=_where(plan, i, "rope")))
-    return choice.base, choice.method, choice.explanation
+    why = choice.explanation
+    if not plan.objective.causal:
+        why += " (bidirectional attention: windows read as 2·L)"
+    return choice.base, choice.method, why
 
 
 def resolve_plan(plan: Plan) -> ResolvedPlan:
