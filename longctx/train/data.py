@@ -4,7 +4,7 @@ Samples are drawn in Megatron-LM's order (MegatronPretrainingSampler): global ba
 [g·GBS, (g+1)·GBS); within it, micro batch m of data-parallel rank r takes
 m·(MBS·DP) + r·MBS … + MBS. Resuming at `consumed` samples continues exactly there.
 Under context parallelism each sample is cut into the zigzag shards of this CP rank; a diffusion
-objective corrupts the full samples first (`longctx.train.noise`), so the shards are of one corruption.
+objective corrupts the full samples first (`longctx.diffusion.noise`), so the shards are of one corruption.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from longctx.attention.megatron_adapter import eod_document_bounds
 from longctx.attention.zigzag import zigzag_split
+from longctx.diffusion.noise import corrupt
 from longctx.objective import Objective
-from longctx.train.noise import corrupt
 from longctx.train.spec import TrainSpec
 
 # one prefix builds a GPTDataset, several a BlendedDataset over them
@@ -86,7 +86,7 @@ class MicroBatch:
 
 @dataclasses.dataclass(frozen=True)
 class NoiseSource:
-    """What a diffusion objective's draws depend on (see `longctx.train.noise`)."""
+    """What a diffusion objective's draws depend on (see `longctx.diffusion.noise`)."""
 
     objective: Objective
     seed: int

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from longctx.attention.megatron_adapter import document_params
 from longctx.checkpoint.layout import read_tracker
+from longctx.diffusion.loss import mdm_token_loss, udlm_token_loss
 from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
@@ -41,7 +42,6 @@ from longctx.train.data import (
     global_batch_indices,
     micro_batch,
 )
-from longctx.train.diffusion_loss import mdm_token_loss, udlm_token_loss
 from longctx.train.optim import build_optimizer, sharded_state_dict
 from longctx.train.precision import MainParams
 from longctx.train.rng import restore_rng, rng_sharded_object

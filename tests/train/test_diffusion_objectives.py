@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from longctx.attention.zigzag import zigzag_split
+from longctx.diffusion.loss import mdm_token_loss, udlm_token_loss
+from longctx.diffusion.noise import alpha, corrupt, noise_levels
 from longctx.objective import Objective
-from longctx.train.diffusion_loss import mdm_token_loss, udlm_token_loss
-from longctx.train.noise import alpha, corrupt, noise_levels
 
 MDM = Objective(kind="mdm", mask_id=50)
 UDM = Objective(kind="udm")

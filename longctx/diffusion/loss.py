@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from longctx.diffusion.noise import alpha, alpha_rate
 from longctx.objective import Objective
-from longctx.train.noise import alpha, alpha_rate
 
 
 def mdm_token_loss(
