@@ -23,6 +23,7 @@ import numpy as np
 from longctx.errors import EvalError
 from longctx.eval.data import HeldOut
 from longctx.eval.grid import PasskeyGrid, PasskeyItem, check_depths
+from longctx.eval.infill import context_elbo, elbo_contexts, model_infiller, score_infill
 from longctx.eval.load import CheckpointInfo, checkpoint_info, load_model
 from longctx.eval.loss_position import (
     PackedLoss,
@@ -31,7 +32,7 @@ from longctx.eval.loss_position import (
     packed_windows,
     position_buckets,
 )
-from longctx.eval.plots import plot_loss_by_position, plot_niah
+from longctx.eval.plots import plot_elbo_by_context, plot_loss_by_position, plot_niah
 from longctx.eval.render import markdown_table
 from longctx.eval.results import (
     METHOD_TEXT,
@@ -45,6 +46,7 @@ from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss, short_context_loss
 from longctx.eval.stats import paired_delta_interval
 from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
+from longctx.objective import Objective
 from longctx.tokenizer.load import LoadedTokenizer
 from longctx.util.fs import atomic_write_json, atomic_write_text
 from longctx.util.progress import progress_bar
@@ -180,7 +182,7 @@ def _evaluate_one(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> 
                          rotary_base=info.rotary_base)  # fmt: skip
     results, todo = _cached_lengths(job, ctx, out.cached)
     short = _cached_short(job, ctx, out.cached)
-    need_short = ctx.settings.short_docs > 0 and short is None
+    need_short = ctx.settings.short_docs > 0 and short is None and info.objective == "ar"
     if todo or need_short:
         measured_short = _measure(job, todo, need_short, ctx, results)
         if need_short:
@@ -245,6 +247,9 @@ def _measure(
     """Load the model once and measure the lengths in `todo` (into `results`) and, when asked, the short
     loss (returned); each result is cached as soon as it is measured."""
     s = ctx.settings
+    if job.info.objective != "ar":
+        _measure_diffusion(job, todo, ctx, results)
+        return None
     items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
     loss_docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
     short_docs = ctx.heldout.short_documents(ctx.short_length, s.short_docs) if need_short else []
@@ -269,6 +274,39 @@ def _measure(
             if ctx.parallel.is_main:
                 ctx.cache.put(job.short_key(ctx.short_length), short.model_dump(mode="json"))
     return short
+
+
+def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[int, LengthResult]) -> None:
+    """A diffusion model at the lengths in `todo`: passkey by infilling and the ELBO by context
+    (`longctx.eval.infill`); next-token losses mean nothing for it, so no loss by position or short loss."""
+    s, info = ctx.settings, job.info
+    vocab = ctx.tokenizer.vocab_size
+    objective = Objective(kind=info.objective, mask_id=info.mask_id if info.objective == "mdm" else None)
+    items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
+    docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
+    contexts = {n: elbo_contexts(n, s.elbo_window) for n in todo}
+    total = sum(len(v) for v in items.values()) + sum(len(docs[n][0]) * len(contexts[n]) for n in todo)
+    loaded = load_model(info, ctx.parallel, max_length=max(todo))
+    infill = model_infiller(loaded, vocab)
+    with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
+        for n in todo:
+            t1 = time.perf_counter()
+            scores = score_infill(items[n], infill, kind=objective.kind, mask_id=objective.mask_id, vocab_size=vocab,
+                                  seed=s.seed, batch_size=s.batch_size, advance=advance)  # fmt: skip
+            elbo = context_elbo(docs[n][0], infill, objective=objective, vocab_size=vocab, window=s.elbo_window,
+                                contexts=contexts[n], t_levels=s.elbo_levels, seed=s.seed, advance=advance)  # fmt: skip
+            natural = sum(it.natural for it in items[n]) / len(items[n])
+            results[n] = LengthResult(
+                length=n, extrapolated=job.extrapolated[n], position=None, context_elbo=elbo,
+                objective=objective.kind, seconds=time.perf_counter() - t1,
+                passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
+            )  # fmt: skip
+            if ctx.parallel.is_main:
+                ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
+    ctx.notes.append(
+        f"{job.ref.label} is a {info.objective} model: passkey by infilling the restated key, and the ELBO of a "
+        f"{s.elbo_window}-token window by its clean context instead of the loss by position"
+    )
 
 
 def _packed_windows(todo: list[int], ctx: _Context) -> dict[int, list[np.ndarray]]:
@@ -408,7 +446,10 @@ def write_outputs(report: EvalReport, out_dir: Path) -> EvalReport:
     plots: dict[str, str] = {}
     if any(ce.results for ce in report.checkpoints):
         plots["niah"] = str(plot_niah(report, out_dir / "niah.png"))
+    if any(r.position is not None for ce in report.checkpoints for r in ce.results):
         plots["loss_by_position"] = str(plot_loss_by_position(report, out_dir / "loss_by_position.png"))
+    if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
+        plots["elbo_by_context"] = str(plot_elbo_by_context(report, out_dir / "elbo_by_context.png"))
     report.plots = plots
     atomic_write_text(out_dir / "summary.md", markdown_table(report))
     atomic_write_json(out_dir / "report.json", report.model_dump(mode="json"))

@@ -19,11 +19,13 @@ from typing import Any
 import torch
 
 from longctx.arch import ModelArch
-from longctx.checkpoint.inspect import inspect_checkpoint
+from longctx.checkpoint.inspect import CheckpointReport, inspect_checkpoint
 from longctx.errors import CheckpointError, EvalError
 from longctx.mcore.checkpoint import load_model_weights
 from longctx.mcore.model import GPTModel, ModelSettings, build_gpt_model
 from longctx.mcore.parallel import EvalParallel
+from longctx.mcore.stored_layout import read_layout
+from longctx.objective import ObjectiveKind
 
 MEGATRON_DEFAULT_ROTARY_BASE = 10000
 
@@ -46,6 +48,10 @@ class CheckpointInfo:
     stage: str | None
     bf16: bool  # trained in bf16 (args.bf16)
     identity: str  # changes when the checkpoint's contents do (for result caches)
+    # what it was trained as: "ar" (causal, next token) or a diffusion objective (bidirectional)
+    objective: ObjectiveKind = "ar"
+    output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
+    mask_id: int | None = None  # a masked-diffusion model's [MASK] id
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -131,6 +137,7 @@ def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = N
         base, source = MEGATRON_DEFAULT_ROTARY_BASE, "megatron default"
     seq = args.get("seq_length")
     max_pos = args.get("max_position_embeddings") or seq
+    objective, out_rows = _objective(report, int(padded))
     return CheckpointInfo(
         requested=str(p),
         path=str(directory),
@@ -146,7 +153,27 @@ def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = N
         stage=args.get("longctx_stage"),
         bf16=bool(args.get("bf16")),
         identity=_identity(directory, report.iteration),
+        objective=objective,
+        output_vocab_size=out_rows,
+        mask_id=report.family.mask_id,
     )
+
+
+def _objective(report: CheckpointReport, padded: int) -> tuple[ObjectiveKind, int | None]:
+    """What the checkpoint was trained as (longctx's saved objective, else its family: a uniform-state
+    model's objective is not in its weights, and UDLM-style corruption is the one longctx knows), and
+    its output rows when they differ from the input's."""
+    fam = report.family
+    saved = (report.args or {}).get("longctx_objective")
+    kind: ObjectiveKind
+    if saved in ("ar", "mdm", "udm"):
+        kind = saved
+    elif fam.objective is not None:
+        kind = fam.objective
+    else:
+        kind = "udm" if fam.family == "UDM" else "ar"
+    out = fam.output_vocab_rows
+    return kind, (out if out is not None and out != padded else None)
 
 
 # -- the model -------------------------------------------------------------------------------------
@@ -176,6 +203,8 @@ def load_model(
         padded_vocab_size=info.padded_vocab_size,
         context_parallel_size=parallel.cp,
         params_dtype=dtype,
+        causal=info.objective == "ar",
+        output_vocab_size=info.output_vocab_size,
     )
     # building initialises weights from torch's generator; keep the caller's random stream intact
     with torch.random.fork_rng(devices=[]):
@@ -185,7 +214,7 @@ def load_model(
         with warnings.catch_warnings():
             # torch.distributed.checkpoint warns about its own deprecated internals on every load
             warnings.simplefilter("ignore")
-            load_model_weights(model, info.path)
+            load_model_weights(model, info.path, model_state=read_layout(info.path).model_state(model))
     except (RuntimeError, KeyError, ValueError) as err:
         raise EvalError(
             f"the weights do not fit the model built from the checkpoint's args: {err}",

@@ -103,7 +103,7 @@ def plot_loss_by_position(report: EvalReport, path: Path) -> Path:
     results, a second panel: loss by window position on windows of several documents, attention
     across documents (solid) vs within documents (dashed)."""
     plt = _plt()
-    evals = [ce for ce in report.checkpoints if ce.results]
+    evals = [ce for ce in report.checkpoints if any(r.position is not None for r in ce.results)]
     n = _common_length(evals, report.lengths) or max(r.length for ce in evals for r in ce.results)
     shown = {ce.label: ce.at(n) or max(ce.results, key=lambda x: x.length) for ce in evals}
     packed_of = {label: r.packed for label, r in shown.items() if r.packed is not None}
@@ -179,3 +179,39 @@ def _packed_panel(ax, evals: list[CheckpointEval], packed_of: dict, colors: list
                  "vs within documents (dashed)", fontsize=9)  # fmt: skip
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+
+
+def plot_elbo_by_context(report: EvalReport, path: Path) -> Path:
+    """Diffusion models: one line per checkpoint, the ELBO of the target window (nats per token) against
+    the clean context around it, at the longest length each was evaluated at; left the mean over the
+    noise levels, right the lowest level alone (the window almost clean: what the context adds)."""
+    plt = _plt()
+    fig, (ax, ax_low) = plt.subplots(1, 2, figsize=(12.5, 5.0))
+    low = report.settings.elbo_levels[0]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, ce in enumerate(report.checkpoints):
+        measured = [r for r in ce.results if r.context_elbo is not None]
+        if not measured:
+            continue
+        r = max(measured, key=lambda x: x.length)
+        ce_elbo = r.context_elbo
+        if ce_elbo is None:
+            continue
+        xs = [max(c, 1) for c in ce_elbo.contexts]  # 0 on a log axis at 1
+        color = colors[k % len(colors)]
+        label = f"{ce.label} ({_label(r.length)})"
+        ax.plot(xs, ce_elbo.elbo, marker="o", markersize=3, color=color, label=label)
+        ax_low.plot(
+            xs, [row[0] for row in ce_elbo.elbo_by_t], marker="o", markersize=3, color=color, label=label
+        )
+        if ce.trained_length:
+            for a in (ax, ax_low):
+                a.axvline(ce.trained_length, color=color, linestyle=":", linewidth=1)
+    for a, title in ((ax, "mean over the noise levels"), (ax_low, f"lowest noise level t = {low:g}")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("clean context around the window (tokens; 0 at the left edge)")
+        a.set_ylabel("ELBO of the window (nats per token)")
+        a.set_title(title, fontsize=9)
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=8)
+    return _save(fig, path)

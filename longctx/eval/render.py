@@ -20,7 +20,11 @@ def _cell(report: EvalReport, value: dict | None) -> str:
         acc += f" (g {value['greedy_hits']}/{value['keys']})"
     else:
         acc = f"{chance}{value['greedy_hits']}/{value['keys']}"
-    return f"{acc} {value['margin']:+.2f} │ {value['long_loss']:.3f}{star}"
+    if value["long_loss"] is not None:
+        return f"{acc} {value['margin']:+.2f} │ {value['long_loss']:.3f}{star}"
+    # a diffusion model: the window's ELBO with the widest clean context instead of the long-position loss
+    elbo = value.get("elbo_widest_context")
+    return f"{acc} {value['margin']:+.2f} │ " + ("—" if elbo is None else f"elbo {elbo:.3f}") + star
 
 
 def _effective(row: dict) -> str:
@@ -57,6 +61,9 @@ def _legend(report: EvalReport) -> str:
             "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
             f"keeps greedy ≥ {report.effective_threshold:.0%}; short = loss on short held-out documents "
             "(change vs base [95 % interval over the documents])")  # fmt: skip
+    if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
+        text += ("; elbo = diffusion models (passkey by infilling the restated key): the bound of a window "
+                 "(nats per token) with the widest clean context around it")  # fmt: skip
     if _has_packed(report):
         text += ("; packed = windows of several held-out documents: loss on the documents after the "
                  "first, attention across → within documents, @ window length")  # fmt: skip

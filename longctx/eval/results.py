@@ -143,13 +143,27 @@ def _cell(depth: float, group: Sequence[ItemScore]) -> PasskeyCell:
     )  # fmt: skip
 
 
+class ContextElbo(BaseModel):
+    """The bound of a target window (nats per token) by the clean context around it."""
+
+    window: int
+    contexts: list[int]  # clean tokens around the window (half on each side)
+    t_levels: list[float]
+    elbo: list[float]  # per context: mean over documents and levels
+    elbo_by_t: list[list[float]]  # per context, per level: mean over documents
+    per_doc: list[list[float]]  # per context, per document: mean over levels
+    documents: int
+
+
 class LengthResult(BaseModel):
     length: int
     extrapolated: bool  # longer than the checkpoint's trained window
     passkey: PasskeyResult
-    position: PositionLoss
+    position: PositionLoss | None  # autoregressive models: loss by position
     seconds: float
     packed: PackedLoss | None = None  # windows packed from several documents, across vs within
+    context_elbo: ContextElbo | None = None  # diffusion models: a window's bound by its clean context
+    objective: str = "ar"  # how the passkey was scored: "ar" (next token) or "mdm"/"udm" (infilling)
 
 
 class CheckpointEval(BaseModel):
@@ -218,7 +232,9 @@ class EvalReport(BaseModel):
                     "greedy_interval": r.passkey.greedy_interval,
                     "depths_at_chance": r.passkey.depths_at_chance,
                     "margin": r.passkey.loglik_margin if r.passkey.loglik_margin is not None else r.passkey.token_margin,
-                    "long_loss": r.position.long_loss, "extrapolated": r.extrapolated,
+                    "long_loss": r.position.long_loss if r.position is not None else None,
+                    "extrapolated": r.extrapolated,
+                    "elbo_widest_context": r.context_elbo.elbo[-1] if r.context_elbo is not None else None,
                 }  # fmt: skip
             row["effective_length"] = ce.effective_length
             row["short_loss"] = ce.short.loss if ce.short else None

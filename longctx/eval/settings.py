@@ -33,6 +33,9 @@ class EvalSettings(BaseModel):
     short_docs: int = Field(default=16, ge=0)  # 0: no short-context loss
     # windows per length packed from several held-out documents, scored across and within documents
     packed_windows: int = Field(default=2, ge=0)  # 0: none
+    # diffusion models: the ELBO of a window this long by the clean context around it, at these noise levels
+    elbo_window: int = Field(default=64, ge=2)
+    elbo_levels: list[float] = Field(default_factory=lambda: [0.125, 0.375, 0.625, 0.875])
     batch_size: int = Field(default=4, ge=1)
 
     def fingerprint(self, *extra: object) -> str:

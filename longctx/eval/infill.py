@@ -1,0 +1,241 @@
+"""Evaluation of diffusion models (bidirectional, no next-token order), in one forward per sample.
+
+* **Passkey by infilling.** The passkey grid's items (needle at a depth, filler, the question that
+  restates the key) with only the key tokens of the restatement corrupted: replaced by the [MASK] id
+  (MDM) or by uniformly drawn tokens (UDM). From the one forward: greedy = the argmax at every key
+  position is the key's token; the key's digit accuracy and margin; and likelihood against the
+  distractors, each scored from the same logits (the key positions are predicted jointly from the
+  same input, so log p(key) is the sum of the per-position log-probs).
+* **ELBO by context.** The bound of a target window of `window` tokens at the middle of a held-out
+  document, as a function of how many clean tokens `c` surround it (c/2 on each side; the rest of the
+  document is cut away). The window is corrupted at fixed noise levels t with mask draws fixed per
+  (document, level), so every checkpoint and every c see the same corruption and the curves compare
+  directly. Reported per token (nats), averaged over the levels (a midpoint rule for ∫ dt) and per
+  level: low-noise levels isolate how much the model reads from the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from longctx.attention.zigzag import check_zigzag_len, zigzag_split
+from longctx.diffusion.loss import udlm_token_loss
+from longctx.diffusion.noise import alpha, alpha_rate
+from longctx.eval.grid import PasskeyItem
+from longctx.eval.load import LoadedModel
+from longctx.eval.results import ContextElbo
+from longctx.eval.score import ItemScore, TokenScores, score_item
+from longctx.objective import Objective, ObjectiveKind
+
+# inputs [b, S] and, per row, the positions to read → per row [n, vocab] float32 log-probs there
+InfillFn = Callable[[torch.Tensor, Sequence[torch.Tensor]], list[torch.Tensor]]
+
+_TAG_PASSKEY, _TAG_ELBO = 7_001, 7_002
+
+
+def model_infiller(loaded: LoadedModel, vocab_size: int) -> InfillFn:
+    """An InfillFn running `loaded.model` (bidirectional). Under CP every rank gets the same inputs,
+    runs its zigzag shard, and the rows of the positions asked for are summed across ranks (each is
+    held by one). Log-probs are over the first `vocab_size` rows (the [MASK] and padding rows are
+    never a token of the text)."""
+    par = loaded.parallel
+    model = loaded.model
+
+    def infill(tokens: torch.Tensor, positions: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        tokens = tokens.long()
+        b, s = tokens.shape
+        check_zigzag_len(s, par.cp)
+        pos = torch.arange(s).unsqueeze(0).expand(b, s)
+        local_tokens, local_pos = tokens, pos
+        if par.cp > 1:
+            local_tokens, local_pos = (
+                zigzag_split(t, par.rank, par.cp, seq_dim=1).contiguous() for t in (tokens, pos)
+            )
+        with torch.inference_mode():
+            logits = model(local_tokens.to(par.device), local_pos.to(par.device), None)
+            out = []
+            for row, want in enumerate(positions):
+                local = torch.full((s,), -1, dtype=torch.long)  # global position → index in this shard
+                local[local_pos[row]] = torch.arange(local_pos.shape[1])
+                idx = local[want.long()]
+                held = idx >= 0
+                rows = torch.zeros(len(want), vocab_size, dtype=torch.float32, device=par.device)
+                picked = logits[row, idx[held].to(par.device), :vocab_size].float()
+                rows[held.to(par.device)] = picked.log_softmax(-1)
+                if par.cp > 1:
+                    dist.all_reduce(rows, group=par.group)
+                out.append(rows.cpu())
+        return out
+
+    return infill
+
+
+def _corrupt(kind: ObjectiveKind, tokens: list[int], positions: Sequence[int], *, mask_id: int | None,
+             vocab_size: int, generator: torch.Generator) -> list[int]:  # fmt: skip
+    out = list(tokens)
+    if kind == "mdm":
+        if mask_id is None:
+            raise ValueError("a masked-diffusion model needs its [MASK] id")
+        for p in positions:
+            out[p] = mask_id
+        return out
+    repl = torch.randint(0, vocab_size, (len(positions),), generator=generator).tolist()
+    for p, r in zip(positions, repl, strict=True):
+        out[p] = r
+    return out
+
+
+def _gen(seed: int, *parts: int) -> torch.Generator:
+    value = seed
+    for part in parts:
+        value = (value * 1_000_003 + part) % (1 << 62)
+    return torch.Generator().manual_seed(value)
+
+
+def score_infill(
+    items: Sequence[PasskeyItem],
+    infill: InfillFn,
+    *,
+    kind: ObjectiveKind,
+    mask_id: int | None,
+    vocab_size: int,
+    seed: int,
+    batch_size: int = 4,
+    advance: Callable[[int], None] | None = None,
+) -> list[ItemScore]:
+    """Every item scored by infilling its key (one forward per item, distractors from the same logits)."""
+    results: list[ItemScore] = []
+    by_len: dict[int, list[int]] = {}
+    for i, it in enumerate(items):
+        by_len.setdefault(it.length, []).append(i)
+    scored: dict[int, ItemScore] = {}
+    for group in by_len.values():
+        for k in range(0, len(group), max(1, batch_size)):
+            chunk = group[k : k + batch_size]
+            inputs, wants = [], []
+            for i in chunk:
+                it = items[i]
+                where = list(range(it.answer_start, it.length))
+                g = _gen(seed, _TAG_PASSKEY, it.length, int(it.depth * 1e6), it.index)
+                inputs.append(
+                    _corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
+                )
+                wants.append(torch.tensor(where))
+            logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
+            for i, lp in zip(chunk, logprobs, strict=True):
+                scored[i] = score_item(items[i], _as_next_token_scores(items[i], lp))
+            if advance is not None:
+                advance(len(chunk))
+    results = [scored[i] for i in range(len(items))]
+    return results
+
+
+def _as_next_token_scores(item: PasskeyItem, lp: torch.Tensor) -> TokenScores:
+    """The infilled key positions in `score_item`'s layout (column t scores token t + 1), one row per
+    candidate: the true key, then each distractor, all read from the same log-probs `lp` [n, V]."""
+    n_cand = 1 + len(item.distractors)
+    width = item.length - 1
+    logprob = np.zeros((n_cand, width))
+    argmax = np.zeros((n_cand, width), dtype=np.int64)
+    margin = np.zeros((n_cand, width))
+    a0 = item.answer_start - 1
+    lpn = lp.double().numpy()
+    best = lpn.argmax(-1)
+    for c, answer in enumerate([item.answer] + [d for _, d in item.distractors]):
+        idx = np.arange(len(answer))
+        lab = np.asarray(answer)
+        chosen = lpn[idx, lab]
+        masked = lpn.copy()
+        masked[idx, lab] = -np.inf
+        logprob[c, a0:] = chosen
+        argmax[c, a0:] = best
+        margin[c, a0:] = chosen - masked.max(-1)
+    return TokenScores(logprob=logprob, argmax=argmax, margin=margin)
+
+
+def elbo_contexts(length: int, window: int) -> list[int]:
+    """The clean-context sizes measured at sequence length `length`: 0, then window·4^k, then all that
+    fits (length − window), each a multiple of the window (so window + c splits into 2·CP chunks
+    whenever the window does)."""
+    widest = (length - window) // window * window
+    out, c = [0], window
+    while c < widest:
+        out.append(c)
+        c *= 4
+    if widest > 0:
+        out.append(widest)
+    return out
+
+
+def _window_bound(obj: Objective, lp: torch.Tensor, clean: torch.Tensor, noisy: torch.Tensor,
+                  corrupted: torch.Tensor, t: float, vocab_size: int) -> float:  # fmt: skip
+    """Σ over the window of the objective's per-token bound, from the log-probs `lp` [w, V] at its positions."""
+    tt = torch.full((len(clean),), t, dtype=torch.float64)
+    if obj.kind == "mdm":
+        ce = -lp.gather(-1, clean[:, None]).squeeze(-1).double()
+        weight = -alpha_rate(obj, tt) / (1.0 - alpha(obj, tt))
+        return float((ce * corrupted.double() * weight).sum())
+    per = udlm_token_loss(obj, lp[None], clean[None], noisy[None], tt[None], vocab_size)
+    return float(per.sum())
+
+
+def context_elbo(
+    docs: Sequence[np.ndarray],
+    infill: InfillFn,
+    *,
+    objective: Objective,
+    vocab_size: int,
+    window: int,
+    contexts: Sequence[int],
+    t_levels: Sequence[float],
+    seed: int,
+    advance: Callable[[int], None] | None = None,
+) -> ContextElbo:
+    """ELBO of the middle `window` tokens of each document given `c` clean tokens around it, for every c.
+
+    Documents must hold window + max(contexts) tokens. Under CP, window + c must split into 2·CP."""
+    need = window + max(contexts)
+    per = np.zeros((len(contexts), len(docs), len(t_levels)))
+    for d, doc in enumerate(docs):
+        if len(doc) < need:
+            raise ValueError(f"document {d} has {len(doc)} tokens, the widest context needs {need}")
+        mid = len(doc) // 2
+        w0 = mid - window // 2
+        clean_w = torch.as_tensor(doc[w0 : w0 + window], dtype=torch.long)
+        draws = []
+        for k, t in enumerate(t_levels):  # one corruption per (document, level), shared by every context
+            g = _gen(seed, _TAG_ELBO, d, k)
+            u = torch.rand(window, generator=g, dtype=torch.float64)
+            corrupted = u >= float(alpha(objective, torch.tensor(t, dtype=torch.float64)))
+            noisy = torch.tensor(_corrupt(objective.kind, clean_w.tolist(), corrupted.nonzero().flatten().tolist(),
+                                          mask_id=objective.mask_id, vocab_size=vocab_size, generator=g))  # fmt: skip
+            draws.append((corrupted, noisy))
+        for ci, c in enumerate(contexts):
+            left = c // 2
+            start = w0 - left
+            seq = np.asarray(doc[start : start + window + c])
+            inputs, wants = [], []
+            for _, noisy in draws:
+                row = seq.copy()
+                row[left : left + window] = noisy.numpy()
+                inputs.append(row)
+                wants.append(torch.arange(left, left + window))
+            lps = infill(torch.as_tensor(np.stack(inputs), dtype=torch.long), wants)
+            for k, (lp, (corrupted, noisy)) in enumerate(zip(lps, draws, strict=True)):
+                bound = _window_bound(objective, lp, clean_w, noisy, corrupted, t_levels[k], vocab_size)
+                per[ci, d, k] = bound / window
+            if advance is not None:
+                advance(1)
+    return ContextElbo(
+        window=window, contexts=list(contexts), t_levels=list(t_levels),
+        elbo=[float(x) for x in per.mean(axis=(1, 2))],
+        elbo_by_t=[[float(x) for x in row] for row in per.mean(axis=1)],
+        per_doc=[[float(x) for x in row] for row in per.mean(axis=2)], documents=len(docs),
+    )  # fmt: skip
+
+
+__all__ = ["InfillFn", "context_elbo", "elbo_contexts", "model_infiller", "score_infill"]

@@ -1,0 +1,130 @@
+"""Diffusion-model evaluation: passkey by infilling and the ELBO by context — with oracle infillers whose
+answers are known, then through megatron-core on real MDM and UDM-MoE saves."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from longctx.eval.data import HeldOut
+from longctx.eval.engine import CheckpointRef, evaluate_checkpoints, write_outputs
+from longctx.eval.grid import PasskeyGrid
+from longctx.eval.infill import context_elbo, elbo_contexts, score_infill
+from longctx.eval.load import checkpoint_info
+from longctx.eval.settings import EvalSettings
+from longctx.objective import Objective
+from longctx.tokenizer import load_tokenizer
+
+MASK = 600
+
+
+def _grid(tiny_run: Path) -> tuple[PasskeyGrid, int]:
+    tok = load_tokenizer(tiny_run / "tokenizer")
+    return PasskeyGrid(tok, distractors=3), tok.vocab_size
+
+
+@pytest.mark.parametrize("kind", ["mdm", "udm"])
+def test_passkey_by_infilling_masks_only_the_restated_key(tiny_run: Path, kind: str) -> None:
+    grid, vocab = _grid(tiny_run)
+    items = [grid.item(256, d, i) for d in (0.0, 0.5, 1.0) for i in range(2)]
+    seen: list[torch.Tensor] = []
+    for right in (True, False):
+        scores = score_infill(items, _per_item_oracle(items, vocab, right, seen), kind=kind,
+                              mask_id=MASK if kind == "mdm" else None, vocab_size=vocab, seed=1, batch_size=4)  # fmt: skip
+        assert all(s.greedy == right and (s.loglik is right) for s in scores)
+        assert all((s.digit_accuracy == 1.0) == right for s in scores)
+    rows = torch.cat(seen)[: len(items)]
+    for it, row in zip(items, rows, strict=True):
+        a = it.answer_start
+        assert row[:a].tolist() == it.prompt, "the haystack and the question stay clean"
+        if kind == "mdm":
+            assert row[a:].tolist() == [MASK] * len(it.answer)
+        else:
+            assert row[a:].tolist() != it.answer and int(row.max()) < vocab
+
+
+def _per_item_oracle(items, vocab: int, right: bool, seen: list[torch.Tensor]):
+    by_prompt = {tuple(it.prompt): it for it in items}
+
+    def infill(tokens: torch.Tensor, positions: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        seen.append(tokens.clone())
+        out = []
+        for row, want in zip(tokens, positions, strict=True):
+            it = by_prompt[tuple(row[: len(row) - len(want)].tolist())]
+            lp = torch.full((len(want), vocab), -20.0)
+            for j, tok in enumerate(it.answer):
+                lp[j, tok if right else (tok + 1) % vocab] = 0.0
+            out.append(lp.log_softmax(-1))
+        return out
+
+    return infill
+
+
+def test_elbo_by_context_reads_the_context_and_repeats_exactly() -> None:
+    """An oracle that is surer of the window's clean tokens the more context it is given: the bound
+    falls with the context, and the same document gives the same numbers (fixed mask draws)."""
+    vocab, window = 50, 16
+    doc = (np.arange(300) * 7) % vocab
+    obj = Objective(kind="mdm", mask_id=vocab)
+    mid = len(doc) // 2
+
+    def infill(tokens: torch.Tensor, positions: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        out = []
+        for row, want in zip(tokens, positions, strict=True):
+            c = len(row) - window
+            start = mid - window // 2 - c // 2
+            lp = torch.zeros(len(want), vocab)
+            for j, p in enumerate(want.tolist()):
+                assert row[p] == vocab or int(row[p]) == int(doc[start + p]), "window tokens: clean or masked"
+                lp[j, int(doc[start + p])] = c / 32.0
+            out.append(lp.log_softmax(-1))
+        return out
+
+    contexts = elbo_contexts(300, window)
+    assert contexts == [0, 16, 64, 256, 272]
+    kw = dict(
+        objective=obj, vocab_size=vocab, window=window, contexts=contexts, t_levels=[0.25, 0.75], seed=3
+    )
+    one = context_elbo([doc], infill, **kw)
+    assert one == context_elbo([doc], infill, **kw)
+    assert all(a > b for a, b in zip(one.elbo, one.elbo[1:], strict=False)), one.elbo
+    # no context: the oracle guesses uniformly, CE = log V at each masked token, weighted by 1/t
+    assert 0 < one.elbo_by_t[0][0] <= np.log(vocab) / 0.25 + 1e-9
+
+
+@pytest.mark.parametrize("name", ["mdm", "udm_moe"])
+def test_a_diffusion_checkpoint_is_evaluated_by_infilling(
+    tiny_run: Path, diffusion_checkpoints: Path, tmp_path: Path, name: str
+) -> None:
+    ckpt = diffusion_checkpoints / name
+    info = checkpoint_info(ckpt)
+    assert info.objective == ("mdm" if name == "mdm" else "udm")
+    tok = load_tokenizer(tiny_run / "tokenizer")
+    heldout = HeldOut([str(tiny_run / "data" / "corpus_text_document")], "98,2,0")
+    settings = EvalSettings(
+        depths=[0.0, 1.0], keys_per_cell=1, loss_docs=1, elbo_window=32, elbo_levels=[0.2, 0.7]
+    )
+    refs = [CheckpointRef(label=name, path=ckpt, allow_extrapolation=True)]
+    kw = dict(lengths=[128], tokenizer=tok, heldout=heldout, settings=settings, short_length=64)
+    report = evaluate_checkpoints(refs, **kw)
+    (result,) = report.checkpoints[0].results
+    assert result.objective == info.objective and result.position is None
+    assert result.passkey.keys == 2
+    elbo = result.context_elbo
+    assert elbo is not None and elbo.contexts == [0, 32, 96] and elbo.documents == 1
+    assert all(np.isfinite(elbo.elbo)) and all(x > 0 for x in elbo.elbo)
+    assert report.checkpoints[0].short is None
+    assert any("infilling" in n for n in report.notes)
+    # fixed draws: a second evaluation gives the same numbers
+    again = evaluate_checkpoints(refs, **kw).checkpoints[0].results[0]
+    assert again.context_elbo == elbo and again.passkey.loglik_margin == result.passkey.loglik_margin
+    out = write_outputs(report, tmp_path / "eval")
+    assert set(out.plots) == {"niah", "elbo_by_context"}
+    assert all(Path(p).stat().st_size > 1000 for p in out.plots.values())
+    saved = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert saved["checkpoints"][0]["results"][0]["context_elbo"]["contexts"] == [0, 32, 96]
