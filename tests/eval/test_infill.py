@@ -4,6 +4,8 @@ answers are known, then through megatron-core on real MDM and UDM-MoE saves."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,11 +16,13 @@ import torch
 from longctx.eval.data import HeldOut
 from longctx.eval.engine import CheckpointRef, evaluate_checkpoints, write_outputs
 from longctx.eval.grid import PasskeyGrid
-from longctx.eval.infill import context_elbo, elbo_contexts, score_infill
-from longctx.eval.load import checkpoint_info
+from longctx.eval.infill import context_elbo, elbo_contexts, model_infiller, score_infill
+from longctx.eval.load import checkpoint_info, load_model
 from longctx.eval.settings import EvalSettings
+from longctx.mcore.parallel import eval_parallel
 from longctx.objective import Objective
 from longctx.tokenizer import load_tokenizer
+from tests.fixtures.diffusion import VOCAB
 
 MASK = 600
 
@@ -128,3 +132,38 @@ def test_a_diffusion_checkpoint_is_evaluated_by_infilling(
     assert all(Path(p).stat().st_size > 1000 for p in out.plots.values())
     saved = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert saved["checkpoints"][0]["results"][0]["context_elbo"]["contexts"] == [0, 32, 96]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _infill_worker(rank: int, world: int, port: int, ckpt: str, tokens: np.ndarray, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    torch.set_num_threads(1)
+    with eval_parallel(world) as par:
+        infill = model_infiller(load_model(checkpoint_info(ckpt), par, max_length=tokens.shape[1]), VOCAB)
+        want = [torch.arange(tokens.shape[1])] * len(tokens)
+        got = infill(torch.from_numpy(tokens), want)
+    np.save(f"{out}.{rank}.npy", torch.stack(got).numpy())
+
+
+def test_context_parallel_infilling_matches_a_single_process(
+    diffusion_checkpoints: Path, tmp_path: Path
+) -> None:
+    """Bidirectional attention through the non-causal ring: every position's log-probs at CP 2 equal CP 1."""
+    import torch.multiprocessing as mp
+
+    ckpt = diffusion_checkpoints / "mdm"
+    tokens = torch.randint(0, VOCAB + 1, (2, 64), generator=torch.Generator().manual_seed(0)).numpy()
+    with eval_parallel(1) as par:
+        infill = model_infiller(load_model(checkpoint_info(ckpt), par, max_length=64), VOCAB)
+        ref = torch.stack(infill(torch.from_numpy(tokens), [torch.arange(64)] * 2)).numpy()
+    out = str(tmp_path / "cp")
+    mp.start_processes(_infill_worker, args=(2, _free_port(), str(ckpt), tokens, out), nprocs=2,
+                       start_method="spawn")  # fmt: skip
+    for rank in range(2):
+        np.testing.assert_allclose(np.load(f"{out}.{rank}.npy"), ref, atol=1e-4)
