@@ -17,15 +17,22 @@ HELP = (
     "Run the whole pipeline on CPU (~10 min on 2 cores, no GPU, no network): build a tokenizer and a "
     "long synthetic corpus, check them, pretrain a tiny base model at 256 tokens, extend it through "
     "stages/tiny.toml (256 → 1K → 4K, CP = 2 in the last stage, one stage interrupted with SIGTERM and "
-    "resumed), evaluate each stage and print a summary. Rerunning in the same directory resumes.\n\n"
-    "Examples:\n\n  longctx demo\n\n  longctx demo --dir /tmp/longctx-demo --json"
+    "resumed), evaluate each stage and print a summary. Rerunning in the same directory resumes. "
+    "--family mdm / udm does the same for a masked / uniform-state diffusion model (evaluated by infilling).\n\n"
+    "Examples:\n\n  longctx demo\n\n  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
+    "  longctx demo --dir /tmp/longctx-demo --json"
 )
 
 
 @cli_errors
 def demo(
     dir: Path = typer.Option(Path("demo-run"), "--dir", help="working directory (created; reused to resume)"),
-    plan: Path | None = typer.Option(None, "--plan", help="stage plan (default: stages/tiny.toml)"),
+    plan: Path | None = typer.Option(None, "--plan", help="stage plan (default: the --family's)"),
+    family: str = typer.Option(
+        "ar",
+        "--family",
+        help="ar (stages/tiny.toml), mdm (tiny_mdm.toml: masked diffusion) or udm (tiny_udm.toml)",
+    ),
     small: bool = typer.Option(
         False, "--small", help="a smaller corpus and base model (pair with a small --plan)"
     ),
@@ -39,7 +46,7 @@ def demo(
 ) -> None:
     from longctx.demo.run import DemoConfig, run_demo
 
-    cfg = DemoConfig.from_options(plan=plan, small=small, interrupt=interrupt)
+    cfg = DemoConfig.from_options(plan=plan, small=small, interrupt=interrupt, family=family)
     # with --json the progress and the trainers' output go to stderr: stdout is the report alone
     with stdout_to_stderr(json_out):
         report = run_demo(dir, cfg, echo=lambda s: console.print(s, highlight=False, soft_wrap=True))

@@ -44,7 +44,6 @@ from longctx.tokenizer import (
     fingerprint,
     load_manifest,
     load_tokenizer,
-    padded_vocab_size,
     train_sentencepiece,
     verify_tokenizer,
     write_manifest,
@@ -52,6 +51,8 @@ from longctx.tokenizer import (
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# `longctx demo --family F`: the plan of each model family (the same model and ladder, its own objective)
+FAMILY_PLANS = {"ar": "tiny.toml", "mdm": "tiny_mdm.toml", "udm": "tiny_udm.toml"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +87,20 @@ class DemoConfig:
 
     @classmethod
     def from_options(
-        cls, *, plan: Path | None = None, small: bool = False, interrupt: str | None = None
+        cls,
+        *,
+        plan: Path | None = None,
+        small: bool = False,
+        interrupt: str | None = None,
+        family: str = "ar",
     ) -> DemoConfig:
-        """`longctx demo [--plan P] [--small] [--interrupt S]`: --small keeps only the plan and
-        interrupts nothing unless told; otherwise --interrupt replaces the default stage."""
-        cfg = cls() if plan is None else cls(plan=plan)
+        """`longctx demo [--family F] [--plan P] [--small] [--interrupt S]`: --family picks the plan
+        (stages/tiny.toml, tiny_mdm.toml, tiny_udm.toml) unless --plan gives one; --small keeps only
+        the plan and interrupts nothing unless told; otherwise --interrupt replaces the default stage."""
+        if family not in FAMILY_PLANS:
+            raise StageError(f"unknown model family {family!r}", where="--family",
+                             fix=f"use one of: {', '.join(FAMILY_PLANS)}")  # fmt: skip
+        cfg = cls(plan=plan or REPO_ROOT / "stages" / FAMILY_PLANS[family])
         if small:
             return cls.small(cfg.plan, interrupt_stage=interrupt)
         if interrupt is not None:
@@ -197,10 +207,12 @@ def _base(run_dir: Path, rp: ResolvedPlan, cfg: DemoConfig, echo: Echo) -> tuple
     if t is not None and t.iteration >= cfg.base_iters:
         return f"{save} (iteration {t.iteration})", True
     tok = load_tokenizer(run_dir / "tokenizer")
-    # the base model is what the plan says it is: its length and rotary base
+    # the base model is what the plan says it is: its length, rotary base, objective and vocabulary rows
     seq, rotary_base = rp.plan.base.seq_length, rp.plan.base.rotary_base
+    first = rp.stages[0]
     spec = TrainSpec(
-        stage="base", arch=rp.arch, seq_length=seq, max_position_embeddings=seq, rotary_base=rotary_base, padded_vocab_size=padded_vocab_size(tok.vocab_size, 128, 1),
+        stage="base", arch=rp.arch, seq_length=seq, max_position_embeddings=seq, rotary_base=rotary_base,
+        padded_vocab_size=first.padded_vocab_size, output_vocab_size=first.output_vocab_size, objective=rp.objective,
         tokenizer=TokenizerInfo(path=str(run_dir / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
                                 eod_id=tok.eod_id, pad_id=tok.pad_id),
         data=[(e.weight, e.prefix) for e in stage_blend(rp, rp.stages[0]).entries], split="98,2,0",
@@ -220,7 +232,10 @@ def _base(run_dir: Path, rp: ResolvedPlan, cfg: DemoConfig, echo: Echo) -> tuple
     )
     if code != 0:
         raise StageError(f"base pretraining failed (exit {code})", where=str(run_dir / "base" / "train.log"))
-    return f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,} → {save}", False
+    return (
+        f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,}, {rp.objective.describe()} → {save}",
+        False,
+    )
 
 
 def _stage_command(plan: Path, run_dir: Path) -> list[str]:

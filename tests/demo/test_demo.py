@@ -59,3 +59,31 @@ def test_demo_cli_help_and_json_shape() -> None:
     r = CliRunner().invoke(app, ["demo", "--help"])
     assert r.exit_code == 0 and "stages/tiny.toml" in r.output and "--small" in r.output
     assert json.loads(json.dumps({"ok": True}))  # the --json report goes through print_json
+
+
+def test_small_masked_diffusion_demo(tmp_path: Path) -> None:
+    """`demo --family mdm` on the small plan: the base pretrained with the masked-diffusion objective,
+    the stages continued from it (CP 2 in s2, SIGTERM + resume), every checkpoint evaluated by infilling."""
+    run_dir = tmp_path / "demo"
+    plan = write_plan(tmp_path / "plan.toml", run_dir, s2_tokens=8 * 2 * 256, s2_save=2,
+                      extra='\n[objective]\nkind = "mdm"\n')  # fmt: skip
+    report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=[].append)
+    rows = {r["stage"]: r for r in report.stages}
+    assert rows["s1"]["status"] == rows["s2"]["status"] == "done"
+    assert rows["s2"]["launches"] == ["first-launch", "resume"]
+    assert all(r["final_loss"] is not None and r["final_loss"] > 0 for r in report.stages)
+    base = json.loads((run_dir / "base" / "train_spec.json").read_text())
+    assert base["objective"]["kind"] == "mdm" and base["output_vocab_size"] == base["padded_vocab_size"] - 1
+    ev = report.evaluation
+    assert ev is not None and set(ev["plots"]) == {"niah", "elbo_by_context"}
+    for row in ev["table"]:
+        cells = [v for k, v in row.items() if k.isdigit() and v is not None]
+        assert cells and all(c["long_loss"] is None and c["elbo_widest_context"] > 0 for c in cells)
+    assert any("infilling" in n for n in ev["notes"])
+
+
+def test_demo_family_picks_its_plan() -> None:
+    assert DemoConfig.from_options(family="mdm").plan.name == "tiny_mdm.toml"
+    assert DemoConfig.from_options(family="udm", small=True).plan.name == "tiny_udm.toml"
+    r = CliRunner().invoke(app, ["demo", "--family", "gpt", "--dir", "/nonexistent/x"])
+    assert r.exit_code == 2 and "unknown model family 'gpt'" in r.output
