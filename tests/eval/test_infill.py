@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import eval_parallel
 from longctx.objective import Objective
 from longctx.tokenizer import load_tokenizer
+from tests.eval.test_model import _free_port
 from tests.fixtures.diffusion import VOCAB
 
 MASK = 600
@@ -132,12 +132,6 @@ def test_a_diffusion_checkpoint_is_evaluated_by_infilling(
     assert all(Path(p).stat().st_size > 1000 for p in out.plots.values())
     saved = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert saved["checkpoints"][0]["results"][0]["context_elbo"]["contexts"] == [0, 32, 96]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _infill_worker(rank: int, world: int, port: int, ckpt: str, tokens: np.ndarray, out: str) -> None:
