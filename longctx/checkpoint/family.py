@@ -199,14 +199,25 @@ def detect_family(
         r.evidence.append(f"time-conditioning weights ({r.time_conditioning_keys[0]}, …)")
     r.unrecognised_keys = [k for k in unrecognised_keys(shapes) if k not in r.time_conditioning_keys]
     has_mask = _mask(r, keys, args)
-    _decide(r, has_mask)
+    saved = args.get("longctx_objective")
+    if saved in ("mdm", "udm"):
+        r.evidence.append(f"saved by longctx's trainer with objective {saved!r}")
+    _decide(r, has_mask, saved if saved in ("ar", "mdm", "udm") else None)
     return r
 
 
-def _decide(r: FamilyReport, has_mask: bool) -> None:
-    diffusion = bool(r.diffusion_args) or r.block == "encoder" or bool(r.time_conditioning_keys)
+def _decide(r: FamilyReport, has_mask: bool, saved: str | None) -> None:
+    diffusion = (
+        bool(r.diffusion_args)
+        or r.block == "encoder"
+        or bool(r.time_conditioning_keys)
+        or saved in ("mdm", "udm")
+    )
     if has_mask:
         r.family, r.objective, r.attention = "MDM", "mdm", "bidirectional"
+        return
+    if saved == "udm":  # the objective is in the save's args, not guessed from the weights
+        r.family, r.objective, r.attention = "UDM", "udm", "bidirectional"
         return
     if diffusion:
         r.family, r.attention = "UDM", "bidirectional"

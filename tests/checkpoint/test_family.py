@@ -174,3 +174,14 @@ def test_a_diffusion_base_is_refused_before_anything_runs(
         assert f"the base checkpoint is a {label} model" in res.output
         assert sorted(p.relative_to(tiny_run) for p in tiny_run.rglob("*")) == before
         assert rp.stages[0].load_from == diffusion_checkpoints / name
+
+
+def test_longctx_saves_carry_their_objective() -> None:
+    """A uniform-state model longctx trained in the GPT layout has no mask row: its saved objective decides."""
+    layer = {"decoder.layers.0.self_attention.linear_qkv.weight": (192, 64)}
+    shapes = {**layer, "embedding.word_embeddings.weight": (513, 64), "output_layer.weight": (513, 64)}
+    udm = detect_family(shapes, {"longctx_objective": "udm"})
+    assert (udm.family, udm.objective, udm.attention) == ("UDM", "udm", "bidirectional")
+    assert udm.label == "UDM" and any("objective 'udm'" in e for e in udm.evidence)
+    assert detect_family(shapes, {"longctx_objective": "ar"}).family == "ARM"
+    assert detect_family(shapes).family == "ARM"
