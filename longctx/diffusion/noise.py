@@ -21,7 +21,8 @@ _T_TAG = "longctx-noise-t"
 _TOKEN_TAG = "longctx-noise-tokens"
 
 
-def _generator(tag: str, seed: int, index: int) -> torch.Generator:
+def generator(tag: str, seed: int, index: int | str) -> torch.Generator:
+    """A CPU generator determined by (tag, seed, index) alone."""
     digest = hashlib.blake2b(f"{tag}:{seed}:{index}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
@@ -49,10 +50,10 @@ def noise_levels(obj: Objective, seed: int, indices: list[int], global_batch_siz
     for j, i in enumerate(indices):
         batch, k = divmod(i, global_batch_size)
         if obj.antithetic:
-            u = float(torch.rand((), generator=_generator(_T_TAG, seed, batch), dtype=torch.float64))
+            u = float(torch.rand((), generator=generator(_T_TAG, seed, batch), dtype=torch.float64))
             r = (u + k / global_batch_size) % 1.0
         else:
-            r = float(torch.rand((), generator=_generator(_T_TAG, seed, -1 - i), dtype=torch.float64))
+            r = float(torch.rand((), generator=generator(_T_TAG, seed, -1 - i), dtype=torch.float64))
         out[j] = t_min + (1.0 - t_min) * r
     return out
 
@@ -86,7 +87,7 @@ def corrupt(
     u = torch.empty(b, s, dtype=torch.float64)
     repl = torch.empty(b, s, dtype=torch.long)
     for j, i in enumerate(indices):
-        g = _generator(_TOKEN_TAG, seed, i)
+        g = generator(_TOKEN_TAG, seed, i)
         u[j] = torch.rand(s, generator=g, dtype=torch.float64)
         repl[j] = torch.randint(0, vocab_size, (s,), generator=g)
     corrupted = u >= keep[:, None]
@@ -99,4 +100,4 @@ def corrupt(
     return Corruption(inputs, corrupted, t[:, None].expand(b, s).contiguous())
 
 
-__all__ = ["Corruption", "alpha", "alpha_rate", "corrupt", "noise_levels"]
+__all__ = ["Corruption", "alpha", "alpha_rate", "corrupt", "generator", "noise_levels"]

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from longctx.attention.zigzag import check_zigzag_len, zigzag_split
 from longctx.diffusion.loss import udlm_token_loss
-from longctx.diffusion.noise import alpha, alpha_rate
+from longctx.diffusion.noise import alpha, alpha_rate, generator
 from longctx.eval.grid import PasskeyItem
 from longctx.eval.load import LoadedModel
 from longctx.eval.results import ContextElbo
@@ -34,7 +34,7 @@ from longctx.objective import Objective, ObjectiveKind
 # inputs [b, S] and, per row, the positions to read → per row [n, vocab] float32 log-probs there
 InfillFn = Callable[[torch.Tensor, Sequence[torch.Tensor]], list[torch.Tensor]]
 
-_TAG_PASSKEY, _TAG_ELBO = 7_001, 7_002
+_TAG_PASSKEY, _TAG_ELBO = "longctx-eval-passkey", "longctx-eval-elbo"
 
 
 def model_infiller(loaded: LoadedModel, vocab_size: int) -> InfillFn:
@@ -89,13 +89,6 @@ def _corrupt(kind: ObjectiveKind, tokens: list[int], positions: Sequence[int], *
     return out
 
 
-def _gen(seed: int, *parts: int) -> torch.Generator:
-    value = seed
-    for part in parts:
-        value = (value * 1_000_003 + part) % (1 << 62)
-    return torch.Generator().manual_seed(value)
-
-
 def score_infill(
     items: Sequence[PasskeyItem],
     infill: InfillFn,
@@ -108,7 +101,6 @@ def score_infill(
     advance: Callable[[int], None] | None = None,
 ) -> list[ItemScore]:
     """Every item scored by infilling its key (one forward per item, distractors from the same logits)."""
-    results: list[ItemScore] = []
     by_len: dict[int, list[int]] = {}
     for i, it in enumerate(items):
         by_len.setdefault(it.length, []).append(i)
@@ -120,7 +112,7 @@ def score_infill(
             for i in chunk:
                 it = items[i]
                 where = list(range(it.answer_start, it.length))
-                g = _gen(seed, _TAG_PASSKEY, it.length, int(it.depth * 1e6), it.index)
+                g = generator(_TAG_PASSKEY, seed, f"{it.length}:{it.depth}:{it.index}")
                 inputs.append(
                     _corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
                 )
@@ -130,8 +122,7 @@ def score_infill(
                 scored[i] = score_item(items[i], _as_next_token_scores(items[i], lp))
             if advance is not None:
                 advance(len(chunk))
-    results = [scored[i] for i in range(len(items))]
-    return results
+    return [scored[i] for i in range(len(items))]
 
 
 def _as_next_token_scores(item: PasskeyItem, lp: torch.Tensor) -> TokenScores:
@@ -208,7 +199,7 @@ def context_elbo(
         clean_w = torch.as_tensor(doc[w0 : w0 + window], dtype=torch.long)
         draws = []
         for k, t in enumerate(t_levels):  # one corruption per (document, level), shared by every context
-            g = _gen(seed, _TAG_ELBO, d, k)
+            g = generator(_TAG_ELBO, seed, f"{d}:{k}")
             u = torch.rand(window, generator=g, dtype=torch.float64)
             corrupted = u >= float(alpha(objective, torch.tensor(t, dtype=torch.float64)))
             noisy = torch.tensor(_corrupt(objective.kind, clean_w.tolist(), corrupted.nonzero().flatten().tolist(),

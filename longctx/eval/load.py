@@ -160,18 +160,11 @@ def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = N
 
 
 def _objective(report: CheckpointReport, padded: int) -> tuple[ObjectiveKind, int | None]:
-    """What the checkpoint was trained as (longctx's saved objective, else its family: a uniform-state
-    model's objective is not in its weights, and UDLM-style corruption is the one longctx knows), and
-    its output rows when they differ from the input's."""
+    """What the checkpoint was trained as (its family, which reads longctx's saved objective; a
+    uniform-state model's objective is not in its weights, and UDLM-style corruption is the one
+    longctx knows), and its output rows when they differ from the input's."""
     fam = report.family
-    saved = (report.args or {}).get("longctx_objective")
-    kind: ObjectiveKind
-    if saved in ("ar", "mdm", "udm"):
-        kind = saved
-    elif fam.objective is not None:
-        kind = fam.objective
-    else:
-        kind = "udm" if fam.family == "UDM" else "ar"
+    kind: ObjectiveKind = fam.objective or ("udm" if fam.family == "UDM" else "ar")
     out = fam.output_vocab_rows
     return kind, (out if out is not None and out != padded else None)
 
