@@ -68,13 +68,16 @@ def args(
     ),
     json_out: Json = False,
 ) -> None:
-    """Print the exact pretrain_gpt.py argv of STAGE, one flag per line (the same on every launch);
+    """Print the exact argv of STAGE for pretrain_gpt.py (or the plan's [megatron].entry_script), one flag
+    per line (the same on every launch);
     with --json, as a JSON list. With --check the preflight report follows (on stderr; with --json one
     document {"argv": [...], "preflight": {...}}, on failure too)."""
-    from longctx.stage.megatron_args import argv, render_lines
+    from longctx.stage.megatron_args import argv, launch_notes, render_lines
 
     rp = _resolved(plan, run_dir)
     st = rp.stage(stage)
+    for note in launch_notes(rp, st):
+        err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if st.data is not None and st.data.tier_mix is not None:
         from longctx.plan.stage_artifact import stage_blend_notes
 

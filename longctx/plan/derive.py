@@ -17,6 +17,7 @@ from longctx.checkpoint.family import FamilyReport
 from longctx.errors import LongctxError, PlanError
 from longctx.objective import Objective
 from longctx.plan import memory, paths
+from longctx.plan.entry import check_family_args
 from longctx.plan.objective import check_against_base, check_vocab_rows, resolve_objective, vocab_rows
 from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
 from longctx.report import Findings
@@ -296,6 +297,8 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
     vocab, divisible_by = _tokenizer_vocab(plan, findings)
     arch = _arch(plan, vocab, findings)
     objective = resolve_objective(plan.objective, vocab)
+    check_family_args(list(plan.megatron.family_args), objective, _where(plan, field="megatron.family_args"),
+                      findings)  # fmt: skip
     stages: list[ResolvedStage] = []
     prev_base = plan.base.rotary_base
     prev_len = plan.base.seq_length

@@ -197,6 +197,11 @@ class MegatronSpec(_Strict):
 
     version: str = "0.16.1"
     path: str | None = None  # Megatron-LM checkout with pretrain_gpt.py (or $LONGCTX_MEGATRON_LM)
+    # the script each launch runs, relative to the checkout (or absolute): a fork's own (a diffusion
+    # fork's `pretrain_mask_diff.py`) for objectives pretrain_gpt.py does not train
+    entry_script: str = "pretrain_gpt.py"
+    # that script's own flags, after the model's; "{name}" words take the plan's values (longctx.plan.entry)
+    family_args: list[str] = Field(default_factory=list)
     # the attention kernel (--attention-backend; `--use-flash-attn` selects nothing for megatron-core
     # models): flash (flash-attn through TransformerEngine), fused (cuDNN), unfused (TE's plain softmax
     # attention: stores the s×s probabilities, no context parallelism), auto (TE chooses)

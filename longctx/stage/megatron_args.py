@@ -1,4 +1,5 @@
-"""The exact `pretrain_gpt.py` argv of a stage — the one place Megatron flags are produced.
+"""The exact `pretrain_gpt.py` argv of a stage (or a fork's entry script's) — the one place Megatron flags
+are produced.
 
 Every launch of a stage gets the same argv: `--save S_k --load S_k --pretrained-checkpoint S_{k-1}`.
 Megatron-LM loads S_k when its tracker exists (a relaunch resumes: iteration, optimizer, scheduler,
@@ -11,11 +12,12 @@ the disk first and repairs what Megatron would get wrong (a complete save the tr
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from longctx.errors import StageError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
 from longctx.plan.stage_artifact import stage_blend_file
 from longctx.rope.megatron import check_conflicting_flags, parse_version
 from longctx.tokenizer.manifest import load_manifest
@@ -174,6 +176,31 @@ def _pairs(words: list[str]) -> list[Flag]:
     return out
 
 
+def family_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
+    """The entry script's own flags ([megatron].family_args) with the stage's values filled in."""
+    rows = (st.padded_vocab_size, st.output_vocab_size)
+    values = family_values(rp.objective, rp.vocab_size, rows)
+    return _pairs(render_family_args(list(rp.plan.megatron.family_args), values))
+
+
+def launch_notes(rp: ResolvedPlan, st: ResolvedStage) -> list[str]:
+    """What `stage args` says beside the flags: a fork's entry script, and what longctx cannot check from
+    outside a diffusion fork (its noise under CP)."""
+    meg = rp.plan.megatron
+    notes = []
+    if PurePath(meg.entry_script).name != UPSTREAM_SCRIPT:
+        notes.append(f"the launch runs the fork's entry script {meg.entry_script}, with "
+                     f"{len(meg.family_args)} words of its own flags ([megatron].family_args)")  # fmt: skip
+    if rp.objective.kind != "ar" and st.cp > 1:
+        notes.append(
+            f"stage {st.name} runs {meg.entry_script} with context parallel {st.cp}: the fork must draw t and the "
+            "masks (or replacement tokens) over the full sequence before the CP split and share them across the "
+            "TP/CP ranks of a sequence — the reference masked-diffusion fork draws them after the split, so every "
+            "CP chunk gets the same mask pattern; longctx cannot check this from outside the fork"
+        )
+    return notes
+
+
 def _model_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     """The architecture, this stage's RoPE base and lengths, no dropout, the tokenizer."""
     flags = _pairs(rp.arch.megatron_flags())
@@ -303,12 +330,14 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     plan = rp.plan
     version = plan.megatron.version
     prev = st.load_from
-    if rp.objective.kind != "ar":
+    meg = plan.megatron
+    if not trains_objective(meg.entry_script, list(meg.family_args), rp.objective):
         raise StageError(
-            f"pretrain_gpt.py trains the autoregressive objective; the plan's objective is {rp.objective.describe()}",
-            where=f"{plan.plan_path or plan.name}: objective.kind",
-            fix="train diffusion objectives with --backend local (CPU or one GPU); a Megatron-LM fork's diffusion "
-            "entry script is not driven by longctx",
+            f"{UPSTREAM_SCRIPT} trains the autoregressive objective; the plan's objective is "
+            f"{rp.objective.describe()}",
+            where=f"{plan.plan_path or plan.name}: [megatron].entry_script",
+            fix="name the diffusion fork's entry script and its flags in [megatron] (entry_script = "
+            '"pretrain_mask_diff.py", family_args = [...]), or train with --backend local (CPU or one GPU)',
         )
     if prev is None:
         raise StageError(
@@ -318,6 +347,7 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
         )
     flags: list[Flag] = []
     flags += _model_flags(rp, st)
+    flags += family_flags(rp, st)
     flags += _parallel_flags(st)
     flags += lr_flags(st)
     flags += [_f("--seed", st.seed)]
@@ -351,10 +381,11 @@ OVERRIDE_SCHEDULER_FLAG = "--override-opt_param-scheduler"
 
 
 def argv(
-    rp: ResolvedPlan, st: ResolvedStage, script: str = "pretrain_gpt.py", *, override_scheduler: bool = False
+    rp: ResolvedPlan, st: ResolvedStage, script: str | None = None, *, override_scheduler: bool = False
 ) -> list[str]:
-    """The stage's argv; `override_scheduler` (only when asked) appends OVERRIDE_SCHEDULER_FLAG."""
-    words = [script]
+    """The stage's argv after `script` (default: the plan's entry script); `override_scheduler` (only when
+    asked) appends OVERRIDE_SCHEDULER_FLAG."""
+    words = [script or rp.plan.megatron.entry_script]
     for f in stage_flags(rp, st):
         words += f.words()
     if override_scheduler:

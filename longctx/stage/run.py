@@ -32,6 +32,7 @@ from longctx.errors import CheckpointError, LongctxError, StageError
 from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage, check_base_family
+from longctx.plan.entry import UPSTREAM_SCRIPT
 from longctx.plan.stage_data import stage_blend
 from longctx.report import Findings
 from longctx.stage import ledger
@@ -296,22 +297,29 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
 
 
 def megatron_lm_script(rp: ResolvedPlan | None = None) -> Path:
-    """pretrain_gpt.py of the Megatron-LM checkout: $LONGCTX_MEGATRON_LM, else the plan's [megatron].path."""
-    root = os.environ.get(MEGATRON_ENV)
-    if not root and rp is not None and rp.plan.megatron.path:
-        root = str(paths.resolve(rp.plan.megatron.path, rp.plan, field="megatron.path"))
+    """The plan's entry script ([megatron].entry_script, pretrain_gpt.py unless a fork's) in the Megatron-LM
+    checkout: $LONGCTX_MEGATRON_LM, else the plan's [megatron].path. An absolute entry script is used as is."""
+    name = rp.plan.megatron.entry_script if rp is not None else UPSTREAM_SCRIPT
+    if Path(name).is_absolute():
+        root = str(Path(name).parent)
+    else:
+        root = os.environ.get(MEGATRON_ENV) or ""
+        if not root and rp is not None and rp.plan.megatron.path:
+            root = str(paths.resolve(rp.plan.megatron.path, rp.plan, field="megatron.path"))
     if not root:
         raise StageError(
             f"the megatron-lm backend needs a Megatron-LM checkout: ${MEGATRON_ENV} is not set",
-            fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with pretrain_gpt.py) "
+            fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with {name}) "
             "or set [megatron].path in the plan",
         )
-    script = Path(root) / "pretrain_gpt.py"
+    script = Path(root) / name
     if not script.is_file():
         raise StageError(
-            f"no pretrain_gpt.py in ${MEGATRON_ENV} = {root}",
-            where=root,
-            fix="point it at a Megatron-LM checkout (the megatron-core wheel has no pretrain_gpt.py)",
+            f"no entry script {script.name} in {root}",
+            where=str(script),
+            fix=f"point ${MEGATRON_ENV} (or [megatron].path) at the fork's checkout, or correct [megatron].entry_script"
+            if name != UPSTREAM_SCRIPT
+            else f"point ${MEGATRON_ENV} at a Megatron-LM checkout (the megatron-core wheel has no pretrain_gpt.py)",
         )
     return script
 
@@ -366,8 +374,8 @@ def launch_plan(
     if check_megatron:
         script = megatron_lm_script(rp)
     else:
-        script = (
-            Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / "pretrain_gpt.py"
+        script = Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / (
+            rp.plan.megatron.entry_script
         )
     override: dict[str, tuple[object, object]] | None = None
     if step.action == "resume" or (st.save_dir / TRACKER).exists():

@@ -39,7 +39,7 @@ def test_a_masked_diffusion_plan_resolves_from_its_checkpoint(
     # the cluster engine's pretrain_gpt.py trains the autoregressive loss only
     with pytest.raises(StageError, match=r"pretrain_gpt\.py trains the autoregressive objective") as err:
         stage_flags(rp, rp.stages[0])
-    assert err.value.where.endswith("objective.kind") and "--backend local" in (err.value.fix or "")
+    assert err.value.where.endswith("[megatron].entry_script") and "--backend local" in (err.value.fix or "")
 
 
 @pytest.mark.parametrize(

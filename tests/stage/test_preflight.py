@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
-from longctx.plan.derive import resolve_plan
+from longctx.plan.derive import ResolvedPlan, resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm.commands import preflight_facts
 from longctx.slurm.profiles import load_profile
@@ -29,6 +29,7 @@ from longctx.stage.preflight import (
     run_preflight,
     stage_job,
 )
+from tests.fixtures.mask_diff_fork import ENTRY_SCRIPT, make_mask_diff_fork
 
 REPO = Path(__file__).resolve().parents[2]
 A100 = DeviceFacts("test: A100 nodes with TE", gpu_arch=(8, 0), env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
@@ -255,3 +256,42 @@ def test_preflight_launch_only_checks_megatron_launches() -> None:
     assert preflight_launch(lp, A100) is None  # type: ignore[arg-type]
     lp = SimpleNamespace(backend="megatron-lm", argv=["python", "/nowhere/pretrain_gpt.py"], env={})
     assert preflight_launch(lp, A100, enabled=False) is None  # type: ignore[arg-type]
+
+
+def _ermine_mdm() -> ResolvedPlan:
+    return resolve_plan(load_plan(REPO / "stages" / "ermine_mdm.toml"))
+
+
+def test_diffusion_fork_parser_and_rotary_base(
+    megatron_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MDM plan names the fork's entry script and flags: upstream's parser refuses those flags, the
+    fork's own parser takes them, and the rotary check on the model its class builds refuses the
+    reference fork (RotaryEmbedding without rotary_base) and passes a fixed one."""
+    rp = _ermine_mdm()
+    # upstream pretrain_gpt.py does not know the fork's flags
+    up = run_preflight(megatron_lm / "pretrain_gpt.py", [stage_job(rp, rp.stage("8k"))], A100)
+    f = up.stages[0].failure
+    assert f is not None and f.name == "parse_args", "\n".join(up.lines())
+    assert "unrecognized arguments: --padded-input 0 --padded-output 0 --target-length 1" in (f.message or "")
+    # the reference fork, through `stage args --check` ($LONGCTX_MEGATRON_LM names the fork's checkout)
+    ref = make_mask_diff_fork(tmp_path / "fork", megatron_lm, honours_rotary_base=False)
+    monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(ref))
+    r = CliRunner().invoke(app, ["stage", "args", str(REPO / "stages" / "ermine_mdm.toml"), "8k", "--check",
+                                 "--json"])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    doc = json.loads(r.stdout)
+    assert doc["argv"][0] == ENTRY_SCRIPT and doc["preflight"]["script"] == str(ref / ENTRY_SCRIPT)
+    (stage,) = doc["preflight"]["stages"]
+    assert stage["passed"] == ["entry-script", "parse_args", "validate_args", "transformer_config"]
+    assert stage["failure"]["name"] == "rotary" and "MaskedDiffGPT" in stage["failure"]["detail"]
+    assert "applies RoPE base 10000" in stage["failure"]["detail"]
+    assert "ignores --rotary-base" in stage["failure"]["detail"]
+    # the fork whose model class passes --rotary-base: every stage of the plan passes
+    fixed = make_mask_diff_fork(tmp_path / "fixed", megatron_lm, honours_rotary_base=True)
+    monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(fixed))
+    report = preflight_plan(rp, A100)
+    assert report.ok, "\n".join(report.lines())
+    for st, s in zip(rp.stages, report.stages, strict=True):
+        assert s.rotary is not None and s.rotary["model_class"].endswith("MaskedDiffGPT")
+        assert s.rotary["applied_base"] == pytest.approx(st.rotary_base, rel=1e-4)
