@@ -12,13 +12,17 @@ from longctx.tokenizer.padding import padded_vocab_size
 def vocab_rows(obj: Objective, vocab: int, divisible_by: int, tp: int) -> tuple[int, int | None]:
     """(input-embedding rows, output-layer rows or None when equal). Autoregressive: Megatron's padded
     vocabulary. Diffusion models are built unpadded: mdm input = vocabulary + the [MASK] row, output =
-    vocabulary; udm both = vocabulary; `input_rows` / `output_rows` override (a checkpoint's padding)."""
+    vocabulary; udm both = vocabulary; `input_rows` / `output_rows` override (a checkpoint's padding). Only
+    the masked objective's output differs from its input by default (no [MASK] logit): an autoregressive or
+    uniform-state plan that sets input_rows gets as many output rows."""
     if obj.kind == "ar":
-        padded = padded_vocab_size(vocab, divisible_by, tp)
-        inp, out = obj.input_rows or padded, obj.output_rows or padded
+        inp = obj.input_rows or padded_vocab_size(vocab, divisible_by, tp)
+        out = obj.output_rows or inp
+    elif obj.kind == "mdm":
+        inp, out = obj.input_rows or vocab + 1, obj.output_rows or vocab
     else:
-        inp = obj.input_rows or (vocab + 1 if obj.kind == "mdm" else vocab)
-        out = obj.output_rows or vocab
+        inp = obj.input_rows or vocab
+        out = obj.output_rows or inp
     return inp, (None if out == inp else out)
 
 
