@@ -8,7 +8,10 @@ the local trainer.
 * `udm`: uniform-state diffusion. Each token is replaced with probability 1 − α_t by a token drawn
   uniformly from the vocabulary (possibly itself); the loss is a continuous-time bound at every
   position. `bound = "udlm"`: the UDLM / Duo bound, which needs Σ over the vocabulary of
-  log(N·α_t·p_θ + 1 − α_t) at each position. Bidirectional attention.
+  log(N·α_t·p_θ + 1 − α_t) at each position. `bound = "gidd"`: GIDD's KL + importance-sampling form of
+  the same bound (equal at every position for uniform noise without time conditioning), trained with
+  GIDD's weighting (the bound times the density of the log-SNR, w·(KL + IS)); evaluation reports the
+  bound either way. Bidirectional attention.
 
 The noise level t is drawn per sequence, stratified over the global batch (antithetic: one uniform
 offset per batch, the sequences spread evenly over [t_min, 1]), so a batch sees the whole range.
@@ -22,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ObjectiveKind = Literal["ar", "mdm", "udm"]
 Schedule = Literal["linear", "log-linear"]
-UdmBound = Literal["udlm"]
+UdmBound = Literal["udlm", "gidd"]
 
 # the lower end of t by objective: masked diffusion's weight 1/t is bounded by it; the uniform bound's
 # log(1 − α_t) terms diverge at t = 0
@@ -56,6 +59,8 @@ class Objective(BaseModel):
             raise ValueError(
                 "schedule, t_min and mask_id belong to a diffusion objective (kind = 'mdm' or 'udm')"
             )
+        if self.kind != "udm" and self.bound != "udlm":
+            raise ValueError(f"bound = {self.bound!r} is a uniform-state bound (kind = 'udm')")
         if self.kind != "mdm" and self.mask_id is not None:
             raise ValueError(f"mask_id is for kind = 'mdm' (a {self.kind} model has no [MASK] token)")
         if self.kind == "udm" and self.resolved_schedule == "linear" and self.resolved_t_min == 0:
@@ -83,7 +88,7 @@ class Objective(BaseModel):
         if self.kind == "mdm":
             s += f", mask id {self.mask_id if self.mask_id is not None else 'vocab size'}"
         else:
-            s += f", {self.bound} bound"
+            s += ", UDLM bound" if self.bound == "udlm" else ", GIDD's KL + IS loss weighting"
         return s + ", bidirectional)"
 
 

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from longctx.attention.megatron_adapter import document_params
 from longctx.checkpoint.layout import read_tracker
-from longctx.diffusion.loss import mdm_token_loss, udlm_token_loss
+from longctx.diffusion.loss import mdm_token_loss, udm_token_loss
 from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
@@ -199,7 +199,7 @@ class Trainer:
         inputs = (b.tokens.to(device), b.position_ids.to(device), None)
         if obj.kind == "udm":  # the bound needs the whole distribution, not the CE of one token
             logits = self.model(*inputs, packed_seq_params=packed)
-            per_token = udlm_token_loss(obj, logits, b.labels, b.tokens, b.t, spec.tokenizer.vocab_size)
+            per_token = udm_token_loss(obj, logits, b.labels, b.tokens, b.t, spec.tokenizer.vocab_size)
         else:
             per_token = self.model(*inputs, labels=b.labels.to(device), packed_seq_params=packed).float()
             if obj.kind == "mdm":

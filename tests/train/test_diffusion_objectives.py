@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from longctx.attention.zigzag import zigzag_split
-from longctx.diffusion.loss import mdm_token_loss, udlm_token_loss
+from longctx.diffusion.loss import gidd_token_loss, mdm_token_loss, udlm_token_loss, udm_token_loss
 from longctx.diffusion.noise import alpha, corrupt, noise_levels
 from longctx.objective import Objective
 
@@ -135,6 +135,39 @@ def test_objective_table_refuses_contradictions() -> None:
         Objective(kind="udm", mask_id=3)
     with pytest.raises(ValueError, match="diffusion objective"):
         Objective(kind="ar", schedule="linear")
+    with pytest.raises(ValueError, match="uniform-state bound"):
+        Objective(kind="mdm", bound="gidd")
     with pytest.raises(ValueError, match="diverges at t = 0"):
         Objective(kind="udm", schedule="linear", t_min=0)
     assert Objective(kind="udm").describe().startswith("udm (log-linear schedule, t in [0.001, 1]")
+
+
+@pytest.mark.parametrize("t", [0.002, 0.05, 0.4, 0.9, 0.999])
+def test_gidd_form_is_the_udlm_bound_at_every_position(t: float) -> None:
+    """GIDD's KL + importance-sampling form of the uniform-noise ELBO is the UDLM bound position by
+    position, for every noisy token; its training loss is that bound over −dλ/dt."""
+    n = 9
+    gen = torch.Generator().manual_seed(int(t * 1000))
+    logits = torch.randn(1, 2 * n, n, generator=gen, dtype=torch.float64) * 3
+    clean = torch.full((1, 2 * n), 4)
+    noisy = torch.arange(2 * n)[None] % n  # every token, twice, with different predictions
+    tt = torch.full((1, 2 * n), t, dtype=torch.float64)
+    udlm = udlm_token_loss(UDM, logits.float(), clean, noisy, tt, n).double()
+    bound = gidd_token_loss(UDM, logits.float(), clean, noisy, tt, n, elbo=True).double()
+    assert torch.allclose(bound, udlm, rtol=2e-4, atol=1e-6)
+    a = alpha(UDM, tt)
+    weighted = gidd_token_loss(UDM, logits.float(), clean, noisy, tt, n).double()
+    assert torch.allclose(weighted, udlm * a * (1 - a) / (1 - UDM.eps), rtol=2e-4, atol=1e-7)
+    gidd = UDM.model_copy(update={"bound": "gidd"})
+    assert torch.equal(udm_token_loss(gidd, logits.float(), clean, noisy, tt, n), weighted.float())
+    assert torch.equal(udm_token_loss(UDM, logits.float(), clean, noisy, tt, n), udlm.float())
+
+
+def test_gidd_loss_is_finite_for_a_large_vocabulary() -> None:
+    n = 50257
+    logits = torch.randn(1, 4, n, generator=torch.Generator().manual_seed(0))
+    clean = torch.tensor([[1, 2, 3, 4]])
+    for t in (1e-3, 0.5, 1.0 - 1e-9):
+        tt = torch.full((1, 4), t, dtype=torch.float64)
+        got = gidd_token_loss(UDM, logits, clean, torch.tensor([[1, 2, 9, 4]]), tt, n)
+        assert torch.isfinite(got).all() and (got >= 0).all()
