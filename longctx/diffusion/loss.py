@@ -29,6 +29,8 @@ of the smallest and largest t; `bound = "gidd"` trains that, and evaluation repo
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from longctx.diffusion.noise import alpha, alpha_rate
@@ -43,6 +45,38 @@ def mdm_token_loss(
     return ce.float() * corrupted.to(ce.device, torch.float32) * weight.to(ce.device, torch.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Uniform:
+    """The per-position scalars both uniform-state forms share (float64, [b, s]): α_t, κ = N·α_t/(1 − α_t),
+    Σ_j λ_j over the vocabulary, λ at the clean and the noisy token, p_θ(z), and [x = z]."""
+
+    a: torch.Tensor
+    kappa: torch.Tensor
+    lam_sum: torch.Tensor
+    lam_x: torch.Tensor
+    lam_z: torch.Tensor
+    p_z: torch.Tensor
+    same: torch.Tensor
+
+    @property
+    def w(self) -> torch.Tensor:
+        return self.same / (1.0 + self.kappa) + (1.0 - self.same)
+
+
+def _uniform(obj: Objective, logits: torch.Tensor, clean: torch.Tensor, noisy: torch.Tensor, t: torch.Tensor,
+             n: int) -> _Uniform:  # fmt: skip
+    dev = logits.device
+    a = alpha(obj, t).to(dev, torch.float64)
+    kappa = n * a / (1.0 - a)
+    logp = torch.log_softmax(logits[..., :n].float(), dim=-1)
+    lam_sum = torch.log1p(kappa.float()[..., None] * logp.exp()).sum(-1).double()
+    lp_x = logp.gather(-1, clean.to(dev)[..., None]).squeeze(-1).double()
+    lp_z = logp.gather(-1, noisy.to(dev)[..., None]).squeeze(-1).double()
+    same = (clean.to(dev) == noisy.to(dev)).double()
+    return _Uniform(a, kappa, lam_sum, torch.log1p(kappa * lp_x.exp()), torch.log1p(kappa * lp_z.exp()),
+                    lp_z.exp(), same)  # fmt: skip
+
+
 def udlm_token_loss(
     obj: Objective,
     logits: torch.Tensor,
@@ -54,26 +88,18 @@ def udlm_token_loss(
     """[b, s]: the UDLM bound at every position. `logits` [b, s, ≥N] (rows past N, Megatron's vocabulary
     padding, take no part), `clean`/`noisy` [b, s] ids, `t` [b, s]."""
     n = vocab_size
-    dev = logits.device
-    a = alpha(obj, t).to(dev, torch.float64)
-    rate = alpha_rate(obj, t).to(dev, torch.float64)
-    kappa = n * a / (1.0 - a)
-    logp = torch.log_softmax(logits[..., :n].float(), dim=-1)
-    lam_sum = torch.log1p(kappa.float()[..., None] * logp.exp()).sum(-1).double()
-    lp_x = logp.gather(-1, clean.to(dev)[..., None]).squeeze(-1).double()
-    lp_z = logp.gather(-1, noisy.to(dev)[..., None]).squeeze(-1).double()
-    lam_x, lam_z, p_z = torch.log1p(kappa * lp_x.exp()), torch.log1p(kappa * lp_z.exp()), lp_z.exp()
-    same = (clean.to(dev) == noisy.to(dev)).double()
+    u = _uniform(obj, logits, clean, noisy, t, n)
+    a, kappa, same = u.a, u.kappa, u.same
     diff = 1.0 - same
     log1k = torch.log1p(kappa)
-    t1 = n / (1.0 - a) * (same / (1.0 + kappa) + diff - 1.0 / (1.0 + kappa * p_z))
-    w = same / (1.0 + kappa) + diff
+    t1 = n / (1.0 - a) * (same / (1.0 + kappa) + diff - 1.0 / (1.0 + kappa * u.p_z))
     t2 = (
-        -w * (lam_sum - n * lam_z)
-        - diff * kappa * (lam_x - lam_z)
+        -u.w * (u.lam_sum - n * u.lam_z)
+        - diff * kappa * (u.lam_x - u.lam_z)
         + diff * (1.0 + kappa) * log1k
         - same * (n - 1) * log1k / (1.0 + kappa)
     )
+    rate = alpha_rate(obj, t).to(logits.device, torch.float64)
     return (rate / (n * a) * (t1 - t2)).float()
 
 
@@ -90,23 +116,15 @@ def gidd_token_loss(
     """[b, s]: GIDD's per-position loss w·(KL + IS) (its training weighting), or with `elbo` the bound
     itself (× −dλ/dt). Arguments as udlm_token_loss."""
     n = vocab_size
-    dev = logits.device
-    a = alpha(obj, t).to(dev, torch.float64)
-    kappa = n * a / (1.0 - a)
-    logp = torch.log_softmax(logits[..., :n].float(), dim=-1)
-    lam_sum = torch.log1p(kappa.float()[..., None] * logp.exp()).sum(-1).double()
-    lp_x = logp.gather(-1, clean.to(dev)[..., None]).squeeze(-1).double()
-    lp_z = logp.gather(-1, noisy.to(dev)[..., None]).squeeze(-1).double()
-    lam_x, lam_z = torch.log1p(kappa * lp_x.exp()), torch.log1p(kappa * lp_z.exp())
-    same = (clean.to(dev) == noisy.to(dev)).double()
-    log1k = torch.log1p(kappa)
-    kl = a * (log1k - lam_x) + (1.0 - a) / n * (log1k - lam_sum)
-    log_r = same * log1k - lam_z
-    importance = torch.expm1(log_r) - log_r
-    loss = (same / (1.0 + kappa) + (1.0 - same)) * (kl + importance)
+    u = _uniform(obj, logits, clean, noisy, t, n)
+    a = u.a
+    log1k = torch.log1p(u.kappa)
+    kl = a * (log1k - u.lam_x) + (1.0 - a) / n * (log1k - u.lam_sum)
+    log_r = u.same * log1k - u.lam_z
+    loss = u.w * (kl + torch.expm1(log_r) - log_r)
     if elbo:
         # dλ/dt = α'/(α(1 − α)) (negative: the signal falls with t)
-        loss = loss * (-alpha_rate(obj, t).to(dev, torch.float64) / (a * (1.0 - a)))
+        loss = loss * (-alpha_rate(obj, t).to(logits.device, torch.float64) / (a * (1.0 - a)))
     return loss.float()
 
 

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typer.testing import CliRunner
 
 from longctx.arch import ModelArch
+from longctx.checkpoint.layout import read_tracker
+from longctx.cli.main import app
 from tests.fixtures.run import ARCH
 
 
@@ -74,3 +77,13 @@ def common(iter_dir: Path) -> dict[str, Any]:
     from longctx.checkpoint import inspect_checkpoint
 
     return inspect_checkpoint(iter_dir).args
+
+
+def run_first_stage(plan: Path, rp: Any) -> Path:
+    """`stage run PLAN --no-eval` (the first stage, to its end); the iteration dir of its last save."""
+    res = CliRunner().invoke(app, ["stage", "run", str(plan), "--no-eval"])
+    assert res.exit_code == 0, res.output
+    s1 = rp.stages[0]
+    tracker = read_tracker(s1.save_dir)
+    assert tracker is not None and tracker.iteration == s1.train_iters
+    return s1.save_dir / tracker.dir_name

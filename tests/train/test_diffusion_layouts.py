@@ -8,17 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from longctx.checkpoint import inspect_checkpoint
 from longctx.checkpoint.adopt import adopt
-from longctx.checkpoint.layout import read_tracker
-from longctx.cli.main import app
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from tests.fixtures.diffusion import VOCAB
 from tests.plan.test_objective import diffusion_plan
-from tests.train.helpers import saved_tensors
+from tests.train.helpers import run_first_stage, saved_tensors
 
 MODEL = ("encoder.", "decoder.", "embedding.", "output_layer.", "subtokenizer.")
 
@@ -53,12 +50,7 @@ def test_adopted_layout_trains_and_is_saved_back(
     base_iter = tmp_path / "base" / "iter_0000001"
     plan = diffusion_plan(tmp_path, fresh_run, tmp_path / "base", objective)
     rp = resolve_plan(load_plan(plan))
-    res = CliRunner().invoke(app, ["stage", "run", str(plan), "--no-eval"])
-    assert res.exit_code == 0, res.output
-    s1 = rp.stages[0]
-    tracker = read_tracker(s1.save_dir)
-    assert tracker is not None and tracker.iteration == s1.train_iters
-    saved = s1.save_dir / tracker.dir_name
+    saved = run_first_stage(plan, rp)
     after = inspect_checkpoint(saved)
     assert after.family.label == base.family.label and after.family.block == base.family.block
     assert _model_shapes(saved) == _model_shapes(base_iter)

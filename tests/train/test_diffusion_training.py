@@ -21,7 +21,7 @@ from longctx.plan.paths import stage_dir
 from longctx.train.spec import TrainSpec
 from tests.fixtures.diffusion import VOCAB
 from tests.plan.test_objective import diffusion_plan
-from tests.train.helpers import run, saved_tensors, spec
+from tests.train.helpers import run, run_first_stage, saved_tensors, spec
 
 
 def _losses(path: Path) -> list[float]:
@@ -99,12 +99,8 @@ def test_uniform_state_moe_trains_from_its_stacked_expert_checkpoint(
     plan = diffusion_plan(tmp_path, fresh_run, base, 'kind = "udm"')
     rp = resolve_plan(load_plan(plan))
     assert rp.arch.num_experts == 4 and rp.stages[0].padded_vocab_size == VOCAB
-    res = CliRunner().invoke(app, ["stage", "run", str(plan), "--no-eval"])
-    assert res.exit_code == 0, res.output
+    ckpt = run_first_stage(plan, rp)
     s1 = rp.stages[0]
-    tracker = read_tracker(s1.save_dir)
-    assert tracker is not None and tracker.iteration == s1.train_iters
-    ckpt = s1.save_dir / tracker.dir_name
     fam = inspect_checkpoint(ckpt).family
     assert (fam.family, fam.moe, fam.block, fam.expert_layout) == ("UDM", True, "encoder", "stacked")
     before = {
