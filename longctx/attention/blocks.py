@@ -205,17 +205,14 @@ def ring_schedule(rank: int, world: int, local_len: int, causal: bool, piece: in
     return schedule
 
 
-def query_tiles(block: Block, tile: int, lead: int = 0) -> list[tuple[int, int]]:
-    """The block's queries cut into ceil(rows / tile) tiles (none if the block is empty), the first
-    `lead` rows longer than the others, which are near-equal.
+def query_tiles(block: Block, tile: int, least: int = 1) -> list[tuple[int, int]]:
+    """The block's queries cut into ceil(rows / tile) near-equal tiles, but fewer where tiles would
+    be shorter than `least` rows (one tile if the block has fewer); none if the block is empty.
 
-    One kernel call per tile. A longer first tile suits a caller whose later calls hold more memory
-    besides their own outputs (the running sum of the earlier calls' dK/dV).
+    One kernel call per tile.
     """
     if block.pairs == 0:
         return []
     rows = block.q_stop - block.q_start
-    n = -(-rows // tile)
-    lead = max(0, min(lead, rows - n)) if n > 1 else 0
-    rest = split_range(block.q_start + lead, block.q_stop, n)
-    return [(block.q_start, rest[0][1]), *rest[1:]]
+    calls = max(1, min(-(-rows // tile), rows // least))
+    return split_range(block.q_start, block.q_stop, calls)

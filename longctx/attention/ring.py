@@ -12,14 +12,16 @@ Forward: the own-chunk block first (while the first piece is in flight), then ea
 merged into float32 out/LSE accumulators through the LSE; pieces are `_FORWARD_PIECES` times larger
 here, since forward holds no gradients. Backward: the own-chunk block starts float32 dQ/dK/dV; each
 slot's block runs in tiles of about `ring_query_tile` queries, each kernel call adding its dQ tile
-here and its dK/dV to the slot's float32 sum, which goes straight back to the owner of those rows at
-the end of the slot while the owner adds the sums arriving for its own rows. Probabilities are
-recomputed from the saved final LSE.
+here and its dK/dV to the slot's float32 sum, which is posted to the owner of those rows at the end
+of the slot. It travels while the next slot's first call runs, and so do the sums arriving for this
+rank's own rows; only then are they added and the next K/V piece posted. That slack absorbs the
+jitter between ranks: waiting for each other at every slot's end cost up to 10 % at 8K on CPU.
+Probabilities are recomputed from the saved final LSE.
 
-Memory beyond a rank's own tensors (q, k, v, out, dout, dq, dk, dv) is a few pieces: in backward the
-K/V piece in use and the next one in flight, the slot's dK/dV sum and one call's dK/dV, and one
-query tile's dQ — 8 pieces of K/V rows and 3 of query rows (the first tile of a slot, which runs
-before the sum exists, is longer by the sum's size).
+Memory beyond a rank's own tensors (q, k, v, out, dout, dq, dk, dv) is a few pieces: in backward,
+during a slot's first call, the K/V piece in use, the previous slot's sums (ours and the arriving
+ones) and the call's dK/dV; during later calls, the piece in use and the next one in flight, the
+slot's sum and one call's dK/dV — 8 pieces of K/V rows either way — and one query tile's dQ.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from longctx.errors import AttentionError
 PIECE_ENV = "LONGCTX_RING_PIECE"
 _KV_TAG = 0
 _DKV_TAG = 1
-# the CPU flash kernel switches to 64-query tiles below 768 queries, which costs ~12 % in backward
+# the CPU flash kernel switches to 64-query blocks below 768 queries, which costs ~12 % in backward
 _MIN_QUERY_TILE = 768
 # forward pieces are this many backward pieces (see ring_forward)
 _FORWARD_PIECES = 4
@@ -53,10 +55,10 @@ def ring_piece(local_len: int, piece: int | None = None, *, device: torch.device
     """Keys per K/V message of the ring's backward: `piece`, else $LONGCTX_RING_PIECE, else the rule.
 
     Rule: local_len / 16 rounded up to a multiple of 64, and at least 256 on CPU, 1024 on CUDA.
-    Backward holds 8 pieces of K/V rows and 3 of query rows beyond the 8 chunk-sized tensors a rank
-    holds anyway (q, k, v, out, dout, dq, dk, dv): with L/16 that extra is ~9 % of them (less with
-    GQA) whatever the CP size, and every step has the same 16 slots of two query tiles, so the
-    number of messages is fixed and their cost relative to compute falls as L grows. The floor
+    Backward holds 8 pieces of K/V rows and one query tile (3 pieces of query rows; 4 at 8K, where
+    3 would mean calls under 768 queries) beyond the 8 chunk-sized tensors a rank holds anyway (q, k,
+    v, out, dout, dq, dk, dv): with L/16 that extra is ~9 % of them (less with GQA) whatever the CP size, and every step has the same 16 slots, so
+    the number of messages is fixed and their cost relative to compute falls as L grows. The floor
     keeps kernel calls and messages large: every call allocates and fills its own outputs, which
     below 256 keys costs >10 % on CPU, and CUDA kernels need long blocks to fill the device.
     Forward uses pieces 4× larger.
@@ -85,12 +87,13 @@ def ring_piece(local_len: int, piece: int | None = None, *, device: torch.device
     return max(floor, 64 * math.ceil(local_len / (16 * 64)))
 
 
-def ring_query_tile(piece: int) -> int:
-    """Queries per kernel call against one piece in backward: 4 pieces, at least 768.
+def ring_query_tile(piece: int) -> tuple[int, int]:
+    """(queries per kernel call against one piece in backward, fewest queries per call): 3 pieces,
+    and no call shorter than 768 queries unless the block is.
 
     Each call returns the dQ of its queries as a temporary, so the tile bounds that temporary.
     """
-    return max(4 * piece, _MIN_QUERY_TILE)
+    return 3 * piece, _MIN_QUERY_TILE
 
 
 def ring_attention(
@@ -171,34 +174,56 @@ class _KVStream:
         self._piece = None
 
 
-def _exchange_grads(
-    exchange: PeerExchange,
-    slot: Slot,
-    mine: tuple[Tensor, Tensor] | None,
-    dk: Tensor,
-    dv: Tensor,
-    expect: bool | None = None,
-) -> None:
-    """End of a slot: send its float32 dK/dV (`mine`, rows of src's chunk) to src, receive dst's for
-    rows of this rank's chunk and add them to `dk`/`dv`; wait for both.
+class _GradReturn:
+    """dK/dV sums of one slot on their way back: ours to src, dst's for our rows into `bufs`."""
 
-    Synchronous on purpose: keeping these in flight during the next slot would hold four more
-    pieces of rows (ours and the arriving ones), and with equal-work slots both sides reach this
-    point together, so the wait is little more than one transfer. `expect`: whether dst computed
-    anything with our rows (default: its block has pairs).
-    """
-    sends = [(t, slot.src) for t in mine] if mine is not None else []
-    theirs = slot.dst_block
-    bufs: tuple[Tensor, Tensor] | None = None
-    if theirs.pairs if expect is None else expect:
-        n = theirs.k_stop - theirs.k_start
-        bufs = (dk.new_empty(dk.shape[0], n, *dk.shape[2:]), dv.new_empty(dv.shape[0], n, *dv.shape[2:]))
-    recvs = [(t, slot.dst) for t in bufs] if bufs is not None else []
-    if sends or recvs:
-        exchange.post(sends, recvs, tag=_DKV_TAG).wait()
-    if bufs is not None:
-        dk[:, theirs.k_start : theirs.k_stop] += bufs[0]
-        dv[:, theirs.k_start : theirs.k_stop] += bufs[1]
+    def __init__(
+        self,
+        exchange: PeerExchange,
+        slot: Slot,
+        mine: tuple[Tensor, Tensor] | None,
+        like: Tensor,
+        expect: bool | None = None,
+    ) -> None:
+        """Post the transfers: send `mine` (float32 dK/dV of src's rows) to src, receive dst's sums
+        for rows of this rank's chunk. `expect`: whether dst computed anything with our rows (default:
+        its block has pairs). `like`: a tensor of the accumulators' dtype and trailing shape."""
+        theirs = slot.dst_block
+        self.rows = slice(theirs.k_start, theirs.k_stop)
+        self.mine = mine
+        self.bufs: tuple[Tensor, Tensor] | None = None
+        if theirs.pairs if expect is None else expect:
+            n = theirs.k_stop - theirs.k_start
+            self.bufs = (
+                like.new_empty(like.shape[0], n, *like.shape[2:]),
+                like.new_empty(like.shape[0], n, *like.shape[2:]),
+            )
+        sends = [(t, slot.src) for t in mine] if mine is not None else []
+        recvs = [(t, slot.dst) for t in self.bufs] if self.bufs is not None else []
+        self.pending = exchange.post(sends, recvs, tag=_DKV_TAG) if sends or recvs else Pending()
+
+    def finish(self, dk: Tensor, dv: Tensor) -> None:
+        """Wait for both transfers and add the arrived sums to `dk`/`dv`."""
+        self.pending.wait()
+        self.mine = None
+        if self.bufs is not None:
+            dk[:, self.rows] += self.bufs[0]
+            dv[:, self.rows] += self.bufs[1]
+            self.bufs = None
+
+
+def _after_first_call(kv: _KVStream, s: int, returning: _GradReturn | None, dk: Tensor, dv: Tensor) -> None:
+    """Slot s's first kernel call is done: the next piece may start travelling and the previous
+    slot's sums must have arrived. Not earlier: during that call the previous slot's sums (ours
+    being sent, dst's arriving) take the place the next piece and this slot's sum hold later."""
+    kv.post(s + 1)
+    _finish(returning, dk, dv)
+
+
+def _finish(returning: _GradReturn | None, dk: Tensor, dv: Tensor) -> None:
+    """Wait for the sums of `returning` (if any) and add those that arrived to `dk`/`dv`."""
+    if returning is not None:
+        returning.finish(dk, dv)
 
 
 def ring_forward(
@@ -272,16 +297,13 @@ def ring_backward(
     dq, dk, dv = (g.to(acc).contiguous() for g in (b_dq, b_dk, b_dv))
     del b_dq, b_dk, b_dv
     tile = ring_query_tile(piece)
-    # the slot's first call runs before its dK/dV sum exists, so it may take that many more queries
-    sum_bytes = 2 * k.shape[2] * torch.finfo(acc).bits
-    row_bytes = q.shape[2] * torch.finfo(q.dtype).bits
+    returning: _GradReturn | None = None  # the previous slot's sums, still travelling
     for s, slot in enumerate(slots):
-        kv.post(s + 1)
         held = kv.take(s)
         block = slot.block
-        lead = (block.k_stop - block.k_start) * sum_bytes // row_bytes
         summed: tuple[Tensor, Tensor] | None = None  # this slot's dK/dV, float32
-        for q0, q1 in query_tiles(block, tile, lead):
+        tiles = query_tiles(block, *tile)
+        for i, (q0, q1) in enumerate(tiles):
             assert held is not None
             qs = slice(q0, q1)
             t_dq, t_dk, t_dv = blk.backward(
@@ -295,11 +317,18 @@ def ring_backward(
                 summed[0].add_(t_dk)
                 summed[1].add_(t_dv)
             del t_dk, t_dv
+            if i == 0:
+                _after_first_call(kv, s, returning, dk, dv)
+                returning = None
+        if not tiles:
+            _after_first_call(kv, s, returning, dk, dv)
+            returning = None
         if slot.piece_done:
             kv.release()
         del held
-        _exchange_grads(exchange, slot, summed, dk, dv)
+        returning = _GradReturn(exchange, slot, summed, dk)
         del summed
+    _finish(returning, dk, dv)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -417,7 +446,7 @@ def _documents_backward(
         for rows, sub in subs:
             assert held is not None and summed is not None
             ks = slice(sub.k_start - block.k_start, sub.k_stop - block.k_start)
-            for q0, q1 in query_tiles(sub, tile):
+            for q0, q1 in query_tiles(sub, *tile):
                 qs = slice(q0, q1)
                 t_dq, t_dk, t_dv = blk.backward(
                     dout[rows, qs], q[rows, qs], held[0][rows, ks], held[1][rows, ks],
@@ -431,7 +460,7 @@ def _documents_backward(
         del held
         theirs = slot.dst_block
         expect = bool(theirs.pairs) and bool(_cut(theirs, Layout.zigzag(slot.dst, world, s), mine, docs))
-        _exchange_grads(exchange, slot, summed, dk, dv, expect)
+        _GradReturn(exchange, slot, summed, dk, expect).finish(dk, dv)  # synchronous: few slots here
         del summed
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

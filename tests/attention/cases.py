@@ -61,7 +61,7 @@ def _query_tile(tile: int | None) -> Iterator[None]:
         yield
         return
     saved = ring_module.ring_query_tile
-    ring_module.ring_query_tile = lambda piece: tile
+    ring_module.ring_query_tile = lambda piece: (tile, 1)
     try:
         yield
     finally:

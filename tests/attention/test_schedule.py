@@ -89,11 +89,17 @@ def test_query_tiles():
     slot = ring_schedule(0, 2, 12, True, 2)[0]
     assert query_tiles(slot.block, 4) == [(6, 9), (9, 12)]
     assert query_tiles(slot.block, 100) == [(6, 12)]
-    # a longer first tile: 8 pieces of queries at 8K, tiles of 4 pieces, a sum of 2 pieces
+    # causal 8K at CP 2: 2048 queries per slot, tiles of 3 pieces would be 683 < 768 → 2 calls
     block = Block(1, 0, 2048, 4096, 0, 256, False)
-    assert query_tiles(block, 1024, lead=512) == [(2048, 2048 + 1280), (2048 + 1280, 4096)]
-    assert query_tiles(block, 4096, lead=512) == [(2048, 4096)]  # one tile: nothing to shift
-    assert query_tiles(Block(1, 0, 0, 5, 0, 2, False), 2, lead=100) == [(0, 3), (3, 4), (4, 5)]
+    assert query_tiles(block, *ring_query_tile(256)) == [(2048, 3072), (3072, 4096)]
+    # 16K: 4096 queries, 3 calls of 3 pieces (1365 rows) hold less than 2 of 4 pieces
+    wide = Block(1, 0, 4096, 8192, 0, 512, False)
+    assert query_tiles(wide, *ring_query_tile(512)) == [(4096, 5461), (5461, 6826), (6826, 8192)]
+    assert query_tiles(block, 4096) == [(2048, 4096)]
+    assert query_tiles(Block(1, 0, 0, 500, 0, 2, False), 100, least=768) == [
+        (0, 500)
+    ]  # short block: one call
+    assert query_tiles(Block(1, 0, 0, 5, 0, 2, False), 2) == [(0, 1), (1, 3), (3, 5)]
     assert query_tiles(Block(1, 0, 3, 3, 0, 2, False), 4) == []  # nothing to compute, no call
 
 
@@ -106,8 +112,8 @@ def test_piece_rule():
     assert ring_piece(5000) == 320
     assert ring_piece(4096, device=torch.device("cuda")) == 1024
     assert ring_piece(4096, 100) == 100
-    assert ring_query_tile(256) == 1024
-    assert ring_query_tile(64) == 768  # the CPU kernel's fast path needs ≥ 768 queries
+    assert ring_query_tile(256) == (768, 768)
+    assert ring_query_tile(512) == (1536, 768)  # the CPU kernel's fast path needs ≥ 768 queries
 
 
 def test_piece_from_environment(monkeypatch):
