@@ -1,17 +1,21 @@
 """Context-parallel attention benchmark: fwd+bwd per rank at CP = n against one process on the full
 sequence, with the same thread count per process.
 
-Every measurement runs in a fresh spawned process (the CP ranks talk over gloo). After a warm-up
-(one fwd+bwd on a short sequence in every process, which triggers one-off allocations such as BLAS
-workspaces, then in the CP ranks one more over the process group, which pages in the communication
-code and sets up gloo's buffers), the timed iterations run with the allocator as a training process
-has it: glibc's defaults, which keep freed blocks for reuse, so an iteration pays no page faults for
-memory an earlier one touched. Memory is measured in a second set of fresh processes, one fwd+bwd
-after the same warm-up, with glibc's mmap threshold pinned at 64 KiB from the start (every
-tensor-sized block mmap'd, so the resident set follows live memory; see `longctx.bench.processes`):
-the peak resident set (VmHWM, reset first) minus the resident set just before the inputs. That covers everything torch allocated — inputs, kernel
-workspaces, ring buffers, gradients — which Python-level tracers miss. Where the peak cannot be
-reset, the increase of `getrusage` `ru_maxrss` is used and the report says so.
+Every measurement runs in fresh spawned processes (the CP ranks talk over gloo). Time: the full
+run and the CP ranks are started together and take turns, one fwd+bwd each in alternation, so the
+baseline and the ring see the same host (measured one after the other, a shared machine's drift
+moved the 8K baseline alone by ±7 %). Before the turns, every process warms up (one fwd+bwd on a
+short sequence, which triggers one-off allocations such as BLAS workspaces, then in the CP ranks
+one more over the process group, which pages in the communication code and sets up gloo's
+buffers); the timed iterations run with the allocator as a training process has it: glibc's
+defaults, which keep freed blocks for reuse, so an iteration pays no page faults for memory an
+earlier one touched. Memory is measured in two more sets of fresh processes, one fwd+bwd after the
+same warm-up, with glibc's mmap threshold pinned at 64 KiB from the start (every tensor-sized block
+mmap'd, so the resident set follows live memory; see `longctx.bench.processes`): the peak
+resident set (VmHWM, reset first) minus the resident set just before the inputs. That covers
+everything torch allocated — inputs, kernel workspaces, ring buffers, gradients — which
+Python-level tracers miss. Where the peak cannot be reset, the increase of `getrusage`
+`ru_maxrss` is used and the report says so.
 
 Figures (not asserted anywhere): parallel efficiency t_full / (CP · t_cp) with t_cp the slowest
 rank's median wall time, and the same ratio on process CPU time (compute overhead only: on a busy
@@ -213,9 +217,60 @@ def _ratio(values: list[int]) -> float:
 
 
 def _worker(
-    rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, phase: str, out: Any
+    rank: int,
+    world: int,
+    init_file: str,
+    spec: AttentionBenchSpec,
+    seq_len: int,
+    phase: str,
+    turns: _Turns | None,
+    out: Any,
 ) -> None:
-    guarded(rank, out, lambda: _measure_rank(rank, world, init_file, spec, seq_len, phase))
+    guarded(rank, out, lambda: _measure_rank(rank, world, init_file, spec, seq_len, phase, turns))
+
+
+@dataclass
+class _Turns:
+    """Turn-taking of the timed phase: the full run and the CP ranks, alive together, alternate
+    iterations, so both see the same host (a drifting clock or a neighbour's load hits both alike;
+    measured one after the other, the baseline alone moved by ±7 % between runs at 8K)."""
+
+    cp: int
+    ready: Any  # semaphores of one multiprocessing context
+    full_turn: Any
+    cp_turn: Any
+    timeout_s: float
+
+    def _take(self, sem: Any, what: str) -> None:
+        if not sem.acquire(timeout=self.timeout_s):
+            raise TimeoutError(f"no {what} within {self.timeout_s:.0f} s (another process failed?)")
+
+    def warmed_up(self, full: bool) -> None:
+        """After the warm-up: the CP ranks say so; the full run waits for all of them."""
+        if not full:
+            self.ready.release()
+            return
+        for _ in range(self.cp):
+            self._take(self.ready, "warm-up of the CP ranks")
+
+    def begin(self, full: bool) -> None:
+        self._take(self.full_turn if full else self.cp_turn, "turn")
+
+    def end(self, full: bool, rank: int) -> None:
+        """The full run hands the turn to every CP rank; CP rank 0 (after a barrier) back to it."""
+        if full:
+            for _ in range(self.cp):
+                self.cp_turn.release()
+        elif rank == 0:
+            self.full_turn.release()
+
+
+def _turns(spec: AttentionBenchSpec) -> _Turns:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # the context run_ranks spawns with
+    full_turn = ctx.Semaphore(1)  # the full run goes first
+    return _Turns(spec.cp, ctx.Semaphore(0), full_turn, ctx.Semaphore(0), spec.timeout_s)
 
 
 def _inputs(spec: AttentionBenchSpec, local: int, rank: int) -> tuple[Any, Any, Any, Any]:
@@ -232,7 +287,13 @@ def _inputs(spec: AttentionBenchSpec, local: int, rank: int) -> tuple[Any, Any, 
 
 
 def _measure_rank(
-    rank: int, world: int, init_file: str, spec: AttentionBenchSpec, seq_len: int, phase: str
+    rank: int,
+    world: int,
+    init_file: str,
+    spec: AttentionBenchSpec,
+    seq_len: int,
+    phase: str,
+    turns: _Turns | None,
 ) -> RankMeasure:
     # torch and the torch-based kernels load in the spawned worker only, not when the CLI imports this
     import torch
@@ -243,15 +304,18 @@ def _measure_rank(
     if phase == "memory":
         fixed_mmap_threshold()
     torch.set_num_threads(spec.threads)
+    # the timed phase runs the CP ranks (0 … cp−1) and the full run (rank cp) side by side
+    full = world == 1 or (turns is not None and rank == spec.cp)
+    ranks = 1 if full else (spec.cp if turns is not None else world)
     group = None
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    if ranks > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks)
         group = dist.group.WORLD
     extra: dict[str, Any] = {"piece": spec.piece} if spec.variant == "ring" else {}
     fn = ring_attention if spec.variant == "ring" else allgather_attention
     dtype = getattr(torch, spec.dtype)
     # identical warm-up in every process: one-off allocations stay out
-    warm_len = min(1024, seq_len // world)
+    warm_len = min(1024, seq_len // spec.cp)
     wq = torch.randn(1, warm_len, spec.heads, spec.head_dim, dtype=dtype, requires_grad=True)
     wkv = torch.randn(1, warm_len, spec.n_kv_heads, spec.head_dim, dtype=dtype, requires_grad=True)
     w_out = fn(wq, wkv, wkv, group=None, causal=spec.causal)
@@ -262,7 +326,7 @@ def _measure_rank(
         w_out.backward(torch.randn_like(w_out))
     del wq, wkv, w_out
     trim_heap()
-    local = seq_len // world
+    local = seq_len // ranks
 
     def step(q: Any, k: Any, v: Any, dout: Any, memory: PeakMemory | None = None) -> tuple[float, float, int]:
         if group is not None:
@@ -276,9 +340,17 @@ def _measure_rank(
         q.grad = k.grad = v.grad = None
         return elapsed, cpu, held
 
-    if phase == "time":  # the allocator as a training process has it (glibc reuses freed blocks)
-        q, k, v, dout = _inputs(spec, local, rank)
-        runs = [step(q, k, v, dout) for _ in range(spec.warmup + spec.repeats)][spec.warmup :]
+    if turns is not None:  # the allocator as a training process has it (glibc reuses freed blocks)
+        q, k, v, dout = _inputs(spec, local, rank % spec.cp)
+        turns.warmed_up(full)
+        runs = []
+        for _ in range(spec.warmup + spec.repeats):
+            turns.begin(full)
+            runs.append(step(q, k, v, dout))
+            if group is not None:
+                dist.barrier(group)  # every rank is done before the full run starts
+            turns.end(full, rank)
+        runs = runs[spec.warmup :]
         measure = RankMeasure(rank, [r[0] for r in runs], [r[1] for r in runs], 0, 0, "")
     else:  # one fwd+bwd with every tensor-sized block mmap'd (fixed_mmap_threshold, set first)
         memory = PeakMemory()
@@ -291,24 +363,33 @@ def _measure_rank(
     return measure
 
 
-def _measure(spec: AttentionBenchSpec, seq_len: int, world: int) -> list[RankMeasure]:
-    """Time in one set of fresh processes, memory in another (see the module docstring)."""
+def _measure(spec: AttentionBenchSpec, seq_len: int) -> tuple[RankMeasure, list[RankMeasure]]:
+    """(full run, CP ranks): timed side by side in one set of fresh processes taking turns,
+    memory in two more sets, one fwd+bwd each (see the module docstring)."""
 
-    def error(message: str) -> AttentionError:
-        return AttentionError(
+    def error(world: int) -> Callable[[str], AttentionError]:
+        return lambda message: AttentionError(
             f"attention benchmark failed at S = {seq_len}, {world} process(es): {message}",
             where="longctx bench attention",
         )
 
-    timed = run_ranks(_worker, (spec, seq_len, "time"), world, timeout_s=spec.timeout_s, error=error)
-    sized = run_ranks(_worker, (spec, seq_len, "memory"), world, timeout_s=spec.timeout_s, error=error)
-    for t, m in zip(timed, sized, strict=True):
+    cp = spec.cp
+    timed = run_ranks(
+        _worker, (spec, seq_len, "time", _turns(spec)), cp + 1, timeout_s=spec.timeout_s, error=error(cp + 1)
+    )
+    sized = [
+        run_ranks(_worker, (spec, seq_len, "memory", None), w, timeout_s=spec.timeout_s, error=error(w))
+        for w in (1, cp)
+    ]
+    for t, m in zip(timed, sized[1] + sized[0], strict=True):
         t.peak_mem_bytes, t.held_after_forward_bytes, t.memory_method = (
             m.peak_mem_bytes,
             m.held_after_forward_bytes,
             m.memory_method,
         )
-    return timed
+    full = timed[cp]
+    full.rank = 0
+    return full, timed[:cp]
 
 
 def run_attention_bench(
@@ -318,10 +399,7 @@ def run_attention_bench(
     validate_spec(spec)
     cases: list[AttentionBenchCase] = []
     for seq_len in spec.seq_lens:
-        full = _measure(spec, seq_len, 1)[0]
-        if advance:
-            advance()
-        ranks = _measure(spec, seq_len, spec.cp)
+        full, ranks = _measure(spec, seq_len)
         if advance:
             advance()
         slowest = max(ranks, key=lambda r: r.median_s)

@@ -121,7 +121,7 @@ def attention_cmd(
         causal=causal,
     )
     validate_spec(spec)
-    with progress_bar("attention bench", total=2 * len(lens), unit="runs") as advance:
+    with progress_bar("attention bench", total=len(lens), unit="lengths") as advance:
         report = run_attention_bench(spec, advance=advance)
     if json_out:
         print_json(report.to_dict())
