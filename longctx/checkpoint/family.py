@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from longctx.checkpoint.keys import model_entries
 from longctx.objective import ObjectiveKind
 from longctx.report import Findings
 
@@ -101,10 +102,6 @@ class FamilyReport:
         return name
 
 
-def _model_keys(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    return {k: v for k, v in shapes.items() if not k.startswith(("optimizer.", "chained_", "rng_state"))}
-
-
 def _block(keys: Mapping[str, tuple[int, ...]]) -> Literal["decoder", "encoder"] | None:
     prefixes = {m.group(1) for k in keys if (m := _LAYER.match(k))}
     if prefixes == {"encoder"}:
@@ -130,7 +127,7 @@ def unrecognised_keys(shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
     """Model keys that are neither a megatron-core GPT layer's, the embeddings / output / final norm,
     nor a diffusion model's known buffers: what a loader would not know where to put."""
     out = []
-    for key in sorted(_model_keys(shapes)):
+    for key in sorted(model_entries(shapes)):
         m = _LAYER.match(key)
         if m:
             if not _KNOWN_LAYER_KEY.match(m.group(3)):
@@ -169,7 +166,7 @@ def detect_family(
 ) -> FamilyReport:
     """The family of the model whose {tensor key: global shape} and saved args are given."""
     args = dict(args or {})
-    keys = _model_keys(shapes)
+    keys = model_entries(shapes)
     emb, out = keys.get("embedding.word_embeddings.weight"), keys.get("output_layer.weight")
     r = FamilyReport(
         family=None, moe=any(".mlp.router." in k for k in keys), block=_block(keys), attention="unknown",

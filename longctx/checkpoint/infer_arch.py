@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from longctx.checkpoint.keys import model_entries
 from longctx.errors import CheckpointError
 from longctx.report import Findings
 
@@ -183,7 +184,7 @@ def infer_arch(
     f = findings if findings is not None else Findings()
     a = InferredArch()
 
-    model_shapes = {k: v for k, v in shapes.items() if not k.startswith(("optimizer.", "chained_"))}
+    model_shapes = model_entries(shapes)
     per, n_layers, stacked, moe_layer_idx = _layer_shapes(model_shapes)
     a.layers_stacked = stacked
     if n_layers is not None:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from longctx.checkpoint.family import FamilyReport, detect_family, family_findings
 from longctx.checkpoint.infer_arch import InferredArch, infer_arch
+from longctx.checkpoint.keys import model_entries
 from longctx.checkpoint.layout import ResolvedCheckpoint, Tracker, resolve_in_tree
 from longctx.checkpoint.metadata import (
-    COMMON_STATE_KEY,
     BackendInfo,
     DcpIndex,
     Era,
@@ -177,10 +177,6 @@ def _optimizer_info(index: DcpIndex, common: dict[str, Any] | None) -> Optimizer
     )
 
 
-def _is_model_key(key: str) -> bool:
-    return not key.startswith(("optimizer.", "chained_", "rng_state", COMMON_STATE_KEY.split("/")[0]))
-
-
 def _files_bytes(tree: Tree, rel: str, index: DcpIndex) -> int:
     on_disk = tree.file_sizes(rel)
     return sum(on_disk.get(name, 0) for name in index.files)
@@ -214,7 +210,7 @@ def inspect_resolved(
     family = detect_family(shapes, args)
     family_findings(family, resolved.where, findings)
 
-    model_tensors = {k: t for k, t in index.tensors.items() if _is_model_key(k)}
+    model_tensors = model_entries(index.tensors)
     optimizer = _optimizer_info(index, state)
     emb = index.tensors.get("embedding.word_embeddings.weight") or index.tensors.get("output_layer.weight")
     tp_layout = emb.chunks if emb is not None and emb.chunks else None

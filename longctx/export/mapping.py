@@ -34,6 +34,7 @@ from typing import Protocol
 import torch
 
 from longctx.arch import ModelArch
+from longctx.checkpoint.keys import is_model_key
 from longctx.errors import ExportError
 from longctx.export.family import Family
 
@@ -42,7 +43,6 @@ OUTPUT = "output_layer.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
 INPUT_NORM = ("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")
 PRE_MLP_NORM = ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight")
-_NOT_MODEL = ("optimizer.", "chained_", "rng_state", "common_state")
 
 
 class TensorSource(Protocol):
@@ -246,7 +246,7 @@ def _layer(b: _Builder, i: int, d: _Dims, family: Family) -> None:
 
 def model_keys(keys: Iterable[str]) -> set[str]:
     """The tensors of a save that belong to the model (not optimizer, RNG or common state)."""
-    return {k for k in keys if not k.startswith(_NOT_MODEL) and "_extra_state" not in k}
+    return {k for k in keys if is_model_key(k) and "_extra_state" not in k}
 
 
 def build_plan(
