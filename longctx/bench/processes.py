@@ -99,6 +99,8 @@ def guarded(rank: int, out: Any, body: Callable[[], Any]) -> None:
     """Run a worker's body, putting ("ok", rank, result) or ("error", rank, traceback) on `out`."""
     try:
         out.put(("ok", rank, body()))
+    except LongctxError as err:  # says what, where and how to fix: no traceback needed
+        out.put(("error", rank, f"{type(err).__name__}: {err}"))
     except BaseException as err:  # reported to the parent, which raises
         out.put(("error", rank, f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
@@ -115,7 +117,7 @@ def run_ranks(
 
     `init_file` is a fresh file:// rendezvous for torch.distributed; each worker puts one
     ("ok" | "error", rank, value) on `out` (see `guarded`). Raises `error(message)` when a worker
-    fails, dies or sends nothing within `timeout_s`.
+    fails (at the first failure; the rest are stopped), dies or sends nothing within `timeout_s`.
     """
     import torch.multiprocessing as mp  # torch loads in the workers and here only when measuring
 
@@ -148,7 +150,9 @@ def run_ranks(
                 if status == "ok":
                     got[rank] = value
                 else:
+                    # the others may be waiting for this one (a collective, a turn): stop here
                     errors.append(f"rank {rank}: {value}")
+                    break
         finally:
             for p in procs:
                 p.join(timeout=30)

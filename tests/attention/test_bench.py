@@ -69,6 +69,21 @@ def test_cli_non_causal_balances_every_split():
     assert all(len(r["times_s"]) == 2 for r in case["ranks"])
 
 
+def test_a_failing_worker_stops_the_others_and_exits_2(monkeypatch):
+    # every spawned process (full run and CP ranks, waiting on each other's turns) fails in warm-up
+    monkeypatch.setenv("LONGCTX_ATTN_KERNEL", "flash_attn")
+    result = runner.invoke(
+        app,
+        ["bench", "attention", "--seq-lens", "256", "--heads", "2", "--head-dim", "16",
+         "--repeats", "1", "--warmup", "0", "--threads", "1", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    assert "attention kernel 'flash_attn' needs CUDA tensors" in report["error"]["what"]
+    assert "Traceback" not in report["error"]["what"]
+
+
 def test_cli_bad_sequence_length_exits_2():
     result = runner.invoke(app, ["bench", "attention", "--seq-lens", "250", "--cp", "2"])
     assert result.exit_code == 2
