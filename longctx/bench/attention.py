@@ -28,6 +28,7 @@ actually computes. The ring's K/V piece size (keys per message, `ring_piece`) is
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import random
 import statistics
@@ -232,7 +233,7 @@ def _worker(
 @dataclass
 class _Turns:
     """Turn-taking of the timed phase: the full run and the CP ranks, alive together, alternate
-    iterations, so both see the same host (a drifting clock or a neighbour's load hits both alike;
+    iterations, so both see the same host (a shared machine's changing speed or load hits both alike;
     measured one after the other, the baseline alone moved by ±7 % between runs at 8K)."""
 
     cp: int
@@ -266,8 +267,6 @@ class _Turns:
 
 
 def _turns(spec: AttentionBenchSpec) -> _Turns:
-    import multiprocessing
-
     ctx = multiprocessing.get_context("spawn")  # the context run_ranks spawns with
     full_turn = ctx.Semaphore(1)  # the full run goes first
     return _Turns(spec.cp, ctx.Semaphore(0), full_turn, ctx.Semaphore(0), spec.timeout_s)
