@@ -92,7 +92,7 @@ def attention_cmd(
     ratio, per-rank balance) and fwd+bwd time of both in one process up to --time-max-len.
     Example: longctx bench attention --documents '10%<4K' --seq-lens 16K,128K --cp 8
 
-    Prints parallel efficiency t_full / (CP · t_cp) with t_cp the slowest rank's median, per-rank peak memory vs the full run (peak RSS increase in a fresh process per measurement), and the per-rank block-FLOP balance max/min of the zigzag split vs a contiguous split, counted from the blocks each rank computes. Targets (not asserted): efficiency ≥ 0.9, memory ratio ≤ 0.55, zigzag balance ≤ 1.02.
+    Prints parallel efficiency t_full / (CP · t_cp) with t_cp the slowest rank's median (the full run and the CP ranks are timed side by side, taking turns), per-rank peak memory vs the full run (peak RSS increase in a fresh process per measurement), and the per-rank block-FLOP balance max/min of the zigzag split vs a contiguous split, counted from the blocks each rank computes. Targets (not asserted): efficiency ≥ 0.92, memory ratio ≤ 0.55, zigzag balance ≤ 1.02.
 
     Example: longctx bench attention --seq-lens 8K,16K --threads 1 --repeats 3
     """
