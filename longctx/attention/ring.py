@@ -190,7 +190,7 @@ class _GradReturn:
         its block has pairs). `like`: a tensor of the accumulators' dtype and trailing shape."""
         theirs = slot.dst_block
         self.rows = slice(theirs.k_start, theirs.k_stop)
-        self.mine = mine
+        self.mine = mine  # alive until the send is done
         self.bufs: tuple[Tensor, Tensor] | None = None
         if theirs.pairs if expect is None else expect:
             n = theirs.k_stop - theirs.k_start

@@ -223,11 +223,11 @@ def _worker(
     init_file: str,
     spec: AttentionBenchSpec,
     seq_len: int,
-    phase: str,
     turns: _Turns | None,
     out: Any,
 ) -> None:
-    guarded(rank, out, lambda: _measure_rank(rank, world, init_file, spec, seq_len, phase, turns))
+    """One process of a measurement: timed (taking `turns`) or, without turns, sized."""
+    guarded(rank, out, lambda: _measure_rank(rank, world, init_file, spec, seq_len, turns))
 
 
 @dataclass
@@ -291,7 +291,6 @@ def _measure_rank(
     init_file: str,
     spec: AttentionBenchSpec,
     seq_len: int,
-    phase: str,
     turns: _Turns | None,
 ) -> RankMeasure:
     # torch and the torch-based kernels load in the spawned worker only, not when the CLI imports this
@@ -300,12 +299,12 @@ def _measure_rank(
 
     from longctx.attention import allgather_attention, ring_attention
 
-    if phase == "memory":
+    if turns is None:  # the memory phase
         fixed_mmap_threshold()
     torch.set_num_threads(spec.threads)
     # the timed phase runs the CP ranks (0 … cp−1) and the full run (rank cp) side by side
-    full = world == 1 or (turns is not None and rank == spec.cp)
-    ranks = 1 if full else (spec.cp if turns is not None else world)
+    full = world == 1 or rank == spec.cp
+    ranks = 1 if full else spec.cp
     group = None
     if ranks > 1:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=ranks)
@@ -374,13 +373,13 @@ def _measure(spec: AttentionBenchSpec, seq_len: int) -> tuple[RankMeasure, list[
 
     cp = spec.cp
     timed = run_ranks(
-        _worker, (spec, seq_len, "time", _turns(spec)), cp + 1, timeout_s=spec.timeout_s, error=error(cp + 1)
+        _worker, (spec, seq_len, _turns(spec)), cp + 1, timeout_s=spec.timeout_s, error=error(cp + 1)
     )
-    sized = [
-        run_ranks(_worker, (spec, seq_len, "memory", None), w, timeout_s=spec.timeout_s, error=error(w))
+    sized_full, sized_cp = (
+        run_ranks(_worker, (spec, seq_len, None), w, timeout_s=spec.timeout_s, error=error(w))
         for w in (1, cp)
-    ]
-    for t, m in zip(timed, sized[1] + sized[0], strict=True):
+    )
+    for t, m in zip(timed, sized_cp + sized_full, strict=True):  # timed: CP ranks, then the full run
         t.peak_mem_bytes, t.held_after_forward_bytes, t.memory_method = (
             m.peak_mem_bytes,
             m.held_after_forward_bytes,
