@@ -131,10 +131,16 @@ def _cp(cp: int | None) -> int:
 
 
 def _threads(n: int | None) -> None:
-    if n:
-        import torch
+    if n is None:
+        return
+    if n < 1:
+        from longctx.errors import EvalError
 
-        torch.set_num_threads(n)
+        raise EvalError(f"--threads must be at least 1, got {n}", where="--threads",
+                        fix="give a thread count such as 2, or leave it out for torch's default")  # fmt: skip
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def _show(report, json_out: bool) -> None:

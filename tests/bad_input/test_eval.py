@@ -23,6 +23,9 @@ CASES = [
     (["--stage", "no-such-stage"], "no-such-stage"),
     (["--lengths", "100", "--cp", "2"], "2 process"),
     (["--batch-size", "0"], "batch"),
+    (["--rotary-base", "0"], "rotary-base"),
+    (["--rotary-base", "-5"], "rotary-base"),
+    (["--threads", "0"], "threads"),
 ]
 
 
