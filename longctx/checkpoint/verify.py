@@ -271,7 +271,25 @@ def parse_manifest(text: str, where: str) -> dict[str, str]:
             )
         path = parts[1].lstrip("*").removeprefix("./")
         out[path] = parts[0].lower()
+    if not out:
+        # an empty list would pass every comparison: it vouches for nothing
+        raise CheckpointError(
+            "the manifest lists no files",
+            where=where,
+            fix="use a manifest written by `longctx ckpt check --deep --write-manifest` or sha256sum",
+        )
     return out
+
+
+def _manifest_text(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(
+            f"the manifest is not UTF-8 text (byte {err.start})",
+            where=where,
+            fix="use a manifest written by `longctx ckpt check --deep --write-manifest` or sha256sum",
+        ) from None
 
 
 def compare_manifest(
@@ -330,11 +348,13 @@ def _deep(
                 where=str(manifest),
                 fix="pass an existing file to --manifest, or --write-manifest FILE to create one",
             )
-        expected = parse_manifest(manifest.read_text(encoding="utf-8"), str(manifest))
+        expected = parse_manifest(_manifest_text(manifest.read_bytes(), str(manifest)), str(manifest))
         result.manifest_checked = str(manifest)
     elif tree.is_file(join(rel, MANIFEST_NAME)):
         inner = join(rel, MANIFEST_NAME)
-        expected = parse_manifest(tree.read_bytes(inner).decode("utf-8"), tree.where(inner))
+        expected = parse_manifest(
+            _manifest_text(tree.read_bytes(inner), tree.where(inner)), tree.where(inner)
+        )
         result.manifest_checked = tree.where(inner)
     if expected is not None and digests:
         compare_manifest(digests, expected, findings, result.manifest_checked or "")

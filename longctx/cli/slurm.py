@@ -60,7 +60,13 @@ def _render(plan, run_dir, profile, out, time, signal, qos, partition, account, 
     rp = _resolved(plan, run_dir)
     overrides: dict[str, Any] = {"time": time, "signal": signal, "qos": qos, "partition": partition,
                                  "account": account, "backend": backend}  # fmt: skip
-    cmd = shlex.split(longctx_cmd) if longctx_cmd else None
+    try:
+        cmd = shlex.split(longctx_cmd) if longctx_cmd else None
+    except ValueError as err:
+        from longctx.errors import SlurmError
+
+        raise SlurmError(f"--longctx-cmd cannot be split into words: {err}", where="--longctx-cmd",
+                         fix="balance its quotes, e.g. --longctx-cmd '/opt/venv/bin/longctx'") from None  # fmt: skip
     return rp, render(rp, profile=profile, overrides=overrides, out_dir=out, longctx_command=cmd)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -214,6 +215,8 @@ def run(
     if backend not in ("local", "megatron-lm"):
         raise StageError(f"unknown backend {backend!r}", fix="use --backend local or --backend megatron-lm")
 
+    planned: list[dict[str, Any]] = []  # --dry-run: what each step would launch
+
     def launch(rp, step):
         lp = launch_plan(rp, step, backend, check_megatron=not dry_run, force=force)  # type: ignore[arg-type]
         console.print(
@@ -226,6 +229,7 @@ def run(
                               "--override-opt_param-scheduler", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
         if dry_run:
             console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
+            planned.append(_planned_launch(lp))
             return None
         if preflight and backend == "megatron-lm":
             report = preflight_launch(lp, _facts(rp, None))
@@ -258,9 +262,19 @@ def run(
         if result.done:
             console.print(f"[green]{result.reason}[/]: nothing to run")
     if json_out:
-        print_json(result.outcomes)
+        print_json(
+            {"dry_run": True, "done": result.done, "launches": planned} if dry_run else result.outcomes
+        )
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def _planned_launch(lp) -> dict[str, Any]:
+    """One --dry-run step for --json: the decision and the exact command, nothing run."""
+    repair = lp.step.repair
+    return {"stage": lp.stage.name, "action": lp.step.action, "reason": lp.step.reason,
+            "start_iteration": lp.step.start_iteration, "repair": repair.reason if repair else None,
+            "backend": lp.backend, "nproc": lp.nproc, "command": lp.command}  # fmt: skip
 
 
 def _launcher(name: str):

@@ -28,7 +28,7 @@ from longctx.data.indexed import (
 )
 from longctx.data.scan import BLOCK_BYTES, ScanParams, ScanResult, scan_datasets
 from longctx.data.sidecar import DatasetSidecar, read_sidecar, sidecar_path
-from longctx.data.stats import LengthStats, label, length_stats
+from longctx.data.stats import LengthStats, checked_lengths, label, length_stats
 from longctx.errors import DatasetError, TokenizerError
 from longctx.report import Findings
 from longctx.tokenizer import EncodingFingerprint, LoadedTokenizer, encoding_differences, load_tokenizer
@@ -132,7 +132,7 @@ def check_datasets(
     eod = eod_id if eod_id is not None else (tok.eod_id if tok is not None else None)
     bos = tok.bos_id if tok is not None else None
     budgets = _checked_budgets(budgets)
-    wanted = _checked_lengths(lengths)
+    wanted = checked_lengths(lengths)
 
     findings = Findings(blend.findings)
     if tok is None and vocab is None:
@@ -196,13 +196,6 @@ def _checked_budgets(budgets: Mapping[str, int] | None) -> dict[str, int]:
         if tokens <= 0:
             raise DatasetError(f"token budget of stage {stage!r} must be positive, got {tokens}")
     return out
-
-
-def _checked_lengths(lengths: Sequence[int]) -> list[int]:
-    wanted = sorted({int(n) for n in lengths})
-    if any(n <= 0 for n in wanted):
-        raise DatasetError(f"stage lengths must be positive, got {wanted}")
-    return wanted
 
 
 def _scan_prepared(

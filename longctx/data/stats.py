@@ -12,11 +12,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from longctx.data.indexed import IndexInfo
+from longctx.errors import DatasetError
 
 # histogram edges (tokens): <512, 512-1K, …, 512K-1M, ≥1M
 HIST_EDGES: tuple[int, ...] = tuple(512 << k for k in range(12))
 PERCENTILE_MAX_DOCS = 64 * 1024 * 1024
 PERCENTILES = (50, 90, 99)
+MAX_DOC_TOKENS = 2**31 - 1  # a Megatron .idx stores sequence lengths as int32
 
 
 @dataclasses.dataclass
@@ -49,6 +51,21 @@ class LengthStats:
     percentiles: dict[int, int] | None
     histogram: list[HistogramBin]
     coverage: list[LengthCoverage]
+
+
+def checked_lengths(lengths: Sequence[int]) -> list[int]:
+    """Stage lengths sorted and deduplicated; refused when not positive or longer than any document."""
+    wanted = sorted({int(n) for n in lengths})
+    if any(n <= 0 for n in wanted):
+        raise DatasetError(f"stage lengths must be positive, got {wanted}", where="--lengths",
+                           fix="give the stage sequence lengths, e.g. --lengths 16K,64K,128K")  # fmt: skip
+    if wanted and wanted[-1] > MAX_DOC_TOKENS:
+        raise DatasetError(
+            f"stage length {wanted[-1]:,} is longer than any Megatron document can be ({MAX_DOC_TOKENS:,} tokens)",
+            where="--lengths",
+            fix="give the stage sequence lengths, e.g. --lengths 16K,64K,128K",
+        )
+    return wanted
 
 
 def label(n: int) -> str:

@@ -30,6 +30,7 @@ import signal
 import threading
 import uuid
 import warnings
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -293,6 +294,12 @@ def tokenize_jsonl(
         tok = load_tokenizer(tokenizer, spec=spec)
     encoding = _usable_encoding(tok, append_eod=append_eod, add_bos=add_bos)
     prefix = os.fspath(output_prefix)
+    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        raise DatasetError(
+            f"--output-prefix {prefix!r} names no file: the dataset is written as PREFIX.bin and PREFIX.idx",
+            where="--output-prefix",
+            fix="give a directory and a file stem, e.g. data/corpus_text_document",
+        )
     targets = [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
     if workers < 1:
         raise DatasetError(f"--workers must be at least 1, got {workers}", fix="pass --workers 1 or more")
@@ -487,7 +494,7 @@ def _tokenize_input(
     try:
         batches = _batches(path, reader, advance)
         results = _ordered(pool, batches, 4 * workers) if pool else map(_encode_batch, batches)
-        for result in results:
+        for result in _readable(results, path):
             if isinstance(result, dict):
                 raise DatasetError(str(result["what"]), where=result["where"], fix=result["fix"])
             flat, seqs_per_doc, seq_lengths, blank = result
@@ -515,6 +522,18 @@ def _tokenize_input(
         empty_documents=empty_in,
     )
     return _InputStats(record, docs_in, seqs_in, tokens)
+
+
+def _readable(results: Iterator[Any], path: Path) -> Iterator[Any]:
+    """`results`, with a corrupt or cut-off gzip stream (read lazily, mid-loop) turned into a clear error."""
+    try:
+        yield from results
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise DatasetError(
+            f"cannot read {path.name}: the gzip stream is corrupt or truncated ({err})",
+            where=str(path),
+            fix="re-download or re-compress the file (gzip -t checks it); nothing was written",
+        ) from None
 
 
 @contextlib.contextmanager

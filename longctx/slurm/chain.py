@@ -37,7 +37,8 @@ from longctx.stage.state import StageState, next_step, plan_state
 SPARE_FRACTION = 0.10
 FAILURE_STREAK = 3  # consecutive jobs that failed without progress before the chain is stopped
 REFUSED = 2  # the exit status of a longctx check that refused (what/where/fix), as every command uses
-
+# beyond any stage's need, and far past what sites let one user queue (MaxSubmitJobs)
+MAX_CHAIN_JOBS = 1000
 
 # -- estimate -------------------------------------------------------------------------------------
 
@@ -176,6 +177,13 @@ def submit(
                              fix="`longctx slurm status` shows the stages")  # fmt: skip
     if chain < 1:
         raise SlurmError(f"--chain {chain}: a chain has at least one job", fix="give --chain 1 or more")
+    if chain > MAX_CHAIN_JOBS:
+        raise SlurmError(
+            f"--chain {chain:,}: more than {MAX_CHAIN_JOBS:,} jobs in one chain",
+            where="--chain",
+            fix=f"queue at most {MAX_CHAIN_JOBS:,} (sites cap queued jobs per user far lower); the chain is "
+            "resumable, so submit another when it runs low",
+        )
     script = rendered.path(rendered.chain)
     chain_id = uuid.uuid4().hex[:12]
     if dry_run:

@@ -140,9 +140,11 @@ def load_profile(name: str) -> Profile:
     path = profile_path(name)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise SlurmError(
-            f"profile is not valid TOML: {err}", where=str(path), fix="fix the TOML syntax"
+            f"profile is not valid TOML: {err}",
+            where=str(path),
+            fix="fix the TOML syntax (and save it as UTF-8)",
         ) from None
     data.setdefault("name", path.stem)
     try:

@@ -111,3 +111,13 @@ def test_a_save_without_common_state_fails_verify(
     (ck / "common.pt").unlink()
     assert (ck / "metadata.json").is_file()
     refused(["ckpt", "check", ck], [tmp_path], needle="megatron-core cannot load this save")
+
+
+@pytest.mark.parametrize(("content", "needle"), [(b"", "lists no files"), (b"# only a comment\n", "lists no files"),
+                                                 (b"\xff" * 64 + b"  common.pt\n", "not UTF-8")])  # fmt: skip
+def test_deep_check_against_an_unusable_manifest(
+    snapshot: Path, tmp_path: Path, content: bytes, needle: str
+) -> None:
+    manifest = tmp_path / "given.sha256"
+    manifest.write_bytes(content)
+    refused(["ckpt", "check", snapshot, "--deep", "--manifest", manifest], [tmp_path], needle=needle)

@@ -83,3 +83,22 @@ def test_slurm_render_into_the_tokenizer(plan: Path, fresh_run: Path, tmp_path: 
         [fresh_run, tmp_path],
         needle="inside the input",
     )
+
+
+@pytest.mark.parametrize("extra", [["--dry-run"], []], ids=["dry-run", "submit"])
+def test_slurm_submit_chain_beyond_the_maximum(
+    plan: Path, fresh_run: Path, tmp_path: Path, extra: list[str]
+) -> None:
+    refused(["slurm", "submit", plan, "--chain", "1000000", *extra], [fresh_run, tmp_path], needle="1,000")
+
+
+def test_slurm_render_unbalanced_longctx_cmd(plan: Path, fresh_run: Path, tmp_path: Path) -> None:
+    args = ["slurm", "render", plan, "--longctx-cmd", "'/opt/venv/bin/longctx", "--out", tmp_path / "out"]
+    refused(args, [fresh_run, tmp_path], needle="--longctx-cmd")
+
+
+def test_slurm_profile_not_utf8(plan: Path, fresh_run: Path, tmp_path: Path) -> None:
+    prof = tmp_path / "latin.toml"
+    prof.write_bytes(b'name = "n\xe9ud"\n')
+    args = ["slurm", "render", plan, "--profile", prof, "--out", tmp_path / "out"]
+    refused(args, [fresh_run, tmp_path], needle="latin.toml")

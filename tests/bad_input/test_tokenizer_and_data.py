@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -90,6 +91,20 @@ def test_tokenize_bad_jsonl_line(tok: Path, tmp_path: Path) -> None:
     refused(["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="bad.jsonl")
 
 
+def test_tokenize_truncated_gzip(tok: Path, tmp_path: Path) -> None:
+    p = tmp_path / "cut.jsonl.gz"
+    p.write_bytes(gzip.compress(b'{"text": "a whole document"}\n' * 50)[:40])
+    refused(["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="truncated")
+
+
+@pytest.mark.parametrize("prefix", ["", ".", "..", "out/", "out/.."])
+def test_tokenize_prefix_that_names_no_file(
+    tok: Path, jsonl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # an empty prefix would otherwise write hidden files into the cwd
+    refused(["data", "tokenize", jsonl, "-t", tok, "-o", prefix], [tmp_path], needle="names no file")
+
+
 def test_tokenize_jsonl_not_utf8(tok: Path, tmp_path: Path) -> None:
     p = tmp_path / "latin.jsonl"
     p.write_bytes(b'{"text": "n\xe9ud"}\n')
@@ -122,3 +137,14 @@ def test_checksum_lists_naming_files_outside_the_artifact(
         path.write_text(path.read_text() + f"{digest}  {entry}\n")
     msg = refused(["data", "check", artifact, "--index-only"], [tmp_path], needle="outside the artifact")
     assert entry in msg, msg
+
+
+def test_checksum_list_not_utf8(artifact: Path, tmp_path: Path) -> None:
+    path = artifact / "manifests" / "checksums.sha256"
+    path.write_bytes(path.read_bytes() + b"\xff\xfe  bin/x\n")
+    refused(["data", "check", artifact, "--index-only"], [tmp_path], needle="checksums.sha256")
+
+
+def test_data_check_length_longer_than_any_document(artifact: Path, tmp_path: Path) -> None:
+    args = ["data", "check", artifact, "--index-only", "--lengths", "9223372036854775807"]
+    refused(args, [tmp_path], needle="longer than any Megatron document")

@@ -101,7 +101,11 @@ def plan(fresh_run: Path, tmp_path: Path) -> Path:
 def test_stage_run_json_is_one_document(plan: Path, fresh_run: Path) -> None:
     res = cli("stage", "run", plan, "--dry-run", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout) == []  # the progress lines went to stderr
+    doc = json.loads(res.stdout)  # the progress lines went to stderr; the plan is in the document
+    assert doc["dry_run"] is True and doc["done"] is False
+    [step] = doc["launches"]
+    assert (step["stage"], step["action"], step["start_iteration"]) == ("s1", "first-launch", 0)
+    assert step["nproc"] >= 1 and "longctx.train" in step["command"] and step["repair"] is None
     assert "first-launch s1" in res.stderr
     (fresh_run / "base/checkpoints/latest_checkpointed_iteration.txt").unlink()
     res = cli("stage", "run", plan, "--dry-run", "--json")

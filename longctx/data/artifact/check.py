@@ -35,8 +35,7 @@ from longctx.data.check import TokenizerArg, check_datasets, resolve_tokenizer
 from longctx.data.index_scan import scan_indexes
 from longctx.data.indexed import dtype_holds_vocab, optimal_dtype
 from longctx.data.scan import ScanParams
-from longctx.data.stats import LengthStats, label
-from longctx.errors import DatasetError
+from longctx.data.stats import LengthStats, checked_lengths, label
 from longctx.report import Finding, Findings
 from longctx.tokenizer import LoadedTokenizer, TokenizerManifest, load_manifest
 from longctx.util.units import fmt_bytes
@@ -183,9 +182,7 @@ def check_artifact(
     """Check an artifact (see the module docstring). `tokenizer` is a path or LoadedTokenizer,
     `manifest` a tokenization/*.toml path or TokenizerManifest (names the tokenizer goes by)."""
     started = time.perf_counter()
-    wanted = sorted({int(n) for n in lengths})
-    if any(n <= 0 for n in wanted):
-        raise DatasetError(f"stage lengths must be positive, got {wanted}")
+    wanted = checked_lengths(lengths)
     art = open_artifact(path, run=run)
     chunks = art.select(languages, tiers)
     tok = resolve_tokenizer(tokenizer)

@@ -576,7 +576,15 @@ def _read_checksums(manifests: Path, root: Path, out: dict[str, Expected], findi
             if isinstance(item, dict):
                 put(rel, Expected(_int(item.get("bytes")), _sha(item.get("sha256")), "checksums.json"))
     if sha.is_file():
-        for n, line in enumerate(sha.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = sha.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise DatasetError(
+                "checksums.sha256 is not UTF-8 text",
+                where=str(sha),
+                fix="fetch the artifact's checksum list again",
+            ) from None
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             digest, _, rel = line.partition("  ")
