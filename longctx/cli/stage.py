@@ -168,12 +168,11 @@ def next_(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
                 "load": str(step.load) if step.load else None,
                 "start_iteration": step.start_iteration,
                 "repair": step.repair.reason if step.repair else None,
+                "load_repair": step.load_repair.reason if step.load_repair else None,
             }
         )
     else:
-        console.print(
-            f"{step.action}: {step.reason}" + (f" (repair: {step.repair.reason})" if step.repair else "")
-        )
+        console.print(f"{step.action}: {step.reason}{_repair_text(step, ' (', ')')}")
     if step.action == "blocked":
         raise typer.Exit(2)
 
@@ -220,8 +219,7 @@ def run(
     def launch(rp, step):
         lp = launch_plan(rp, step, backend, check_megatron=not dry_run, force=force)  # type: ignore[arg-type]
         console.print(
-            f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}"
-            + (f" — repair: {lp.step.repair.reason}" if lp.step.repair else "")
+            f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}{_repair_text(lp.step, ' — ', '')}"
         )
         if lp.schedule_override:
             changed = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in lp.schedule_override.items())
@@ -269,11 +267,20 @@ def run(
         raise typer.Exit(result.exit_code)
 
 
+def _repair_text(step, before: str, after: str) -> str:
+    """The tracker fixes a launch applies first, for a progress line ('' when none)."""
+    parts = [f"repair: {step.repair.reason}"] if step.repair else []
+    if step.load_repair:
+        parts.append(f"repair of the loaded stage's tracker: {step.load_repair.reason}")
+    return f"{before}{'; '.join(parts)}{after}" if parts else ""
+
+
 def _planned_launch(lp) -> dict[str, Any]:
     """One --dry-run step for --json: the decision and the exact command, nothing run."""
-    repair = lp.step.repair
+    repair, load_repair = lp.step.repair, lp.step.load_repair
     return {"stage": lp.stage.name, "action": lp.step.action, "reason": lp.step.reason,
             "start_iteration": lp.step.start_iteration, "repair": repair.reason if repair else None,
+            "load_repair": load_repair.reason if load_repair else None,
             "backend": lp.backend, "nproc": lp.nproc, "command": lp.command}  # fmt: skip
 
 

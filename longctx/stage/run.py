@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from longctx.checkpoint.inspect import inspect_checkpoint
-from longctx.checkpoint.layout import TRACKER, complete_iterations, partial_saves, read_tracker
+from longctx.checkpoint.layout import TRACKER, complete_iterations, iter_dir_name, partial_saves, read_tracker
 from longctx.errors import CheckpointError, LongctxError, StageError
 from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan import paths
@@ -39,7 +39,7 @@ from longctx.stage import ledger
 from longctx.stage.megatron_args import argv as megatron_argv
 from longctx.stage.megatron_args import attention_backend_env, cpu_flags
 from longctx.stage.saved_schedule import checkpoint_schedule
-from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
+from longctx.stage.state import NextStep, Repair, next_step, plan_state, require_runnable
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.disk import storage_problem
@@ -198,18 +198,24 @@ def data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
     return h.hexdigest()[:16]
 
 
-def checkpoint_identity(save_dir: Path) -> str:
-    t = read_tracker(save_dir)
-    if t is None:
-        return f"{save_dir}@none"
-    meta = save_dir / t.dir_name / ".metadata"
+def checkpoint_identity(save_dir: Path, repair: Repair | None = None) -> str:
+    """`save_dir@iter_NNNNNNN:<digest of its .metadata>`; with `repair` (a fix of this save dir's tracker,
+    applied at launch) the iteration it will name."""
+    if repair is not None and repair.new is not None and repair.tracker.parent == save_dir:
+        dir_name = iter_dir_name(repair.new)
+    else:
+        t = read_tracker(save_dir)
+        if t is None:
+            return f"{save_dir}@none"
+        dir_name = t.dir_name
+    meta = save_dir / dir_name / ".metadata"
     digest = hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.exists() else "no-metadata"
-    return f"{save_dir}@{t.dir_name}:{digest}"
+    return f"{save_dir}@{dir_name}:{digest}"
 
 
-def binding_for(rp: ResolvedPlan, st: ResolvedStage) -> ledger.Binding:
+def binding_for(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None = None) -> ledger.Binding:
     tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
-    base = checkpoint_identity(st.load_from) if st.load_from is not None else "none"
+    base = checkpoint_identity(st.load_from, load_repair) if st.load_from is not None else "none"
     return ledger.Binding(
         tokenizer_md5=tokenizer_md5(tok),
         data_digest=data_digest(rp, st),
@@ -362,7 +368,7 @@ def launch_plan(
         / "logs"
         / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.environ.get('SLURM_JOB_ID', os.getpid())}.log"
     )
-    binding = binding_for(rp, st)
+    binding = binding_for(rp, st, step.load_repair)
     if step.action == "first-launch":
         refuse_contradicting_base(rp, st)
     if backend == "local":
@@ -452,9 +458,9 @@ def _refuse_kept_rates(stage: str, override: dict[str, tuple[object, object]] | 
 def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:
     run_dir = paths.run_dir(rp.plan)
     conflicts = ledger.check_binding(run_dir, lp.stage.name, lp.binding, force=force)
-    repair = lp.step.repair
-    if repair is not None:
-        repair.apply()
+    repair, load_repair = lp.step.repair, lp.step.load_repair
+    for r in lp.step.repairs():
+        r.apply()
     if lp.spec_path is not None and lp.train_spec is not None:
         lp.spec_path.parent.mkdir(parents=True, exist_ok=True)
         lp.train_spec.dump(lp.spec_path)
@@ -465,8 +471,7 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         "argv": lp.argv[1:],
         "cpu": {"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp)} if lp.cpu else None,
         "binding": lp.binding.as_dict(), "log": str(lp.log),
-        "repair": None if repair is None else {"tracker": str(repair.tracker), "old": repair.old, "new": repair.new,
-                                               "reason": repair.reason},
+        "repair": _repair_record(repair), "load_repair": _repair_record(load_repair),
         "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
         "schedule_override": {k: list(v) for k, v in lp.schedule_override.items()} if lp.schedule_override
         else None,
@@ -504,6 +509,10 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
                             "no_progress": outcome.no_progress, "log_lines": outcome.log_lines or None,
                             "discarded": discarded or None, "storage": outcome.storage})  # fmt: skip
     return outcome
+
+
+def _repair_record(r: Repair | None) -> dict[str, object] | None:
+    return None if r is None else {"tracker": str(r.tracker), "old": r.old, "new": r.new, "reason": r.reason}
 
 
 def _discard_partial_saves(save_dir: Path, before: set[int]) -> list[str]:

@@ -72,6 +72,11 @@ class NextStep:
     load: Path | None = None
     start_iteration: int = 0
     repair: Repair | None = None
+    # a first launch from the previous stage: that stage's tracker fix (its final save is what loads)
+    load_repair: Repair | None = None
+
+    def repairs(self) -> list[Repair]:
+        return [r for r in (self.load_repair, self.repair) if r is not None]
 
 
 def stage_state(st: ResolvedStage) -> StageState:
@@ -191,6 +196,7 @@ def next_step(rp: ResolvedPlan, states: list[StageState] | None = None) -> NextS
             f"stage {st.name} starts from stage {rp.stages[st.index - 1].name}'s final weights",
             load=st.load_from,
             repair=s.repair,
+            load_repair=states[st.index - 1].repair,
         )
     return NextStep("all-done", None, f"all {len(rp.stages)} stages are done")
 

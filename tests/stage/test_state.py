@@ -197,3 +197,24 @@ def test_ledger_refuses_a_relaunch_with_other_inputs(plan: Path, fresh_run: Path
     execute(rp2, prepare_launch(rp2, "local"), rec, force=True)
     last = [r for r in ledger.read(fresh_run) if r["event"] == "launch"][-1]
     assert last["forced"]["rotary_base"][1] == 123456 and len(rec.calls) == 2
+
+
+def test_garbage_tracker_of_a_finished_stage_is_repaired_by_the_next_launch(
+    plan: Path, fresh_run: Path
+) -> None:
+    put(fresh_run, "s1", S1_TARGET, tracker="hello")
+    _, states, step = state(plan)
+    assert [s.status for s in states] == ["done", "pending"]
+    assert (step.action, step.stage) == ("first-launch", "s2") and step.repair is None
+    assert "unreadable" in step.load_repair.reason and step.load_repair.new == S1_TARGET
+    # next, status and run --dry-run agree: s2 starts from s1's final save once s1's tracker is fixed
+    r = CliRunner().invoke(app, ["stage", "next", str(plan), "--json"])
+    assert r.exit_code == 0 and "unreadable" in json.loads(r.stdout)["load_repair"], r.output
+    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    [launch] = json.loads(r.stdout)["launches"]
+    assert launch["stage"] == "s2" and "unreadable" in launch["load_repair"]
+    tracker = fresh_run / "stages/s1/checkpoints/latest_checkpointed_iteration.txt"
+    assert tracker.read_text() == "hello"  # a dry run changes nothing
+    step.load_repair.apply()
+    assert tracker.read_text().strip() == str(S1_TARGET)
