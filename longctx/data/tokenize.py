@@ -318,8 +318,14 @@ def tokenize_jsonl(
         stack_outer.enter_context(_terminate_raises())
         builder = IndexedDatasetBuilder(str(bin_path(tmp_prefix)), dtype=dtype)
         stats = _tokenize_inputs(paths, builder, job, workers, progress, tok)
-        builder.finalize(str(idx_path(tmp_prefix)))
         documents = sum(s.documents for s in stats)
+        if not sum(s.tokens for s in stats):
+            # nothing to train on: refused now rather than when a stage first samples from it
+            raise DatasetError(
+                "the inputs hold no tokens", where=", ".join(str(p) for p in paths),
+                fix=f"check the files and their {json_key!r} field (blank lines and empty texts are skipped)",
+            )  # fmt: skip
+        builder.finalize(str(idx_path(tmp_prefix)))
         sidecar = DatasetSidecar(
             origin="tokenize",
             longctx_version=__version__,

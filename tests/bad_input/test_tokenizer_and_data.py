@@ -148,3 +148,12 @@ def test_checksum_list_not_utf8(artifact: Path, tmp_path: Path) -> None:
 def test_data_check_length_longer_than_any_document(artifact: Path, tmp_path: Path) -> None:
     args = ["data", "check", artifact, "--index-only", "--lengths", "9223372036854775807"]
     refused(args, [tmp_path], needle="longer than any Megatron document")
+
+
+@pytest.mark.parametrize(
+    "content", ["", "\n\n", '{"text": ""}\n'], ids=["empty", "blank-lines", "empty-texts"]
+)
+def test_tokenize_inputs_without_tokens(tok: Path, tmp_path: Path, content: str) -> None:
+    p = tmp_path / "nothing.jsonl"
+    p.write_text(content)
+    refused(["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="no tokens")
