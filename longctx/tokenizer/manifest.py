@@ -79,8 +79,9 @@ def load_manifest(path: str | os.PathLike[str]) -> TokenizerManifest:
         )
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise TokenizerError(f"tokenizer manifest is not valid TOML: {err}", where=str(p)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise TokenizerError(f"tokenizer manifest is not valid TOML: {err}", where=str(p),
+                             fix="restore it, or write it again with `longctx tokenizer fingerprint PATH --write FILE`") from None  # fmt: skip
     return manifest_from_dict(data, where=str(p))
 
 

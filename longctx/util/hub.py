@@ -147,7 +147,7 @@ def local_dir_commit(local_dir: str | os.PathLike[str]) -> str | None:
     for p in sorted(meta.rglob("*.metadata")):
         try:
             first = p.read_text(encoding="utf-8").splitlines()[0].strip()
-        except (OSError, IndexError):
+        except (OSError, IndexError, UnicodeDecodeError):
             continue
         if len(first) == 40:
             return first

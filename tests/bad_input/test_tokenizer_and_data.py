@@ -157,3 +157,17 @@ def test_tokenize_inputs_without_tokens(tok: Path, tmp_path: Path, content: str)
     p = tmp_path / "nothing.jsonl"
     p.write_text(content)
     refused(["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="no tokens")
+
+
+def test_tokenizer_manifest_not_utf8(tok: Path, tmp_path: Path) -> None:
+    manifest = tmp_path / "latin.toml"
+    manifest.write_bytes(b'name = "n\xe9ud"\n')
+    refused(["tokenizer", "check", tok, "--manifest", manifest], [tmp_path], needle="latin.toml")
+
+
+def test_merges_not_utf8(gpt2_like_dir: Path, tmp_path: Path) -> None:
+    d = tmp_path / "gpt2"
+    shutil.copytree(gpt2_like_dir, d)
+    merges = d / "merges.txt"
+    merges.write_bytes(merges.read_bytes() + b"\xff \xfe\n")
+    refused(["tokenizer", "fingerprint", d], [tmp_path], needle="merges.txt")
