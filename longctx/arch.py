@@ -23,14 +23,14 @@ class ModelArch(BaseModel):
     num_query_groups: int | None = Field(default=None, gt=0, description="GQA groups; None = MHA")
     kv_channels: int | None = Field(default=None, gt=0, description="head dim; None = hidden/heads")
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
-    norm_epsilon: float = 1e-5
+    norm_epsilon: float = Field(default=1e-5, gt=0, allow_inf_nan=False)
     swiglu: bool = True
     qk_layernorm: bool = True
     untie_embeddings_and_output_weights: bool = True
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
     rotary_percent: float = Field(default=1.0, gt=0, le=1.0)
-    init_method_std: float = 0.02
+    init_method_std: float = Field(default=0.02, gt=0, allow_inf_nan=False)
     num_experts: int | None = Field(default=None, gt=0)
     moe_router_topk: int = 2
     moe_shared_expert_intermediate_size: int | None = None

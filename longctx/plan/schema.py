@@ -24,8 +24,13 @@ RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "m
 AttentionBackend = Literal["flash", "fused", "unfused", "auto"]
 
 
+# a quadrillion tokens, far past any published pretraining run (tens of trillions): more is a typo
+MAX_STAGE_TOKENS = 10**15
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf passes `gt=0` (nan does not): no plan number is meant to be infinite
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RopeSpec(_Strict):
@@ -52,9 +57,9 @@ class LRSpec(_Strict):
     wsd_decay_fraction: float = Field(default=0.2, gt=0, le=1)
     wsd_decay_style: Literal["exponential", "linear", "cosine", "minus_sqrt"] = "linear"
     weight_decay: float = Field(default=0.1, ge=0)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    adam_beta2: float = Field(default=0.95, ge=0, lt=1)
+    adam_eps: float = Field(default=1e-8, gt=0)
     clip_grad: float = Field(default=1.0, ge=0)
 
     @model_validator(mode="after")
@@ -138,14 +143,14 @@ class StageDefaults(_Strict):
     log_interval: int | None = Field(default=None, gt=0)
     exit_duration_in_mins: int | None = Field(default=None, gt=0)
     extra_args: list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 1)  # numpy's seed range, which Megatron seeds
 
 
 class StageSpec(StageDefaults):
     name: str
     seq_length: StrictInt = Field(gt=0)
     rope: RopeSpec
-    tokens: StrictInt = Field(gt=0)
+    tokens: StrictInt = Field(gt=0, le=MAX_STAGE_TOKENS)
     max_position_embeddings: StrictInt | None = Field(default=None, gt=0)
 
     @field_validator("name")

@@ -119,6 +119,11 @@ CASES: list[tuple[str, Any, str, str]] = [
     ("duplicate-stage", lambda d: _stage(d, 1).update(name="16k"), r"stage names must be unique", r"plan"),
     ("no-data", lambda d: d["defaults"].pop("data"), r"no data for this stage", r"data"),
     ("negative-tokens", lambda d: _stage(d, 0).update(tokens=-5), r"greater than 0", r"tokens"),
+    ("tokens-past-any-run", lambda d: _stage(d, 0).update(tokens=10**23), r"less than or equal to 1000000000000000", r"tokens"),
+    ("infinite-lr", lambda d: d["defaults"].setdefault("lr", {}).update(lr=float("inf")), r"finite number", r"lr\.lr"),
+    ("beta-of-one", lambda d: d["defaults"].setdefault("lr", {}).update(adam_beta2=1.0), r"less than 1", r"adam_beta2"),
+    ("negative-init-std", lambda d: d["model"].update(init_method_std=-0.02), r"greater than 0", r"init_method_std"),
+    ("negative-seed", lambda d: d["defaults"].update(seed=-1), r"greater than or equal to 0", r"seed"),
 ]  # fmt: skip
 
 
