@@ -16,6 +16,7 @@ import ctypes
 import os
 import queue
 import resource
+import signal
 import sys
 import tempfile
 import time
@@ -141,7 +142,7 @@ def run_ranks(
                 except queue.Empty:
                     dead = [p.exitcode for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
                     if dead:
-                        errors.append(f"worker(s) died with exit codes {dead} (out of memory?)")
+                        errors.append(f"worker(s) died: {', '.join(_death(c) for c in dead)}")
                     elif time.monotonic() > deadline:
                         errors.append(f"no result after {timeout_s:.0f} s")
                     else:
@@ -161,3 +162,14 @@ def run_ranks(
         if errors:
             raise error("; ".join(errors))
     return [got[r] for r in range(world)]
+
+
+def _death(exitcode: int) -> str:
+    """How a worker ended: a signal by name (SIGKILL is what the kernel's OOM killer sends)."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+    return f"{name} (out of memory?)" if name == "SIGKILL" else name

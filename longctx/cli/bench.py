@@ -99,7 +99,7 @@ def attention_cmd(
     from longctx.bench.attention import TARGETS, AttentionBenchSpec, run_attention_bench, validate_spec
     from longctx.util.progress import progress_bar
 
-    lens = parse_int_list(seq_lens) or []
+    lens = positive_sizes(seq_lens, "--seq-lens") or []
     if documents is not None:
         _documents_bench(
             documents, lens, cp, heads, kv_heads or heads, head_dim, repeats, time_max_len, json_out
@@ -356,7 +356,7 @@ def index_check_cmd(
 
     with progress_bar("create prefixes", prefixes, unit="prefixes") as advance:
         r = run_index_check_bench(
-            prefixes, lengths=parse_int_list(lengths) or [], docs_per_prefix=docs, tmp_dir=tmp_dir, keep=keep,
+            prefixes, lengths=positive_sizes(lengths, "--lengths") or [], docs_per_prefix=docs, tmp_dir=tmp_dir, keep=keep,
             workers=workers, repeats=repeats, big_gib=big_gib, advance=advance,
         )  # fmt: skip
     if json_out:

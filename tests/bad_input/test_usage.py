@@ -24,6 +24,11 @@ CASES = {
     ),
     "unknown-command": (["slurm", "launch-everything"], "No such command", "longctx slurm"),
     "root-option": (["--bogus"], "No such option: --bogus", "longctx"),
+    "zero-bench-length": (
+        ["bench", "attention", "--seq-lens", "0"],
+        "lengths must be positive",
+        "longctx bench attention",
+    ),
 }
 
 
