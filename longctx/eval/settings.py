@@ -22,8 +22,9 @@ class EvalSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     depths: list[float] = Field(default_factory=lambda: list(DEFAULT_DEPTHS))
-    keys_per_cell: int = Field(default=2, ge=1)
-    distractors: int = Field(default=2, ge=0)
+    # bounded so a typo cannot queue billions of forwards: each key is a forward, each distractor a sequence
+    keys_per_cell: int = Field(default=2, ge=1, le=10_000)
+    distractors: int = Field(default=2, ge=0, le=100)
     key_digits: int = Field(default=5, ge=1)
     filler: Literal["synthetic", "heldout"] = "synthetic"
     seed: int = 1234

@@ -26,6 +26,8 @@ CASES = [
     (["--rotary-base", "0"], "rotary-base"),
     (["--rotary-base", "-5"], "rotary-base"),
     (["--threads", "0"], "threads"),
+    (["--keys", "1000000000"], "keys_per_cell"),
+    (["--distractors", "1000000000"], "distractors"),
 ]
 
 
