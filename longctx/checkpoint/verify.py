@@ -252,8 +252,15 @@ def format_manifest(digests: dict[str, str]) -> str:
     return "".join(f"{h}  {p}\n" for p, h in sorted(digests.items()))
 
 
-def parse_manifest(text: str, where: str) -> dict[str, str]:
-    """Parse `sha256sum` output (`<hex>  <path>` or `<hex> *<path>`)."""
+def parse_manifest(raw: bytes, where: str) -> dict[str, str]:
+    """Parse `sha256sum` output (`<hex>  <path>` or `<hex> *<path>`); refuse one that lists nothing."""
+    fix = "use a manifest written by `longctx ckpt check --deep --write-manifest` or sha256sum"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(
+            f"the manifest is not UTF-8 text (byte {err.start})", where=where, fix=fix
+        ) from None
     out: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
@@ -267,29 +274,13 @@ def parse_manifest(text: str, where: str) -> dict[str, str]:
             raise CheckpointError(
                 f"manifest line {n} is not '<sha256>  <path>': {line[:80]!r}",
                 where=where,
-                fix="use a manifest written by `longctx ckpt check --deep --write-manifest` or sha256sum",
+                fix=fix,
             )
         path = parts[1].lstrip("*").removeprefix("./")
         out[path] = parts[0].lower()
-    if not out:
-        # an empty list would pass every comparison: it vouches for nothing
-        raise CheckpointError(
-            "the manifest lists no files",
-            where=where,
-            fix="use a manifest written by `longctx ckpt check --deep --write-manifest` or sha256sum",
-        )
+    if not out:  # an empty list would pass every comparison: it vouches for nothing
+        raise CheckpointError("the manifest lists no files", where=where, fix=fix)
     return out
-
-
-def _manifest_text(raw: bytes, where: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise CheckpointError(
-            f"the manifest is not UTF-8 text (byte {err.start})",
-            where=where,
-            fix="use a manifest written by `longctx ckpt check --deep --write-manifest` or sha256sum",
-        ) from None
 
 
 def compare_manifest(
@@ -348,13 +339,11 @@ def _deep(
                 where=str(manifest),
                 fix="pass an existing file to --manifest, or --write-manifest FILE to create one",
             )
-        expected = parse_manifest(_manifest_text(manifest.read_bytes(), str(manifest)), str(manifest))
+        expected = parse_manifest(manifest.read_bytes(), str(manifest))
         result.manifest_checked = str(manifest)
     elif tree.is_file(join(rel, MANIFEST_NAME)):
         inner = join(rel, MANIFEST_NAME)
-        expected = parse_manifest(
-            _manifest_text(tree.read_bytes(inner), tree.where(inner)), tree.where(inner)
-        )
+        expected = parse_manifest(tree.read_bytes(inner), tree.where(inner))
         result.manifest_checked = tree.where(inner)
     if expected is not None and digests:
         compare_manifest(digests, expected, findings, result.manifest_checked or "")

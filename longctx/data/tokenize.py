@@ -319,7 +319,8 @@ def tokenize_jsonl(
         builder = IndexedDatasetBuilder(str(bin_path(tmp_prefix)), dtype=dtype)
         stats = _tokenize_inputs(paths, builder, job, workers, progress, tok)
         documents = sum(s.documents for s in stats)
-        if not sum(s.tokens for s in stats):
+        tokens = sum(s.tokens for s in stats)
+        if not tokens:
             # nothing to train on: refused now rather than when a stage first samples from it
             raise DatasetError(
                 "the inputs hold no tokens", where=", ".join(str(p) for p in paths),
@@ -333,7 +334,7 @@ def tokenize_jsonl(
             dtype=np.dtype(dtype).name,
             documents=documents,
             sequences=sum(s.sequences for s in stats),
-            tokens=sum(s.tokens for s in stats),
+            tokens=tokens,
             append_eod=append_eod,
             add_bos=add_bos,
             json_key=json_key,
