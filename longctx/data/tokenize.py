@@ -293,13 +293,7 @@ def tokenize_jsonl(
     else:
         tok = load_tokenizer(tokenizer, spec=spec)
     encoding = _usable_encoding(tok, append_eod=append_eod, add_bos=add_bos)
-    prefix = os.fspath(output_prefix)
-    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
-        raise DatasetError(
-            f"--output-prefix {prefix!r} names no file: the dataset is written as PREFIX.bin and PREFIX.idx",
-            where="--output-prefix",
-            fix="give a directory and a file stem, e.g. data/corpus_text_document",
-        )
+    prefix = _checked_prefix(output_prefix)
     targets = [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
     if workers < 1:
         raise DatasetError(f"--workers must be at least 1, got {workers}", fix="pass --workers 1 or more")
@@ -318,38 +312,16 @@ def tokenize_jsonl(
         stack_outer.enter_context(_terminate_raises())
         builder = IndexedDatasetBuilder(str(bin_path(tmp_prefix)), dtype=dtype)
         stats = _tokenize_inputs(paths, builder, job, workers, progress, tok)
-        documents = sum(s.documents for s in stats)
-        tokens = sum(s.tokens for s in stats)
-        if not tokens:
+        if not sum(s.tokens for s in stats):
             # nothing to train on: refused now rather than when a stage first samples from it
             raise DatasetError(
                 "the inputs hold no tokens", where=", ".join(str(p) for p in paths),
                 fix=f"check the files and their {json_key!r} field (blank lines and empty texts are skipped)",
             )  # fmt: skip
         builder.finalize(str(idx_path(tmp_prefix)))
-        sidecar = DatasetSidecar(
-            origin="tokenize",
-            longctx_version=__version__,
-            tokenizer=SidecarTokenizer.of(tok),
-            dtype=np.dtype(dtype).name,
-            documents=documents,
-            sequences=sum(s.sequences for s in stats),
-            tokens=tokens,
-            append_eod=append_eod,
-            add_bos=add_bos,
-            json_key=json_key,
-            megatron_flags=None
-            if add_bos
-            else megatron_preprocess_flags(tok, json_key=json_key, append_eod=append_eod),
-            inputs=[s.record for s in stats],
-        )
+        sidecar = _sidecar(tok, job, np.dtype(dtype), stats)
         write_sidecar(tmp_prefix, sidecar, path=sidecar_path(tmp_prefix))
-        for tmp in tmp_files[:2]:
-            _fsync(tmp)
-        # .bin first, .idx second: a prefix "exists" for Megatron only once both are there
-        for tmp, final in zip(tmp_files, targets, strict=True):
-            os.replace(tmp, final)
-        fsync_dir(out_dir)
+        _publish(tmp_files, targets, out_dir)
         return sidecar
     except BaseException as err:
         for tmp in tmp_files:
@@ -366,6 +338,48 @@ def tokenize_jsonl(
         raise
     finally:
         stack_outer.close()
+
+
+def _checked_prefix(output_prefix: str | os.PathLike[str]) -> str:
+    """The output prefix as a string; refused when it names no file (PREFIX.bin needs a stem)."""
+    prefix = os.fspath(output_prefix)
+    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        raise DatasetError(
+            f"--output-prefix {prefix!r} names no file: the dataset is written as PREFIX.bin and PREFIX.idx",
+            where="--output-prefix",
+            fix="give a directory and a file stem, e.g. data/corpus_text_document",
+        )
+    return prefix
+
+
+def _sidecar(tok: LoadedTokenizer, job: _Job, dtype: np.dtype, stats: list[_InputStats]) -> DatasetSidecar:
+    """What the sidecar records of a finished tokenization: tokenizer, options, counts, inputs."""
+    return DatasetSidecar(
+        origin="tokenize",
+        longctx_version=__version__,
+        tokenizer=SidecarTokenizer.of(tok),
+        dtype=dtype.name,
+        documents=sum(s.documents for s in stats),
+        sequences=sum(s.sequences for s in stats),
+        tokens=sum(s.tokens for s in stats),
+        append_eod=job.append_eod,
+        add_bos=job.add_bos,
+        json_key=job.json_key,
+        megatron_flags=None
+        if job.add_bos
+        else megatron_preprocess_flags(tok, json_key=job.json_key, append_eod=job.append_eod),
+        inputs=[s.record for s in stats],
+    )
+
+
+def _publish(tmp_files: list[Path], targets: list[Path], out_dir: Path) -> None:
+    """Make the written temporaries the dataset: synced, then renamed in order."""
+    for tmp in tmp_files[:2]:
+        _fsync(tmp)
+    # .bin first, .idx second: a prefix "exists" for Megatron only once both are there
+    for tmp, final in zip(tmp_files, targets, strict=True):
+        os.replace(tmp, final)
+    fsync_dir(out_dir)
 
 
 def _output_dir(

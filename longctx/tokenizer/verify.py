@@ -136,45 +136,11 @@ def verify_tokenizer(
     div = divisible_by or (manifest.make_vocab_size_divisible_by if manifest else DEFAULT_DIVISIBLE_BY)
     f = Findings()
 
-    for problem in tok.problems:
-        f.error("consistency", problem, where=str(tok.path))
-    try:
-        encoding: EncodingFingerprint | None = tok.encoding_fingerprint()
-    except TokenizerError as err:
-        f.error("encoding", f"{tok.spec.tokenizer_type} cannot encode with this tokenizer: {err.what}",
-                where=err.where or str(tok.path), fix=err.fix)  # fmt: skip
-        encoding = None
-    else:
-        for problem in tok.backend_problems():
-            f.error(
-                "consistency",
-                problem,
-                where=str(tok.path),
-                fix="take the HF files and the model from the same release",
-            )
+    encoding = _consistency(tok, f)
     facts = tokenizer_facts(tok, tp=tp, divisible_by=div, encoding=encoding)
     if encoding is not None:
         _compare_encoding(tok, manifest, encoding, f)
-
-    expected_md5 = md5.lower() if md5 else (manifest.md5 if manifest else None)
-    if expected_md5 is None:
-        f.warning(
-            "md5",
-            "no md5 to compare with: the tokenizer's identity is not checked",
-            found=tok.md5,
-            fix="pin md5 in the manifest or pass --md5",
-        )
-    elif tok.md5 != expected_md5:
-        f.error(
-            "md5",
-            f"md5 of {tok.md5_of} differs",
-            expected=expected_md5,
-            found=tok.md5,
-            where=str(tok.identity_files[0]),
-            fix="use the exact tokenizer files the model was trained with",
-        )
-    else:
-        f.info("md5", f"md5 of {tok.md5_of} matches", found=tok.md5)
+    _compare_md5(tok, md5.lower() if md5 else (manifest.md5 if manifest else None), f)
 
     if manifest is not None:
         _compare_manifest(tok, manifest, f)
@@ -207,6 +173,49 @@ def verify_tokenizer(
         facts=facts,
         findings=f,
     )
+
+
+def _consistency(tok: LoadedTokenizer, f: Findings) -> EncodingFingerprint | None:
+    """Findings on whether the tokenizer's files agree with each other and with its encoding backend;
+    its encoding fingerprint (None when the declared type cannot encode with it)."""
+    for problem in tok.problems:
+        f.error("consistency", problem, where=str(tok.path))
+    try:
+        encoding = tok.encoding_fingerprint()
+    except TokenizerError as err:
+        f.error("encoding", f"{tok.spec.tokenizer_type} cannot encode with this tokenizer: {err.what}",
+                where=err.where or str(tok.path), fix=err.fix)  # fmt: skip
+        return None
+    for problem in tok.backend_problems():
+        f.error(
+            "consistency",
+            problem,
+            where=str(tok.path),
+            fix="take the HF files and the model from the same release",
+        )
+    return encoding
+
+
+def _compare_md5(tok: LoadedTokenizer, expected: str | None, f: Findings) -> None:
+    """The tokenizer's identity against the md5 given or pinned (a warning when there is none)."""
+    if expected is None:
+        f.warning(
+            "md5",
+            "no md5 to compare with: the tokenizer's identity is not checked",
+            found=tok.md5,
+            fix="pin md5 in the manifest or pass --md5",
+        )
+    elif tok.md5 != expected:
+        f.error(
+            "md5",
+            f"md5 of {tok.md5_of} differs",
+            expected=expected,
+            found=tok.md5,
+            where=str(tok.identity_files[0]),
+            fix="use the exact tokenizer files the model was trained with",
+        )
+    else:
+        f.info("md5", f"md5 of {tok.md5_of} matches", found=tok.md5)
 
 
 def _compare_encoding(
