@@ -4,7 +4,8 @@ sequence, with the same thread count per process.
 Every measurement runs in fresh spawned processes (the CP ranks talk over gloo). Time: the full
 run and the CP ranks are started together and take turns, one fwd+bwd each in alternation, so the
 baseline and the ring see the same host (measured one after the other, a shared machine's drift
-moved the 8K baseline alone by ±7 %). Before the turns, every process warms up (one fwd+bwd on a
+moved the 8K baseline alone by ±7 %); the full run exits only after the ranks' last turn, whose
+time its teardown would otherwise share (it slowed that iteration by up to 50 % at 8K). Before the turns, every process warms up (one fwd+bwd on a
 short sequence, which triggers one-off allocations such as BLAS workspaces, then in the CP ranks
 one more over the process group, which pages in the communication code and sets up gloo's
 buffers); the timed iterations run with the allocator as a training process has it: glibc's
@@ -128,6 +129,7 @@ class AttentionBenchCase:
     balance_zigzag: float
     balance_contiguous: float
     ranks: list[RankMeasure] = field(default_factory=list)
+    full_times_s: list[float] = field(default_factory=list)  # the full run's timed iterations
 
 
 @dataclass
@@ -265,6 +267,12 @@ class _Turns:
         elif rank == 0:
             self.full_turn.release()
 
+    def finished(self, full: bool) -> None:
+        """The full run stays until the CP ranks' last turn is over: its exit (freeing its tensors,
+        tearing down the interpreter) would otherwise take a core from their last timed iteration."""
+        if full:
+            self.begin(full)
+
 
 def _turns(spec: AttentionBenchSpec) -> _Turns:
     ctx = multiprocessing.get_context("spawn")  # the context run_ranks spawns with
@@ -348,6 +356,7 @@ def _measure_rank(
             if group is not None:
                 dist.barrier(group)  # every rank is done before the full run starts
             turns.end(full, rank)
+        turns.finished(full)
         runs = runs[spec.warmup :]
         measure = RankMeasure(rank, [r[0] for r in runs], [r[1] for r in runs], 0, 0, "")
     else:  # one fwd+bwd with every tensor-sized block mmap'd (fixed_mmap_threshold, set first)
@@ -426,6 +435,7 @@ def run_attention_bench(
                 balance_zigzag=_ratio(zig),
                 balance_contiguous=_ratio(cont),
                 ranks=ranks,
+                full_times_s=full.times_s,
             )
         )
     methods = {r.memory_method for c in cases for r in c.ranks}

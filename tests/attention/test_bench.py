@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from typer.testing import CliRunner
@@ -130,3 +131,39 @@ def test_document_bench_json_is_one_document():
     assert r.exit_code == 0, r.output
     (case,) = json.loads(r.stdout)["cases"]
     assert len(case["rank_shares"]) == 4 and case["slowest_documents"] >= 1.0
+
+
+def test_turns_alternate_and_the_full_run_outlasts_the_last_cp_turn():
+    from longctx.bench.attention import _Turns
+
+    # the protocol of the timed phase, with threads for processes and a barrier for the CP group's
+    turns = _Turns(2, threading.Semaphore(0), threading.Semaphore(1), threading.Semaphore(0), 10.0)
+    group = threading.Barrier(2)
+    log: list[tuple[str, int]] = []
+
+    def full() -> None:
+        turns.warmed_up(True)
+        for i in range(3):
+            turns.begin(True)
+            log.append(("full", i))
+            turns.end(True, 2)
+        turns.finished(True)
+        log.append(("full exits", 3))
+
+    def cp(rank: int) -> None:
+        turns.warmed_up(False)
+        for i in range(3):
+            turns.begin(False)
+            log.append((f"cp{rank}", i))
+            group.wait()  # every rank is done before the full run starts
+            turns.end(False, rank)
+        turns.finished(False)
+
+    threads = [threading.Thread(target=full)] + [threading.Thread(target=cp, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    # full, both ranks, full, both ranks, …: never two of the full run's turns without the ranks between
+    order = ["full" if w == "full" else "exit" if w == "full exits" else "cp" for w, _ in log]
+    assert order == ["full", "cp", "cp"] * 3 + ["exit"]
