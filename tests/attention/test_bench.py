@@ -50,7 +50,7 @@ def test_cli_runs_and_reports_json():
     assert case["cpu_efficiency"] > 0 and case["held_cp_bytes"] > 0
     assert case["mem_full_bytes"] > 0 and case["mem_cp_bytes"] > 0
     assert case["balance_zigzag"] == 1.0 and case["balance_contiguous"] > 2.9
-    assert len(case["ranks"]) == 2
+    assert len(case["ranks"]) == 2 and len(case["full_times_s"]) == 1
     assert report["memory_method"]
     assert case["spread_full"] >= 0 and case["spread_cp"] >= 0
 
