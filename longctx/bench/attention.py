@@ -1,22 +1,22 @@
 """Context-parallel attention benchmark: fwd+bwd per rank at CP = n against one process on the full
 sequence, with the same thread count per process.
 
-Every measurement runs in fresh spawned processes (the CP ranks talk over gloo). Time: the full
-run and the CP ranks are started together and take turns, one fwd+bwd each in alternation, so the
+Every measurement runs in fresh spawned processes (the CP ranks talk over gloo). Time: the full run
+and the CP ranks are started together and take turns, one fwd+bwd each in alternation, so the
 baseline and the ring see the same host (measured one after the other, a shared machine's drift
-moved the 8K baseline alone by ±7 %); the full run exits only after the ranks' last turn, whose
-time its teardown would otherwise share (it slowed that iteration by up to 50 % at 8K). Before the turns, every process warms up (one fwd+bwd on a
-short sequence, which triggers one-off allocations such as BLAS workspaces, then in the CP ranks
-one more over the process group, which pages in the communication code and sets up gloo's
-buffers); the timed iterations run with the allocator as a training process has it: glibc's
-defaults, which keep freed blocks for reuse, so an iteration pays no page faults for memory an
-earlier one touched. Memory is measured in two more sets of fresh processes, one fwd+bwd after the
-same warm-up, with glibc's mmap threshold pinned at 64 KiB from the start (every tensor-sized block
-mmap'd, so the resident set follows live memory; see `longctx.bench.processes`): the peak
-resident set (VmHWM, reset first) minus the resident set just before the inputs. That covers
-everything torch allocated — inputs, kernel workspaces, ring buffers, gradients — which
-Python-level tracers miss. Where the peak cannot be reset, the increase of `getrusage`
-`ru_maxrss` is used and the report says so.
+moved the 8K baseline alone by ±7 %); the full run exits only after the ranks' last turn, whose time
+its teardown would otherwise share (it slowed that iteration by up to 50 % at 8K). Before the turns,
+every process warms up (one fwd+bwd on a short sequence, which triggers one-off allocations such as
+BLAS workspaces, then in the CP ranks one more over the process group, which pages in the
+communication code and sets up gloo's buffers); the timed iterations run with the allocator as a
+training process has it: glibc's defaults, which keep freed blocks for reuse, so an iteration pays
+no page faults for memory an earlier one touched. Memory is measured in two more sets of fresh
+processes, one fwd+bwd after the same warm-up, with glibc's mmap threshold pinned at 64 KiB from the
+start (every tensor-sized block mmap'd, so the resident set follows live memory; see
+`longctx.bench.processes`): the peak resident set (VmHWM, reset first) minus the resident set just
+before the inputs. That covers everything torch allocated — inputs, kernel workspaces, ring buffers,
+gradients — which Python-level tracers miss. Where the peak cannot be reset, the increase of
+`getrusage` `ru_maxrss` is used and the report says so.
 
 Figures (not asserted anywhere): parallel efficiency t_full / (CP · t_cp) with t_cp the slowest
 rank's median wall time, and the same ratio on process CPU time (compute overhead only: on a busy
