@@ -312,14 +312,14 @@ def tokenize_jsonl(
         stack_outer.enter_context(_terminate_raises())
         builder = IndexedDatasetBuilder(str(bin_path(tmp_prefix)), dtype=dtype)
         stats = _tokenize_inputs(paths, builder, job, workers, progress, tok)
-        if not sum(s.tokens for s in stats):
+        sidecar = _sidecar(tok, job, np.dtype(dtype), stats)
+        if not sidecar.tokens:
             # nothing to train on: refused now rather than when a stage first samples from it
             raise DatasetError(
                 "the inputs hold no tokens", where=", ".join(str(p) for p in paths),
                 fix=f"check the files and their {json_key!r} field (blank lines and empty texts are skipped)",
             )  # fmt: skip
         builder.finalize(str(idx_path(tmp_prefix)))
-        sidecar = _sidecar(tok, job, np.dtype(dtype), stats)
         write_sidecar(tmp_prefix, sidecar, path=sidecar_path(tmp_prefix))
         _publish(tmp_files, targets, out_dir)
         return sidecar
