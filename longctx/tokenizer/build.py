@@ -16,6 +16,7 @@ import random
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from longctx.errors import TokenizerError
 from longctx.tokenizer.load import GPT2_EOD
@@ -131,7 +132,13 @@ def train_sentencepiece(
             add_bos_token=add_bos_token, add_eos_token=add_eos_token,
         )  # fmt: skip
     if tokenizer_json:
-        write_tokenizer_json(model, out / "tokenizer.json", added=added)
+        # with the HF side files, tokenizer.json must add BOS/EOS as tokenizer_config.json says: transformers
+        # 5 takes them from tokenizer.json's post-processor when there is one, from the config when it
+        # converts tokenizer.model, and the two must give the same ids
+        write_tokenizer_json(
+            model, out / "tokenizer.json", added=added,
+            bos=bos if hf and add_bos_token else None, eos=eos if hf and add_eos_token else None,
+        )  # fmt: skip
     return model
 
 
@@ -198,11 +205,14 @@ def _special(content: str) -> dict[str, object]:
     return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
 
 
-def write_tokenizer_json(model: Path, out_path: Path, *, added: dict[str, int]) -> None:
+def write_tokenizer_json(
+    model: Path, out_path: Path, *, added: dict[str, int], bos: str | None = None, eos: str | None = None
+) -> None:
     """A `tokenizers` JSON equivalent to a SentencePiece BPE model (what `LlamaTokenizerFast` would use).
 
     Merges are recovered from the vocabulary: every split of a piece into two pieces is a merge, ranked
-    by the merged piece's score — the same rule SentencePiece's BPE applies when encoding.
+    by the merged piece's score — the same rule SentencePiece's BPE applies when encoding. `bos` / `eos`
+    (pieces of the model) write a post-processor that adds them around every encoded text.
     """
     # lazy: the `tokenizers` native library only for writing tokenizer.json, not for every import
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers
@@ -250,7 +260,25 @@ def write_tokenizer_json(model: Path, out_path: Path, *, added: dict[str, int]) 
         tk.add_special_tokens([AddedToken(content, special=True, normalized=False)])
         if tk.token_to_id(content) != idx:
             raise TokenizerError(f"added token {content!r} did not land at id {idx}", where=str(out_path))
+    if bos or eos:
+        tk.post_processor = _bos_eos_processor(vocab, bos=bos, eos=eos)
     atomic_write_text(out_path, tk.to_str(pretty=True))
+
+
+def _bos_eos_processor(vocab: dict[str, int], *, bos: str | None, eos: str | None) -> Any:
+    """The TemplateProcessing transformers builds for a Llama tokenizer with add_bos/add_eos_token."""
+    from tokenizers import processors  # lazy: as in write_tokenizer_json
+
+    def template(seq: str, type_id: int) -> str:
+        return " ".join(
+            [*([f"{bos}:{type_id}"] * bool(bos)), f"${seq}:{type_id}", *([f"{eos}:{type_id}"] * bool(eos))]
+        )
+
+    return processors.TemplateProcessing(
+        single=template("A", 0),
+        pair=f"{template('A', 0)} {template('B', 1)}",
+        special_tokens=[(p, vocab[p]) for p in (bos, eos) if p],
+    )
 
 
 def train_gpt2_bpe(
