@@ -9,6 +9,7 @@ from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, print_json, stdout_to_stderr
 from longctx.cli._params import Json
+from longctx.util.table import human_length, narrow_table
 
 # The demo is imported inside the command: it loads torch and megatron-core, which `longctx --help` does
 # not need.
@@ -20,8 +21,23 @@ HELP = (
     "resumed), evaluate each stage and print a summary. Rerunning in the same directory resumes. "
     "--family mdm / udm does the same for a masked / uniform-state diffusion model (evaluated by infilling).\n\n"
     "Examples:\n\n  longctx demo\n\n  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
-    "  longctx demo --dir /tmp/longctx-demo --json"
+    "  longctx demo --dir /tmp/longctx-demo --json\n\n"
+    "  longctx demo --small --interrupt 512 --dir /tmp/longctx-smoke   (a fresh install's check, ~1 min)"
 )
+
+
+def stages_table(rows: list[dict]) -> Table:
+    """The demo's stages in 100 columns: launches as `first → resume`, the rest in --json."""
+    t = narrow_table("longctx demo: stages")
+    for c in ("stage", "length", "RoPE base", "CP", "iters", "launches", "loss first → last", "tokens/s"):
+        t.add_column(c, justify="left" if c in ("stage", "launches") else "right")
+    for r in rows:
+        loss = "—" if r["first_loss"] is None else f"{r['first_loss']:.3f} → {r['final_loss']:.3f}"
+        tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        launches = " → ".join(a.removesuffix("-launch") for a in r["launches"])
+        t.add_row(r["stage"], human_length(r["seq_length"]), f"{r['rotary_base']:,}", str(r["cp"]), r["iterations"],
+                  launches, loss, tps)  # fmt: skip
+    return t
 
 
 @cli_errors
@@ -34,7 +50,10 @@ def demo(
         help="ar (stages/tiny.toml), mdm (tiny_mdm.toml: masked diffusion) or udm (tiny_udm.toml)",
     ),
     small: bool = typer.Option(
-        False, "--small", help="a smaller corpus and base model (pair with a small --plan)"
+        False,
+        "--small",
+        help="a smaller corpus and base model; for ar the ~1-minute smoke plan stages/tiny_smoke.toml "
+        "(128 → 256 → 512, CP 2) unless --plan gives one",
     ),
     interrupt: str | None = typer.Option(
         None,
@@ -53,32 +72,7 @@ def demo(
     if json_out:
         print_json(report)
         return
-    t = Table(title="longctx demo: stages")
-    for c in (
-        "stage",
-        "length",
-        "rotary base",
-        "CP",
-        "iterations",
-        "launches",
-        "loss first → last",
-        "tokens/s",
-    ):
-        t.add_column(c)
-    for r in report.stages:
-        loss = "—" if r["first_loss"] is None else f"{r['first_loss']:.3f} → {r['final_loss']:.3f}"
-        tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
-        t.add_row(
-            r["stage"],
-            str(r["seq_length"]),
-            f"{r['rotary_base']:,}",
-            str(r["cp"]),
-            r["iterations"],
-            " → ".join(r["launches"]),
-            loss,
-            tps,
-        )
-    console.print(t)
+    console.print(stages_table(report.stages))
     if report.interrupted and not report.interrupted.get("finished_first"):
         i = report.interrupted
         console.print(

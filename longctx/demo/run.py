@@ -53,6 +53,8 @@ from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # `longctx demo --family F`: the plan of each model family (the same model and ladder, its own objective)
 FAMILY_PLANS = {"ar": "tiny.toml", "mdm": "tiny_mdm.toml", "udm": "tiny_udm.toml"}
+# `longctx demo --small`: the smoke plan of a family that has one (the others keep their full plan)
+SMALL_PLANS = {"ar": "tiny_smoke.toml"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,13 +98,14 @@ class DemoConfig:
     ) -> DemoConfig:
         """`longctx demo [--family F] [--plan P] [--small] [--interrupt S]`: --family picks the plan
         (stages/tiny.toml, tiny_mdm.toml, tiny_udm.toml) unless --plan gives one; --small keeps only
-        the plan and interrupts nothing unless told; otherwise --interrupt replaces the default stage."""
+        the plan (or the family's smoke plan, stages/tiny_smoke.toml for ar) and interrupts nothing unless told; otherwise --interrupt replaces the default stage."""
         if family not in FAMILY_PLANS:
             raise StageError(f"unknown model family {family!r}", where="--family",
                              fix=f"use one of: {', '.join(FAMILY_PLANS)}")  # fmt: skip
-        cfg = cls(plan=plan or REPO_ROOT / "stages" / FAMILY_PLANS[family])
         if small:
-            return cls.small(cfg.plan, interrupt_stage=interrupt)
+            plan = plan or REPO_ROOT / "stages" / SMALL_PLANS.get(family, FAMILY_PLANS[family])
+            return cls.small(plan, interrupt_stage=interrupt)
+        cfg = cls(plan=plan or REPO_ROOT / "stages" / FAMILY_PLANS[family])
         if interrupt is not None:
             return dataclasses.replace(cfg, interrupt_stage=interrupt)
         return cfg
@@ -144,7 +147,7 @@ def _tokenizer(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
     if manifest.exists():
         return f"{tok_dir}", True
     sample = [line for d in documents(80, seed=7, min_words=50, max_words=400) for line in d.split(" . ")]
-    train_sentencepiece(sample, tok_dir, cfg.vocab_size, layout="oellm", hf=True)
+    train_sentencepiece(sample, tok_dir, cfg.vocab_size, layout="oellm", hf=True, tokenizer_json=True)
     m = fingerprint(tok_dir, name="demo-tokenizer")
     write_manifest(
         m, manifest, header="Demo tokenizer (OpenEuroLLM special-token layout), written by `longctx demo`."

@@ -85,5 +85,9 @@ def test_small_masked_diffusion_demo(tmp_path: Path) -> None:
 def test_demo_family_picks_its_plan() -> None:
     assert DemoConfig.from_options(family="mdm").plan.name == "tiny_mdm.toml"
     assert DemoConfig.from_options(family="udm", small=True).plan.name == "tiny_udm.toml"
+    # --small on the autoregressive family: the smoke plan a fresh install is checked with
+    small = DemoConfig.from_options(small=True, interrupt="512")
+    assert small.plan.name == "tiny_smoke.toml" and small.interrupt_stage == "512"
+    assert DemoConfig.from_options(small=True, plan=Path("x.toml")).plan == Path("x.toml")
     r = CliRunner().invoke(app, ["demo", "--family", "gpt", "--dir", "/nonexistent/x"])
     assert r.exit_code == 2 and "unknown model family 'gpt'" in r.output
