@@ -8,6 +8,7 @@ from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
 from longctx.cli._params import Json, Plan, RunDir
+from longctx.util.table import human_length, narrow_table
 
 app = typer.Typer(
     help=(
@@ -34,8 +35,7 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _length(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
+_length = human_length
 
 
 def _print_blends(rp) -> None:
@@ -68,64 +68,32 @@ def _print_blends(rp) -> None:
 
 def plan_table(rp) -> Table:
     plan = rp.plan
-    t = Table(title=f"{plan.name}: {plan.description}" if plan.description else plan.name)
-    for col in (
-        "stage",
-        "length",
-        "rotary base",
-        "method",
-        "TP/CP/PP/DP",
-        "nodes",
-        "global batch",
-        "iterations",
-        "tokens",
-        "memory/GPU GiB",
-        "fits?",
-    ):
+    t = narrow_table(f"{plan.name}: {plan.description}" if plan.description else plan.name)
+    # short headers keep eleven columns inside 100; `plan show --json` has every number in full
+    for col in ("stage", "length", "RoPE base", "method", "TP/CP/PP/DP", "nodes", "batch", "iters", "tokens",
+                "GiB/GPU", "fits?"):  # fmt: skip
         t.add_column(col, justify="right" if col not in ("stage", "method", "fits?") else "left")
     for s in rp.stages:
         m = s.memory
-        fits = "[green]yes[/]" if m.fits else f"[red]no[/] (CP {s.smallest_fitting_cp or '—'} fits)"
+        fits = "[green]yes[/]" if m.fits else f"[red]no[/]: CP {s.smallest_fitting_cp or '—'}"
         t.add_row(
             s.name, _length(s.seq_length), f"{s.rotary_base:,}", s.rope_method, f"{s.tp}/{s.cp}/{s.pp}/{s.dp}",
-            str(s.nodes), f"{s.global_batch_size} × {_length(s.seq_length)}", f"{s.train_iters:,}",
-            _human(s.tokens_realized), f"{_gib(m.total)} / {_gib(m.budget)}", fits,
+            str(s.nodes), f"{s.global_batch_size}×{_length(s.seq_length)}", f"{s.train_iters:,}",
+            _human(s.tokens_realized), f"{_gib(m.total)}/{_gib(m.budget)}", fits,
         )  # fmt: skip
     return t
 
 
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "logits", "overhead", "total", "budget")
+
+
 def memory_table(rp) -> Table:
-    t = Table(title="memory per GPU (GiB) — formula in longctx/plan/memory.py")
-    for col in (
-        "stage",
-        "weights",
-        "grads",
-        "optimizer",
-        "activations",
-        "logits",
-        "overhead",
-        "total",
-        "budget",
-    ):
+    t = narrow_table("memory per GPU (GiB) — formula in longctx/plan/memory.py")
+    for col in ("stage", *MEMORY_PARTS):
         t.add_column(col, justify="right")
     for s in rp.stages:
         g = s.memory.to_gib()
-        t.add_row(
-            s.name,
-            *(
-                f"{g[k]:.1f}"
-                for k in (
-                    "weights",
-                    "grads",
-                    "optimizer",
-                    "activations",
-                    "logits",
-                    "overhead",
-                    "total",
-                    "budget",
-                )
-            ),
-        )
+        t.add_row(s.name, *(f"{g[k]:.1f}" for k in MEMORY_PARTS))
     return t
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 
 from rich.console import Console
 from rich.table import Table
 
 from longctx.eval.results import EvalReport
+from longctx.util.table import TERMINAL_COLUMNS, human_length, narrow_table
 
 
 def _cell(report: EvalReport, value: dict | None) -> str:
@@ -53,9 +55,11 @@ def _has_packed(report: EvalReport) -> bool:
     return any(ce.packed_result() is not None for ce in report.checkpoints)
 
 
-def _legend(report: EvalReport) -> str:
+def _legend(report: EvalReport, *, terminal: bool = False) -> str:
     n = report.settings.distractors
     method = f"log-likelihood vs {n} distractors" if n else "greedy"
+    if terminal:
+        return _terminal_legend(report, method)
     text = (f"cells: passkey accuracy ({method}; g = greedy exact keys / keys) and margin in nats │ mean "
             "loss at positions ≥ length/2; ~ = the 95 % interval of some depth reaches chance; "
             "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
@@ -70,23 +74,80 @@ def _legend(report: EvalReport) -> str:
     return text
 
 
-def report_table(report: EvalReport) -> Table:
-    title = f"evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})"
-    table = Table(title=title, caption=_legend(report), caption_justify="left")
-    table.add_column("checkpoint")
-    table.add_column("trained", justify="right")
-    for n in report.lengths:
-        table.add_column(str(n), justify="right")
-    table.add_column("effective", justify="right")
-    table.add_column("short loss", justify="right")
-    packed = _has_packed(report)
-    if packed:
-        table.add_column("packed", justify="right")
-    for row in report.table():
-        table.add_row(row["checkpoint"], str(row["trained_length"] or "?"),
-                      *(_cell(report, row[str(n)]) for n in report.lengths), _effective(row), _short(row),
-                      *([_packed(row)] if packed else []))  # fmt: skip
-    return table
+def _passkey_cell(report: EvalReport, value: dict | None) -> str:
+    """`~9/10 87%*`: greedy exact keys / keys, the log-likelihood accuracy when distractors were scored;
+    ~ when some depth's interval reaches chance, * beyond the trained window (margins are in --json)."""
+    if value is None:
+        return "—"
+    chance = "~" if value["depths_at_chance"] else ""
+    star = "*" if value["extrapolated"] else ""
+    acc = f" {value['passkey']:.0%}" if report.settings.distractors else ""
+    return f"{chance}{value['greedy_hits']}/{value['keys']}{acc}{star}"
+
+
+def _loss_cell(value: dict | None) -> str:
+    if value is None:
+        return "—"
+    star = "*" if value["extrapolated"] else ""
+    if value["long_loss"] is not None:
+        return f"{value['long_loss']:.3f}{star}"
+    elbo = value.get("elbo_widest_context")  # a diffusion model: the window's bound with the widest context
+    return ("—" if elbo is None else f"elbo {elbo:.3f}") + star
+
+
+def _short_delta(row: dict) -> str:
+    delta, ci = row["short_delta_vs_base"], row.get("short_delta_interval")
+    if delta is None:
+        return "—"
+    return f"{delta:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+
+
+def _title(report: EvalReport, what: str) -> str:
+    return f"{what}{' — stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})"
+
+
+def report_tables(report: EvalReport) -> list[Table]:
+    """The report in tables that fit 100 columns: passkey, loss by length, short-context/packed."""
+    rows = report.table()
+    lengths = [human_length(n) for n in report.lengths]
+    passkey = narrow_table(_title(report, "passkey"))
+    loss = narrow_table(_title(report, "loss at positions ≥ length/2"))
+    for table in (passkey, loss):
+        table.add_column("checkpoint")
+        table.add_column("trained", justify="right")
+        for n in lengths:
+            table.add_column(n, justify="right")
+    passkey.add_column("effective", justify="right")
+    short = narrow_table(_title(report, "short-context loss"))
+    for col in (
+        "checkpoint",
+        "short loss",
+        "vs base [95 %]",
+        *(["packed across → within"] if _has_packed(report) else []),
+    ):
+        short.add_column(col, justify="left" if col == "checkpoint" else "right")
+    for row in rows:
+        head = (row["checkpoint"], str(row["trained_length"] or "?"))
+        cells = [row[str(n)] for n in report.lengths]
+        passkey.add_row(*head, *(_passkey_cell(report, v) for v in cells), _effective(row))
+        loss.add_row(*head, *(_loss_cell(v) for v in cells))
+        short_loss = "—" if row["short_loss"] is None else f"{row['short_loss']:.3f}"
+        short.add_row(
+            row["checkpoint"], short_loss, _short_delta(row), *([_packed(row)] if _has_packed(report) else [])
+        )
+    return [passkey, loss, short]
+
+
+def legend_lines(report: EvalReport, width: int = TERMINAL_COLUMNS) -> list[str]:
+    """The tables' legend, wrapped to the terminal's 100 columns."""
+    return textwrap.wrap(_legend(report, terminal=True), width=width)
+
+
+def print_tables(report: EvalReport, con: Console) -> None:
+    for table in report_tables(report):
+        con.print(table)
+    for line in legend_lines(report):
+        con.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def markdown_table(report: EvalReport) -> str:
@@ -114,10 +175,26 @@ def markdown_table(report: EvalReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _terminal_legend(report: EvalReport, method: str) -> str:
+    acc = f"; % = passkey accuracy by {method}" if report.settings.distractors else ""
+    text = (f"passkey: greedy exact keys / keys{acc}; ~ = the 95 % interval of some depth reaches chance; "
+            "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
+            f"keeps greedy ≥ {report.effective_threshold:.0%}. loss: mean loss at positions ≥ length/2. "
+            "short: loss on short held-out documents and its change vs the base [95 % interval over the "
+            "documents]. Margins and every interval: --json.")  # fmt: skip
+    if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
+        text += (
+            " elbo (diffusion, passkey by infilling): a window's bound in nats/token, widest clean context."
+        )
+    if _has_packed(report):
+        text += " packed: windows of several documents, loss after the first, attention across → within."
+    return text
+
+
 def print_report(report: EvalReport, *, stderr: bool = False) -> None:
     stream = sys.stderr if stderr else sys.stdout
     con = Console(file=stream, width=None if stream.isatty() else 180)
-    con.print(report_table(report))
+    print_tables(report, con)
     for note in report.notes:
         con.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     for name, path in report.plots.items():

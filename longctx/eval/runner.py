@@ -36,7 +36,7 @@ from longctx.eval.engine import (
     write_outputs,
 )
 from longctx.eval.load import checkpoint_info
-from longctx.eval.render import markdown_table, print_report, report_table
+from longctx.eval.render import markdown_table, print_report, print_tables
 from longctx.eval.results import EvalReport
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import is_main_process
@@ -191,7 +191,7 @@ def demo_summary(
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print a `demo_summary` result on a rich console: the table, the notes, the plot paths."""
     report = EvalReport.model_validate_json(Path(summary["report"]).read_text(encoding="utf-8"))
-    console.print(report_table(report))
+    print_tables(report, console)
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     for name, path in report.plots.items():
