@@ -10,6 +10,7 @@ The common state holds `args` (an argparse.Namespace with Megatron's field names
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing as mp
 import shutil
 import signal
@@ -26,6 +27,7 @@ from megatron.core.dist_checkpointing.validation import StrictHandling
 from megatron.core.transformer.module import MegatronModule
 
 from longctx.checkpoint.layout import TRACKER, iter_dir_name
+from longctx.errors import CheckpointError
 from longctx.util.fs import atomic_write_text
 
 CHECKPOINT_VERSION = 3.0
@@ -75,6 +77,7 @@ def save_checkpoint(
     Megatron-LM's loader reads the optimizer layout from; `model_state` the model's sharded state
     dict when it is stored under other keys (see `longctx.mcore.stored_layout`). Every rank must call this.
     """
+    require_psutil()
     use_fork_write_queue()
     root = Path(save_dir)
     target = root / iter_dir_name(iteration)
@@ -102,6 +105,17 @@ def save_checkpoint(
         atomic_write_text(root / TRACKER, f"{iteration}\n")
     _barrier()
     return target
+
+
+def require_psutil() -> None:
+    """megatron-core's writer processes call psutil before their error handling: without it each
+    writer dies silently and the save waits for them forever. Refuse before the save starts."""
+    if importlib.util.find_spec("psutil") is None:
+        raise CheckpointError(
+            "megatron-core's checkpoint writer needs psutil, which is not installed: a save would hang",
+            where="the local trainer's save",
+            fix="pip install psutil (a longctx dependency: rerun scripts/setup)",
+        )
 
 
 class _NoCommonPt(TorchCommonLoadStrategy):
