@@ -38,7 +38,15 @@ def test_run_json_and_files(eval_run_copy: EvalRun, tmp_path: Path) -> None:
 def test_run_table(eval_run_copy: EvalRun) -> None:
     res = cli("run", eval_run_copy.stage("s1"), "--plan", eval_run_copy.plan, *FAST, "--no-base")
     assert res.exit_code == 0, res.output
-    assert "evaluation" in res.stdout and "s1" in res.stdout and "niah:" in res.stdout
+    # the three tables (passkey, loss by length, short-context loss), the legend and the plots
+    for text in (
+        "passkey — stage s1",
+        "loss at positions ≥ length/2",
+        "short-context loss",
+        "effective",
+        "niah:",
+    ):
+        assert text in res.stdout, res.stdout
 
 
 def test_summary(eval_run_copy: EvalRun) -> None:
