@@ -40,7 +40,8 @@ def test_run_table(eval_run_copy: EvalRun) -> None:
     assert res.exit_code == 0, res.output
     # the three tables (passkey, loss by length, short-context loss), the legend and the plots
     for text in (
-        "passkey — stage s1",
+        "passkey (",
+        " s1 ",
         "loss at positions ≥ length/2",
         "short-context loss",
         "effective",
