@@ -297,7 +297,7 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
         save=str(st.save_dir), pretrained=str(st.load_from) if st.load_from else None,
         save_interval=st.save_interval, exit_duration_in_mins=st.exit_duration_in_mins,
         log_interval=st.log_interval, threads_per_process=threads,
-        metrics_file=str(stage_root / "metrics.jsonl"),
+        metrics_file=str(stage_root / "metrics.jsonl"), tensorboard_dir=str(stage_root / "tensorboard"),
     )  # fmt: skip
     return spec, nproc
 

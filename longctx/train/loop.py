@@ -42,6 +42,7 @@ from longctx.train.data import (
     global_batch_indices,
     micro_batch,
 )
+from longctx.train.events import TrainingEvents
 from longctx.train.optim import build_optimizer, sharded_state_dict
 from longctx.train.precision import MainParams
 from longctx.train.rng import restore_rng, rng_sharded_object
@@ -95,6 +96,7 @@ class Trainer:
         self.reduce_group = ps.get_data_parallel_group(with_context_parallel=True)
         self.reduce_device = collective_device(self.reduce_group)
         self.dataset: TrainDataset | None = None  # built by `run`, once it knows there is work left
+        self.events: TrainingEvents | None = None  # rank 0's TensorBoard/W&B record, open during `run`
         # the keys and buffers of the checkpoint loaded, kept for every save (GPTModel's for a fresh model)
         self.layout = StoredLayout()
 
@@ -261,10 +263,16 @@ class Trainer:
             return RunResult(start, self.iteration, "done", losses)
         self.dataset = build_train_dataset(spec)
         self.model.train()
-        metrics = None
+        metrics, self.events = None, None
         if spec.metrics_file and dist.get_rank() == 0:
             Path(spec.metrics_file).parent.mkdir(parents=True, exist_ok=True)
             metrics = open(spec.metrics_file, "a")  # noqa: SIM115 - closed in the finally below
+        if spec.tensorboard_dir and dist.get_rank() == 0:
+            self.events = TrainingEvents(
+                spec.tensorboard_dir, spec.wandb, config=spec.model_dump(mode="json")
+            )
+            if self.events.wandb_note:
+                _log(f"[longctx] {self.events.wandb_note}")
         reason = "done"
         t_last = time.perf_counter()
         try:
@@ -289,6 +297,8 @@ class Trainer:
         finally:
             if metrics is not None:
                 metrics.close()
+            if self.events is not None:
+                self.events.close()
         return RunResult(start, self.iteration, reason, losses)
 
     def _report(self, metrics: IO[str] | None, loss: float, lr: float, gnorm: float, dt: float) -> None:
@@ -300,6 +310,11 @@ class Trainer:
         if metrics is not None:
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
+        if self.events is not None:
+            self.events.iteration(
+                self.iteration, self.consumed, loss=loss, lr=lr, grad_norm=gnorm,
+                batch_size=spec.global_batch_size, seconds=dt, tokens_per_second=tokens_per_iter / dt,
+            )  # fmt: skip
         if self.iteration % spec.log_interval == 0 or self.iteration == spec.train_iters:
             _log(
                 f"[longctx] {spec.stage} iteration {self.iteration}/{spec.train_iters} loss {loss:.4f} "

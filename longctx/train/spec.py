@@ -34,6 +34,16 @@ class LRSchedule(BaseModel):
     clip_grad: float = 1.0
 
 
+class WandbSettings(BaseModel):
+    """Megatron-LM's --wandb-project / --wandb-exp-name / --wandb-save-dir, for the local trainer's W&B log."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str
+    exp_name: str
+    save_dir: str
+
+
 class TokenizerInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -88,6 +98,8 @@ class TrainSpec(BaseModel):
     log_interval: int = 1
     threads_per_process: int | None = None
     metrics_file: str | None = None
+    tensorboard_dir: str | None = None  # Megatron-LM's tags, one event file per launch (longctx.train.events)
+    wandb: WandbSettings | None = None  # logged only when `wandb` is installed
     extra_args: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
     @model_validator(mode="after")
