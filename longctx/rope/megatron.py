@@ -14,17 +14,18 @@ Facts this rests on (Megatron-LM / megatron-core sources):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from longctx.errors import RopeError
+from longctx.errors import RopeError, StageError
+from longctx.megatron_versions import facts
+from longctx.megatron_versions import parse_version as _parse_version
 from longctx.rope.methods import BaseChoice
 from longctx.rope.scaling import RopeScaling
 
-#: First version whose GPT command line takes YaRN and the PI interpolation factor.
-CLI_YARN_MIN = (0, 19, 0)
-CLI_PI_MIN = (0, 19, 0)
+# Which release's GPT command line takes YaRN and the PI interpolation factor: the release table
+# (longctx.megatron_versions, `facts(v).cli_yarn` / `.cli_pi`), checked against 0.19's source by
+# tests/stage/test_versions_source.py.
 #: First megatron-core version checked to build GPTModel with YaRN (position_embedding_type "yarn").
 CORE_YARN_MIN = (0, 16, 0)
 #: Megatron's hard-coded llama3 constants (only the factor is a constructor argument).
@@ -43,13 +44,13 @@ CONFLICTING_FLAGS: dict[str, str] = {
 
 def parse_version(text: str) -> tuple[int, int, int]:
     """'0.16.1', 'v0.19.0rc1', '0.20.0.dev0' → (major, minor, patch)."""
-    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
-    if not m:
+    try:
+        return _parse_version(text)
+    except StageError:
         raise RopeError(
             f"cannot read a megatron-core version from {text!r}",
             fix="pass a version like 0.16.1 (megatron/core/package_info.py of the Megatron-LM checkout)",
-        )
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+        ) from None
 
 
 def _num(value: float) -> str:
@@ -103,7 +104,7 @@ def megatron_rope_flags(
 
 def _linear_flags(scaling: RopeScaling, version: tuple[int, int, int], v: str) -> list[str]:
     """PI: an integer --rotary-seq-len-interpolation-factor, which reaches GPT from 0.19."""
-    if version < CLI_PI_MIN:
+    if not facts(version).cli_pi:
         raise _refuse(
             "linear interpolation: --rotary-seq-len-interpolation-factor does not reach GPT models "
             "before megatron-core 0.19.0 (the GPT builder does not pass it)",
@@ -153,7 +154,7 @@ def _yarn_flags(
     scaling: RopeScaling, rotary_base: int, full: bool, version: tuple[int, int, int], v: str
 ) -> list[str]:
     """YaRN: its own position-embedding type and --yarn-* flags (from 0.19), full rotary only."""
-    if version < CLI_YARN_MIN:
+    if not facts(version).cli_yarn:
         raise _refuse(
             "yarn: --position-embedding-type yarn and the --yarn-* flags exist for GPT only from "
             "megatron-core 0.19.0",

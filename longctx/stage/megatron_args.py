@@ -15,22 +15,14 @@ import dataclasses
 from pathlib import Path, PurePath
 
 from longctx.errors import StageError
+from longctx.megatron_versions import RELEASES, facts, first_version, removed_version
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
 from longctx.plan.stage_artifact import stage_blend_file
-from longctx.rope.megatron import check_conflicting_flags, parse_version
+from longctx.rope.megatron import check_conflicting_flags
+from longctx.stage.checkout import require_checkout_version
 from longctx.tokenizer.manifest import load_manifest
-
-# flag → the first megatron-core version whose Megatron-LM honours it
-MIN_VERSION: dict[str, tuple[int, int, int]] = {
-    "--exit-signal": (0, 16, 0),
-    "--no-create-attention-mask-in-dataloader": (0, 8, 0),
-    "--cp-comm-type": (0, 10, 0),
-    "--dataloader-fast-cache-load": (0, 16, 0),
-    "--override-ckpt-iteration": (0, 19, 0),
-    "--dataloader-inter-document-masking": (0, 19, 0),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +110,8 @@ def packing_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     if d is None or d.packing != "documents":
         return []
     version = rp.plan.megatron.version
-    need = MIN_VERSION["--dataloader-inter-document-masking"]
-    if parse_version(version) < need:
+    need = first_version("--dataloader-inter-document-masking") or (0, 0, 0)
+    if not facts(version).has_flag("--dataloader-inter-document-masking"):
         raise StageError(
             f'stage {st.name!r}: packing = "documents" cannot run on Megatron-LM at megatron-core {version}: '
             "its pretraining batches carry no document boundaries (THD with CP needs cu_seqlens, which only "
@@ -306,7 +298,7 @@ def _checkpoint_flags(st: ResolvedStage, prev: Path, version: str) -> list[Flag]
     if st.exit_duration_in_mins:
         flags.append(_f("--exit-duration-in-mins", st.exit_duration_in_mins))
     flags.append(_f("--exit-signal-handler"))
-    if parse_version(version) >= MIN_VERSION["--exit-signal"]:
+    if facts(version).has_flag("--exit-signal"):
         flags.append(_f("--exit-signal", "SIGTERM"))
     return flags
 
@@ -345,6 +337,7 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
             where=str(plan.plan_path),
             fix="set base.path (run `longctx ckpt fetch/adopt` first for hub checkpoints)",
         )
+    require_checkout_version(rp)
     flags: list[Flag] = []
     flags += _model_flags(rp, st)
     flags += family_flags(rp, st)
@@ -363,15 +356,27 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
 
 
 def _refuse_unhonoured(flags: list[Flag], version: str, where: Path | None) -> None:
-    v = parse_version(version)
+    """Refuse a flag the version's parser lacks (added later, or removed) or its GPT model ignores (a RoPE
+    flag whose value only reaches GPT from a later release), as the release table says."""
+    known = facts(version)
     for f in flags:
-        need = MIN_VERSION.get(f.name)
-        if need and v < need:
+        if known.has_flag(f.name) is False:
+            added, removed = first_version(f.name), removed_version(f.name)
+            when = (f"removed in {'.'.join(map(str, removed))}" if removed and known.version >= removed
+                    else f"added in {'.'.join(map(str, added or (0, 0, 0)))}")  # fmt: skip
             raise StageError(
-                f"{f.name} is not honoured by Megatron-LM at megatron-core {version} (needs "
-                f"{'.'.join(map(str, need))})",
+                f"{f.name} does not exist in Megatron-LM {version} ({when}): its parser would refuse the launch",
                 where=str(where) if where else None,
                 fix="drop the flag or set [megatron].version to the version the cluster runs",
+            )
+        if f.name not in known.gpt_honours and any(f.name in r.gpt_honours for r in RELEASES):
+            since = next(r.version for r in RELEASES if f.name in r.gpt_honours)
+            raise StageError(
+                f"{f.name} is accepted but ignored for GPT models by Megatron-LM {version}: its value reaches "
+                f"pretrain_gpt.py's model only from {'.'.join(map(str, since))} (before, only MLA reads it)",
+                where=str(where) if where else None,
+                fix="drop the flag (the RoPE would silently not be scaled), or use Megatron-LM ≥ "
+                f"{'.'.join(map(str, since))} and set [megatron].version",
             )
 
 

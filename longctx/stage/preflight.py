@@ -32,6 +32,7 @@ from typing import Any
 
 from longctx.errors import StageError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.stage.checkout import require_checkout_version
 from longctx.stage.megatron_args import argv
 from longctx.stage.run import megatron_lm_script
 
@@ -283,6 +284,7 @@ def preflight_plan(rp: ResolvedPlan, facts: DeviceFacts, *, stages: Sequence[str
     """Every stage of the plan (or the named ones) through the checkout's Megatron-LM, in one child process."""
     if script is None:
         script = megatron_lm_script(rp)
+        require_checkout_version(rp, Path(script).parent)
     chosen = [rp.stage(n) for n in stages] if stages is not None else list(rp.stages)
     return run_preflight(script, [stage_job(rp, st, rotary=rotary) for st in chosen], facts)
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from longctx.errors import PlanError, StageError
+from longctx.megatron_versions import first_version
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
-from longctx.stage.megatron_args import MIN_VERSION, render_lines, stage_flags
+from longctx.stage.megatron_args import render_lines, stage_flags
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -107,9 +108,12 @@ def test_flags_a_version_does_not_honour_are_refused(baby) -> None:
     old = rp.plan.model_copy(update={"megatron": rp.plan.megatron.model_copy(update={"version": "0.15.0"})})
     rp_old = type(rp)(old, rp.arch, rp.vocab_size, rp.make_vocab_size_divisible_by, rp.stages, rp.findings)
     assert "--exit-signal" not in {f.name for f in stage_flags(rp_old, st)}  # omitted below 0.16
-    assert MIN_VERSION["--exit-signal"] == (0, 16, 0)
+    assert first_version("--exit-signal") == (0, 16, 0)
     st_bad = type(st)(**{**st.__dict__, "extra_args": ["--dataloader-inter-document-masking"]})
-    with pytest.raises(StageError, match=r"--dataloader-inter-document-masking is not honoured .* 0.16.0"):
+    with pytest.raises(
+        StageError,
+        match=r"--dataloader-inter-document-masking does not exist in Megatron-LM 0.16.0 \(added in 0.19.0\)",
+    ):
         stage_flags(rp, st_bad)
 
 
