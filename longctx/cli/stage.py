@@ -151,6 +151,42 @@ def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
         console.print(_status_table(rp, states, step))
 
 
+@app.command("curves")
+@cli_errors
+def curves(
+    plan: Plan,
+    run_dir: RunDir = None,
+    out: Path | None = typer.Option(None, "--out", help="the PNG to write (default: <run_dir>/curves.png)"),
+    json_out: Json = False,
+) -> None:
+    """Draw the whole plan's training as one PNG: loss against consumed tokens across every stage, stage
+    boundaries (length, RoPE base), each launch of the ledger (first launch, resume, signal, failure),
+    learning rate and tokens/s below, validation loss when logged. Reads TensorBoard events (either
+    backend), else metrics.jsonl, else the Megatron-LM logs; unreadable files are named and skipped.
+    Exit 2 only when nothing is readable. --json: the series, the launches and the problems."""
+    from longctx.errors import StageError
+    from longctx.stage.curves import read_plan_curves
+    from longctx.stage.curves_plot import plot_curves
+
+    rp = _resolved(plan, run_dir)
+    with stdout_to_stderr(json_out):
+        console.print(f"reading the training record of {rp.plan.name} in {rp.run_dir} …")
+        result = read_plan_curves(rp)
+        for problem in result.problems:
+            err_console.print(f"warning: {problem}", markup=False, highlight=False, soft_wrap=True)
+        if not result.readable:
+            raise StageError(
+                f"no training curves readable for plan {rp.plan.name!r}",
+                where=str(rp.run_dir),
+                fix="run a stage first (`longctx stage run`); each stage writes tensorboard/ events and "
+                "metrics.jsonl (local) or logs (megatron-lm) under stages/<name>/",
+            )
+        png = plot_curves(result, out or Path(rp.run_dir) / "curves.png")
+        console.print(f"wrote {png}")
+    if json_out:
+        print_json({"ok": True, "png": str(png), **result.to_dict()})
+
+
 @app.command("next")
 @cli_errors
 def next_(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:

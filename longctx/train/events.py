@@ -20,19 +20,16 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from longctx.train.event_tags import (
+    BATCH_SIZE,
+    GRAD_NORM,
+    ITERATION_TIME,
+    LEARNING_RATE,
+    LOSS,
+    TOKENS_PER_SECOND,
+    VS_SAMPLES,
+)
 from longctx.train.spec import WandbSettings
-
-# Megatron-LM's tag names (training_log)
-LOSS = "lm loss"
-LEARNING_RATE = "learning-rate"
-GRAD_NORM = "grad-norm"
-BATCH_SIZE = "batch-size"
-ITERATION_TIME = "iteration-time"
-THROUGHPUT = "throughput"  # Megatron-LM's: TFLOP/s per GPU
-VALIDATION_LOSS = "lm loss validation"
-VS_SAMPLES = " vs samples"
-# longctx's own (Megatron-LM has no tokens/s tag)
-TOKENS_PER_SECOND = "tokens-per-second"
 
 
 def _wandb() -> ModuleType | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from longctx.train import events
+from longctx.train import event_tags as events
 from tests.train.helpers import run, spec
 
 
