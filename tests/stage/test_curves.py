@@ -1,0 +1,118 @@
+"""`longctx stage curves` over a real two-stage local run: a first launch stopped by SIGTERM, its resume,
+and the next stage, drawn as one figure from the trainer's TensorBoard events; then the same run
+with broken input (truncated, foreign and missing event files, another run's metrics, an empty ledger).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from longctx.cli.main import app
+from longctx.plan.derive import resolve_plan
+from longctx.plan.load import load_plan
+from longctx.stage.curves import read_plan_curves
+from tests.fixtures.slurm import CHAIN_PLAN
+
+A_ITERS, B_ITERS = 8, 2
+
+
+def _plan(path: Path, run_dir: Path, artefacts: Path) -> Path:
+    text = CHAIN_PLAN.format(run_dir=run_dir, artefacts=artefacts, save_interval=4)
+    for old, new in [
+        ("tokens = 51_200", f"tokens = {A_ITERS * 2 * 128}"),
+        ("tokens = 512_000", f"tokens = {B_ITERS * 2 * 256}"),
+        ("log_interval = 20", "log_interval = 1"),
+    ]:
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+def _first_launch_sigterm(plan: Path, metrics: Path, after: int) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "longctx", "stage", "run", str(plan), "--backend", "local", "--no-eval"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= after:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.1)
+    assert proc.wait(timeout=300) == 0
+
+
+@pytest.fixture(scope="module")
+def local_run(tiny_chain_artefacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("curves")
+    plan = _plan(root / "plan.toml", root / "run", tiny_chain_artefacts)
+    _first_launch_sigterm(plan, root / "run" / "stages" / "a" / "metrics.jsonl", after=2)
+    r = CliRunner().invoke(app, ["stage", "run", str(plan), "--until-done", "--no-eval"])
+    assert r.exit_code == 0, r.output[-3000:]
+    return plan
+
+
+def test_local_run_is_one_figure(local_run: Path, tmp_path: Path) -> None:
+    png = tmp_path / "curves.png"
+    r = CliRunner().invoke(app, ["stage", "curves", str(local_run), "--out", str(png), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and doc["png"] == str(png)
+    a, b = doc["stages"]
+    assert (a["source"], b["source"]) == ("tensorboard", "tensorboard")
+    assert [p[0] for p in a["loss"]] == list(range(1, A_ITERS + 1))
+    assert [p[0] for p in b["loss"]] == list(range(1, B_ITERS + 1))
+    # one x-axis: b's tokens continue from a's planned tokens
+    assert b["token_offset"] == A_ITERS * 2 * 128 and b["loss"][0][1] == A_ITERS * 2 * 128 + 2 * 256
+    assert (a["seq_length"], a["rotary_base"], b["seq_length"], b["rotary_base"]) == (128, 20000, 256, 40000)
+    assert all(p[2] > 0 for p in a["tokens_per_s"]) and len(a["lr"]) == A_ITERS
+    launches = [(m["stage"], m["action"], m["ended"]) for m in doc["launches"]]
+    assert launches == [
+        ("a", "first-launch", "signal"),
+        ("a", "resume", "done"),
+        ("b", "first-launch", "done"),
+    ]
+    stopped = doc["launches"][0]["end_iteration"]
+    assert 2 <= stopped < A_ITERS and doc["launches"][1]["start_iteration"] == stopped
+    assert doc["problems"] == []
+
+
+def test_bad_input_is_named_and_the_rest_is_drawn(local_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(local_run.parent / "run", run)
+    plan = _plan(tmp_path / "plan.toml", run, Path(load_plan(local_run).base.path).parents[1])
+    tb_a = run / "stages" / "a" / "tensorboard"
+    _first, second = sorted(tb_a.glob("events.out.tfevents.*"))
+    second.write_bytes(second.read_bytes()[:-7])  # truncated mid-record: the readable events remain
+    (tb_a / "events.out.tfevents.0.foreign").write_bytes(b"not a tensorboard record at all" * 10)
+    shutil.rmtree(run / "stages" / "b" / "tensorboard")  # missing: b falls back to metrics.jsonl
+    with (run / "stages" / "b" / "metrics.jsonl").open("a") as f:
+        f.write(
+            json.dumps({"stage": "other", "iteration": 1, "loss": 9.0, "lr": 0.1, "tokens_per_s": 1}) + "\n"
+        )
+    curves = read_plan_curves(resolve_plan(load_plan(plan)))
+    a, b = curves.stages
+    assert a.source == "tensorboard" and len(a.loss) >= A_ITERS - 1
+    assert b.source == "metrics.jsonl" and [p[0] for p in b.loss] == [1, 2]
+    text = "\n".join(curves.problems)
+    assert "events.out.tfevents.0.foreign" in text and "records of another stage or run" in text
+
+    # nothing readable at all: exit 2, one JSON document naming the run directory
+    empty = _plan(
+        tmp_path / "empty.toml", tmp_path / "empty-run", Path(load_plan(local_run).base.path).parents[1]
+    )
+    r = CliRunner().invoke(app, ["stage", "curves", str(empty), "--json"])
+    assert r.exit_code == 2
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and "no training curves" in doc["error"]["what"]
+    assert "ledger.jsonl" in r.stderr and "no launches recorded" in r.stderr
