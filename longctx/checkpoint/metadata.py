@@ -249,7 +249,8 @@ class CommonState:
 def read_common_state(
     tree: Tree, rel: str, index: DcpIndex | None, *, stub_megatron: bool | None = None
 ) -> CommonState:
-    """The common state dict: `common.pt` when present, else the DCP object `common_state`."""
+    """The common state dict: `common.pt` when present (≤ 0.18), else the DCP object `common_state`
+    (≥ 0.19; the index is read here when the caller has none, so no reader misses that era)."""
     pt = join(rel, COMMON_PT)
     if tree.is_file(pt):
         where = tree.where(pt)
@@ -257,6 +258,8 @@ def read_common_state(
             tree.read_bytes(pt), where=where, what="common.pt", stub_megatron=stub_megatron
         )
         return CommonState("common.pt", _as_dict(state, where), where)
+    if index is None and tree.is_file(join(rel, DCP_METADATA)):
+        index = read_dcp_index(tree, rel, stub_megatron=stub_megatron)
     if index is not None and COMMON_STATE_KEY in index.bytes_locations:
         loc = index.bytes_locations[COMMON_STATE_KEY]
         shard = join(rel, loc.file)
