@@ -18,6 +18,7 @@ from longctx.errors import LongctxError, PlanError
 from longctx.objective import Objective
 from longctx.plan import memory, paths
 from longctx.plan.entry import check_family_args
+from longctx.plan.flags import check_user_flags
 from longctx.plan.objective import check_against_base, check_vocab_rows, resolve_objective, vocab_rows
 from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
 from longctx.report import Findings
@@ -25,30 +26,6 @@ from longctx.rope import choose_base
 from longctx.tokenizer.manifest import load_manifest
 
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
-
-# flags longctx derives itself; a stage's extra_args must not set them behind the planner's back
-OWNED_FLAGS = {
-    "--seq-length", "--max-position-embeddings", "--rotary-base", "--position-embedding-type",
-    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-    "--global-batch-size", "--micro-batch-size", "--train-iters", "--save", "--load",
-    "--pretrained-checkpoint", "--tokenizer-model", "--tokenizer-type", "--data-path", "--data-args-path",
-    "--num-layers", "--hidden-size", "--num-attention-heads", "--attention-backend", "--recompute-granularity",
-    "--recompute-method", "--recompute-num-layers", "--recompute-modules",
-}  # fmt: skip
-FORBIDDEN_FLAGS = {
-    "--use-checkpoint-args": "it silently replaces the stage's --rotary-base (and other RoPE settings) "
-    "with the checkpoint's",
-    "--finetune": "longctx decides finetune semantics per launch (--pretrained-checkpoint on first launch)",
-    "--use-flash-attn": "it selects nothing for megatron-core models (the kernel is --attention-backend, "
-    "set by [megatron].attention_backend)",
-    "--recompute-activations": "it recomputes only core_attn, which saves almost no memory with flash or "
-    "fused attention (set recompute and recompute_* instead)",
-}
-# the kernel and recompute flags the planner sets; [megatron].performance_args must not set them either
-KERNEL_FLAGS = {
-    "--attention-backend", "--use-flash-attn", "--recompute-activations", "--recompute-granularity",
-    "--recompute-method", "--recompute-num-layers", "--recompute-modules",
-}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -293,7 +270,7 @@ def resolve_plan(plan: Plan) -> ResolvedPlan:
 
 def validate_plan(plan: Plan) -> ResolvedPlan:
     findings = Findings()
-    _check_kernel_flags(plan, findings)
+    _check_megatron_flags(plan, findings)
     vocab, divisible_by = _tokenizer_vocab(plan, findings)
     arch = _arch(plan, vocab, findings)
     objective = resolve_objective(plan.objective, vocab)
@@ -521,18 +498,11 @@ def _check_attention(ctx: _StageContext, s: _Settings, cp: int) -> None:
         )
 
 
-def _check_kernel_flags(plan: Plan, findings: Findings) -> None:
-    """performance_args must not choose the attention kernel or recomputation behind the plan's back."""
-    for flag in plan.megatron.performance_args:
-        name = flag.split("=", 1)[0]
-        if name in KERNEL_FLAGS:
-            why = FORBIDDEN_FLAGS.get(name, "the planner sets it from the plan")
-            findings.error(
-                "kernel-flag",
-                f"performance_args has {name}: {why}",
-                where=_where(plan, field="megatron.performance_args"),
-                fix=f"remove {name}; set [megatron].attention_backend or the stages' recompute fields",
-            )
+def _check_megatron_flags(plan: Plan, findings: Findings) -> None:
+    """[megatron]'s flag lists must not set what the planner derives (one rule: longctx.plan.flags)."""
+    for name in ("performance_args", "family_args"):
+        words = list(getattr(plan.megatron, name))
+        check_user_flags(words, name, _where(plan, field=f"megatron.{name}"), findings)
 
 
 def _global_batch(ctx: _StageContext, s: _Settings) -> int:
@@ -758,22 +728,7 @@ def _data(ctx: _StageContext) -> DataSpec | None:
 def _extra_args(ctx: _StageContext) -> list[str]:
     """The stage's extra_args; a flag the planner owns or forbids is an error finding."""
     extra = list(ctx.merged("extra_args", []))
-    for flag in extra:
-        name = flag.split("=", 1)[0]
-        if name in FORBIDDEN_FLAGS:
-            ctx.findings.error(
-                "forbidden-flag",
-                f"extra_args has {name}: {FORBIDDEN_FLAGS[name]}",
-                where=ctx.where("extra_args"),
-                fix=f"remove {name}",
-            )
-        elif name in OWNED_FLAGS:
-            ctx.findings.error(
-                "owned-flag",
-                f"extra_args sets {name}, which the planner derives",
-                where=ctx.where("extra_args"),
-                fix=f"remove {name} and set the plan field instead",
-            )
+    check_user_flags(extra, "extra_args", ctx.where("extra_args"), ctx.findings)
     return extra
 
 
