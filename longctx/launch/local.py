@@ -2,7 +2,9 @@
 
 `LocalLauncher` runs W workers on this host itself (RANK/WORLD_SIZE/MASTER_* set per worker) instead
 of torchrun, so SIGTERM/SIGUSR1 reach every worker at once and nothing kills them after a grace
-period while they save. Other launchers (srun + torchrun on a cluster) provide the same `run`.
+period while they save. Only when a worker fails are the others stopped: SIGTERM first, then, after
+`grace_s`, SIGKILL, since the trainer's SIGTERM handler merely asks for a save that a rank waiting in a
+collective for its dead peer never reaches. Other launchers (srun + torchrun on a cluster) provide the same `run`.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ def launch_log(log: Path) -> Iterator[tuple[IO[bytes], list[OSError]]]:
 class LocalLauncher:
     """W worker processes of `argv` on this host (a python command line); returns the worst exit code."""
 
-    def __init__(self, echo: bool = True) -> None:
+    def __init__(self, echo: bool = True, grace_s: float = 30.0) -> None:
         self.echo = echo
+        self.grace_s = grace_s
 
     def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,7 @@ class LocalLauncher:
                     )
                     t.start()
                     threads.append(t)
-                codes = _wait_all(procs)
+                codes = _wait_all(procs, self.grace_s)
             finally:
                 for s, h in old.items():
                     signal.signal(s, h)
@@ -115,11 +118,13 @@ class LocalLauncher:
         return codes[0] if codes else 0
 
 
-def _wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    """Wait for every worker; when one fails, stop the others (they would hang in a collective).
-    The exit codes come in the order the workers ended: the first failure (the cause, not the
-    SIGTERM of the workers stopped after it) first."""
+def _wait_all(procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> list[int]:
+    """Wait for every worker; when one fails, stop the others (they would hang in a collective):
+    SIGTERM, then SIGKILL to those still running `grace_s` later. The exit codes come in the order
+    the workers ended: the first failure (the cause, not the signals of the workers stopped after
+    it) first."""
     codes: dict[int, int] = {}
+    terminated_at: float | None = None
     while len(codes) < len(procs):
         for i, p in enumerate(procs):
             if i in codes:
@@ -127,9 +132,14 @@ def _wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
             rc = p.poll()
             if rc is not None:
                 codes[i] = rc
-                if rc != 0:
+                if rc != 0 and terminated_at is None:
+                    terminated_at = time.monotonic()
                     for q in procs:
                         if q.poll() is None:
                             q.terminate()
+        if terminated_at is not None and time.monotonic() - terminated_at > grace_s:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
         time.sleep(0.2)
     return sorted(codes.values(), key=lambda rc: rc == 0)
