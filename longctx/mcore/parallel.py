@@ -101,6 +101,43 @@ def check_local_rank(local_rank: int, device_count: int) -> None:
         )
 
 
+# Overrides the device count `check_ranks_fit` compares a launch with (an integer): lets a CPU machine
+# take the decision a node with that many GPUs would take.
+DEVICE_COUNT_ENV = "LONGCTX_DEVICE_COUNT"
+
+
+def visible_device_count(env: Mapping[str, str] | None = None) -> int | None:
+    """GPUs each rank of this node can have (None: no limit, CPU ranks); `DEVICE_COUNT_ENV` overrides."""
+    env = os.environ if env is None else env
+    override = env.get(DEVICE_COUNT_ENV)
+    if override is not None:
+        try:
+            return int(override)
+        except ValueError:
+            raise ParallelError(
+                f"{DEVICE_COUNT_ENV}={override!r} is not an integer", where="the environment",
+                fix=f"set {DEVICE_COUNT_ENV} to the number of GPUs, or unset it",
+            ) from None  # fmt: skip
+    return torch.cuda.device_count() if uses_cuda() else None
+
+
+def check_ranks_fit(env: Mapping[str, str], device_count: int | None) -> None:
+    """Refuse, on every rank and before any process group exists, a launch with more ranks on this node
+    than GPUs. Checked later, only the ranks without a GPU would stop, and the others would wait in
+    the process-group set-up for them (10–30 minutes) before failing."""
+    if device_count is None:
+        return
+    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    if local_world > device_count:
+        raise ParallelError(
+            f"this launch starts {local_world} process(es) on this node, which shows {device_count} GPU(s): "
+            "each rank needs a GPU of its own (NCCL cannot run two ranks on one GPU)",
+            where=f"LOCAL_WORLD_SIZE={local_world} (rank {env.get('RANK', '0')})",
+            fix=f"launch at most {device_count} process(es) per node (TP × CP × DP per node ≤ GPUs, e.g. CP 1), "
+            "or train on CPU ranks with CUDA_VISIBLE_DEVICES=''",
+        )
+
+
 def _set_local_device() -> None:
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -112,6 +149,7 @@ def init_training_parallel(tensor_parallel: int, context_parallel: int, seed: in
     """Process group + TP/CP/DP groups for training, then the seeded RNG streams megatron expects."""
     apply_cpu_compat()
     if not dist.is_initialized():
+        check_ranks_fit(os.environ, visible_device_count())
         if "RANK" not in os.environ:  # a single process without torchrun
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         dist.init_process_group(backend())
@@ -170,6 +208,7 @@ def eval_parallel(cp: int = 1) -> Iterator[EvalParallel]:
     made_pg = made_mp = False
     if not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
+            check_ranks_fit(os.environ, visible_device_count())
             dist.init_process_group(backend())
         else:
             dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1)
