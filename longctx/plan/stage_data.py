@@ -33,12 +33,13 @@ def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Blend:
 
 def plan_encoding_spec(rp: ResolvedPlan) -> EncodingSpec | None:
     """How the plan's tokenizer encodes: `tokenizer.megatron_type` (else the manifest's type), with the
-    options of the manifest's pinned encoding; None when neither is known (the layout's type applies)."""
+    options of the manifest's pinned encoding, else the defaults of the plan's Megatron-LM release; None
+    when neither is known (the layout's type applies)."""
     manifest: TokenizerManifest | None = None
     path = paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest")
     if path.is_file():
         manifest = load_manifest(path)
-    return declared_spec(rp.plan.tokenizer.megatron_type, manifest)
+    return declared_spec(rp.plan.tokenizer.megatron_type, manifest, rp.plan.megatron.version)
 
 
 def plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:

@@ -22,6 +22,7 @@ from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_arg
 from longctx.plan.stage_artifact import stage_blend_file
 from longctx.rope.megatron import check_conflicting_flags
 from longctx.stage.checkout import require_checkout_version
+from longctx.tokenizer.encoding import declared_spec, version_flags
 from longctx.tokenizer.manifest import load_manifest
 
 
@@ -58,6 +59,10 @@ def tokenizer_flags(rp: ResolvedPlan) -> list[Flag]:
         flags += [_f("--vocab-file", tok / "vocab.json"), _f("--merge-file", tok / "merges.txt")]
     else:
         flags.append(_f("--tokenizer-model", tok))
+    # the switches that make this Megatron-LM encode as the plan declares (HF defaults differ by release)
+    spec = declared_spec(plan.tokenizer.megatron_type, manifest, plan.megatron.version)
+    if spec is not None and spec.tokenizer_type == kind:
+        flags += [_f(w) for w in version_flags(spec, plan.megatron.version)[2:]]
     flags.append(_f("--make-vocab-size-divisible-by", rp.make_vocab_size_divisible_by))
     return flags
 

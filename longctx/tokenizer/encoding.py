@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from longctx.errors import TokenizerError
+from longctx.megatron_versions import HfOption, facts
 
 HF_TYPE = "HuggingFaceTokenizer"
 SP_TYPE = "GPTSentencePieceTokenizer"
@@ -75,8 +76,11 @@ class EncodingSpec:
         """Whether the HF tokenizer's own special tokens (BOS/EOS per its config) are added."""
         return self.tokenizer_type == HF_TYPE and (self.legacy or self.hf_include_special_tokens)
 
-    def megatron_flags(self) -> list[str]:
-        """The `tools/preprocess_data.py` flags of this spec (besides the tokenizer files)."""
+    def megatron_flags(self, version: str | None = None) -> list[str]:
+        """The `tools/preprocess_data.py` (and pretrain_gpt.py) flags of this spec besides the tokenizer
+        files; with `version`, in that Megatron-LM's terms (see `version_flags`)."""
+        if version is not None:
+            return version_flags(self, version)
         flags = ["--tokenizer-type", self.tokenizer_type]
         if self.legacy:
             flags.append("--legacy-tokenizer")
@@ -202,15 +206,68 @@ def spec_from_options(
     )
 
 
-def declared_spec(megatron_type: str | None, manifest: Any | None) -> EncodingSpec | None:
+def version_spec(tokenizer_type: str, version: str) -> EncodingSpec:
+    """What `--tokenizer-type T` alone encodes as on Megatron-LM `version`: HuggingFaceTokenizer takes
+    that release's defaults (slow, no special tokens up to 0.16; fast, with special tokens from 0.17)."""
+    if tokenizer_type != HF_TYPE:
+        return EncodingSpec(tokenizer_type)
+    d = facts(version).hf_defaults
+    return EncodingSpec(
+        HF_TYPE, hf_use_fast=d["use_fast"], hf_include_special_tokens=d["include_special_tokens"]
+    )
+
+
+def version_flags(spec: EncodingSpec, version: str) -> list[str]:
+    """The flags that make Megatron-LM `version` encode as `spec`: a switch for each option that differs
+    from that release's default; TokenizerError when the release has no way to say it."""
+    known = facts(version)
+    flags = ["--tokenizer-type", spec.tokenizer_type]
+    if spec.legacy:
+        if not known.legacy_tokenizer:
+            raise TokenizerError(
+                f"--legacy-tokenizer does not exist in Megatron-LM {version} (removed in 0.17)",
+                where=f"Megatron-LM {version}",
+                fix="encode with the current tokenizer path (drop legacy), or run a Megatron-LM ≤ 0.16",
+            )
+        return [*flags, "--legacy-tokenizer"]
+    if spec.tokenizer_type != HF_TYPE:
+        return flags
+    wanted: dict[HfOption, bool] = {
+        "use_fast": spec.hf_use_fast,
+        "include_special_tokens": spec.hf_include_special_tokens,
+    }
+    for option, value in wanted.items():
+        if value == known.hf_defaults[option]:
+            continue
+        switch = known.hf_switches.get(option)
+        if switch is None:
+            raise TokenizerError(
+                f"HuggingFaceTokenizer with {option} = {value} cannot be asked of Megatron-LM {version}: its "
+                f"default is {known.hf_defaults[option]} and it has no switch for it",
+                where=f"Megatron-LM {version}",
+                fix="re-tokenize with that release's defaults (and pin them in the manifest), or run a "
+                "Megatron-LM that has the switch (≤ 0.16 or ≥ 0.19)",
+            )
+        flags.append(switch)
+    return flags
+
+
+def declared_spec(
+    megatron_type: str | None, manifest: Any | None, version: str | None = None
+) -> EncodingSpec | None:
     """The spec a plan declares: its `megatron_type` (else the manifest's type), with the options of
-    the manifest's pinned encoding when that is of the same type; None when nothing is declared."""
+    the manifest's pinned encoding when that is of the same type; None when nothing is declared. With the
+    plan's Megatron-LM `version`, a type without pinned options takes that release's defaults, and pinned
+    options must be expressible there (TokenizerError otherwise)."""
     pinned = getattr(manifest, "encoding", None) if manifest is not None else None
     kind = megatron_type or (
         getattr(manifest, "megatron_tokenizer_type", None) if manifest is not None else None
     )
     if pinned is not None and (kind is None or kind == pinned.tokenizer_type):
-        return pinned.spec()
+        spec = pinned.spec()
+        if version is not None:
+            version_flags(spec, version)
+        return spec
     if kind is None:
         return None
-    return EncodingSpec(kind)
+    return EncodingSpec(kind) if version is None else version_spec(kind, version)
