@@ -32,6 +32,7 @@ from longctx.demo.corpus import documents, write_jsonl
 from longctx.errors import LongctxError, StageError
 from longctx.eval.runner import demo_summary
 from longctx.launch.local import LocalLauncher
+from longctx.mcore.parallel import visible_device_count
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, resolve_plan
 from longctx.plan.load import load_plan
@@ -132,6 +133,19 @@ class DemoReport:
 Echo = Callable[[str], None]
 
 
+def device_choice(gpus: int | None, ranks: int) -> tuple[dict[str, str], str]:
+    """Where the demo trains: on the GPUs when each of its `ranks` processes gets one, else on CPU ranks
+    (a CP 2 stage on a one-GPU machine would be refused); the environment that says so, and a line."""
+    if gpus is None or gpus == 0:
+        return {}, f"devices: CPU ({ranks} process(es), no GPU visible)"
+    if gpus >= ranks:
+        return {}, f"devices: GPU ({ranks} process(es), one GPU each, of {gpus})"
+    return {"CUDA_VISIBLE_DEVICES": ""}, (
+        f"devices: CPU ranks — the demo runs up to {ranks} processes at once (the CP stage) and this machine "
+        f"shows {gpus} GPU(s), one short of a GPU per rank; every step trains on CPU (CUDA_VISIBLE_DEVICES='')"
+    )
+
+
 def _timed(steps: list[StepRecord], name: str, echo: Echo, fn: Callable[[], tuple[str, bool]]) -> None:
     echo(f"==> {name}")
     t0 = time.monotonic()
@@ -204,7 +218,9 @@ def _checks(run_dir: Path, rp: ResolvedPlan) -> tuple[str, bool]:
     return f"tokenizer matches its manifest; data passes its checks at lengths {lengths}", False
 
 
-def _base(run_dir: Path, rp: ResolvedPlan, cfg: DemoConfig, echo: Echo) -> tuple[str, bool]:
+def _base(
+    run_dir: Path, rp: ResolvedPlan, cfg: DemoConfig, echo: Echo, devices: dict[str, str]
+) -> tuple[str, bool]:
     save = run_dir / "base" / "checkpoints"
     t = read_tracker(save) if save.exists() else None
     if t is not None and t.iteration >= cfg.base_iters:
@@ -230,7 +246,7 @@ def _base(run_dir: Path, rp: ResolvedPlan, cfg: DemoConfig, echo: Echo) -> tuple
     code = LocalLauncher(echo=True).run(
         [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)],
         nproc=cfg.processes,
-        env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
+        env={"OMP_NUM_THREADS": str(spec.threads_per_process), **devices},
         log=run_dir / "base" / "train.log",
     )
     if code != 0:
@@ -260,11 +276,11 @@ class _Stages:
     """Every stage through `run_until_done`, one `longctx stage run` subprocess per step (as a cluster job
     would run it); `cfg.interrupt_stage` gets SIGTERM after its first save and is then resumed."""
 
-    def __init__(self, run_dir: Path, cfg: DemoConfig, echo: Echo) -> None:
+    def __init__(self, run_dir: Path, cfg: DemoConfig, echo: Echo, devices: dict[str, str]) -> None:
         self.run_dir, self.cfg, self.echo = run_dir, cfg, echo
         self.interrupted: dict[str, Any] | None = None
         self._interrupted_launch: LaunchOutcome | None = None
-        self.env = dict(os.environ, LONGCTX_NO_PROGRESS="1")
+        self.env = dict(os.environ, LONGCTX_NO_PROGRESS="1", **devices)
 
     def resolve(self) -> ResolvedPlan:
         return resolve_plan(load_plan(self.cfg.plan, run_dir=self.run_dir))
@@ -335,9 +351,9 @@ class _Stages:
             )
 
 
-def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo) -> dict[str, Any] | None:
+def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo, devices: dict[str, str]) -> dict[str, Any] | None:
     """Run every stage; interrupt `cfg.interrupt_stage` with SIGTERM after its first save, then resume."""
-    return _Stages(run_dir, cfg, echo).run()
+    return _Stages(run_dir, cfg, echo, devices).run()
 
 
 def paths_stage_logs(rp: ResolvedPlan, stage: str) -> Path:
@@ -375,12 +391,16 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
     _timed(steps, "data", echo, lambda: _data(run_dir, cfg))
     rp = resolve_plan(load_plan(cfg.plan, run_dir=run_dir))
     _timed(steps, "checks", echo, lambda: _checks(run_dir, rp))
-    _timed(steps, "base model", echo, lambda: _base(run_dir, rp, cfg, echo))
+    devices, line = device_choice(
+        visible_device_count(), max([cfg.processes, *(st.world for st in rp.stages)])
+    )
+    echo(line)
+    _timed(steps, "base model", echo, lambda: _base(run_dir, rp, cfg, echo, devices))
     interrupted: dict[str, Any] | None = None
 
     def stages() -> tuple[str, bool]:
         nonlocal interrupted
-        interrupted = _run_stages(run_dir, cfg, echo)
+        interrupted = _run_stages(run_dir, cfg, echo, devices)
         return f"{len(rp.stages)} stages done", False
 
     _timed(steps, "stages", echo, stages)

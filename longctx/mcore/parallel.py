@@ -109,6 +109,8 @@ DEVICE_COUNT_ENV = "LONGCTX_DEVICE_COUNT"
 def visible_device_count(env: Mapping[str, str] | None = None) -> int | None:
     """GPUs each rank of this node can have (None: no limit, CPU ranks); `DEVICE_COUNT_ENV` overrides."""
     env = os.environ if env is None else env
+    if env.get("CUDA_VISIBLE_DEVICES", None) in _HIDDEN:  # CPU ranks on purpose, whatever the machine has
+        return None
     override = env.get(DEVICE_COUNT_ENV)
     if override is not None:
         try:

@@ -75,5 +75,7 @@ def test_ranks_that_fit_and_cpu_ranks_pass() -> None:
     with pytest.raises(ParallelError):
         check_ranks_fit({"WORLD_SIZE": "2"}, 1)
     assert visible_device_count({DEVICE_COUNT_ENV: "3"}) == 3
+    # the demo's CPU ranks on a one-GPU machine: hidden GPUs lift the limit
+    assert visible_device_count({DEVICE_COUNT_ENV: "1", "CUDA_VISIBLE_DEVICES": ""}) is None
     with pytest.raises(ParallelError, match="not an integer"):
         visible_device_count({DEVICE_COUNT_ENV: "one"})
