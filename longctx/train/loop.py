@@ -182,9 +182,7 @@ class Trainer:
             loss_sum += token_loss.detach()
         self._sum_gradients()
         total = self._all_sum(float(loss_sum))
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.main.masters, spec.lr.clip_grad or float("inf"))
-        )
+        grad_norm = self.main.clip_grad_norm(spec.lr.clip_grad, ps.get_tensor_model_parallel_group())
         self.optimizer.step()
         self.main.copy_to_model()
         self.scheduler.step()

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.distributed as dist
+from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
 
 class MainParams:
@@ -40,6 +42,35 @@ class MainParams:
     def grads(self) -> list[torch.Tensor]:
         """The fp32 gradients of the masters that received one."""
         return [p.grad for p in self.masters if p.grad is not None]
+
+    def clip_grad_norm(self, max_norm: float, tp_group: dist.ProcessGroup | None) -> float:
+        """Clip the masters' gradients to `max_norm` (0: no clipping) by the norm of the whole model's
+        gradient; returns that norm. Under TP each rank holds a shard of the split weights and a copy of
+        the others (norms, biases): the squares of the shards are summed over the TP group, each copy
+        counted once (on TP rank 0), as Megatron-LM's clip_grad_by_total_norm_fp32 does. A norm of one
+        rank's own gradients would clip each shard by a different factor."""
+        counted = [
+            m.grad
+            for p, m in zip(self.model_params, self.masters, strict=True)
+            if m.grad is not None
+            and (tp_group is None or param_is_not_tensor_parallel_duplicate(p, tp_group))
+        ]
+        grads = self.grads()
+        device = grads[0].device if grads else torch.device("cpu")
+        squares = torch.zeros((), dtype=torch.float32, device=device)
+        for g in counted:
+            squares += g.float().square().sum()
+        if tp_group is not None and dist.get_world_size(tp_group) > 1:
+            on = torch.device("cuda") if dist.get_backend(tp_group) == "nccl" else torch.device("cpu")
+            reduced = squares.to(on)
+            dist.all_reduce(reduced, group=tp_group)
+            squares = reduced.to(device)
+        norm = float(squares.sqrt())
+        coef = max_norm / (norm + 1e-6)
+        if max_norm > 0 and coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return norm
 
     def copy_to_model(self) -> None:
         """Round the masters into the model's parameters (after each optimizer step)."""
