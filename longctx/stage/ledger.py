@@ -29,6 +29,10 @@ LEDGER_NAME = "ledger.jsonl"
 
 # what a stage is bound to once it has launched
 BINDING_FIELDS = ("tokenizer_md5", "data_digest", "base_identity", "rotary_base", "seq_length")
+# bindings recorded with this mark hash content and sizes only; older records hashed absolute paths into
+# data_digest and prefixed base_identity with the save directory (compared the old way, see
+# binding_conflicts)
+CONTENT_IDENTITY = "content-1"
 
 # what Megatron-LM's OptimizerParamScheduler checks against a resumed checkpoint, keyed as Megatron's args
 # (global_batch_size: the scheduler counts warmup/decay/weight-decay steps in samples = iterations × it)
@@ -51,9 +55,13 @@ class Binding:
     rotary_base: int
     seq_length: int
     schedule: dict[str, Any] | None = None  # SCHEDULE_FIELDS → value (checked by check_schedule)
+    # the data digest as records without CONTENT_IDENTITY computed it (compared, never recorded)
+    legacy_data_digest: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["legacy_data_digest"]
+        return {**out, "identity": CONTENT_IDENTITY}
 
 
 def ledger_path(run_dir: Path) -> Path:
@@ -122,9 +130,25 @@ def binding_conflicts(recorded: dict[str, Any] | None, current: Binding) -> dict
     if not recorded:
         return {}
     cur = current.as_dict()
+    if recorded.get("identity") != CONTENT_IDENTITY:
+        recorded, cur = _legacy_view(recorded, current)
     return {
         k: (recorded.get(k), cur[k]) for k in BINDING_FIELDS if k in recorded and recorded.get(k) != cur[k]
     }
+
+
+def _legacy_view(recorded: dict[str, Any], current: Binding) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A record written before identity by content, and the current binding, made comparable: the base
+    without its save directory (`<dir>@iter_…:<digest>` → `iter_…:<digest>`), the data by the old digest
+    (paths included: an old record of a run that has since moved still differs, once)."""
+    rec = dict(recorded)
+    base = rec.get("base_identity")
+    if isinstance(base, str) and "@" in base:
+        rec["base_identity"] = base.rsplit("@", 1)[1]
+    cur = current.as_dict()
+    if current.legacy_data_digest is not None:
+        cur["data_digest"] = current.legacy_data_digest
+    return rec, cur
 
 
 def check_binding(run_dir: Path, stage: str, current: Binding, *, force: bool) -> dict[str, tuple[Any, Any]]:

@@ -181,8 +181,38 @@ def _quick_file_digest(path: Path, h: hashlib._Hash) -> None:
         h.update(f.read(1 << 20))
 
 
+def _content_digest(path: Path, h: hashlib._Hash) -> None:
+    """Size, first and last MiB of a file: its content, wherever it lies (a .idx holds the document
+    sizes up front and the document index at the end)."""
+    size = path.stat().st_size
+    h.update(f"{size}:".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(size - (1 << 20))
+            h.update(f.read(1 << 20))
+
+
 def data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
-    """Blend weights + each prefix's .idx (sizes, first MiB) + .bin size: changes when the data does."""
+    """Blend weights + each prefix's .idx (size, first and last MiB) + .bin size, in blend order: changes
+    when the data does, not when the run directory moves (no path is hashed)."""
+    h = hashlib.sha256()
+    for e in stage_blend(rp, st).entries:
+        h.update(f"{e.weight}|".encode())
+        for ext in (".idx", ".bin"):
+            p = Path(e.prefix + ext)
+            if not p.exists():
+                h.update(b"missing")
+            elif ext == ".idx":
+                _content_digest(p, h)
+            else:
+                h.update(f"bin:{p.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def legacy_data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
+    """The data digest ledgers recorded before identity by content (absolute prefixes hashed in): compared
+    with those records only, so a run that has not moved resumes as before."""
     h = hashlib.sha256()
     for e in stage_blend(rp, st).entries:
         h.update(f"{e.weight}|{e.prefix}|".encode())
@@ -198,24 +228,30 @@ def data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
     return h.hexdigest()[:16]
 
 
-def checkpoint_identity(save_dir: Path, repair: Repair | None = None) -> str:
-    """`save_dir@iter_NNNNNNN:<digest of its .metadata>`; with `repair` (a fix of this save dir's tracker,
-    applied at launch) the iteration it will name."""
+def checkpoint_content(save_dir: Path, repair: Repair | None = None) -> str:
+    """`iter_NNNNNNN:<digest of its .metadata>` (`none` without a tracker); with `repair` (a fix of this
+    save dir's tracker, applied at launch) the iteration it will name. No path: a moved run keeps it."""
     if repair is not None and repair.new is not None and repair.tracker.parent == save_dir:
         dir_name = iter_dir_name(repair.new)
     else:
         t = read_tracker(save_dir)
         if t is None:
-            return f"{save_dir}@none"
+            return "none"
         dir_name = t.dir_name
     meta = save_dir / dir_name / ".metadata"
     digest = hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.exists() else "no-metadata"
-    return f"{save_dir}@{dir_name}:{digest}"
+    return f"{dir_name}:{digest}"
+
+
+def checkpoint_identity(save_dir: Path, repair: Repair | None = None) -> str:
+    """`save_dir@iter_NNNNNNN:<digest>`: where a save lies and what it holds (the binding keeps only the
+    second part, `checkpoint_content`)."""
+    return f"{save_dir}@{checkpoint_content(save_dir, repair)}"
 
 
 def binding_for(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None = None) -> ledger.Binding:
     tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
-    base = checkpoint_identity(st.load_from, load_repair) if st.load_from is not None else "none"
+    base = checkpoint_content(st.load_from, load_repair) if st.load_from is not None else "none"
     return ledger.Binding(
         tokenizer_md5=tokenizer_md5(tok),
         data_digest=data_digest(rp, st),
@@ -223,6 +259,7 @@ def binding_for(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None 
         rotary_base=st.rotary_base,
         seq_length=st.seq_length,
         schedule=schedule_for(st),
+        legacy_data_digest=legacy_data_digest(rp, st),
     )
 
 
