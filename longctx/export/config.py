@@ -13,6 +13,7 @@ fails the export instead of producing a model that is silently different.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,50 @@ from longctx.arch import ModelArch
 from longctx.errors import ExportError
 from longctx.export.family import HF_ARCHITECTURE, Family
 from longctx.export.stage import StageChoice
+from longctx.rope.scaling import RopeScaling
 from longctx.tokenizer.manifest import TokenizerManifest
 
 DTYPE_NAMES = {"float32", "bfloat16", "float16"}
+
+
+def rope_parameters(
+    theta: float, scaling: RopeScaling | None, max_position_embeddings: int
+) -> dict[str, Any]:
+    """`rope_parameters` of the exported config: the default RoPE, or YaRN as Megatron-LM ≥ 0.19 trains
+    it for GPT (`--position-embedding-type yarn`). YaRN's attention factor is written explicitly as
+    Megatron's concentration factor mscale(s, mscale) / mscale(s, mscale_all_dim), and `factor` must equal
+    max_position_embeddings / original_max_position_embeddings because transformers versions differ in
+    which of the two they read."""
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": theta}
+    if scaling.type != "yarn":
+        raise ExportError(
+            f"RoPE scaling {scaling.type!r} is not exported (only YaRN, the scaling Megatron-LM trains GPT with)",
+            fix="export a base-only or YaRN stage",
+        )
+    factor, original = float(scaling.factor), int(scaling.original_length)
+    if factor * original != max_position_embeddings:
+        raise ExportError(
+            f"YaRN factor {factor:g} × original length {original} = {factor * original:g}, not the exported "
+            f"length {max_position_embeddings}: transformers would scale differently depending on its version",
+            fix="export at factor × original length (the stage's length)",
+        )
+    mscale = 1.0 if scaling.mscale is None else float(scaling.mscale)
+    all_dim = 0.0 if scaling.mscale_all_dim is None else float(scaling.mscale_all_dim)
+    return {
+        "rope_type": "yarn",
+        "rope_theta": theta,
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "beta_fast": 32.0 if scaling.beta_fast is None else float(scaling.beta_fast),
+        "beta_slow": 1.0 if scaling.beta_slow is None else float(scaling.beta_slow),
+        "attention_factor": _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim),
+        "truncate": True,  # Megatron's correction_range_round_to_int
+    }
+
+
+def _yarn_mscale(factor: float, m: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
 
 def hf_config(
@@ -34,8 +76,10 @@ def hf_config(
     manifest: TokenizerManifest,
     dtype: str,
     transformers_version: str,
+    scaling: RopeScaling | None = None,
 ) -> dict[str, Any]:
     theta = float(stage.rotary_base)
+    rope = rope_parameters(theta, scaling, stage.max_position_embeddings)
     cfg: dict[str, Any] = {
         "architectures": [HF_ARCHITECTURE[family]],
         "model_type": family,
@@ -53,7 +97,9 @@ def hf_config(
         "use_cache": True,
         "tie_word_embeddings": not arch.untie_embeddings_and_output_weights,
         "rope_theta": theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "rope_parameters": rope,
+        # transformers 4.x and vLLM read a scaling from rope_scaling
+        **({"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}} if scaling else {}),
         "attention_bias": False,
         "attention_dropout": 0.0,
         "bos_token_id": manifest.bos_id,
@@ -112,8 +158,9 @@ def check_config(directory: Path, meant: dict[str, Any]) -> None:
     params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
     rope_type = params.get("rope_type", "default") if isinstance(params, dict) else "default"
     wrong = {k: (meant[k], v) for k, v in read.items() if v != meant[k]}
-    if rope_type != "default":
-        wrong["rope_type"] = ("default", rope_type)
+    want_type = meant.get("rope_parameters", {}).get("rope_type", "default")
+    if rope_type != want_type:
+        wrong["rope_type"] = (want_type, rope_type)
     if wrong:
         shown = "; ".join(f"{k}: wrote {a!r}, transformers reads {b!r}" for k, (a, b) in wrong.items())
         raise ExportError(
@@ -123,4 +170,4 @@ def check_config(directory: Path, meant: dict[str, Any]) -> None:
         )
 
 
-__all__ = ["DTYPE_NAMES", "check_config", "generation_config", "hf_config"]
+__all__ = ["DTYPE_NAMES", "check_config", "generation_config", "hf_config", "rope_parameters"]
