@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, err_console, print_json
 from longctx.cli._params import Json, Plan, RunDir, force
+from longctx.util.table import narrow_table
 
 app = typer.Typer(
     help=(
@@ -200,22 +202,31 @@ def _hms(seconds: float | None) -> str:
     return format_seconds(seconds)
 
 
+def _count(n: int) -> str:
+    """Token counts in a column: 51,200 / 12.3M / 4.5B."""
+    for unit, scale in (("B", 10**9), ("M", 10**6)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:,}"
+
+
 def _status_tables(st) -> Table:
     outer = Table.grid()
-    t = Table(title=f"{st.plan}: next {st.next_action}" + (f" {st.next_stage}" if st.next_stage else "")
-              + f" — {st.next_reason}")  # fmt: skip
-    for c in ("stage", "status", "iteration", "tokens", "last checkpoint", "s/iter", "ETA"):
-        t.add_column(c)
+    t = narrow_table(f"{st.plan}: next {st.next_action}" + (f" {st.next_stage}" if st.next_stage else "")
+                     + f" — {st.next_reason}")  # fmt: skip
+    for c in ("stage", "status", "iteration", "tokens", "last save", "tokens/s", "ETA stage", "ETA plan"):
+        t.add_column(c, justify="left" if c in ("stage", "status") else "right")
     for s in st.stages:
-        t.add_row(s.stage, s.status, f"{s.iteration}/{s.target}", f"{s.tokens_done:,}/{s.tokens_target:,}",
-                  f"{s.last_checkpoint_iteration} at {s.last_checkpoint_time}" if s.last_checkpoint_iteration is not None
-                  else "—", f"{s.seconds_per_iteration:.3g} ({s.rate_source})" if s.seconds_per_iteration else "?",
-                  _hms(s.eta_seconds))  # fmt: skip
+        t.add_row(s.stage, s.status, f"{s.iteration}/{s.target}", f"{_count(s.tokens_done)}/{_count(s.tokens_target)}",
+                  "—" if s.last_checkpoint_iteration is None else str(s.last_checkpoint_iteration),
+                  "?" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}" + ("" if s.rate_source == "pace" else "~"),
+                  _hms(s.stage_eta_seconds), _hms(s.eta_seconds))  # fmt: skip
     outer.add_row(t)
-    j = Table(
-        title=f"jobs (finished states from {st.job_source}"
-        + ("" if st.slurm else "; Slurm not reachable")
-        + ")"
+    for s in st.stages:
+        if s.resume_jump:
+            outer.add_row(f"[yellow]warning:[/] {s.stage}: {escape(s.resume_jump)}")
+    j = narrow_table(
+        f"jobs (finished states from {st.job_source}" + ("" if st.slurm else "; Slurm not reachable") + ")"
     )
     for c in ("job", "kind", "state", "exit", "elapsed", "stage", "iterations", "note"):
         j.add_column(c)

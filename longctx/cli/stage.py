@@ -105,26 +105,55 @@ def args(
         raise typer.Exit(2)
 
 
-def _status_table(rp, states, step) -> Table:
-    t = Table(title=f"{rp.plan.name}: {step.reason}")
-    for c in ("stage", "status", "iteration", "target", "tracker", "complete saves", "incomplete", "repair"):
-        t.add_column(c)
-    for s in states:
+def _pace_text(p, *, plan: bool = False) -> str:
+    """A pace column: tokens/s ('~' when estimated from an earlier stage) or an ETA ('?' unknown)."""
+    if p is None:
+        return "?"
+    from longctx.slurm.timefmt import format_seconds
+
+    if plan:
+        return "?" if p.plan_eta_seconds is None else format_seconds(p.plan_eta_seconds)
+    return "?" if p.stage_eta_seconds is None else format_seconds(p.stage_eta_seconds)
+
+
+def _tokens_per_s(p) -> str:
+    if p is None or p.tokens_per_s is None:
+        return "?"
+    return ("" if p.measured else "~") + f"{p.tokens_per_s:,.0f}"
+
+
+def _status_table(rp, states, step, pace) -> Table:
+    from longctx.util.table import narrow_table
+
+    t = narrow_table(f"{rp.plan.name}: {step.reason}")
+    for c in ("stage", "status", "iteration", "tracker", "last save", "tokens/s", "ETA stage", "ETA plan"):
+        t.add_column(c, justify="right" if c not in ("stage", "status") else "left")
+    for s, p in zip(states, pace, strict=True):
         color = {"done": "green", "in-progress": "yellow", "pending": "dim"}[s.status]
+        saves = str(s.complete[-1]) if s.complete else "—"
         t.add_row(
-            s.name,
-            f"[{color}]{s.status}[/]",
-            str(s.iteration),
-            str(s.target_iterations),
-            "—" if s.tracker is None else str(s.tracker),
-            ", ".join(map(str, s.complete[-3:])) or "—",
-            ", ".join(map(str, s.incomplete)) or "—",
-            s.repair.reason if s.repair else "",
-        )
+            s.name, f"[{color}]{s.status}[/]", f"{s.iteration}/{s.target_iterations}",
+            "—" if s.tracker is None else str(s.tracker), saves + (" +inc" if s.incomplete else ""),
+            _tokens_per_s(p), _pace_text(p), _pace_text(p, plan=True),
+        )  # fmt: skip
     return t
 
 
-def _state_json(rp, states, step) -> dict:
+def _status_notes(states, pace) -> list[str]:
+    """What the table has no room for: repairs, unfinished saves, resumes whose loss jumped."""
+    notes = []
+    for s, p in zip(states, pace, strict=True):
+        if s.repair:
+            notes.append(f"{s.name}: repair: {s.repair.reason}")
+        if s.incomplete:
+            notes.append(f"{s.name}: incomplete saves {', '.join(map(str, s.incomplete))}")
+        if p.resume_jumps:
+            notes.append(f"warning: {s.name}: {p.flag()}")
+    return notes
+
+
+def _state_json(rp, states, step, pace=()) -> dict:
+    by_stage = {p.stage: p for p in pace}
     return {
         "plan": rp.plan.name,
         "run_dir": str(rp.run_dir),
@@ -132,23 +161,38 @@ def _state_json(rp, states, step) -> dict:
                  "load": str(step.load) if step.load else None, "start_iteration": step.start_iteration},
         "stages": [{"stage": s.name, "status": s.status, "iteration": s.iteration, "target": s.target_iterations,
                     "tracker": s.tracker, "complete": s.complete, "incomplete": s.incomplete,
-                    "repair": s.repair.reason if s.repair else None, "save_dir": str(s.save_dir)} for s in states],
+                    "repair": s.repair.reason if s.repair else None, "save_dir": str(s.save_dir),
+                    "pace": _pace_json(by_stage.get(s.name))} for s in states],
     }  # fmt: skip
+
+
+def _pace_json(p) -> dict | None:
+    if p is None:
+        return None
+    return {"tokens_per_s": p.tokens_per_s, "measured": p.measured, "stage_eta_seconds": p.stage_eta_seconds,
+            "plan_eta_seconds": p.plan_eta_seconds,
+            "resume_jumps": [vars(j) for j in p.resume_jumps]}  # fmt: skip
 
 
 @app.command("status")
 @cli_errors
 def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
-    """Every stage's progress read from disk: tracker, complete and incomplete saves, what runs next."""
+    """Every stage's progress read from disk: tracker, complete and incomplete saves, what runs next; the
+    pace of its last launch (tokens/s), the time to finish the stage and the plan, and resumes whose loss
+    jumped far above its value before (a restart from the wrong save). --json has the detail."""
+    from longctx.stage.pace import stage_pace
     from longctx.stage.state import next_step, plan_state
 
     rp = _resolved(plan, run_dir)
     states = plan_state(rp)
     step = next_step(rp, states)
+    pace = stage_pace(rp, states)
     if json_out:
-        print_json(_state_json(rp, states, step))
+        print_json(_state_json(rp, states, step, pace))
     else:
-        console.print(_status_table(rp, states, step))
+        console.print(_status_table(rp, states, step, pace))
+        for note in _status_notes(states, pace):
+            console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("curves")

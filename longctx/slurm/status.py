@@ -1,8 +1,8 @@
 """`slurm status`: where a plan's chain stands — per stage progress and ETA, and every job it submitted.
 
-Progress comes from disk (the stage state machine), timing from the ledger (wall seconds per iteration
-of finished launches, start-up included) or else the trainer's metrics, else the profile's throughput
-figure. Job states come from squeue for queued and running jobs, and for finished ones from sacct
+Progress comes from disk (the stage state machine), timing from the tokens/s the trainer logged over the
+stage's last launch (`longctx.stage.pace`), else the ledger (wall seconds per iteration of finished
+launches, start-up included), else the trainer's metrics, else the profile's throughput figure. Job states come from squeue for queued and running jobs, and for finished ones from sacct
 when the cluster keeps accounting, else the controller's memory and a jobcomp file, else the ledger
 and the logs.
 """
@@ -25,6 +25,8 @@ from longctx.slurm.chain import stage_tokens_per_second
 from longctx.slurm.render import log_dir
 from longctx.slurm.settings import job_settings
 from longctx.stage import ledger
+from longctx.stage.curves import read_plan_curves
+from longctx.stage.pace import plan_pace
 from longctx.stage.state import StageState, next_step, plan_state
 
 FAILED_STATES = {
@@ -54,8 +56,11 @@ class StageProgress:
     last_checkpoint_iteration: int | None
     last_checkpoint_time: str | None
     seconds_per_iteration: float | None
-    rate_source: str | None  # ledger | metrics | profile
+    rate_source: str | None  # pace (tokens/s of the last launch) | ledger | metrics | profile
     eta_seconds: float | None  # until this stage is done, counting the stages before it
+    tokens_per_s: float | None = None  # over the stage's last launch (longctx.stage.pace)
+    stage_eta_seconds: float | None = None  # until this stage is done
+    resume_jump: str | None = None  # a resume after which the loss is far above its value before
 
 
 @dataclasses.dataclass
@@ -154,21 +159,27 @@ def stage_progress(rp: ResolvedPlan, states: list[StageState], records: list[dic
                    profile: str | None = None) -> list[StageProgress]:  # fmt: skip
     out: list[StageProgress] = []
     eta: float | None = 0.0
-    for st, s in zip(rp.stages, states, strict=True):
-        rate, source = _ledger_rate(records, st.name), "ledger"
+    paces = plan_pace(rp, states, read_plan_curves(rp), records)
+    for st, s, pace in zip(rp.stages, states, paces, strict=True):
+        if pace.measured and pace.tokens_per_s:
+            rate, source = st.tokens_per_iteration / pace.tokens_per_s, "pace"
+        else:
+            rate, source = _ledger_rate(records, st.name), "ledger"
         if rate is None:
             rate, source = _metrics_rate(rp, st), "metrics"
         if rate is None:
             rate, source = _profile_rate(rp, st, profile), "profile"
         remaining = 0 if s.status == "done" else max(0, st.train_iters - s.iteration)
-        if eta is not None:
-            eta = None if (remaining and rate is None) else eta + remaining * (rate or 0.0)
+        stage_eta = None if (remaining and rate is None) else remaining * (rate or 0.0)
+        eta = None if eta is None or stage_eta is None else eta + stage_eta
         ck_it, ck_time = _last_checkpoint(s)
         out.append(StageProgress(
             stage=st.name, status=s.status, iteration=s.iteration, target=st.train_iters,
             tokens_done=s.iteration * st.tokens_per_iteration, tokens_target=st.tokens_realized,
             last_checkpoint_iteration=ck_it, last_checkpoint_time=ck_time, seconds_per_iteration=rate,
             rate_source=source if rate is not None else None, eta_seconds=eta,
+            tokens_per_s=st.tokens_per_iteration / rate if rate else None, stage_eta_seconds=stage_eta,
+            resume_jump=pace.flag() or None,
         ))  # fmt: skip
     return out
 

@@ -116,3 +116,55 @@ def test_bad_input_is_named_and_the_rest_is_drawn(local_run: Path, tmp_path: Pat
     doc = json.loads(r.stdout)
     assert doc["ok"] is False and "no training curves" in doc["error"]["what"]
     assert "ledger.jsonl" in r.stderr and "no launches recorded" in r.stderr
+
+
+def test_status_shows_the_pace_of_the_last_launch(local_run: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["stage", "status", str(local_run), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    rp = resolve_plan(load_plan(local_run))
+    curves = read_plan_curves(rp)
+    for s, c in zip(doc["stages"], curves.stages, strict=True):
+        pace = s["pace"]
+        last = [m for m in curves.launches if m.stage == c.stage][-1]
+        logged = sorted(p[2] for p in c.tokens_per_s if last.start_iteration < p[0] <= last.end_iteration)
+        assert pace["measured"] and logged[0] <= pace["tokens_per_s"] <= logged[-1]
+        assert pace["stage_eta_seconds"] == 0 and pace["plan_eta_seconds"] == 0  # done
+        assert pace["resume_jumps"] == []  # the resume loaded the right save: the loss continues
+    # the table fits 100 columns and shows the pace
+    r = CliRunner().invoke(app, ["stage", "status", str(local_run)], env={"COLUMNS": "100"})
+    assert r.exit_code == 0 and "tokens/s" in r.output and "ETA plan" in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 100
+
+    # stage b not finished (its saves gone): the time left is its remaining tokens at b's last pace
+    run = tmp_path / "run"
+    shutil.copytree(local_run.parent / "run", run)
+    shutil.rmtree(run / "stages" / "b" / "checkpoints")
+    plan = _plan(tmp_path / "plan.toml", run, Path(load_plan(local_run).base.path).parents[1])
+    rp = resolve_plan(load_plan(plan))
+    from longctx.stage.pace import stage_pace
+    from longctx.stage.state import plan_state
+
+    a, b = stage_pace(rp, plan_state(rp))
+    assert a.stage_eta_seconds == 0 and b.measured and b.tokens_per_s
+    assert b.stage_eta_seconds == pytest.approx(B_ITERS * 2 * 256 / b.tokens_per_s)
+    assert b.plan_eta_seconds == pytest.approx(b.stage_eta_seconds)
+
+
+def test_a_resume_far_above_its_loss_before_is_flagged() -> None:
+    from longctx.stage.curves import LaunchMark, PlanCurves, StageCurve
+    from longctx.stage.pace import resume_jumps
+
+    def curve(losses: list[float]) -> PlanCurves:
+        c = StageCurve("a", 128, 20000, 10, 256, 0, "tensorboard")
+        c.loss = [[i, c.tokens_at(i), v] for i, v in enumerate(losses, 1)]
+        launches = [LaunchMark("a", "first-launch", 0, 5, 0, 1280, "signal", ""),
+                    LaunchMark("a", "resume", 5, 10, 1280, 2560, "done", "")]  # fmt: skip
+        return PlanCurves("p", "/run", [c], launches, [])
+
+    right = curve([6.0, 5.0, 4.5, 4.2, 4.0, 3.95, 3.9, 3.85, 3.8, 3.78])
+    assert resume_jumps(right.stages[0], right) == []
+    # loaded an early save (or the base): the loss is back near its start
+    wrong = curve([6.0, 5.0, 4.5, 4.2, 4.0, 5.9, 5.1, 4.6, 4.3, 4.1])
+    (jump,) = resume_jumps(wrong.stages[0], wrong)
+    assert jump.iteration == 5 and jump.after > jump.before + 1
