@@ -200,6 +200,20 @@ def facts(version: str | Version) -> MegatronFacts:
     return MegatronFacts(v, dict(hf_defaults), dict(hf_switches), era, honours)
 
 
+def common_state_releases() -> dict[CommonStateEra, str]:
+    """Each common-state era as the releases that save it: {"common.pt": "<=0.18", "dcp": ">=0.19"}."""
+    out: dict[CommonStateEra, str] = {}
+    eras = [(r.version, r.common_state) for r in RELEASES if r.common_state is not None]
+    for i, (v, era) in enumerate(eras):
+        if i + 1 < len(eras):
+            nxt = eras[i + 1][0]
+            last = next(r.version for r in reversed(RELEASES) if r.version < nxt)
+            out[era] = f"<={last[0]}.{last[1]}"
+        else:
+            out[era] = f">={v[0]}.{v[1]}"
+    return out
+
+
 def tracked_flags() -> frozenset[str]:
     """Every flag some release adds or removes."""
     out: set[str] = set()
@@ -212,6 +226,7 @@ __all__ = [
     "RELEASES",
     "MegatronFacts",
     "Release",
+    "common_state_releases",
     "facts",
     "first_version",
     "parse_version",

@@ -28,6 +28,7 @@ from longctx.checkpoint.metadata import (
     read_dcp_index,
 )
 from longctx.checkpoint.tree import Tree, join, open_tree
+from longctx.megatron_versions import common_state_releases
 from longctx.report import Findings, to_jsonable
 
 if TYPE_CHECKING:
@@ -274,9 +275,10 @@ def _checked_backend(tree: Tree, rel: str, findings: Findings) -> BackendInfo | 
 
 
 def _megatron_core_era(common_era: Era, backend: BackendInfo | None) -> str:
-    era = {"common.pt": "<=0.18", "common_state": ">=0.19"}.get(common_era, "unknown")
+    releases = common_state_releases()  # the release table's eras: common.pt, then the DCP object
+    era = {"common.pt": releases["common.pt"], "common_state": releases["dcp"]}.get(common_era, "unknown")
     if common_era == "unknown" and backend is not None and backend.common_backend is None:
-        era = ">=0.19"  # metadata.json lost its common_backend fields in 0.19
+        era = releases["dcp"]  # metadata.json lost its common_backend fields with the DCP common state
     return era
 
 

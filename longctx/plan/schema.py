@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from longctx.arch import ModelArch
-from longctx.errors import PlanError
+from longctx.errors import LongctxError, PlanError
+from longctx.megatron_versions import facts
 from longctx.objective import Objective
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -213,6 +214,17 @@ class MegatronSpec(_Strict):
     attention_backend: AttentionBackend = "flash"
     # runtime flags that do not change the maths (fusions, overlaps) — cluster specific
     performance_args: list[str] = Field(default_factory=list)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        # a release the version table (longctx.megatron_versions) knows; checked against the checkout
+        # itself when one is given (longctx.stage.checkout)
+        try:
+            facts(v)
+        except LongctxError as err:
+            raise ValueError(f"{err.what}; {err.fix}") from None
+        return v
 
 
 class LocalSpec(_Strict):

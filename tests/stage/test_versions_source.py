@@ -212,3 +212,25 @@ def test_refused_removed_flag_and_dropped_rope_flag(plans) -> None:
         StageError, match=r"--rotary-scaling-factor is accepted but ignored for GPT .* 0\.16\.1"
     ):
         stage_flags(_on(rp, "0.16.1"), scaled)
+
+
+def test_cli_refuses_a_checkout_of_another_release(plans, tmp_path: Path) -> None:
+    """`stage args` on a plan saying 0.16 whose [megatron].path is the 0.19 checkout: exit 2, both named;
+    an unreadable version is refused when the plan loads."""
+    text = (tmp_path / "stages" / "baby_9b_dense.toml").read_text()
+    mismatch = tmp_path / "stages" / "baby_on_019_checkout.toml"
+    mismatch.write_text(
+        text.replace('version = "0.16.0"', f'version = "0.16.0"\npath = "{CHECKOUTS["0.19.0"]}"')
+    )
+    r = CliRunner().invoke(app, ["stage", "args", str(mismatch), "16k"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    err = " ".join(r.stderr.split())
+    assert (
+        "the plan says Megatron-LM 0.16.0 ([megatron] version) but the checkout" in err and "is 0.19.0" in err
+    )
+    bad = tmp_path / "stages" / "baby_bad_version.toml"
+    bad.write_text(text.replace('version = "0.16.0"', 'version = "latest"'))
+    r = CliRunner().invoke(app, ["stage", "args", str(bad), "16k"])
+    assert r.exit_code == 2 and "cannot read a Megatron-LM version from 'latest'" in " ".join(
+        r.stderr.split()
+    )
