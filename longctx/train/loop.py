@@ -29,7 +29,7 @@ from longctx.attention.megatron_adapter import document_params
 from longctx.checkpoint.layout import read_tracker
 from longctx.diffusion.loss import mdm_token_loss, udm_token_loss
 from longctx.errors import LongctxError, TrainError
-from longctx.mcore.checkpoint import load_model_weights, save_checkpoint
+from longctx.mcore.checkpoint import save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
 from longctx.mcore.stored_layout import StoredLayout, read_layout
@@ -44,7 +44,7 @@ from longctx.train.data import (
 )
 from longctx.train.events import TrainingEvents
 from longctx.train.optim import build_optimizer, sharded_state_dict
-from longctx.train.precision import MainParams
+from longctx.train.precision import MainParams, fp32_template, load_weights
 from longctx.train.rng import restore_rng, rng_sharded_object
 from longctx.train.schedule import LRScheduler
 from longctx.train.spec import TrainSpec
@@ -131,8 +131,7 @@ class Trainer:
                 )
             src = pre / pre_tracker.dir_name
             self.layout = read_layout(src)
-            load_model_weights(self.model, src, model_state=self.layout.model_state(self.model))
-            self.main.refresh_from_model()
+            load_weights(self.main, self.model, src, self.layout.model_state(self.model))
             return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
         return "random initialisation"
 
@@ -144,14 +143,16 @@ class Trainer:
         self.layout = read_layout(ckpt)
         model_sd = self.layout.model_state(self.model)
         template = {
-            "model": model_sd,
+            # bf16: the stored weights load as fp32, so a save without fp32 masters seeds them unrounded
+            "model": fp32_template(model_sd) if self.main.mixed else model_sd,
             "optimizer": optim.template(self.optimizer, model_sd, layout, self.model_params),
             "rng_state": rng_sharded_object(self.spec.seed),
         }
         state = dist_checkpointing.load(template, str(ckpt))
         model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
         self.model.load_state_dict(model_state, strict=False)
-        self.main.refresh_from_model()
+        if self.main.mixed:
+            self.main.set_masters_from_state(self.model, model_state)
         # the save's fp32 masters where it has them: its bf16 model tensors are rounded copies
         masters = optim.load(self.optimizer, state["optimizer"], layout)
         in_order = optim.parameters(self.optimizer)

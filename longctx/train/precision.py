@@ -12,11 +12,19 @@ In fp32 the masters are the model's own parameters and nothing is copied.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import MegatronModule
+
+from longctx.errors import TrainError
+from longctx.mcore.checkpoint import load_model_weights
 
 
 class MainParams:
@@ -94,6 +102,55 @@ class MainParams:
         with torch.no_grad():
             for p, master in zip(self.model_params, self.masters, strict=True):
                 master.copy_(p.float())
+
+    def set_masters_from_state(self, model: torch.nn.Module, loaded: Mapping[str, Any]) -> None:
+        """Masters from the fp32 tensors of a loaded `fp32_template`, the model rounded from them."""
+        name_of = {id(p): name for name, p in model.named_parameters()}
+        with torch.no_grad():
+            for p, master in zip(self.model_params, self.masters, strict=True):
+                entry = loaded.get(name_of[id(p)])
+                value = entry.data if isinstance(entry, (ShardedTensor, ShardedTensorFactory)) else entry
+                # the load may leave a layer's tensor with the stacked-layer axis in front (1, …)
+                if value is None or value.numel() != p.numel():
+                    raise TrainError(f"no fp32 value of {name_of[id(p)]} in the loaded weights", where="load")
+                master.copy_(value.reshape(p.shape))
+        self.copy_to_model()
+
+
+def fp32_template(sharded: Mapping[str, Any]) -> dict[str, Any]:
+    """A model's sharded state dict with every tensor to be loaded in fp32 (NaN until loaded): the load
+    fills them with the stored values, unrounded, wherever the model itself is bf16."""
+    out: dict[str, Any] = {}
+    for key, sh in sharded.items():
+        if isinstance(sh, ShardedTensor):
+            data = torch.full_like(sh.data, float("nan"), dtype=torch.float32)
+            out[key] = dataclasses.replace(sh, data=data, dtype=torch.float32)
+        elif isinstance(sh, ShardedTensorFactory):  # its pieces are views of `data`: they load into it
+            out[key] = dataclasses.replace(
+                sh, data=torch.full_like(sh.data, float("nan"), dtype=torch.float32)
+            )
+        else:
+            out[key] = sh
+    return out
+
+
+def load_weights(
+    main: MainParams, model: MegatronModule, directory: Path, model_state: Mapping[str, Any]
+) -> None:
+    """A checkpoint's weights into the model and its masters. In bf16 the masters take the stored tensors
+    as stored (an fp32 checkpoint's weights stay fp32) and the model takes them rounded: seeding the
+    masters from the rounded model would throw away every digit below bf16's before the first step."""
+    if not main.mixed:
+        load_model_weights(model, directory, model_state=model_state)
+        return
+    template = fp32_template(model_state)
+    load_model_weights(model, directory, model_state=template)
+    main.set_masters_from_state(model, template)
+    if any(bool(m.isnan().any()) for m in main.masters):
+        raise TrainError(
+            "a weight of the checkpoint did not load into its fp32 master", where=str(directory),
+            fix="load it with bf16 = false, or report the checkpoint's layout",
+        )  # fmt: skip
 
 
 def _accumulate_into(master: torch.nn.Parameter) -> Callable[[torch.Tensor], None]:
