@@ -99,3 +99,21 @@ def test_every_reader(megatron_checkpoints: CheckpointFixtures) -> None:
     # the ledger binding names the save by its tracker's iteration and index
     ident = checkpoint_identity(save)
     assert ident.startswith(f"{save}@iter_0000006:") and not ident.endswith("no-metadata")
+
+
+def test_export_reads_the_weights(megatron_checkpoints: CheckpointFixtures) -> None:
+    """The exporter's path: the architecture from inspect, the Hugging Face tensor plan over the save's
+    index, every read served from the shards (the common-state object is no model tensor)."""
+    from longctx.export.mapping import build_plan, model_keys
+    from longctx.export.reader import DcpReader
+
+    it_dir = megatron_checkpoints.iter_dir("era019")
+    report = inspect_checkpoint(it_dir)
+    arch = report.to_model_arch()
+    reader = DcpReader(it_dir)
+    assert COMMON_STATE_KEY not in model_keys(reader.keys())
+    plan = build_plan(reader, arch, "qwen3", report.padded_vocab_size or 256, where=str(it_dir))
+    assert plan.consumed == model_keys(reader.keys())
+    for step in plan.steps:
+        region = reader.read(step.read.key, step.read.offsets, step.read.sizes)
+        assert tuple(region.shape) == step.read.sizes and torch.isfinite(region).all()
