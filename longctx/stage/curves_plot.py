@@ -55,18 +55,20 @@ def _mark_launches(ax, curves: PlanCurves) -> None:
 
 def _mark(ax, curve: StageCurve, m: LaunchMark, seen: set[str]) -> None:
     style = START_STYLE.get(m.action)
-    y = _loss_at(curve, m.start_iteration + 1)
+    y = _loss_at(curve, m.start_iteration)
     if style and y is not None:
         marker, colour, label = style
         ax.axvline(m.start_tokens, color=colour, lw=0.8, ls=":", alpha=0.7)
-        ax.plot([m.start_tokens], [y], marker, color=colour, ms=8, label=None if label in seen else label)
+        # hollow and larger: a resume's ring surrounds the mark of the launch that stopped at the same point
+        ax.plot([m.start_tokens], [y], marker, color=colour, ms=14, mfc="none", mew=2, clip_on=False,
+                label=None if label in seen else label)  # fmt: skip
         seen.add(label)
     end = END_STYLE.get(m.ended)
     if end and m.end_tokens is not None and m.end_iteration is not None:
         y = _loss_at(curve, m.end_iteration)
         if y is not None:
             marker, colour, label = end
-            ax.plot([m.end_tokens], [y], marker, color=colour, ms=10, label=None if label in seen else label)
+            ax.plot([m.end_tokens], [y], marker, color=colour, ms=9, label=None if label in seen else label)
             seen.add(label)
 
 

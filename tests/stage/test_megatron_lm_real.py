@@ -10,6 +10,7 @@ an idle 2-core machine.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -149,6 +150,26 @@ def test_real_megatron_lm_chain_sigterm_resume_next_stage(
     assert info.ok and info.iteration == B_ITERS, info.findings
     assert (info.args["rotary_base"], info.args["seq_length"]) == (40000, 256)
     print(f"first launch (start-up + {stopped.iteration} iterations): {first_seconds:.1f} s")
+
+    # 4. the whole chain is one figure, read from Megatron-LM's own TensorBoard events
+    _curves_of_megatron_lm(plan, tmp_path / "curves.png", stopped.iteration)
+
+
+def _curves_of_megatron_lm(plan: Path, png: Path, stopped: int) -> None:
+    r = CliRunner().invoke(app, ["stage", "curves", str(plan), "--out", str(png), "--json"])
+    assert r.exit_code == 0, r.output[-4000:]
+    doc = json.loads(r.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    a, b = doc["stages"]
+    assert (a["source"], b["source"]) == ("tensorboard", "tensorboard"), doc["problems"]
+    # Megatron-LM logs from the first iteration of each launch: a's two launches cover every iteration
+    assert sorted({p[0] for p in a["loss"]}) == list(range(1, A_ITERS + 1))
+    assert [p[0] for p in b["loss"]] == list(range(1, B_ITERS + 1))
+    assert b["loss"][0][1] == A_ITERS * 2 * 128 + 2 * 256  # one token axis across the stages
+    assert len(a["lr"]) == len(a["loss"]) and a["tokens_per_s"]  # tokens/s from the events' wall times
+    launches = [(m["stage"], m["action"], m["ended"], m["start_iteration"]) for m in doc["launches"]]
+    assert launches == [("a", "first-launch", "signal", 0), ("a", "resume", "done", stopped),
+                        ("b", "first-launch", "done", 0)]  # fmt: skip
 
 
 def test_cpu_runner_refuses_without_a_script() -> None:
