@@ -187,12 +187,28 @@ def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     states = plan_state(rp)
     step = next_step(rp, states)
     pace = stage_pace(rp, states)
+    lock = _lock_json(rp)
     if json_out:
-        print_json(_state_json(rp, states, step, pace))
+        print_json({**_state_json(rp, states, step, pace), "lock": lock})
     else:
         console.print(_status_table(rp, states, step, pace))
         for note in _status_notes(states, pace):
             console.print(note, markup=False, highlight=False, soft_wrap=True)
+        if lock is not None:
+            stale = f" (stale: {lock['stale']})" if lock["stale"] else ""
+            console.print(
+                f"locked by {lock['describe']}{stale}", markup=False, highlight=False, soft_wrap=True
+            )
+
+
+def _lock_json(rp) -> dict[str, Any] | None:
+    """The run lock's holder (None: no launch holds it), and why it is stale when it certainly is."""
+    from longctx.stage.lock import read_holder, stale_reason
+
+    holder = read_holder(rp.run_dir)
+    if holder is None:
+        return None
+    return {**holder.as_dict(), "describe": holder.describe(), "stale": stale_reason(holder)}
 
 
 @app.command("curves")

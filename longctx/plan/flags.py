@@ -67,10 +67,8 @@ FORBIDDEN_FLAGS: dict[str, str] = {
     "set by [megatron].attention_backend)",
     "--recompute-activations": "it recomputes only core_attn, which saves almost no memory with flash or "
     "fused attention (set recompute and recompute_* instead)",
-    "--no-load-optim": "the planner decides what each launch loads (first launch: weights only; resume: all)",
-    "--no-load-rng": "the planner decides what each launch loads (first launch: weights only; resume: all)",
-    "--override-opt_param-scheduler": "it replaces the saved schedule on resume (edit the plan's schedule "
-    "and let the planner carry it)",
+    "--override-opt_param-scheduler": "it replaces the saved schedule on resume behind the planner's check "
+    "(edit the plan's schedule and resume with --force, which adds it and records the override)",
 }
 
 

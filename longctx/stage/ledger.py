@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import StageError
+from longctx.stage.run_files import check_run_file
 from longctx.util.fs import append_line_durably
 
 LEDGER_NAME = "ledger.jsonl"
@@ -75,12 +76,15 @@ def now() -> str:
 def append(run_dir: Path, record: dict[str, Any]) -> None:
     record = {"time": now(), "host": socket.gethostname(), "pid": os.getpid(),
               "job_id": os.environ.get("SLURM_JOB_ID"), **record}  # fmt: skip
-    append_line_durably(ledger_path(run_dir), json.dumps(record, sort_keys=True, default=str))
+    path = ledger_path(run_dir)
+    check_run_file(path, Path(run_dir), "ledger")
+    append_line_durably(path, json.dumps(record, sort_keys=True, default=str))
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
     """All records; a torn last line (a crash mid-write) is skipped, any other bad line is an error."""
     path = ledger_path(run_dir)
+    check_run_file(path, Path(run_dir), "ledger")
     if not path.exists():
         return []
     fix = "inspect the file; the ledger is append-only and must not be edited"

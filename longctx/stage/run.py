@@ -36,8 +36,10 @@ from longctx.plan.entry import UPSTREAM_SCRIPT
 from longctx.plan.stage_data import stage_blend
 from longctx.report import Findings
 from longctx.stage import ledger
+from longctx.stage.lock import run_lock
 from longctx.stage.megatron_args import argv as megatron_argv
 from longctx.stage.megatron_args import attention_backend_env, cpu_flags
+from longctx.stage.run_files import check_run_file
 from longctx.stage.saved_schedule import checkpoint_schedule
 from longctx.stage.state import NextStep, Repair, next_step, plan_state, require_runnable
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
@@ -96,6 +98,7 @@ class LaunchOutcome:
     interrupted: bool = False  # a signal asked the launch to stop (time limit, cancel) while it ran
     discarded: list[str] = dataclasses.field(default_factory=list)  # unfinished saves a failed launch left
     storage: str | None = None  # a failed launch's file system that cannot take a save: what, where, fix
+    stale_lock: dict[str, object] | None = None  # the run lock of a gone launcher this launch replaced
 
     @property
     def progressed(self) -> bool:
@@ -493,8 +496,24 @@ def _refuse_kept_rates(stage: str, override: dict[str, tuple[object, object]] | 
 
 
 def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:
+    """Launch `lp` holding the run directory's lock (a second launcher is refused, nothing written)."""
     run_dir = paths.run_dir(rp.plan)
+    with run_lock(run_dir, lp.stage.name) as stale:
+        return _execute_locked(rp, lp, launcher, run_dir, force=force, stale=stale)
+
+
+def _execute_locked(
+    rp: ResolvedPlan,
+    lp: LaunchPlan,
+    launcher: Launcher,
+    run_dir: Path,
+    *,
+    force: bool,
+    stale: dict[str, object] | None,
+) -> LaunchOutcome:
+    _refuse_moved_on(rp, lp)
     conflicts = ledger.check_binding(run_dir, lp.stage.name, lp.binding, force=force)
+    check_run_file(lp.log, run_dir, "launch log")
     repair, load_repair = lp.step.repair, lp.step.load_repair
     for r in lp.step.repairs():
         r.apply()
@@ -512,6 +531,7 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
         "schedule_override": {k: list(v) for k, v in lp.schedule_override.items()} if lp.schedule_override
         else None,
+        "stale_lock": stale,
     })  # fmt: skip
     saves_before = set(complete_iterations(lp.stage.save_dir))
     partial_before = set(partial_saves(lp.stage.save_dir))
@@ -534,6 +554,7 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
         interrupted=len(SIGNALS_RECEIVED) > signals_before,
         discarded=discarded,
         storage=None if storage is None else str(file_system_error(storage, f"stage {lp.stage.name}")),
+        stale_lock=stale,
     )
     if not outcome.progressed and not outcome.interrupted:
         outcome.log_lines = relevant_log_lines(lp.log)
@@ -546,6 +567,20 @@ def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool
                             "no_progress": outcome.no_progress, "log_lines": outcome.log_lines or None,
                             "discarded": discarded or None, "storage": outcome.storage})  # fmt: skip
     return outcome
+
+
+def _refuse_moved_on(rp: ResolvedPlan, lp: LaunchPlan) -> None:
+    """Under the lock, the step must still be the one planned: another launcher may have trained between
+    this one's planning and its taking the lock."""
+    now = next_step(rp, plan_state(rp))
+    planned = (lp.step.action, lp.step.stage, lp.step.start_iteration)
+    if (now.action, now.stage, now.start_iteration) != planned:
+        raise StageError(
+            f"the run moved on while this launch was being prepared: planned {planned[0]} of stage "
+            f"{planned[1]!r} at iteration {planned[2]}, now {now.action} of {now.stage!r} at {now.start_iteration}",
+            where=str(paths.run_dir(rp.plan)),
+            fix="run `longctx stage run` again; it plans from the disk as it is now",
+        )
 
 
 def _repair_record(r: Repair | None) -> dict[str, object] | None:

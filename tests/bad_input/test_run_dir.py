@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,51 @@ def test_damaged_ledger_is_named(
     ledger.write_bytes(content)
     msg = refused([*command, plan], [fresh_run, tmp_path], needle=needle)
     assert str(ledger) in " ".join(msg.split()) or "ledger" in msg
+
+
+def _symlink_to(target: Path):
+    def make(ledger: Path, tmp_path: Path) -> None:
+        ledger.symlink_to(target)
+
+    return make
+
+
+def _outside(ledger: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("")
+    ledger.symlink_to(outside)
+
+
+def _fifo(ledger: Path, tmp_path: Path) -> None:
+    os.mkfifo(ledger)
+
+
+def _dir(ledger: Path, tmp_path: Path) -> None:
+    ledger.mkdir()
+
+
+NOT_A_FILE = {
+    "symlink-dev-full": (_symlink_to(Path("/dev/full")), "a symbolic link (to /dev/full)"),
+    "symlink-outside": (_outside, "a symbolic link"),
+    "fifo": (_fifo, "is a FIFO"),
+    "directory": (_dir, "is a directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_FILE))
+@pytest.mark.parametrize("command", [("stage", "run"), ("slurm", "status")])
+def test_a_ledger_that_is_not_a_regular_file_is_refused(
+    case: str, command: tuple[str, str], fresh_run: Path, tmp_path: Path
+) -> None:
+    """Nothing is read from or appended to it: no hang on a FIFO, no line written outside the run."""
+    plan = write_plan(tmp_path / "plan.toml", fresh_run)
+    make, needle = NOT_A_FILE[case]
+    make(ledger_path(fresh_run), tmp_path)
+    msg = " ".join(refused([*command, plan], [fresh_run, tmp_path], needle=needle).split())
+    assert "regular file" in msg, msg
+
+
+def test_a_run_lock_that_is_a_symlink_is_refused(fresh_run: Path, tmp_path: Path) -> None:
+    plan = write_plan(tmp_path / "plan.toml", fresh_run)
+    (fresh_run / "longctx.lock").symlink_to(tmp_path / "elsewhere.lock")
+    refused(["stage", "run", plan], [fresh_run, tmp_path], needle="run lock is a symbolic link")
