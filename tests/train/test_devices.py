@@ -18,8 +18,11 @@ def test_nccl_collectives_take_cuda_tensors_and_gloo_cpu() -> None:
 
 
 def test_reductions_follow_the_group_backend() -> None:
+    # NCCL (CUDA tensors) where this process computes on a GPU, gloo (CPU tensors) elsewhere
+    want = "cuda" if torch.cuda.is_available() else "cpu"
     with parallel.eval_parallel(1):
-        assert parallel.collective_device().type == "cpu"
+        assert parallel.collective_device().type == want
+        assert parallel.training_device().type == want
         assert signals.agree(True) is True
 
 
