@@ -214,14 +214,6 @@ def common_state_releases() -> dict[CommonStateEra, str]:
     return out
 
 
-def tracked_flags() -> frozenset[str]:
-    """Every flag some release adds or removes."""
-    out: set[str] = set()
-    for r in RELEASES:
-        out |= r.adds | r.removes
-    return frozenset(out)
-
-
 __all__ = [
     "RELEASES",
     "MegatronFacts",
@@ -231,5 +223,4 @@ __all__ = [
     "first_version",
     "parse_version",
     "removed_version",
-    "tracked_flags",
 ]

@@ -13,9 +13,10 @@ from longctx.cli.main import app
 from longctx.data import check_datasets
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.errors import TokenizerError
-from longctx.tokenizer import load_tokenizer
+from longctx.tokenizer import fingerprint, load_manifest, load_tokenizer, write_manifest
 from longctx.tokenizer.encoding import (
     HF_TYPE,
+    EncodingFingerprint,
     EncodingSpec,
     declared_spec,
     encoding_differences,
@@ -81,3 +82,32 @@ def test_same_directory_other_ids_and_data_refused(
                               "--tokenizer-type", HF_TYPE, "--tokenizer-hf-use-fast",
                               "--tokenizer-hf-include-special-tokens"])  # fmt: skip
     assert res.exit_code == 2 and "error: sidecar-encoding:" in res.stderr, res.stderr
+
+
+def test_tokenizer_check_refuses_the_other_releases_defaults(oellm_like_hf_dir: Path, tmp_path: Path) -> None:
+    """A manifest fingerprinted under 0.19's defaults; the directory checked as 0.16 encodes it: exit 2.
+    The pinned options then make a 0.16 plan emit 0.16's switches for them."""
+    manifest = tmp_path / "m19.toml"
+    write_manifest(fingerprint(oellm_like_hf_dir, name="m19", spec=version_spec(HF_TYPE, "0.19")), manifest)
+    ok = runner.invoke(app, ["tokenizer", "check", str(oellm_like_hf_dir), "-m", str(manifest),
+                             "--tokenizer-type", HF_TYPE, "--tokenizer-hf-use-fast",
+                             "--tokenizer-hf-include-special-tokens"])  # fmt: skip
+    assert ok.exit_code == 0, ok.stderr
+    res = runner.invoke(app, ["tokenizer", "check", str(oellm_like_hf_dir), "-m", str(manifest),
+                              "--tokenizer-type", HF_TYPE])  # fmt: skip
+    assert res.exit_code == 2 and "error: encoding:" in res.stderr
+    pinned = declared_spec(None, load_manifest(manifest), "0.16.1")
+    assert pinned is not None and version_flags(pinned, "0.16.1")[2:] == [
+        "--tokenizer-hf-use-fast",
+        "--tokenizer-hf-include-special-tokens",
+    ]
+    with pytest.raises(TokenizerError, match=r"cannot be asked of Megatron-LM 0\.18"):
+        declared_spec(
+            None,
+            load_manifest(manifest).model_copy(update={"encoding": t16_fingerprint(oellm_like_hf_dir)}),
+            "0.18",
+        )
+
+
+def t16_fingerprint(directory: Path) -> EncodingFingerprint:
+    return load_tokenizer(directory, spec=version_spec(HF_TYPE, "0.16.1")).encoding_fingerprint()
