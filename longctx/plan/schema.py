@@ -239,6 +239,17 @@ class LocalSpec(_Strict):
     bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
 
 
+class WandbSpec(_Strict):
+    """W&B logging of both backends: Megatron-LM's --wandb-project / --wandb-exp-name / --wandb-save-dir,
+    and the local trainer's own log (when `wandb` is installed). Each stage is its own W&B run, named
+    `<exp_name>-<stage>`; save_dir defaults to the stage's directory (Megatron-LM's default is inside the
+    checkpoint directory)."""
+
+    project: str = Field(min_length=1)
+    exp_name: str = Field(min_length=1)
+    save_dir: str | None = None  # ${RUN_DIR}/… like the plan's other paths; a "<stage>" subdirectory each
+
+
 class Plan(_Strict):
     name: str
     description: str = ""
@@ -251,6 +262,7 @@ class Plan(_Strict):
     cluster: ClusterSpec = ClusterSpec()
     megatron: MegatronSpec = MegatronSpec()
     local: LocalSpec = LocalSpec()
+    wandb: WandbSpec | None = None  # W&B logging (optional; TensorBoard events are always written)
     slurm: dict[str, Any] = Field(default_factory=dict)
     defaults: StageDefaults = StageDefaults()
     stages: list[StageSpec] = Field(min_length=1)

@@ -19,9 +19,11 @@ from longctx.megatron_versions import RELEASES, facts, first_version, removed_ve
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
+from longctx.plan.schema import Plan
 from longctx.plan.stage_artifact import stage_blend_file
 from longctx.rope.megatron import check_conflicting_flags
 from longctx.stage.checkout import require_checkout_version
+from longctx.stage.wandb_settings import stage_wandb
 from longctx.tokenizer.encoding import declared_spec, version_flags
 from longctx.tokenizer.manifest import load_manifest
 
@@ -322,6 +324,18 @@ def _logging_flags(st: ResolvedStage, stage_root: Path) -> list[Flag]:
     return flags
 
 
+def wandb_flags(plan: Plan, stage: str) -> list[Flag]:
+    """The plan's [wandb] table as Megatron-LM's flags (none without it)."""
+    w = stage_wandb(plan, stage)
+    if w is None:
+        return []
+    return [
+        _f("--wandb-project", w.project),
+        _f("--wandb-exp-name", w.exp_name),
+        _f("--wandb-save-dir", w.save_dir),
+    ]
+
+
 def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     """All flags of a stage's pretrain_gpt.py launch, in a stable, documented order."""
     plan = rp.plan
@@ -353,6 +367,7 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     flags += packing_flags(rp, st)
     flags += _checkpoint_flags(st, prev, version)
     flags += _logging_flags(st, paths.stage_dir(plan, st.name))
+    flags += wandb_flags(plan, st.name)
     flags += _pairs(list(plan.megatron.performance_args))
     flags += _pairs(list(st.extra_args))
     _refuse_unhonoured(flags, version, plan.plan_path)

@@ -42,6 +42,7 @@ from longctx.stage.megatron_args import attention_backend_env, cpu_flags
 from longctx.stage.run_files import check_run_file
 from longctx.stage.saved_schedule import checkpoint_schedule
 from longctx.stage.state import NextStep, Repair, next_step, plan_state, require_runnable
+from longctx.stage.wandb_settings import stage_wandb
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.disk import storage_problem
@@ -338,6 +339,7 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
         save_interval=st.save_interval, exit_duration_in_mins=st.exit_duration_in_mins,
         log_interval=st.log_interval, threads_per_process=threads,
         metrics_file=str(stage_root / "metrics.jsonl"), tensorboard_dir=str(stage_root / "tensorboard"),
+        wandb=stage_wandb(plan, st.name),
     )  # fmt: skip
     return spec, nproc
 
