@@ -96,6 +96,19 @@ def _read_event_file(path: Path) -> dict[str, list[tuple[float, int, float]]]:
     return {t: [(e.wall_time, e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
+def _truncated_tail(path: Path) -> int:
+    """Bytes after the last complete record (a TFRecord: 8-byte length, 4-byte CRC, data, 4-byte CRC);
+    TensorBoard's reader stops there silently, so the file is named here."""
+    data = path.read_bytes()
+    pos = 0
+    while pos + 12 <= len(data):
+        size = int.from_bytes(data[pos : pos + 8], "little")
+        if pos + 16 + size > len(data):
+            break
+        pos += 16 + size
+    return len(data) - pos
+
+
 def _from_events(curve: StageCurve, tb_dir: Path, problems: list[str]) -> bool:
     read_any = False
     for path in _event_files(tb_dir):
@@ -111,6 +124,10 @@ def _from_events(curve: StageCurve, tb_dir: Path, problems: list[str]) -> bool:
             problems.append(f"{path}: no {tags.LOSS!r} scalars (not a training event file); skipped")
             continue
         read_any = True
+        tail = _truncated_tail(path)
+        if tail:
+            problems.append(f"{path}: truncated ({tail} bytes of an unfinished record at the end); "
+                            f"read its {len(loss)} complete loss events")  # fmt: skip
         steps = [s for _, s, _ in loss]
         if max(steps) > curve.target_iterations:
             problems.append(

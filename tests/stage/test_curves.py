@@ -62,6 +62,7 @@ def local_run(tiny_chain_artefacts: Path, tmp_path_factory: pytest.TempPathFacto
     return plan
 
 
+@pytest.mark.slow  # the module fixture trains three launches (about 25 s)
 def test_local_run_is_one_figure(local_run: Path, tmp_path: Path) -> None:
     png = tmp_path / "curves.png"
     r = CliRunner().invoke(app, ["stage", "curves", str(local_run), "--out", str(png), "--json"])
@@ -87,6 +88,7 @@ def test_local_run_is_one_figure(local_run: Path, tmp_path: Path) -> None:
     assert doc["problems"] == []
 
 
+@pytest.mark.slow  # the module fixture trains three launches (about 25 s)
 def test_bad_input_is_named_and_the_rest_is_drawn(local_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(local_run.parent / "run", run)
@@ -106,6 +108,7 @@ def test_bad_input_is_named_and_the_rest_is_drawn(local_run: Path, tmp_path: Pat
     assert b.source == "metrics.jsonl" and [p[0] for p in b.loss] == [1, 2]
     text = "\n".join(curves.problems)
     assert "events.out.tfevents.0.foreign" in text and "records of another stage or run" in text
+    assert f"{second}: truncated" in text
 
     # nothing readable at all: exit 2, one JSON document naming the run directory
     empty = _plan(
@@ -118,6 +121,7 @@ def test_bad_input_is_named_and_the_rest_is_drawn(local_run: Path, tmp_path: Pat
     assert "ledger.jsonl" in r.stderr and "no launches recorded" in r.stderr
 
 
+@pytest.mark.slow  # the module fixture trains three launches (about 25 s)
 def test_status_shows_the_pace_of_the_last_launch(local_run: Path, tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["stage", "status", str(local_run), "--json"])
     assert r.exit_code == 0, r.output
@@ -168,3 +172,21 @@ def test_a_resume_far_above_its_loss_before_is_flagged() -> None:
     wrong = curve([6.0, 5.0, 4.5, 4.2, 4.0, 5.9, 5.1, 4.6, 4.3, 4.1])
     (jump,) = resume_jumps(wrong.stages[0], wrong)
     assert jump.iteration == 5 and jump.after > jump.before + 1
+
+
+@pytest.mark.slow  # the module fixture trains three launches (about 25 s)
+def test_validation_loss_is_drawn_at_the_stages_length(local_run: Path, tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "run"
+    shutil.copytree(local_run.parent / "run", run)
+    plan = _plan(tmp_path / "plan.toml", run, Path(load_plan(local_run).base.path).parents[1])
+    # what Megatron-LM's evaluate_and_print_results writes at an --eval-interval, in its own writer
+    with SummaryWriter(str(run / "stages" / "b" / "tensorboard")) as w:
+        w.add_scalar("lm loss", 4.0, 2)
+        w.add_scalar("lm loss validation", 4.25, 2)
+    png = tmp_path / "curves.png"
+    r = CliRunner().invoke(app, ["stage", "curves", str(plan), "--out", str(png), "--json"])
+    assert r.exit_code == 0, r.output
+    b = json.loads(r.stdout)["stages"][1]
+    assert b["validation"] == [[2, A_ITERS * 2 * 128 + 2 * 2 * 256, 4.25]] and png.is_file()
