@@ -29,6 +29,7 @@ from longctx.checkpoint.inspect import CheckpointReport, inspect_checkpoint
 from longctx.errors import CheckpointError, ExportError
 from longctx.export.config import check_config, generation_config, hf_config
 from longctx.export.family import HF_ARCHITECTURE, Family, choose_family, refuse_diffusion
+from longctx.export.guards import check_encoding, read_region, refuse_out_inside, refuse_outside_files
 from longctx.export.mapping import TensorPlan, build_plan
 from longctx.export.reader import DcpReader
 from longctx.export.stage import StageChoice, choose_stage
@@ -187,8 +188,16 @@ def _inputs(
 ) -> _Inputs:
     notes: list[str] = []
     rp = resolve_plan(load_plan(plan_path, run_dir=run_dir))
+    if rp.objective.kind != "ar":
+        raise ExportError(
+            f"the plan trains {rp.objective.describe()}; a transformers causal LM (Qwen3/Llama) would compute "
+            "another model (causal attention, next-token logits) from these weights",
+            where=str(rp.plan.plan_path or rp.plan.name),
+            fix="export only autoregressive plans; evaluate diffusion models with `longctx eval run`",
+        )
     report, directory = _checkpoint(checkpoint)
     where = str(directory)
+    refuse_outside_files(directory, Path(checkpoint))
     args = report.args or {}
     refuse_diffusion(report.index.tensors if report.index else (), args, where)
     arch, family = _arch(report, rp, args, where, notes)
@@ -196,6 +205,7 @@ def _inputs(
     manifest = load_manifest(paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest"))
     tok = plan_tokenizer(rp)  # encoding as the plan's Megatron tokenizer type does
     check_identity(tok, manifest, saved_md5=args.get("longctx_tokenizer_md5"), where=where)
+    check_encoding(tok, manifest)
     rows = report.padded_vocab_size or 0
     if rows < tok.vocab_size:
         raise ExportError(
@@ -216,7 +226,7 @@ def _write_weights(inp: _Inputs, staging: Path, max_shard_bytes: int) -> Safeten
     try:
         with progress_bar("export weights", writer.total_bytes, unit="bytes") as advance:
             for step in inp.plan.steps:
-                region = inp.reader.read(step.read.key, step.read.offsets, step.read.sizes)
+                region = read_region(inp.reader, step.read.key, step.read.offsets, step.read.sizes)
                 for name, piece in step.split(region):
                     advance(writer.write(name, piece))
                 del region
@@ -261,6 +271,7 @@ def export_hf(
     if max_shard_bytes <= 0:
         raise ExportError(f"the shard size must be positive, got {max_shard_bytes}")
     inp = _inputs(ckpt, Path(plan), stage, dtype, Path(run_dir) if run_dir is not None else None)
+    refuse_out_inside(out_dir, ckpt, inp.directory)
     dtype_name = str(inp.dtype).removeprefix("torch.")
     created_parent = not out_dir.parent.exists()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
