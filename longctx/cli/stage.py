@@ -19,6 +19,7 @@ app = typer.Typer(
         "  longctx stage args stages/baby_9b_dense.toml 64k      # pretrain_gpt.py flags, one per line\n\n"
         "  longctx stage args stages/baby_9b_dense.toml 64k --check   # …and through Megatron-LM's own checks\n\n"
         "  longctx stage status stages/tiny.toml --json\n\n"
+        "  longctx stage curves stages/tiny.toml --out curves.png   # the plan's training as one figure\n\n"
         "  longctx stage next stages/tiny.toml\n\n"
         "  longctx stage run stages/tiny.toml --backend local    # one step: first launch, resume or nothing"
     ),
