@@ -22,13 +22,16 @@ from longctx.errors import StageError
 ARGUMENTS = Path("megatron/training/arguments.py")
 PACKAGE_INFO = Path("megatron/core/package_info.py")
 _NO_VALUE_ACTIONS = {"store_true", "store_false", "store_const", "count", "help", "version"}
+_PLAIN_TYPES = {"int", "float", "str"}
 
 
 @dataclasses.dataclass(frozen=True)
 class FlagInfo:
-    """One option string of the parser: whether it takes a value after it."""
+    """One option string of the parser: whether it takes a value after it, and the value's type when
+    the source names a plain one (int, float, str; None: anything else or unknown)."""
 
     takes_value: bool
+    value_type: str | None = None
 
 
 def _installed_core() -> Path | None:
@@ -175,6 +178,7 @@ def _field_flags(name: str, node: ast.AnnAssign) -> dict[str, FlagInfo]:
         default = _literal(node.value)
     flag = "--" + name.replace("_", "-")
     names, takes_value = [flag], True
+    plain = _plain_annotation(node.annotation)
     if _is_bool(node.annotation):
         takes_value = False
         if default is not False:  # store_false: the switch turns the default off
@@ -184,7 +188,26 @@ def _field_flags(name: str, node: ast.AnnAssign) -> dict[str, FlagInfo]:
         names = [str(n) for n in given] if isinstance(given, list) else names
     if "action" in meta:
         takes_value = _literal(meta["action"]) not in _NO_VALUE_ACTIONS  # type: ignore[arg-type]
-    return {n: FlagInfo(takes_value) for n in names}
+    if "type" in meta:
+        given_type = meta["type"]
+        plain = given_type.id if isinstance(given_type, ast.Name) and given_type.id in _PLAIN_TYPES else None
+    return {n: FlagInfo(takes_value, plain if takes_value else None) for n in names}
+
+
+def _plain_annotation(annotation: ast.AST) -> str | None:
+    """int/float/str, also inside Optional[...] or `... | None`."""
+    if isinstance(annotation, ast.Name):
+        return annotation.id if annotation.id in _PLAIN_TYPES else None
+    if isinstance(annotation, ast.Subscript) and getattr(annotation.value, "id", "") == "Optional":
+        return _plain_annotation(annotation.slice)
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        sides = [
+            a
+            for a in (annotation.left, annotation.right)
+            if not (isinstance(a, ast.Constant) and a.value is None)
+        ]
+        return _plain_annotation(sides[0]) if len(sides) == 1 else None
+    return None
 
 
 def _class_fields(src: _Source, module: str, cls: ast.ClassDef) -> Iterator[tuple[str, ast.AnnAssign]]:
@@ -206,7 +229,9 @@ def _add_argument_flags(call: ast.Call) -> dict[str, FlagInfo]:
         # argparse adds the --no- twin itself
         return {f: FlagInfo(False) for n in names for f in (str(n), "--no-" + str(n)[2:])}
     takes = not (isinstance(action, ast.Constant) and action.value in _NO_VALUE_ACTIONS)
-    return {str(n): FlagInfo(takes) for n in names}
+    kind = next((k.value for k in call.keywords if k.arg == "type"), None)
+    plain = kind.id if isinstance(kind, ast.Name) and kind.id in _PLAIN_TYPES else None
+    return {str(n): FlagInfo(takes, plain if takes else None) for n in names}
 
 
 def _local_lists(fn: ast.AST) -> dict[str, list[str]]:

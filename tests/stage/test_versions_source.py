@@ -79,7 +79,8 @@ def test_source_reader_agrees_with_the_real_0_16_parser(parsers) -> None:
         "from longctx.mcore.megatron_lm_cpu import apply_shims; apply_shims();"
         "out = {};\n"
         "def grab(self, *a, **k):\n"
-        "    out.update({s: act.nargs != 0 for s, act in self._option_string_actions.items()}); raise SystemExit\n"
+        "    out.update({s: [act.nargs != 0, getattr(act.type, '__name__', None)]"
+        " for s, act in self._option_string_actions.items()}); raise SystemExit\n"
         "argparse.ArgumentParser.parse_known_args = grab\n"
         "from megatron.training.arguments import parse_args\n"
         "try: parse_args()\nexcept SystemExit: pass\n"
@@ -92,7 +93,11 @@ def test_source_reader_agrees_with_the_real_0_16_parser(parsers) -> None:
     assert len(real) > 600
     assert set(real) - set(read) == set()
     assert set(read) - set(real) == {"--kitchen-config-file", "--kitchen-recipe-number"}
-    assert {k for k in real if real[k] != read[k].takes_value} == set()
+    assert {k for k in real if real[k][0] != read[k].takes_value} == set()
+    # a value type read from source is the parser's own (int where Megatron wants integers)
+    typed = {k for k in real if read[k].value_type is not None}
+    assert len(typed) > 300
+    assert {k for k in typed if real[k][1] != read[k].value_type} == set()
 
 
 def test_checkout_versions() -> None:
@@ -110,6 +115,9 @@ def _check_argv(rp: ResolvedPlan, st, flags: dict[str, FlagInfo]) -> list[str]:
             continue
         assert f.name in flags, f"{rp.plan.name}/{st.name} on {rp.plan.megatron.version}: {f.name} unknown"
         assert flags[f.name].takes_value == bool(f.values), f"{f.name}: value or switch?"
+        kind = {"int": int, "float": float}.get(flags[f.name].value_type or "")
+        for value in f.values if kind else ():
+            kind(value)  # ValueError: Megatron's parser would refuse the word
         checked.append(f.name)
     return checked
 
