@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import contextvars
 import copyreg
 import enum
 import functools
@@ -155,26 +156,50 @@ class _Refused(Exception):
     """Internal: a global or a guarded call outside the allow-list."""
 
 
-# What one call inside a pickle may build. Pickle opcodes build objects in proportion to the bytes
-# they take, except a constructor called with a count (`bytearray(10**9)`) or a lazy range
-# (`list(range(10**9))`): 61 bytes of pickle would otherwise allocate gigabytes.
+# What one pickle may build through constructor calls. Pickle opcodes build objects in proportion to the
+# bytes they take, except a constructor called with a count (`bytearray(10**9)`), a lazy range
+# (`list(range(10**9))`) or a copy of something already built (`tuple(x)` on a memoised list, repeated):
+# 61 bytes of pickle would otherwise allocate gigabytes. The budget is per pickle (one `load`), not per
+# call, so repeating a call under the limit does not add up past it.
 MAX_PICKLE_BYTES = 1 << 28
-MAX_PICKLE_ELEMENTS = 1 << 24
+MAX_PICKLE_ELEMENTS = 1 << 22
+_BUDGET: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "longctx_pickle_budget", default=None
+)
+
+
+def _size(a: Any) -> int:
+    try:
+        return len(a) if hasattr(a, "__len__") else 0
+    except (OverflowError, TypeError):
+        return MAX_PICKLE_ELEMENTS + 1
+
+
+def _spend(name: str, elements: int, nbytes: int) -> None:
+    """Take a call's elements and bytes from the current pickle's budget (_Refused when it is spent)."""
+    if elements > MAX_PICKLE_ELEMENTS:
+        raise _Refused(f"{name}(…of {elements:,}+ elements): more than {MAX_PICKLE_ELEMENTS:,}")
+    if nbytes > MAX_PICKLE_BYTES:
+        raise _Refused(f"{name}({nbytes}): more than {MAX_PICKLE_BYTES:,} bytes")
+    budget = _BUDGET.get()
+    if budget is None:
+        return
+    budget[0] -= elements
+    budget[1] -= nbytes
+    if budget[0] < 0 or budget[1] < 0:
+        raise _Refused(
+            f"{name}(…): the pickle's constructor calls build more than {MAX_PICKLE_ELEMENTS:,} elements or "
+            f"{MAX_PICKLE_BYTES:,} bytes in all"
+        )
 
 
 def _bounded(factory: Callable[..., Any]) -> Callable[..., Any]:
     def make(*args: Any, **kwargs: Any) -> Any:
         for a in (*args, *kwargs.values()):
-            if isinstance(a, int) and not isinstance(a, bool) and factory in (bytes, bytearray):
-                if a > MAX_PICKLE_BYTES:
-                    raise _Refused(f"{factory.__name__}({a}): more than {MAX_PICKLE_BYTES:,} bytes")
-            elif isinstance(a, range):
-                try:
-                    n = len(a)
-                except OverflowError:
-                    n = MAX_PICKLE_ELEMENTS + 1
-                if n > MAX_PICKLE_ELEMENTS:
-                    raise _Refused(f"{factory.__name__}(range of {n:,}+ elements)")
+            if isinstance(a, int) and not isinstance(a, bool):
+                _spend(factory.__name__, 0, a if factory in (bytes, bytearray) else 0)
+            else:
+                _spend(factory.__name__, _size(a), 0)
         return factory(*args, **kwargs)
 
     make.__name__ = factory.__name__
@@ -308,6 +333,14 @@ class SafeUnpickler(pickle.Unpickler):
             return resolve_global(module, name, stub_megatron=self.stub_megatron)
         except _Refused as err:
             raise _refusal(str(err), self.where) from None
+
+    def load(self) -> Any:
+        """One pickle, with its own budget of what constructor calls may build (see _spend)."""
+        token = _BUDGET.set([MAX_PICKLE_ELEMENTS, MAX_PICKLE_BYTES])
+        try:
+            return super().load()
+        finally:
+            _BUDGET.reset(token)
 
 
 def _bound_unpickler(where: str | None, stub_megatron: bool | None) -> type[SafeUnpickler]:

@@ -59,3 +59,21 @@ def test_common_pt_amplification_is_refused(flat_snapshot: Path, tmp_path: Path)
 def test_lengths_beyond_any_context_are_refused(args: list[str], tmp_path: Path) -> None:
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     refused(argv, [tmp_path], needle="beyond what longctx plans for")
+
+
+def _repeated_calls(n: int, times: int) -> bytes:
+    """A pickle that calls list(range(n)) `times` times, each call under the per-call cap: the bound is
+    on the whole pickle, so the repeats do not add up past it."""
+    head = b"\x80\x02cbuiltins\nlist\nq\x00cbuiltins\nrange\nq\x01("
+    call = b"h\x00h\x01K\x00J" + n.to_bytes(4, "little") + b"\x86R\x85R"
+    return head + call * times + b"l."
+
+
+def test_a_pickle_repeating_calls_under_the_cap_is_refused(flat_snapshot: Path, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(flat_snapshot, ck)
+    data = _repeated_calls(1 << 21, 4)
+    assert len(data) < 120
+    (ck / ".metadata").write_bytes(data)
+    msg = refused(["ckpt", "check", ck], [tmp_path], needle="refus")
+    assert "in all" in " ".join(msg.split())
