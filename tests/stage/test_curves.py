@@ -190,3 +190,33 @@ def test_validation_loss_is_drawn_at_the_stages_length(local_run: Path, tmp_path
     assert r.exit_code == 0, r.output
     b = json.loads(r.stdout)["stages"][1]
     assert b["validation"] == [[2, A_ITERS * 2 * 128 + 2 * 2 * 256, 4.25]] and png.is_file()
+
+
+@pytest.mark.slow  # the module fixture trains three launches (about 25 s)
+def test_local_events_open_with_tensorboards_reader(local_run: Path) -> None:
+    """The local trainer's events, read by TensorBoard's EventAccumulator over the stage's directory:
+    Megatron-LM's tags against the iteration and against consumed samples, one file per launch, the
+    metrics file's numbers."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from longctx.train import event_tags as tags
+
+    stage = local_run.parent / "run" / "stages" / "a"
+    assert len(list((stage / "tensorboard").glob("events.out.tfevents.*"))) == 2  # SIGTERMed launch, resume
+    records = [json.loads(x) for x in (stage / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == list(range(1, A_ITERS + 1))
+    acc = EventAccumulator(str(stage / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    megatron = {tags.LOSS, tags.LEARNING_RATE, tags.GRAD_NORM, tags.BATCH_SIZE}
+    assert megatron | {t + tags.VS_SAMPLES for t in megatron} | {tags.ITERATION_TIME} <= set(
+        acc.Tags()["scalars"]
+    )
+    loss = acc.Scalars(tags.LOSS)
+    assert [e.step for e in loss] == list(range(1, A_ITERS + 1))
+    assert all(abs(e.value - r["loss"]) < 1e-5 for r, e in zip(records, loss, strict=True))
+    assert [e.step for e in acc.Scalars(tags.LOSS + tags.VS_SAMPLES)] == [
+        2 * i for i in range(1, A_ITERS + 1)
+    ]
+    lr = acc.Scalars(tags.LEARNING_RATE)
+    assert all(abs(e.value - r["lr"]) < 1e-9 for r, e in zip(records, lr, strict=True))
+    assert all(e.value > 0 for e in acc.Scalars(tags.TOKENS_PER_SECOND))
