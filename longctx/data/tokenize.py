@@ -54,6 +54,11 @@ if TYPE_CHECKING:  # megatron-core pulls in torch; tokenize_jsonl imports it whe
 
 BATCH_LINES = 256
 BATCH_BYTES = 1024 * 1024  # a few batches per worker even for small inputs: workers finish together
+# bounds per input: one JSONL line (a document; tokenizing one string costs ~150× its size in memory),
+# and what a gzip'd input may decompress to (text compresses < 20×; a bomb of blank lines ~1000×)
+MAX_LINE_BYTES = 16 << 20
+MAX_GZIP_RATIO = 50
+GZIP_RATIO_FLOOR = 4 << 20  # bytes decompressed before the ratio is judged
 
 # -- worker side ---------------------------------------------------------------------------------------
 _worker: dict[str, Any] = {}
@@ -164,9 +169,8 @@ class _HashingReader:
         self.raw = open(path, "rb")  # noqa: SIM115  # closed in close()
         self.sha = hashlib.sha256()
         self._hashing = _Tee(self.raw, self.sha)
-        self.stream: IO[bytes] = (
-            gzip.GzipFile(fileobj=self._hashing) if path.suffix == ".gz" else self._hashing
-        )  # type: ignore[assignment]
+        self.gzipped = path.suffix == ".gz"
+        self.stream: IO[bytes] = gzip.GzipFile(fileobj=self._hashing) if self.gzipped else self._hashing  # type: ignore[assignment]
 
     def position(self) -> int:
         return self.raw.tell()
@@ -202,7 +206,11 @@ def _batches(
     first = 1
     lineno = 0
     last_pos = 0
-    for lineno, line in enumerate(reader.stream, start=1):
+    out = 0
+    while line := reader.stream.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        out += len(line)
+        _check_bounds(path, reader, lineno, line, out)
         lines.append(line)
         size += len(line)
         if len(lines) >= BATCH_LINES or size >= BATCH_BYTES:
@@ -214,6 +222,24 @@ def _batches(
     if lines:
         yield (str(path), first, lines)
     advance(reader.position() - last_pos)
+
+
+def _check_bounds(path: Path, reader: _HashingReader, lineno: int, line: bytes, out: int) -> None:
+    """DatasetError for a line over MAX_LINE_BYTES, or a gzip'd input decompressing past its bound."""
+    if len(line) > MAX_LINE_BYTES:
+        raise DatasetError(
+            f"line {lineno} is longer than {MAX_LINE_BYTES >> 20} MiB; one document costs ~150× its size in "
+            "memory to tokenize",
+            where=f"{path}:{lineno}",
+            fix=f"split documents longer than {MAX_LINE_BYTES >> 20} MiB into several lines; nothing was written",
+        )
+    if reader.gzipped and out > GZIP_RATIO_FLOOR and out > MAX_GZIP_RATIO * max(1, reader.position()):
+        raise DatasetError(
+            f"{path.name} decompresses to more than {MAX_GZIP_RATIO}× its size ({out:,} bytes from "
+            f"{reader.position():,}); text compresses far less, so this is not a JSONL corpus (a gzip bomb?)",
+            where=str(path),
+            fix="check the file (zcat FILE | head); give the plain JSONL if it is real; nothing was written",
+        )
 
 
 def _start_pool(workers: int, job: _Job) -> ProcessPoolExecutor:

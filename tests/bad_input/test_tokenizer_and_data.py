@@ -171,3 +171,21 @@ def test_merges_not_utf8(gpt2_like_dir: Path, tmp_path: Path) -> None:
     merges = d / "merges.txt"
     merges.write_bytes(merges.read_bytes() + b"\xff \xfe\n")
     refused(["tokenizer", "fingerprint", d], [tmp_path], needle="merges.txt")
+
+
+def test_tokenize_a_line_beyond_the_bound(tok: Path, tmp_path: Path) -> None:
+    p = tmp_path / "long.jsonl"
+    p.write_bytes(b'{"text": "fine"}\n{"text": "' + b"a" * (17 << 20) + b'"}\n')
+    msg = refused(
+        ["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="line 2"
+    )
+    assert "MiB" in msg
+
+
+def test_tokenize_a_gzip_bomb_of_blank_lines(tok: Path, tmp_path: Path) -> None:
+    p = tmp_path / "blank.jsonl.gz"
+    p.write_bytes(gzip.compress(b'{"text": "a document"}\n' + b"\n" * (16 << 20)))
+    assert p.stat().st_size < 100_000
+    refused(
+        ["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="decompresses"
+    )
