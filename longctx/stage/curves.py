@@ -2,11 +2,11 @@
 
 Per stage, the first readable source wins: TensorBoard events in `tensorboard/` (Megatron-LM's and the
 local trainer's, read with TensorBoard's own reader, one file per launch), else the local trainer's
-`metrics.jsonl`, else the Megatron-LM logs the ledger names. Every series is placed on one x-axis,
-consumed tokens across the plan: a stage's tokens start where the stages before it end (their planned
-tokens). Launches come from the ledger: where each started (first launch, resume) and how it ended
-(done, signal, stopped early, failed). Unreadable input is reported by file and skipped, so what is
-readable is still drawn.
+`metrics.jsonl`, else the launch logs the ledger names (Megatron-LM's or the local trainer's lines).
+Every series is placed on one x-axis, consumed tokens across the plan: a stage's tokens start where
+the stages before it end (their planned tokens). Launches come from the ledger: where each started
+(first launch, resume) and how it ended (done, signal, stopped early, failed). Unreadable input is
+reported by file and skipped, so what is readable is still drawn.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ from longctx.train import event_tags as tags
 _MEGATRON_LINE = re.compile(
     r"iteration\s+(?P<it>\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|"
     r".*?learning rate: (?P<lr>[-+.\dEe]+) \|.*?lm loss: (?P<loss>[-+.\dEe]+) \|"
+)
+# the local trainer's log line (longctx.train.loop, every log_interval)
+_LOCAL_LINE = re.compile(
+    r"\[longctx\] \S+ iteration (?P<it>\d+)/\d+ loss (?P<loss>[-+.\dEe]+|nan) lr (?P<lr>[-+.\dEe]+) "
+    r"grad-norm \S+ tokens/s (?P<tps>[\d,.]+)"
 )
 _SIGNAL_IN_LOG = re.compile(r"exiting program after receiving SIG|exiting after iteration \d+ \(signal\)")
 
@@ -187,12 +192,18 @@ def _from_logs(curve: StageCurve, logs: list[Path], problems: list[str]) -> bool
         if not log.is_file():
             problems.append(f"{log}: the ledger names this log but it is missing")
             continue
-        for m in _MEGATRON_LINE.finditer(log.read_text(encoding="utf-8", errors="replace")):
+        text = log.read_text(encoding="utf-8", errors="replace")
+        for m in _MEGATRON_LINE.finditer(text):
             it, x = int(m["it"]), curve.tokens_at(int(m["it"]))
             curve.loss.append([it, x, float(m["loss"])])
             curve.lr.append([it, x, float(m["lr"])])
             if float(m["ms"]) > 0:
                 curve.tokens_per_s.append([it, x, curve.tokens_per_iteration / (float(m["ms"]) / 1000)])
+        for m in _LOCAL_LINE.finditer(text):
+            it, x = int(m["it"]), curve.tokens_at(int(m["it"]))
+            curve.loss.append([it, x, float(m["loss"])])
+            curve.lr.append([it, x, float(m["lr"])])
+            curve.tokens_per_s.append([it, x, float(m["tps"].replace(",", ""))])
     return bool(curve.loss)
 
 
@@ -284,3 +295,6 @@ def _read_stage(
                 series.sort(key=lambda p: (p[0],))
             return
     c.loss, c.lr, c.tokens_per_s, c.validation = [], [], [], []
+    if logs:  # launched, yet no curve: say where it looked
+        problems.append(f"{root}: stage {st.name} was launched but neither tensorboard/, metrics.jsonl nor its "
+                        "logs hold a readable loss")  # fmt: skip

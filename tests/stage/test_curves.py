@@ -109,6 +109,10 @@ def test_bad_input_is_named_and_the_rest_is_drawn(local_run: Path, tmp_path: Pat
     text = "\n".join(curves.problems)
     assert "events.out.tfevents.0.foreign" in text and "records of another stage or run" in text
     assert f"{second}: truncated" in text
+    # no events and no metrics: the launch logs the ledger names
+    (run / "stages" / "b" / "metrics.jsonl").unlink()
+    b = read_plan_curves(resolve_plan(load_plan(plan))).stages[1]
+    assert b.source == "logs" and [p[0] for p in b.loss] == [1, 2] and all(p[2] > 0 for p in b.tokens_per_s)
 
     # nothing readable at all: exit 2, one JSON document naming the run directory
     empty = _plan(
