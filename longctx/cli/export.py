@@ -28,6 +28,7 @@ app = typer.Typer(
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+MAX_SHARD_BYTES = 10**15  # beyond any file system's file
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
 
@@ -36,6 +37,12 @@ def parse_bytes(text: str) -> int:
     """'5GB' (decimal, as transformers spells shard sizes), '2GiB', '500MB', '1000000' → bytes."""
     m = _SIZE.match(text)
     value = float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()] if m else 0.0
+    if not value < MAX_SHARD_BYTES:  # inf and NaN too: float() of 400 nines is inf
+        raise ExportError(
+            f"--max-shard-size {text[:40]!r} is beyond any shard ({MAX_SHARD_BYTES // 10**12} TB at most)",
+            where="--max-shard-size",
+            fix="give a size such as 5GB, 2GiB or 500MB",
+        )
     if value < 1:
         raise ExportError(
             f"--max-shard-size {text!r} is not a size of at least one byte",

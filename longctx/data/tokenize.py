@@ -96,7 +96,10 @@ def _encode_batch_safe(
 def _sentences(raw: bytes, key: str, source: str, lineno: int) -> list[str]:
     try:
         obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except RecursionError:
+        raise DatasetError(f"line {lineno} nests JSON deeper than Python's parser goes", where=f"{source}:{lineno}",
+                           fix="every line of a JSONL input must be one flat JSON object") from None  # fmt: skip
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise DatasetError(
             f"line {lineno} is not valid JSON ({err})",
             where=f"{source}:{lineno}",
@@ -110,15 +113,28 @@ def _sentences(raw: bytes, key: str, source: str, lineno: int) -> list[str]:
             fix=f"choose the text field with --json-key (found: {found})",
         )
     text = obj[key]
-    if isinstance(text, str):
-        return [text]
-    if isinstance(text, list) and all(isinstance(t, str) for t in text):
-        return text  # Megatron: one sequence per string
+    texts = [text] if isinstance(text, str) else text
+    if isinstance(texts, list) and all(isinstance(t, str) for t in texts):
+        for t in texts:
+            _require_encodable(t, source, lineno)
+        return texts  # Megatron: one sequence per string
     raise DatasetError(
         f"line {lineno}: field {key!r} is {type(text).__name__}, not text (or a list of texts)",
         where=f"{source}:{lineno}",
         fix=f"make {key!r} a string on every line, or name the text field with --json-key",
     )
+
+
+def _require_encodable(text: str, source: str, lineno: int) -> None:
+    """JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer (nor UTF-8) can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DatasetError(
+            f"line {lineno} holds a lone surrogate ({text[err.start]!r} at character {err.start}), which is not text",
+            where=f"{source}:{lineno}",
+            fix="write characters outside the BMP as one character or a surrogate pair (\\ud83d\\ude00), not half",
+        ) from None
 
 
 def _encode_batch(batch: tuple[str, int, list[bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:

@@ -45,6 +45,15 @@ def check_family_args(plan_args: list[str], obj: Objective, where: str, findings
             findings.error("family-args", f"family_args word {word!r}: {err}", where=where,
                            fix=f"write placeholders as {{name}} (one of {known}) and literal braces as {{{{ }}}}")  # fmt: skip
             continue
+        try:  # a conversion (`!z`) or a nested field in a format spec (`{x:{nope}}`) fails only here
+            word.format_map(dict.fromkeys(PLACEHOLDERS, 1))
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as err:
+            if all(n in PLACEHOLDERS for n in names):
+                findings.error("family-args", f"family_args word {word!r} cannot be filled in "
+                               f"({type(err).__name__}: {err})", where=where,
+                               fix=f"write placeholders as plain {{name}} (one of {known}), without conversions "
+                               "or format specs")  # fmt: skip
+                continue
         for name in names:
             if name not in PLACEHOLDERS:
                 findings.error("family-args", f"family_args word {word!r} asks for {{{name}}}, which the plan "
