@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longctx.errors import OutputError, TokenizerError
-from longctx.tokenizer.encoding import EncodingFingerprint
+from longctx.tokenizer.encoding import EncodingFingerprint, behaviour_digest
 from longctx.tokenizer.load import MD5_OF, Kind
 from longctx.tokenizer.padding import DEFAULT_DIVISIBLE_BY
 from longctx.util.confine import is_within
@@ -65,7 +65,22 @@ class TokenizerManifest(BaseModel):
                     raise ValueError(f"{table}: {token!r} has id {idx}, outside 0..{self.vocab_size - 1}")
         if self.eod_id >= self.vocab_size:
             raise ValueError(f"eod_id {self.eod_id} is not below vocab_size {self.vocab_size}")
+        if self.encoding is not None:
+            _check_encoding_digest(self.encoding)
         return self
+
+
+def _check_encoding_digest(enc: EncodingFingerprint) -> None:
+    """[encoding]'s digest is computed from its fields: an edited field (or digest) no longer matches, and
+    comparisons by digest alone would trust fields nobody measured."""
+    digest = behaviour_digest(enc.probe_ids, enc.probe_ids_with_special_tokens, vocab_size=enc.vocab_size,
+                              eod_id=enc.eod_id, bos_id=enc.bos_id)  # fmt: skip
+    if digest != enc.digest:
+        raise ValueError(
+            f"[encoding] digest {enc.digest[:16]}… is not the digest of its own fields ({digest[:16]}…): the "
+            "probe ids, vocab_size, eod_id or bos_id were edited; write the manifest again with "
+            "`longctx tokenizer fingerprint`"
+        )
 
 
 def load_manifest(path: str | os.PathLike[str]) -> TokenizerManifest:

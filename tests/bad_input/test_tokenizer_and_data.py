@@ -189,3 +189,20 @@ def test_tokenize_a_gzip_bomb_of_blank_lines(tok: Path, tmp_path: Path) -> None:
     refused(
         ["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path], needle="decompresses"
     )
+
+
+def test_a_manifest_whose_encoding_fields_do_not_match_its_digest(tok: Path, tmp_path: Path) -> None:
+    from longctx.tokenizer import fingerprint, load_tokenizer, write_manifest
+
+    manifest = fingerprint(tok, name="t")
+    enc = manifest.encoding or load_tokenizer(tok).encoding_fingerprint()
+    good = tmp_path / "good.toml"
+    write_manifest(manifest.model_copy(update={"encoding": enc}), good)
+    text = good.read_text()
+    at = text.index("[encoding]")  # only the [encoding] table is edited; its digest stays
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text[:at] + text[at:].replace(f"eod_id = {enc.eod_id}", f"eod_id = {enc.eod_id + 1}"))
+    assert bad.read_text() != text
+    refused(
+        ["tokenizer", "check", tok, "--manifest", bad], [tmp_path], needle="not the digest of its own fields"
+    )
