@@ -27,6 +27,7 @@ from longctx.checkpoint.metadata import (
     read_common_state,
     read_dcp_index,
 )
+from longctx.checkpoint.shapes import check_shapes
 from longctx.checkpoint.tree import Tree, join, open_tree
 from longctx.megatron_versions import common_state_releases
 from longctx.report import Findings, to_jsonable
@@ -199,6 +200,7 @@ def inspect_resolved(
         findings.error("incomplete", f"the checkpoint is incomplete: {status.reason}", where=resolved.where)
     backend = _checked_backend(tree, rel, findings)
     index = read_dcp_index(tree, rel, stub_megatron=stub_megatron)
+    check_shapes(index, resolved.where)
     common = read_common_state(tree, rel, index, stub_megatron=stub_megatron)
     state = common.state or {}
     args = args_dict(state)

@@ -38,6 +38,7 @@ from longctx.checkpoint.layout import (
     resolve_in_tree,
 )
 from longctx.checkpoint.metadata import DcpIndex, args_dict, read_backend, read_common_state, read_dcp_index
+from longctx.checkpoint.shapes import check_shapes
 from longctx.checkpoint.tree import TarTree, Tree, join, open_tree
 from longctx.errors import CheckpointError
 from longctx.report import Findings, to_jsonable
@@ -173,6 +174,7 @@ def verify_resolved(
         _error_from(findings, "metadata-json", err)
     try:
         index = read_dcp_index(tree, rel, stub_megatron=stub_megatron)
+        check_shapes(index, tree.where(join(rel, ".metadata")))
     except CheckpointError as err:
         _error_from(findings, "dcp-metadata", err)
         return 0, 0, None, None

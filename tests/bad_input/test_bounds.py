@@ -77,3 +77,21 @@ def test_a_pickle_repeating_calls_under_the_cap_is_refused(flat_snapshot: Path, 
     (ck / ".metadata").write_bytes(data)
     msg = refused(["ckpt", "check", ck], [tmp_path], needle="refus")
     assert "in all" in " ".join(msg.split())
+
+
+@pytest.mark.parametrize("shape", [(10**12, 64), (-4, 64)], ids=["10^12-rows", "negative"])
+@pytest.mark.parametrize("command", ["check", "inspect"])
+def test_an_index_with_an_impossible_shape_is_refused(
+    shape: tuple[int, int], command: str, flat_snapshot: Path, tmp_path: Path
+) -> None:
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    ck = tmp_path / "ck"
+    shutil.copytree(flat_snapshot, ck)
+    meta = pickle.loads((ck / ".metadata").read_bytes())
+    key = next(k for k, v in meta.state_dict_metadata.items()
+               if isinstance(v, TensorStorageMetadata) and "word_embeddings" in k)  # fmt: skip
+    meta.state_dict_metadata[key].size = torch.Size(shape)
+    (ck / ".metadata").write_bytes(pickle.dumps(meta))
+    msg = " ".join(refused(["ckpt", command, ck], [tmp_path], needle="no model has it").split())
+    assert key in msg
