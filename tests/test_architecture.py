@@ -12,8 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "longctx"
 
-# The shared vocabulary every folder may use: errors, findings, the architecture type, small utilities.
-FOUNDATION = {"errors", "report", "arch", "objective", "util", "__init__"}
+# The shared vocabulary every folder may use: errors, findings, the architecture type, small utilities,
+# and the table of what each Megatron-LM release adds, removes or redefines (argv, tokenizer, RoPE and
+# checkpoint readers all consult it).
+FOUNDATION = {"errors", "report", "arch", "objective", "util", "megatron_versions", "__init__"}
 
 # folder → the folders it may import (besides itself and FOUNDATION). Lower layers first.
 ALLOWED: dict[str, set[str]] = {
@@ -33,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "slurm": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "stage"},
     "bench": {"tokenizer", "rope", "attention", "diffusion", "data", "checkpoint", "mcore", "plan", "train"},
     "demo": {"tokenizer", "data", "checkpoint", "plan", "launch", "train", "eval", "stage"},
-    "export": {"tokenizer", "checkpoint", "plan"},
+    "export": {"tokenizer", "rope", "checkpoint", "plan"},
     "cli": {"*"},
     "__main__": {"*"},  # `python -m longctx`: the CLI
 }
