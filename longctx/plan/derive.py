@@ -19,7 +19,13 @@ from longctx.objective import Objective
 from longctx.plan import memory, paths
 from longctx.plan.entry import check_family_args
 from longctx.plan.flags import check_user_flags
-from longctx.plan.objective import check_against_base, check_vocab_rows, resolve_objective, vocab_rows
+from longctx.plan.objective import (
+    check_against_base,
+    check_schedule,
+    check_vocab_rows,
+    resolve_objective,
+    vocab_rows,
+)
 from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
 from longctx.report import Findings
 from longctx.rope import choose_base
@@ -274,6 +280,7 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
     vocab, divisible_by = _tokenizer_vocab(plan, findings)
     arch = _arch(plan, vocab, findings)
     objective = resolve_objective(plan.objective, vocab)
+    check_schedule(plan.objective, _where(plan, field="objective"), findings)
     check_family_args(list(plan.megatron.family_args), objective, _where(plan, field="megatron.family_args"),
                       findings)  # fmt: skip
     stages: list[ResolvedStage] = []

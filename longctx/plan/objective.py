@@ -135,3 +135,22 @@ def _check_rows(family: FamilyReport, rows: tuple[int, int | None], where: str, 
 
 
 __all__ = ["check_against_base", "check_vocab_rows", "resolve_objective", "vocab_rows"]
+
+
+# the noise schedule's knobs keep the ELBO's endpoints finite; past these they decide the loss instead
+MAX_T_MIN = 0.1
+MAX_EPS = 0.1
+
+
+def check_schedule(obj: Objective, where: str, findings: Findings) -> None:
+    """A diffusion schedule whose t_min or eps leaves most noise levels untrained is an error."""
+    if obj.kind == "ar":
+        return
+    if obj.t_min is not None and obj.t_min > MAX_T_MIN:
+        findings.error("diffusion-schedule", f"objective.t_min {obj.t_min} trains only noise levels t ≥ {obj.t_min}: "
+                       "the model never learns to denoise lightly masked text", where=where,
+                       fix=f"keep t_min at most {MAX_T_MIN} (default: 1e-6 for mdm, 1e-3 for udm)")  # fmt: skip
+    if obj.eps > MAX_EPS:
+        findings.error("diffusion-schedule", f"objective.eps {obj.eps} keeps α_1 = {obj.eps}: at full noise that "
+                       "share of tokens stays clean, so the prior the sampler starts from is not the one trained",
+                       where=where, fix=f"keep eps at most {MAX_EPS} (default 1e-3)")  # fmt: skip

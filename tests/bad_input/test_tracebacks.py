@@ -47,3 +47,11 @@ def test_tokenize_lines_that_are_not_text(case: str, tok: Path, tmp_path: Path) 
 def test_export_a_shard_size_beyond_any_file(size: str, tmp_path: Path) -> None:
     refused(["export", "hf", tmp_path, "--plan", "p.toml", "--max-shard-size", size, "--out", tmp_path / "o"],
             [tmp_path], needle="--max-shard-size")  # fmt: skip
+
+
+@pytest.mark.parametrize("knob", ["t_min = 0.9", "eps = 0.99"])
+def test_an_absurd_diffusion_schedule_is_refused(knob: str, fresh_run: Path, tmp_path: Path) -> None:
+    extra = f'[objective]\nkind = "udm"\nschedule = "log-linear"\n{knob}\n'
+    plan = write_plan(tmp_path / "plan.toml", fresh_run, extra=extra)
+    msg = refused(["plan", "check", plan], [fresh_run, tmp_path], needle="objective.")
+    assert knob.split()[0] in msg
