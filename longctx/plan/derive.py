@@ -17,7 +17,7 @@ from longctx.checkpoint.family import FamilyReport
 from longctx.errors import LongctxError, PlanError
 from longctx.objective import Objective
 from longctx.plan import memory, paths
-from longctx.plan.entry import check_family_args
+from longctx.plan.entry import check_entry_script, check_family_args
 from longctx.plan.flags import check_user_flags
 from longctx.plan.objective import (
     check_against_base,
@@ -281,6 +281,7 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
     arch = _arch(plan, vocab, findings)
     objective = resolve_objective(plan.objective, vocab)
     check_schedule(plan.objective, _where(plan, field="objective"), findings)
+    check_entry_script(plan.megatron.entry_script, _where(plan, field="megatron.entry_script"), findings)
     check_family_args(list(plan.megatron.family_args), objective, _where(plan, field="megatron.family_args"),
                       findings)  # fmt: skip
     stages: list[ResolvedStage] = []

@@ -88,3 +88,17 @@ def trains_objective(entry_script: str, family_args: list[str], obj: Objective) 
     """Whether the launch can train `obj`: upstream pretrain_gpt.py only the autoregressive loss; a fork's
     entry script (or pretrain_gpt.py of a fork that takes its own flags) the objective it was written for."""
     return obj.kind == "ar" or PurePath(entry_script).name != UPSTREAM_SCRIPT or bool(family_args)
+
+
+def check_entry_script(entry_script: str, where: str, findings: Findings) -> None:
+    """A note when the script lies outside the Megatron-LM checkout (absolute, or climbing out with ..):
+    it runs as the launch's code, but nothing of the checkout's version checks speaks for it."""
+    p = PurePath(entry_script)
+    if p.is_absolute() or ".." in p.parts:
+        findings.warning(
+            "entry-script-outside",
+            f"entry_script {entry_script!r} lies outside the Megatron-LM checkout: every launch runs it, but "
+            "the checkout's version (and the preflight of its flags) says nothing about it",
+            where=where,
+            fix="put the fork's script in its checkout and name it relative to it, or keep it and review it",
+        )

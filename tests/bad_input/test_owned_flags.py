@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from longctx.cli.main import app
 from longctx.plan.flags import OWNED_FLAGS
-from tests.bad_input.harness import refused
+from tests.bad_input.harness import _findings, refused, runner
 from tests.fixtures.run import write_plan
 
 LISTS = {
@@ -55,3 +57,16 @@ def test_every_owned_flag_names_a_field() -> None:
     for flag in ("--rotary-base", "--seq-length", "--save", "--load", "--context-parallel-size", "--data-path",
                  "--tokenizer-type", "--train-iters", "--max-position-embeddings"):  # fmt: skip
         assert flag in OWNED_FLAGS
+
+
+@pytest.mark.parametrize("script", ["/tmp/anything.py", "../elsewhere/pretrain_gpt.py"])
+def test_an_entry_script_outside_the_checkout_gets_a_note(
+    script: str, fresh_run: Path, tmp_path: Path
+) -> None:
+    plan = write_plan(tmp_path / "plan.toml", fresh_run, extra=f'[megatron]\nentry_script = "{script}"\n')
+    res = runner.invoke(app, ["plan", "check", str(plan), "--json"])
+    doc = json.loads(res.stdout)
+    notes = [
+        f for f in _findings(doc) if f.get("check") == "entry-script-outside" or "entry-script" in str(f)
+    ]
+    assert notes and "outside the Megatron-LM checkout" in str(notes[0]), doc
