@@ -10,12 +10,17 @@ term (length, layers, hidden, GQA, TP, CP, recompute, micro batch) holds; nothin
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
 import platform
 import statistics
+import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,6 +66,15 @@ QUICK: tuple[StepCase, ...] = (
     StepCase("seq 1K", 1024),
     StepCase("CP 2, 2K", 2048, cp=2),
 )
+
+# one GPU: bf16 CP 1 only, what the GPU memory model describes (a CP 2 case needs a second GPU)
+GPU_CP1: tuple[StepCase, ...] = (
+    StepCase("bf16, 2K", 2048, bf16=True),
+    StepCase("bf16, 8K", 8192, bf16=True),
+    StepCase("bf16 GQA 8/2, 8K", 8192, groups=2, bf16=True),
+    StepCase("bf16 selective recompute, 8K", 8192, recompute="selective", bf16=True),
+)
+CASES = {"full": GRID, "quick": QUICK, "gpu": GPU_CP1}
 
 
 def device_model(case: StepCase, device: str) -> DeviceModel:
@@ -116,20 +130,21 @@ class MemoryReport:
             "tolerance": self.tolerance,
             "worst_deviation": self.worst,
             "within_tolerance": sum(r.within for r in self.rows),
-            "rows": [
-                {
-                    "case": asdict(r.case),
-                    "predicted": r.predicted,
-                    "predicted_bytes": r.predicted_bytes,
-                    "measured_bytes": r.measured_bytes,
-                    "ratio": r.ratio,
-                    "within": r.within,
-                    "seconds_per_iteration": r.seconds_per_iteration,
-                    "ranks": [asdict(m) for m in r.ranks],
-                }
-                for r in self.rows
-            ],
+            "rows": [row_dict(r) for r in self.rows],
         }
+
+
+def row_dict(r: MemoryRow) -> dict[str, Any]:
+    return {
+        "case": asdict(r.case),
+        "predicted": r.predicted,
+        "predicted_bytes": r.predicted_bytes,
+        "measured_bytes": r.measured_bytes,
+        "ratio": r.ratio,
+        "within": r.within,
+        "seconds_per_iteration": r.seconds_per_iteration,
+        "ranks": [asdict(m) for m in r.ranks],
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -143,6 +158,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def measure_case(case: StepCase, iterations: int, threads: int) -> MemoryRow:
+    ranks = measure_steps(case, iterations=iterations, threads=threads)
+    est = predict(case, ranks[0].device)
+    measured = max(m.steady_peak for m in ranks)
+    seconds = statistics.median(t for m in ranks for t in m.times_s[1:] or m.times_s)
+    parts = {k: getattr(est, k) for k in est.PARTS}
+    return MemoryRow(case, parts, est.total, measured, measured / est.total, seconds, ranks)
+
+
 def run_memory_bench(
     cases: tuple[StepCase, ...] = GRID,
     *,
@@ -154,14 +178,40 @@ def run_memory_bench(
     rows: list[MemoryRow] = []
     device = "cpu"
     for case in cases:
-        ranks = measure_steps(case, iterations=iterations, threads=threads)
-        device = ranks[0].device
-        est = predict(case, device)
-        measured = max(m.steady_peak for m in ranks)
-        seconds = statistics.median(t for m in ranks for t in m.times_s[1:] or m.times_s)
-        parts = {k: getattr(est, k) for k in est.PARTS}
-        rows.append(MemoryRow(case, parts, est.total, measured, measured / est.total, seconds, ranks))
+        rows.append(measure_case(case, iterations, threads))
+        device = rows[-1].ranks[0].device
         if advance:
             advance()
     model = device_model(cases[0], device).name if cases else ""
     return MemoryReport(device=device, device_model=model, machine=machine(), rows=rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m longctx.bench.memory --cases gpu --jsonl FILE`: each case measured and appended to FILE
+    as one JSON line the moment it ends; a case that fails is a line with its error, and the next runs.
+    Exits 1 when a case failed."""
+    p = argparse.ArgumentParser(prog="python -m longctx.bench.memory")
+    p.add_argument("--cases", choices=sorted(CASES), default="gpu")
+    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--jsonl", type=Path, required=True)
+    ns = p.parse_args(argv)
+    failed = 0
+    for case in CASES[ns.cases]:
+        try:
+            record = {"ok": True, **row_dict(measure_case(case, ns.iterations, ns.threads))}
+        except Exception as err:  # the case is a row with its cause; the others still run
+            failed += 1
+            record = {"ok": False, "case": asdict(case), "error": f"{type(err).__name__}: {err}",
+                      "traceback": traceback.format_exc(limit=4)}  # fmt: skip
+        with open(ns.jsonl, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        print(
+            f"{case.name}: " + (f"ratio {record['ratio']:.3f}" if record["ok"] else record["error"]),
+            flush=True,
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
