@@ -33,8 +33,20 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"tokenizer", "attention", "diffusion", "data", "checkpoint", "mcore", "plan"},
     "stage": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "train", "eval"},
     "slurm": {"tokenizer", "rope", "data", "checkpoint", "plan", "launch", "stage"},
-    "bench": {"tokenizer", "rope", "attention", "diffusion", "data", "checkpoint", "mcore", "plan", "train"},
-    "demo": {"tokenizer", "data", "checkpoint", "plan", "launch", "train", "eval", "stage"},
+    # entry points: bench launches worker processes (the device run), the demo picks the devices it trains on
+    "bench": {
+        "tokenizer",
+        "rope",
+        "attention",
+        "diffusion",
+        "data",
+        "checkpoint",
+        "mcore",
+        "plan",
+        "train",
+        "launch",
+    },
+    "demo": {"tokenizer", "data", "checkpoint", "mcore", "plan", "launch", "train", "eval", "stage"},
     "export": {"tokenizer", "rope", "checkpoint", "plan"},
     "cli": {"*"},
     "__main__": {"*"},  # `python -m longctx`: the CLI

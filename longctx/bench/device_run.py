@@ -6,7 +6,7 @@ fp32 masters. Two launches of one stage through the
 launcher the stage runner uses: the first stops at the exit interval (after its save), the second
 resumes there and finishes; the loss must fall.
 
-    python -m longctx.train.device_run --work DIR [--device cuda|cpu] [--iterations N]
+    python -m longctx.bench.device_run --work DIR [--device cuda|cpu] [--iterations N]
 
 Prints one JSON document (`ok`, `checks`: one row per launch and the loss check, `losses`) and exits
 1 when a check fails, 2 when the inputs cannot be built.
@@ -108,7 +108,7 @@ def _losses(metrics: Path) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m longctx.train.device_run", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m longctx.bench.device_run", description=__doc__.split("\n")[0])
     p.add_argument("--work", type=Path, required=True, help="an empty or new directory for the run")
     p.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu"
