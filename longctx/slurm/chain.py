@@ -26,12 +26,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from longctx.errors import SlurmError
+from longctx.errors import SlurmError, StageError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
 from longctx.slurm.render import Rendered, eval_script_name, log_dir
 from longctx.slurm.settings import JobSettings
 from longctx.stage import ledger
+from longctx.stage.lock import Holder, read_holder, stale_reason
 from longctx.stage.state import StageState, next_step, plan_state
 
 SPARE_FRACTION = 0.10
@@ -271,13 +272,31 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
                                     "script": str(script)})  # fmt: skip
             evals[stage] = jid
 
-    why = chain_stop_reason(step.action, step.reason, ledger.read(run_dir), job=job, exit_code=exit_code)
+    why = chain_stop_reason(step.action, step.reason, ledger.read(run_dir), job=job, exit_code=exit_code,
+                            lock_holder=_live_holder(run_dir, job))  # fmt: skip
     cancelled = cancel_behind(rp, reason=why) if why else []
     return JobEnd(job, exit_code, progress, step.action, step.stage, step.reason, cancelled, evals)
 
 
+def _live_holder(run_dir: Path, job: str | None) -> Holder | None:
+    """Another launch that holds the run directory's lock now (None: unlocked, stale, or this job)."""
+    try:
+        holder = read_holder(run_dir)
+    except StageError:
+        return None  # a damaged lock: the next `stage run` names it
+    if holder is None or stale_reason(holder) is not None or (job is not None and holder.job_id == job):
+        return None
+    return holder
+
+
 def chain_stop_reason(
-    action: str, reason: str, records: list[dict[str, Any]], *, job: str | None, exit_code: int
+    action: str,
+    reason: str,
+    records: list[dict[str, Any]],
+    *,
+    job: str | None,
+    exit_code: int,
+    lock_holder: Holder | None = None,
 ) -> str | None:
     """Why the chain's queued jobs must be cancelled after this job (None: let the next job run).
 
@@ -286,7 +305,9 @@ def chain_stop_reason(
       "Unable to load rng state", --exit-on-missing-checkpoint, …): the next job would decide the same
       step from the same disk and repeat it, so it is stopped at once;
     - this job launched nothing and exited REFUSED (2): a check refused the launch (an edited schedule,
-      a preflight, a changed tokenizer …), which the next job would refuse the same way;
+      a preflight, a changed tokenizer …), which the next job would refuse the same way — unless another
+      launch holds the run directory's lock (`lock_holder`: a second chain, a manual run): that one is
+      training, so this job ends and neither it nor the jobs queued behind are cancelled;
     - FAILURE_STREAK jobs in a row failed without progress (a failure that may be transient — a node, the
       file system — gets retried that often)."""
     if action == "all-done":
@@ -303,7 +324,7 @@ def chain_stop_reason(
     launched = any(
         r.get("event") == "launch" and job is not None and str(r.get("job_id")) == job for r in records
     )
-    if job is not None and exit_code == REFUSED and not launched:
+    if job is not None and exit_code == REFUSED and not launched and lock_holder is None:
         return "the stage's launch was refused before it started (see this job's log) and every next job would be"
     streak = _failure_streak(records)
     if streak >= FAILURE_STREAK:

@@ -17,6 +17,7 @@ from longctx.cli.main import app
 from longctx.errors import StageError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
+from longctx.slurm import chain, commands
 from longctx.stage import ledger
 from longctx.stage.lock import lock_path, read_holder, run_lock
 from longctx.stage.run import LaunchPlan, execute, prepare_launch
@@ -73,6 +74,33 @@ def test_a_second_launcher_is_refused_and_changes_nothing(
     assert (lock["pid"], lock["job_id"], lock["stale"]) == (live_pid, "4242", None)
     text = runner.invoke(app, ["stage", "status", str(plan)]).output
     assert f"locked by pid {live_pid}" in " ".join(text.split())
+
+
+def test_a_chain_job_refused_by_the_lock_cancels_nothing(
+    fresh_run: Path, tmp_path: Path, live_pid: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second chain's job meets the first chain's live job holding the run: its `stage run` is refused,
+    and its job end must not cancel the chains' jobs (the holder among them) as a plain refusal would."""
+    plan = write_plan(tmp_path / "plan.toml", fresh_run)
+    _holder(fresh_run, live_pid, job="101")
+    for jid in ("101", "102", "201", "202"):
+        ledger.append(fresh_run, {"event": "submit", "kind": "chain", "slurm_job_id": jid})
+    monkeypatch.setenv("SLURM_JOB_ID", "201")
+    r = runner.invoke(app, ["stage", "run", str(plan)])
+    assert r.exit_code == 2 and "locked by another launch" in r.output
+    cancelled: list[list[str]] = []
+    monkeypatch.setattr(commands, "active_jobs", lambda ids: set(ids))
+    monkeypatch.setattr(commands, "cancel_jobs", lambda ids: cancelled.append(list(ids)))
+    out = chain.job_end(resolve_plan(load_plan(plan)), r.exit_code)
+    assert out.cancelled == [] and cancelled == []
+    # the same refusal without a live holder is a check that every next job would meet: the chain stops
+    lock_path(fresh_run).unlink()
+    out = chain.job_end(resolve_plan(load_plan(plan)), 2)
+    assert out.cancelled
+    assert (
+        "refused before it started"
+        in [x for x in ledger.read(fresh_run) if x["event"] == "chain-cancel"][-1]["reason"]
+    )
 
 
 def test_a_holder_on_another_host_is_named_not_guessed(fresh_run: Path, tmp_path: Path) -> None:

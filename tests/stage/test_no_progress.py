@@ -17,6 +17,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm import chain, commands
 from longctx.stage import ledger
+from longctx.stage.lock import Holder
 from longctx.stage.run import LaunchOutcome, no_progress_message, relevant_log_lines, schedule_for
 from longctx.stage.until_done import UntilDone, after_step
 from tests.fixtures.run import BASE_ITERS, stamp_schedule, write_plan
@@ -157,3 +158,7 @@ def test_chain_stop_reason() -> None:
     assert "refused before it started" in (why([], code=2) or "")
     assert why([{"event": "launch", "job_id": "7"}, end("7", 2, 2, 2, None)], code=2) is None  # it launched
     assert why([], job=None, code=2) is None
+    # refused because another launch holds the run (a second chain, a manual run): that one trains, so
+    # nothing is cancelled, its own job included
+    holder = Holder("node1", 4242, "5", "2026-12-04T10:00:00+00:00", "s1")
+    assert chain.chain_stop_reason("resume", "x", [], job="7", exit_code=2, lock_holder=holder) is None
