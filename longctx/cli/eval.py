@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,7 @@ import typer
 
 from longctx.cli._common import cli_errors, parse_int_list, print_json
 from longctx.cli._params import PLAN_HELP, Json, RunDir
+from longctx.errors import EvalError
 
 app = typer.Typer(
     help=(
@@ -125,9 +127,17 @@ def _resolved(plan: Path, run_dir: Path | None):
 
 
 def _cp(cp: int | None) -> int:
-    import os
-
-    return cp if cp is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    """--cp, else the launcher's WORLD_SIZE (torchrun / srun set it), else 1."""
+    if cp is not None:
+        return cp
+    raw = os.environ.get("WORLD_SIZE", "1")
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise EvalError(
+            f"WORLD_SIZE is {raw!r}, not a positive number of ranks",
+            where="the WORLD_SIZE environment variable",
+            fix="unset it for one process, or launch `eval run` with torchrun/srun (which set it), or pass --cp N",
+        )
+    return int(raw)
 
 
 def _threads(n: int | None) -> None:
@@ -203,10 +213,11 @@ def run(
         depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size, packed_windows
     )
     _threads(threads)
+    ranks = _cp(cp)  # a bad WORLD_SIZE is refused before anything is loaded
     rp = _resolved(plan, run_dir)
     report = evaluate_path(
         rp, checkpoint, stage=stage, lengths=parse_int_list(lengths), settings=settings, rotary_base=rotary_base,
-        extrapolate=extrapolate, base_reference=base_ref, data=data or None, out_dir=out, cp=_cp(cp),
+        extrapolate=extrapolate, base_reference=base_ref, data=data or None, out_dir=out, cp=ranks,
         use_cache=not no_cache,
     )  # fmt: skip
     _show(report, json_out)

@@ -55,3 +55,13 @@ def test_an_absurd_diffusion_schedule_is_refused(knob: str, fresh_run: Path, tmp
     plan = write_plan(tmp_path / "plan.toml", fresh_run, extra=extra)
     msg = refused(["plan", "check", plan], [fresh_run, tmp_path], needle="objective.")
     assert knob.split()[0] in msg
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+def test_eval_run_with_a_world_size_that_is_not_a_rank_count(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", value)
+    refused(
+        ["eval", "run", tmp_path / "ckpt", "--plan", tmp_path / "p.toml"], [tmp_path], needle="WORLD_SIZE"
+    )
