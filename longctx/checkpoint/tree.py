@@ -164,8 +164,12 @@ class DirTree(Tree):
         try:
             with os.scandir(self.path(rel)) as it:
                 for e in it:
+                    if (
+                        e.is_symlink()
+                    ):  # followed, as the Hub cache needs, but only to files of the checkpoint
+                        self._confine(f"{rel}/{e.name}" if rel else e.name, Path(e.path))
                     try:
-                        if e.is_file():  # follows symlinks, as the Hub cache needs
+                        if e.is_file():
                             out[e.name] = e.stat().st_size
                     except OSError:
                         continue

@@ -39,6 +39,16 @@ def test_adopt_refuses_a_file_link_out_of_the_snapshot(snapshot: Path, outside: 
     assert "notes.txt" in msg and not (tmp_path / "into").exists()
 
 
+def test_check_refuses_a_shard_linked_out_of_the_checkpoint(snapshot: Path, outside: Path) -> None:
+    """Without --deep no shard is read, but its size is: a link out of the checkpoint is refused, not
+    measured (a shard must be a file of the checkpoint, or of a Hub snapshot's blobs/)."""
+    shard = sorted(snapshot.glob("*.distcp"))[0]
+    shutil.move(shard, outside / shard.name)
+    shard.symlink_to(outside / shard.name)
+    msg = refused(["ckpt", "check", snapshot], [snapshot, outside], needle="outside the checkpoint")
+    assert shard.name in msg
+
+
 def test_adopt_refuses_a_directory_link_out_of_the_snapshot(
     snapshot: Path, outside: Path, tmp_path: Path
 ) -> None:
