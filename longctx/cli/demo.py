@@ -9,7 +9,8 @@ from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, print_json, stdout_to_stderr
 from longctx.cli._params import Json
-from longctx.util.table import human_length, narrow_table
+from longctx.util.table import narrow_table
+from longctx.util.units import human_length
 
 # The demo is imported inside the command: it loads torch and megatron-core, which `longctx --help` does
 # not need.

@@ -8,7 +8,8 @@ from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
 from longctx.cli._params import Json, Plan, RunDir
-from longctx.util.table import human_length, narrow_table
+from longctx.util.table import narrow_table
+from longctx.util.units import human_length
 
 app = typer.Typer(
     help=(
@@ -33,9 +34,6 @@ def _human(n: int) -> str:
         if n >= div:
             return f"{n / div:.2f}{unit}"
     return str(n)
-
-
-_length = human_length
 
 
 def _print_blends(rp) -> None:
@@ -77,8 +75,8 @@ def plan_table(rp) -> Table:
         m = s.memory
         fits = "[green]yes[/]" if m.fits else f"[red]no[/]: CP {s.smallest_fitting_cp or '—'}"
         t.add_row(
-            s.name, _length(s.seq_length), f"{s.rotary_base:,}", s.rope_method, f"{s.tp}/{s.cp}/{s.pp}/{s.dp}",
-            str(s.nodes), f"{s.global_batch_size}×{_length(s.seq_length)}", f"{s.train_iters:,}",
+            s.name, human_length(s.seq_length), f"{s.rotary_base:,}", s.rope_method, f"{s.tp}/{s.cp}/{s.pp}/{s.dp}",
+            str(s.nodes), f"{s.global_batch_size}×{human_length(s.seq_length)}", f"{s.train_iters:,}",
             _human(s.tokens_realized), f"{_gib(m.total)}/{_gib(m.budget)}", fits,
         )  # fmt: skip
     return t

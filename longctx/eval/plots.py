@@ -9,6 +9,7 @@ import numpy as np
 
 from longctx.eval.results import CheckpointEval, EvalReport
 from longctx.util.fs import atomic_write_bytes
+from longctx.util.units import human_length
 
 
 def _plt():
@@ -27,10 +28,6 @@ def _save(fig, path: Path) -> Path:
     _plt().close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return path
-
-
-def _label(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
 def plot_niah(report: EvalReport, path: Path) -> Path:
@@ -72,13 +69,13 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
                 )
         image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_xticks(range(len(lengths)))
-        ax.set_xticklabels([_label(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "")
+        ax.set_xticklabels([human_length(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "")
                             for n in lengths])  # fmt: skip
         ax.set_yticks(range(len(depths)))
         ax.set_yticklabels([f"{d:.0%}" for d in depths])
         ax.set_xlabel("context length (tokens)")
-        window = f"trained ≤ {_label(ce.trained_length)}" if ce.trained_length else ""
-        eff = _label(ce.effective_length) if ce.effective_length else "none"
+        window = f"trained ≤ {human_length(ce.trained_length)}" if ce.trained_length else ""
+        eff = human_length(ce.effective_length) if ce.effective_length else "none"
         ax.set_title(f"{ce.label}: effective {eff}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
     axes[0][0].set_ylabel("needle depth")
     if image is not None:
@@ -128,7 +125,9 @@ def plot_loss_by_position(report: EvalReport, path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_ylabel("mean token loss (nats)")
     source = "held-out documents packed back to back" if packed else "held-out documents"
-    ax.set_title(f"loss by position at length {_label(n)} ({source}); dotted: trained window", fontsize=9)
+    ax.set_title(
+        f"loss by position at length {human_length(n)} ({source}); dotted: trained window", fontsize=9
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     _difference_panel(axd, [shown[ce.label].position for ce in evals], [ce.label for ce in evals], colors)
@@ -175,7 +174,7 @@ def _packed_panel(ax, evals: list[CheckpointEval], packed_of: dict, colors: list
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the window (tokens)")
     ax.set_ylabel("mean token loss (nats)")
-    ax.set_title(f"windows of several held-out documents at {_label(length)}: attention across (solid) "
+    ax.set_title(f"windows of several held-out documents at {human_length(length)}: attention across (solid) "
                  "vs within documents (dashed)", fontsize=9)  # fmt: skip
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -199,7 +198,7 @@ def plot_elbo_by_context(report: EvalReport, path: Path) -> Path:
             continue
         xs = [max(c, 1) for c in ce_elbo.contexts]  # 0 on a log axis at 1
         color = colors[k % len(colors)]
-        label = f"{ce.label} ({_label(r.length)})"
+        label = f"{ce.label} ({human_length(r.length)})"
         ax.plot(xs, ce_elbo.elbo, marker="o", markersize=3, color=color, label=label)
         ax_low.plot(
             xs, [row[0] for row in ce_elbo.elbo_by_t], marker="o", markersize=3, color=color, label=label

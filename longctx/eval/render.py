@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from longctx.eval.results import EvalReport
-from longctx.util.table import TERMINAL_COLUMNS, human_length, narrow_table
+from longctx.util.table import TERMINAL_COLUMNS, narrow_table
+from longctx.util.units import human_length
 
 
 def _cell(report: EvalReport, value: dict | None) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from longctx.stage.curves import LaunchMark, PlanCurves, StageCurve
 from longctx.util.fs import atomic_write_bytes
+from longctx.util.units import human_length
 
 # how each launch is marked: (marker, colour, legend label)
 START_STYLE = {"first-launch": ("^", "tab:green", "first launch"), "resume": ("o", "tab:blue", "resume")}
@@ -34,10 +35,6 @@ def _tokens(x: float, _pos: object = None) -> str:
         if abs(x) >= scale:
             return f"{x / scale:g}{unit}"
     return f"{x:g}"
-
-
-def _length(n: int) -> str:
-    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def _loss_at(curve: StageCurve, iteration: int) -> float | None:
@@ -77,9 +74,9 @@ def _boundaries(axes, curves: PlanCurves) -> None:
     for c in curves.stages:
         for ax in axes:
             ax.axvline(c.token_offset, color="black", lw=1.0, alpha=0.5)
-        name = "" if c.stage == _length(c.seq_length) or c.stage == str(c.seq_length) else f"{c.stage}: "
+        name = "" if c.stage == human_length(c.seq_length) or c.stage == str(c.seq_length) else f"{c.stage}: "
         top.annotate(
-            f"{name}length {_length(c.seq_length)}\nRoPE base {c.rotary_base:,}",
+            f"{name}length {human_length(c.seq_length)}\nRoPE base {c.rotary_base:,}",
             xy=(c.token_offset, 0.0), xycoords=("data", "axes fraction"), xytext=(4, 4),
             textcoords="offset points", va="bottom", ha="left", fontsize=8,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.7", "alpha": 0.85},
@@ -100,7 +97,7 @@ def plot_curves(curves: PlanCurves, path: Path) -> Path:
                          label=f"{c.stage} loss ({c.source})")  # fmt: skip
         if c.validation:
             loss_ax.plot([p[1] for p in c.validation], [p[2] for p in c.validation], "D--", color=colour,
-                         ms=4, lw=1, label=f"{c.stage} validation loss ({_length(c.seq_length)})")  # fmt: skip
+                         ms=4, lw=1, label=f"{c.stage} validation loss ({human_length(c.seq_length)})")  # fmt: skip
         if c.lr:
             lr_ax.plot([p[1] for p in c.lr], [p[2] for p in c.lr], color=colour, lw=1.2)
         if c.tokens_per_s:

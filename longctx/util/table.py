@@ -32,8 +32,3 @@ def narrow_table(title: str | None = None, **kwargs: Any) -> Table:
 def natural_width(table: Table) -> int:
     """The width the table takes when nothing forces it narrower (what a test compares with 100)."""
     return Console(width=10_000).measure(table).maximum
-
-
-def human_length(n: int) -> str:
-    """Context lengths as plans write them: 4096 → 4K, 1000 → 1000."""
-    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)

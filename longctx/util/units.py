@@ -8,3 +8,8 @@ def fmt_bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def human_length(n: int) -> str:
+    """Context lengths as plans write them: 4096 → 4K, 1000 → 1000."""
+    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
