@@ -161,9 +161,10 @@ def _kernel(name: str | None) -> Iterator[None]:
             os.environ[KERNEL_ENV] = before
 
 
-def _loss_and_grads(device: torch.device, kernel: str | None) -> tuple[float, torch.Tensor]:
-    torch.manual_seed(0)
-    model = _model(device)
+def _loss_and_grads(
+    model: torch.nn.Module, device: torch.device, kernel: str | None
+) -> tuple[float, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 500, (2, 256), generator=g).to(device)
     pos = torch.arange(256, device=device).unsqueeze(0).expand(2, -1)
@@ -176,9 +177,13 @@ def _loss_and_grads(device: torch.device, kernel: str | None) -> tuple[float, to
 
 def model_kernel_check(device: torch.device) -> str:
     """The bf16 model's loss and gradients with the device's default kernel against the math kernel:
-    the kernels inside Megatron's layers, on its own layouts, not only on test tensors."""
-    loss, grads = _loss_and_grads(device, None)
-    ref_loss, ref_grads = _loss_and_grads(device, "math")
+    the kernels inside Megatron's layers, on its own layouts, not only on test tensors. One model
+    serves both: on a GPU megatron-core initialises from its own CUDA RNG tracker, which a
+    `torch.manual_seed` does not rewind, so two builds would compare different weights."""
+    torch.manual_seed(0)
+    model = _model(device)
+    loss, grads = _loss_and_grads(model, device, None)
+    ref_loss, ref_grads = _loss_and_grads(model, device, "math")
     rel = abs(loss - ref_loss) / abs(ref_loss)
     cos = float(torch.nn.functional.cosine_similarity(grads, ref_grads, dim=0))
     assert math.isfinite(loss) and rel < 1e-2, f"loss {loss:.5f} vs math {ref_loss:.5f}"
