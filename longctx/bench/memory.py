@@ -3,15 +3,14 @@
 Each configuration of a grid runs a few training steps of the local trainer in fresh processes
 (`longctx.bench.steps`) and its steady peak per process is set beside the model's estimate for the
 same model, length, TP, CP, micro batch, recompute and precision, with the device description of
-the machine it runs on (`CPU_LOCAL_FP32` / `CPU_LOCAL_BF16` on the CPU, `GPU_FUSED`'s formulas with
-the local kernels on a GPU). The ratio measured / predicted says per configuration whether a scaling
-term (length, layers, hidden, GQA, TP, CP, recompute, micro batch) holds; nothing is asserted.
+the machine it runs on (`CPU_LOCAL_FP32` / `CPU_LOCAL_BF16` on the CPU, `GPU_LOCAL_BF16` on a GPU).
+The ratio measured / predicted says per configuration whether a scaling term (length, layers,
+hidden, GQA, TP, CP, recompute, micro batch) holds; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -29,6 +28,7 @@ from longctx.bench.steps import StepCase, StepMeasure, measure_steps
 from longctx.plan.memory import (
     CPU_LOCAL_BF16,
     CPU_LOCAL_FP32,
+    GPU_LOCAL_BF16,
     DeviceModel,
     MemoryEstimate,
     MemoryInputs,
@@ -37,12 +37,6 @@ from longctx.plan.memory import (
 from longctx.util.machine import cpu_model
 
 TOLERANCE = 0.15  # the target: every configuration within ±15 % on the CPU
-# the local spec keeps the same tensors on a GPU; only the name differs
-GPU_LOCAL_BF16 = dataclasses.replace(
-    CPU_LOCAL_BF16,
-    name="GPU, bf16 with fp32 grads and masters, megatron-core local spec with longctx attention",
-)
-
 # base: 4 layers, hidden 256, 8 heads (MHA), SwiGLU 768, vocab 512; each case varies one thing
 GRID: tuple[StepCase, ...] = (
     StepCase("seq 1K", 1024),
@@ -74,7 +68,15 @@ GPU_CP1: tuple[StepCase, ...] = (
     StepCase("bf16 GQA 8/2, 8K", 8192, groups=2, bf16=True),
     StepCase("bf16 selective recompute, 8K", 8192, recompute="selective", bf16=True),
 )
-CASES = {"full": GRID, "quick": QUICK, "gpu": GPU_CP1}
+# the cases GPU_LOCAL_BF16 was fitted to (tests/plan/data/gpu_local_bf16_peaks.json): one GPU, CP 1
+GPU_FIT: tuple[StepCase, ...] = (
+    *GPU_CP1,
+    StepCase("bf16, 4K", 4096, bf16=True),
+    StepCase("bf16 hidden 512, 2K", 2048, hidden=512, bf16=True),
+    StepCase("bf16 8 layers, 2K", 2048, layers=8, bf16=True),
+    StepCase("bf16 micro batch 2, 2K", 2048, micro_batch=2, bf16=True),
+)
+CASES = {"full": GRID, "quick": QUICK, "gpu": GPU_CP1, "gpu-fit": GPU_FIT}
 
 
 def device_model(case: StepCase, device: str) -> DeviceModel:
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(ns.jsonl, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         print(
-            f"{case.name}: " + (f"ratio {record['ratio']:.3f}" if record["ok"] else record["error"]),
+            f"{case.label}: " + (f"ratio {record['ratio']:.3f}" if record["ok"] else record["error"]),
             flush=True,
         )
     return 1 if failed else 0

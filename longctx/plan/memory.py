@@ -72,6 +72,8 @@ element size; `longctx bench memory` checks them against measured peaks):
 Selective recompute of core_attn keeps the same on the local spec (the checkpointed attention keeps
 its inputs, which are the copies), so it credits only the log-sum-exp.
 Logits on the local backend are kept in fp32 three times (logits, softmax, gradient): 12 B × s×V.
+On a GPU (`GPU_LOCAL_BF16`) torch's RMSNorm is one fused kernel: each norm keeps its bf16 input
+(norm_inputs e·2h) and an fp32 rstd per row, so norm_scaled is 0 and qk_norm is 4 B × (a+g).
 
 Calibration (tests/plan/test_memory.py): a 32K run of a Llama-like 8B model (262K vocab) on
 A100-64GB at TP 4, SP, distributed optimizer and full recompute measured a 55.4 GB peak (the model,
@@ -111,6 +113,9 @@ class DeviceModel:
     kernels: Kernels  # "fused": TransformerEngine / flash; "local": megatron-core's local spec, unfused
     logit_bytes: float  # per logit element of the last stage
     overhead_bytes: float  # fixed: CUDA context, communication buffers, workspaces
+    # torch's RMSNorm on the CPU is composite and keeps fp32 copies of its input and of x·rstd; on CUDA
+    # it is one fused kernel that keeps its input and the fp32 rstd only
+    norm_fp32_copies: bool = True
 
 
 GPU_FUSED = DeviceModel(
@@ -127,6 +132,13 @@ CPU_LOCAL_BF16 = DeviceModel(
     "CPU, bf16 with fp32 grads and masters, megatron-core local spec with longctx attention",
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="local",
     logit_bytes=12.0, overhead_bytes=0.0,
+)  # fmt: skip
+# measured on one H200 (torch 2.11, CUDA 13): 8 CP 1 configurations between 0.92 and 1.00 of this
+# (tests/plan/data/gpu_local_bf16_peaks.json); allocations only, so no CUDA context (~0.5 GiB) in it
+GPU_LOCAL_BF16 = DeviceModel(
+    "GPU, bf16 with fp32 grads and masters, megatron-core local spec with longctx attention",
+    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="local",
+    logit_bytes=12.0, overhead_bytes=0.0, norm_fp32_copies=False,
 )  # fmt: skip
 
 
@@ -217,7 +229,7 @@ def activation_terms(
 ) -> dict[str, float]:
     """Bytes per token per layer that the backward keeps, by what keeps them (the module docstring)."""
     if device.kernels == "local":
-        return _local_activation_terms(arch, tp, device.element_bytes)
+        return _local_activation_terms(arch, tp, device)
     h, a, g, k, f = arch.widths
     t_sp = tp if sequence_parallel else 1
     if attention_backend == "unfused":
@@ -236,11 +248,23 @@ def activation_terms(
     }
 
 
-def _local_activation_terms(arch: ModelArch, tp: int, e: float) -> dict[str, float]:
+def _local_activation_terms(arch: ModelArch, tp: int, device: DeviceModel) -> dict[str, float]:
     """`activation_terms` of megatron-core's local spec with longctx attention (no sequence parallel)."""
     h, a, g, k, f = arch.widths
-    fp32_copy = 4.0 if e < 4 else 0.0  # torch's norms upcast a bf16 input and keep that copy
+    e = device.element_bytes
     qk = arch.qk_layernorm
+    if not device.norm_fp32_copies:  # fused norms: the bf16 input and an fp32 rstd per row
+        return {
+            "norm_inputs": e * 2 * h,
+            "norm_scaled": 0.0,
+            "norm_outputs": e * 2 * h,
+            "qkv": e * (a + 2 * g) * k / tp if qk else 0.0,
+            "qk_norm": 4.0 * (a + g) / tp if qk else 0.0,
+            "attention": e * (2 * a * k + g * k) / tp,
+            "core_attn": 4.0 * a / tp,
+            "mlp": e * 5 * f / tp if arch.swiglu else e * 3 * f / tp,
+        }
+    fp32_copy = 4.0 if e < 4 else 0.0  # torch's norms upcast a bf16 input and keep that copy
     return {
         "norm_inputs": 4.0 * 2 * h,
         "norm_scaled": 4.0 * 2 * h,
