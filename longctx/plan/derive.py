@@ -14,7 +14,7 @@ from typing import Any
 from longctx.arch import ModelArch
 from longctx.checkpoint import inspect_checkpoint
 from longctx.checkpoint.family import FamilyReport
-from longctx.errors import LongctxError, PlanError
+from longctx.errors import LongctxError, PlanError, RopeError
 from longctx.objective import Objective
 from longctx.plan import memory, paths
 from longctx.plan.entry import check_entry_script, check_family_args
@@ -29,9 +29,15 @@ from longctx.plan.objective import (
 from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
 from longctx.report import Findings
 from longctx.rope import choose_base
+from longctx.rope.megatron import megatron_rope_flags
+from longctx.rope.methods import BaseChoice
+from longctx.rope.scaling import RopeScaling
 from longctx.tokenizer.manifest import load_manifest
 
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
+# the scalings a stage may carry beyond its base: export writes YaRN's rope_parameters, evaluation and the
+# local trainer refuse it by name; Megatron-LM's llama3 and PI would reach neither
+CARRIED_SCALINGS = ("yarn",)
 
 
 @dataclasses.dataclass
@@ -79,6 +85,7 @@ class ResolvedStage:
     save_dir: Path
     load_from: Path | None  # the previous stage's save dir, or the base checkpoint
     output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
+    rope_scaling: RopeScaling | None = None  # YaRN on top of rotary_base (Megatron-LM ≥ 0.19 only)
 
     @property
     def world(self) -> int:
@@ -94,6 +101,7 @@ class ResolvedStage:
             "seq_length": self.seq_length,
             "rotary_base": self.rotary_base,
             "rope_method": self.rope_method,
+            "rope_scaling": scaling_summary(self.rope_scaling),
             "tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp,
             "nodes": self.nodes,
             "global_batch_size": self.global_batch_size,
@@ -106,6 +114,13 @@ class ResolvedStage:
             "smallest_fitting_cp": self.smallest_fitting_cp,
             "vocab_rows": {"input": self.padded_vocab_size, "output": self.output_vocab_size or self.padded_vocab_size},
         }  # fmt: skip
+
+
+def scaling_summary(scaling: RopeScaling | None) -> dict[str, Any] | None:
+    """A stage's scaling as JSON (its set fields), None for a base-only stage."""
+    if scaling is None:
+        return None
+    return {k: v for k, v in dataclasses.asdict(scaling).items() if v is not None}
 
 
 @dataclasses.dataclass
@@ -214,7 +229,17 @@ def _rope_window(plan: Plan, length: int) -> int:
     return length if plan.objective.causal else 2 * length
 
 
-def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findings) -> tuple[int, str, str]:
+@dataclasses.dataclass(frozen=True)
+class _Rope:
+    """A stage's RoPE: the base, the method that chose it and why, and a scaling on top (YaRN) or None."""
+
+    base: int
+    method: str
+    explanation: str
+    scaling: RopeScaling | None = None
+
+
+def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findings) -> _Rope:
     if stage.rope.base is not None:
         # an explicit base still gets the diagnostics (e.g. a base below Men's bound for this length)
         explicit = choose_base(
@@ -229,7 +254,7 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
         for f in explicit.findings:
             if f.level != "info":
                 findings.append(dataclasses.replace(f, where=_where(plan, i, "rope.base")))
-        return stage.rope.base, "fixed", f"explicit base {stage.rope.base:,}"
+        return _Rope(stage.rope.base, "fixed", f"explicit base {stage.rope.base:,}")
 
     try:
         choice = choose_base(
@@ -247,18 +272,47 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
             f"RoPE method cannot be applied: {err.what}", where=_where(plan, i, "rope"), fix=err.fix
         ) from None
     if choice.scaling is not None:
-        raise PlanError(
-            f"RoPE method {choice.method!r} changes more than the base; stages train at their length with a "
-            "new base only",
-            where=_where(plan, i, "rope.method"),
-            fix="use fixed, abf, men, men-safe, liu or ntk",
-        )
+        _check_scaling(plan, i, choice, findings)
     for f in choice.findings:
         findings.append(dataclasses.replace(f, where=_where(plan, i, "rope")))
     why = choice.explanation
     if not plan.objective.causal:
         why += " (bidirectional attention: windows read as 2·L)"
-    return choice.base, choice.method, why
+    return _Rope(choice.base, choice.method, why, choice.scaling)
+
+
+def _check_scaling(plan: Plan, i: int, choice: BaseChoice, findings: Findings) -> None:
+    """A method that changes more than the base (a scaling) is trained by Megatron-LM only, with the flags
+    its release gives GPT models (`megatron_rope_flags` refuses what a release would ignore), and only YaRN
+    is carried on (CARRIED_SCALINGS); the local backend refuses a scaled stage when it is launched."""
+    where, version = _where(plan, i, "rope.method"), plan.megatron.version
+    if not plan.objective.causal:
+        findings.error(
+            "rope-scaling",
+            f"RoPE method {choice.method!r} with a bidirectional objective: the planner reads its windows as "
+            "2·L, which would double the scaling's original length, and no bidirectional scaling is checked",
+            where=where,
+            fix="use a base method (fixed, abf, men, men-safe, liu, ntk)",
+        )
+        return
+    try:
+        megatron_rope_flags(choice, version)
+    except RopeError as err:
+        findings.error(
+            "rope-scaling",
+            f"RoPE method {choice.method!r} cannot run on Megatron-LM {version} ([megatron].version): {err.what}",
+            where=where,
+            fix=err.fix or "use a base method (fixed, abf, men, men-safe, liu, ntk)",
+        )
+        return
+    if choice.method not in CARRIED_SCALINGS:
+        findings.error(
+            "rope-scaling",
+            f"RoPE method {choice.method!r}: Megatron-LM {version} runs it, but longctx carries no scaling "
+            f"but {', '.join(CARRIED_SCALINGS)} (export, evaluation and the local trainer would not reproduce it)",
+            where=where,
+            fix=f"use {' or '.join(CARRIED_SCALINGS)}, or a base method (fixed, abf, men, men-safe, liu, ntk)",
+        )
 
 
 def resolve_plan(plan: Plan) -> ResolvedPlan:
@@ -289,24 +343,44 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
     prev_len = plan.base.seq_length
     for i, spec in enumerate(plan.stages):
         st = _resolve_stage(plan, i, spec, arch, vocab, divisible_by, findings)
-        if st.rotary_base < prev_base:
-            findings.error(
-                "rope-base-decreasing",
-                f"rotary base {st.rotary_base:,} is lower than the previous stage's {prev_base:,}",
-                where=_where(plan, i, "rope"),
-                expected=f">= {prev_base:,}",
-                found=st.rotary_base,
-                fix="bases must not decrease from stage to stage",
-            )
-        if st.seq_length < prev_len:
-            findings.warning(
-                "seq-length-decreasing",
-                f"seq_length {st.seq_length} is shorter than the previous stage's {prev_len}",
-                where=_where(plan, i, "seq_length"),
-            )
+        _check_after_previous(plan, st, prev_base, prev_len, findings)
         prev_base, prev_len = st.rotary_base, st.seq_length
         stages.append(st)
     return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings, objective)
+
+
+def _check_after_previous(
+    plan: Plan, st: ResolvedStage, prev_base: int, prev_len: int, findings: Findings
+) -> None:
+    """A stage against the one before it (the base model for the first): bases do not decrease, lengths
+    should not, and a YaRN stage's original length is the length the model last trained at."""
+    i = st.index
+    if st.rotary_base < prev_base:
+        findings.error(
+            "rope-base-decreasing",
+            f"rotary base {st.rotary_base:,} is lower than the previous stage's {prev_base:,}",
+            where=_where(plan, i, "rope"),
+            expected=f">= {prev_base:,}",
+            found=st.rotary_base,
+            fix="bases must not decrease from stage to stage (a scaling keeps the base its params name: "
+            "set params.base)",
+        )
+    if st.seq_length < prev_len:
+        findings.warning(
+            "seq-length-decreasing",
+            f"seq_length {st.seq_length} is shorter than the previous stage's {prev_len}",
+            where=_where(plan, i, "seq_length"),
+        )
+    scaling = st.rope_scaling
+    if scaling is not None and scaling.original_length != prev_len:
+        findings.warning(
+            "scaling-original-length",
+            f"{scaling.type} scales from an original length of {scaling.original_length:,} tokens, but the "
+            f"model entering this stage last trained at {prev_len:,}",
+            where=_where(plan, i, "rope.params"),
+            fix=f"set params.original_length = {prev_len} (and params.factor, or leave it to default to "
+            "seq_length / original_length) unless the scaling is meant to start from another length",
+        )
 
 
 # -- one stage, step by step ----------------------------------------------------------------------------
@@ -767,7 +841,7 @@ def _resolve_stage(
     if i == 0:
         check_vocab_rows(objective, vocab, (padded, out_rows), arch.untie_embeddings_and_output_weights,
                          _where(plan, field="objective"), findings)  # fmt: skip
-    rotary_base, rope_method, rope_expl = _rope(plan, i, spec, arch, findings)
+    rope = _rope(plan, i, spec, arch, findings)
     _check_parallelism(ctx, s, arch)
     _check_recompute(ctx, s, arch)
     sizing = _Sizing(plan, arch, s, padded, _global_batch(ctx, s))
@@ -784,7 +858,7 @@ def _resolve_stage(
     gbs, mbs = sizing.gbs, s.mbs
     return ResolvedStage(
         index=i, name=spec.name, spec=spec, seq_length=s.seq, max_position_embeddings=s.max_pos,
-        rotary_base=int(rotary_base), rope_method=rope_method, rope_explanation=rope_expl,
+        rotary_base=int(rope.base), rope_method=rope.method, rope_explanation=rope.explanation,
         tp=s.tp, pp=s.pp, cp=cp, dp=dp, nodes=nodes, gpus_per_node=s.gpn, sequence_parallel=s.sp,
         recompute=s.recompute, recompute_method=s.recompute_method, recompute_num_layers=s.recompute_num_layers,
         recompute_modules=s.recompute_modules, attention_backend=s.attention_backend,
@@ -797,5 +871,5 @@ def _resolve_stage(
         exit_duration_in_mins=ctx.merged("exit_duration_in_mins", None),
         data=data, extra_args=extra, seed=ctx.merged("seed", 1234), padded_vocab_size=padded,
         memory=est, smallest_fitting_cp=smallest, save_dir=paths.stage_save_dir(plan, spec.name),
-        load_from=load_from, output_vocab_size=out_rows,
+        load_from=load_from, output_vocab_size=out_rows, rope_scaling=rope.scaling,
     )  # fmt: skip

@@ -22,9 +22,11 @@ def _table() -> dict[str, str]:
     groups: list[tuple[str, tuple[str, ...]]] = [
         ("the stage's rope (method/base) field", (
             "--rotary-base", "--position-embedding-type", "--rotary-scaling-factor",
-            "--rotary-seq-len-interpolation-factor", "--use-rope-scaling", "--mscale", "--mscale-all-dim",
-            "--yarn-beta-fast", "--yarn-beta-slow", "--yarn-original-max-position-embeddings",
-            "--rotary-interleaved", "--no-rope-freq")),
+            "--rotary-seq-len-interpolation-factor", "--use-rope-scaling", "--rope-scaling-factor", "--mscale",
+            "--mscale-all-dim", "--yarn-beta-fast", "--yarn-beta-slow", "--yarn-original-max-position-embeddings",
+            "--yarn-correction-range-round-to-int", "--no-yarn-correction-range-round-to-int",
+            # validate_args turns this legacy switch into --position-embedding-type rope (undoing YaRN)
+            "--use-rotary-position-embeddings", "--rope-type", "--rotary-interleaved", "--no-rope-freq")),
         ("the stage's seq_length (and max_position_embeddings)", (
             "--seq-length", "--encoder-seq-length", "--decoder-seq-length", "--max-position-embeddings")),
         ("the stage's tensor_parallel / pipeline_parallel / context_parallel / sequence_parallel", (

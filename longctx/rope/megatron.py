@@ -90,6 +90,14 @@ def megatron_rope_flags(
     settings the given version would ignore or misapply.
     """
     _, rotary_base, scaling, full = _unpack(choice, base, full_rotary)
+    return rope_flags(rotary_base, scaling, megatron_core_version, full_rotary=full)
+
+
+def rope_flags(
+    rotary_base: int, scaling: RopeScaling | None, megatron_core_version: str, *, full_rotary: bool
+) -> list[str]:
+    """The words of `megatron_rope_flags` for a base and an optional scaling, as a planned stage carries
+    them (RopeError for what the version would ignore or misapply)."""
     version = parse_version(megatron_core_version)
     v = megatron_core_version
     flags = ["--position-embedding-type", "rope", "--rotary-base", str(int(rotary_base))]
@@ -99,7 +107,7 @@ def megatron_rope_flags(
         return [*flags, *_linear_flags(scaling, version, v)]
     if scaling.type == "llama3":
         return [*flags, *_llama3_flags(scaling, v)]
-    return _yarn_flags(scaling, rotary_base, full, version, v)
+    return _yarn_flags(scaling, rotary_base, full_rotary, version, v)
 
 
 def _linear_flags(scaling: RopeScaling, version: tuple[int, int, int], v: str) -> list[str]:
@@ -263,4 +271,5 @@ __all__ = [
     "megatron_core_rope_kwargs",
     "megatron_rope_flags",
     "parse_version",
+    "rope_flags",
 ]

@@ -2,8 +2,8 @@
 
 Each launch writes a `launch` record before the process starts and an `end` record after it exits.
 A launch records what the stage is bound to — tokenizer md5, data digests, base checkpoint identity,
-RoPE base, sequence length. Relaunching a stage with anything different is refused unless forced, and
-the override is recorded.
+RoPE base and scaling, sequence length. Relaunching a stage with anything different is refused unless
+forced, and the override is recorded.
 
 A launch also records the stage's LR schedule (`Binding.schedule`). Megatron-LM asserts on resume that
 the scheduler's values equal the checkpoint's (OptimizerParamScheduler._check_and_set), so a started
@@ -29,7 +29,9 @@ from longctx.util.fs import append_line_durably
 LEDGER_NAME = "ledger.jsonl"
 
 # what a stage is bound to once it has launched
-BINDING_FIELDS = ("tokenizer_md5", "data_digest", "base_identity", "rotary_base", "seq_length")
+BINDING_FIELDS = (
+    "tokenizer_md5", "data_digest", "base_identity", "rotary_base", "seq_length", "rope_scaling",
+)  # fmt: skip
 # bindings recorded with this mark hash content and sizes only; older records hashed absolute paths into
 # data_digest and prefixed base_identity with the save directory (compared the old way, see
 # binding_conflicts)
@@ -58,6 +60,9 @@ class Binding:
     schedule: dict[str, Any] | None = None  # SCHEDULE_FIELDS → value (checked by check_schedule)
     # the data digest as records without CONTENT_IDENTITY computed it (compared, never recorded)
     legacy_data_digest: str | None = None
+    # the stage's RoPE scaling (YaRN) as the plan summarises it; None: the base alone (records written
+    # before it was bound lack the key and are not compared on it)
+    rope_scaling: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -21,7 +21,7 @@ from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
 from longctx.plan.schema import Plan
 from longctx.plan.stage_artifact import stage_blend_file
-from longctx.rope.megatron import check_conflicting_flags
+from longctx.rope.megatron import check_conflicting_flags, rope_flags
 from longctx.stage.checkout import require_checkout_version
 from longctx.stage.wandb_settings import stage_wandb
 from longctx.tokenizer.encoding import declared_spec, version_flags
@@ -201,10 +201,17 @@ def launch_notes(rp: ResolvedPlan, st: ResolvedStage) -> list[str]:
 
 
 def _model_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
-    """The architecture, this stage's RoPE base and lengths, no dropout, the tokenizer."""
+    """The architecture, this stage's RoPE (base and scaling) and lengths, no dropout, the tokenizer."""
     flags = _pairs(rp.arch.megatron_flags())
-    # stages change only the base (scaling methods are refused by the planner)
-    flags += [_f("--position-embedding-type", "rope"), _f("--rotary-base", int(st.rotary_base))]
+    # the base, and YaRN's flags for a YaRN stage (the planner refuses what the version cannot run)
+    flags += _pairs(
+        rope_flags(
+            st.rotary_base,
+            st.rope_scaling,
+            rp.plan.megatron.version,
+            full_rotary=rp.arch.rotary_percent == 1.0,
+        )
+    )
     flags += [
         _f("--seq-length", st.seq_length),
         _f("--max-position-embeddings", st.max_position_embeddings),

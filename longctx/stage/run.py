@@ -31,8 +31,9 @@ from longctx.checkpoint.layout import TRACKER, complete_iterations, iter_dir_nam
 from longctx.errors import CheckpointError, LongctxError, StageError
 from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan import paths
-from longctx.plan.derive import ResolvedPlan, ResolvedStage, check_base_family
+from longctx.plan.derive import ResolvedPlan, ResolvedStage, check_base_family, scaling_summary
 from longctx.plan.entry import UPSTREAM_SCRIPT
+from longctx.plan.schema import Plan
 from longctx.plan.stage_data import stage_blend
 from longctx.report import Findings
 from longctx.stage import ledger
@@ -264,6 +265,7 @@ def binding_for(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None 
         seq_length=st.seq_length,
         schedule=schedule_for(st),
         legacy_data_digest=legacy_data_digest(rp, st),
+        rope_scaling=scaling_summary(st.rope_scaling),
     )
 
 
@@ -284,9 +286,9 @@ def schedule_for(st: ResolvedStage) -> dict[str, object]:
 # -- backends ---------------------------------------------------------------------------------------
 
 
-def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
-    """The TrainSpec of a stage for the local backend, and its process count."""
-    plan = rp.plan
+def _refuse_for_local(plan: Plan, st: ResolvedStage) -> None:
+    """What the local backend cannot train: TP or PP, several nodes, a RoPE scaling, documents without
+    longctx's attention."""
     if st.tp != 1 or st.pp != 1:
         raise StageError(
             f"the local backend runs TP = PP = 1, stage {st.name} asks TP {st.tp}, PP {st.pp}",
@@ -299,6 +301,14 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
             where=str(plan.plan_path),
             fix="set nodes = 1 for local runs",
         )
+    if st.rope_scaling is not None:
+        raise StageError(
+            f"stage {st.name}: the local backend trains plain RoPE only, and this stage applies "
+            f"{st.rope_scaling.type} (factor {st.rope_scaling.factor:g}) on top of base {st.rotary_base:,}",
+            where=f"{plan.plan_path or plan.name}: stage {st.name} rope",
+            fix="run the stage with --backend megatron-lm (Megatron-LM ≥ 0.19 trains YaRN), or give it a base "
+            "method (fixed, abf, men, men-safe, liu, ntk)",
+        )
     packing = st.data.packing if st.data else "concat"
     if packing == "documents" and plan.local.attention != "longctx":
         raise StageError(
@@ -307,6 +317,13 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
             where=str(plan.plan_path),
             fix='set [local] attention = "longctx" (it takes the document boundaries), or packing = "concat"',
         )
+
+
+def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
+    """The TrainSpec of a stage for the local backend, and its process count."""
+    plan = rp.plan
+    _refuse_for_local(plan, st)
+    packing = st.data.packing if st.data else "concat"
     nproc = st.world
     tok_path = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
     tok = load_tokenizer(tok_path)
