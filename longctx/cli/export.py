@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -52,6 +53,14 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
+def _rope_type(rope: dict[str, Any]) -> str:
+    """'default', or 'yarn, factor 4 from 32,768 positions'."""
+    kind = str(rope.get("rope_type", "default"))
+    if kind != "yarn":
+        return kind
+    return f"yarn, factor {rope['factor']:g} from {rope['original_max_position_embeddings']:,} positions"
+
+
 @app.command("hf")
 @cli_errors
 def hf(
@@ -98,6 +107,7 @@ def hf(
         ("checkpoint", f"{report.checkpoint} (iteration {report.iteration})"),
         ("stage", f"{report.stage} ({report.stage_source})"),
         ("rope_theta / max positions", f"{report.rotary_base:,} / {report.max_position_embeddings:,}"),
+        ("rope_type", _rope_type(report.rope_parameters)),
         ("vocabulary", f"{report.vocab_size:,} (checkpoint rows {report.padded_vocab_size:,})"),
         ("weights", f"{report.parameters:,} parameters, {report.dtype}, {report.weight_bytes / 2**20:,.1f} MiB "
                     f"in {report.shards} file(s)"),

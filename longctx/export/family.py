@@ -5,10 +5,10 @@ Two targets, the architectures the plans use:
     qwen3   Qwen3ForCausalLM  GQA, QK-norm (per-head RMSNorm on q and k before RoPE), RMSNorm, SwiGLU
     llama   LlamaForCausalLM  the same without QK-norm
 
-both without biases, tied or untied, full rotary dimension, plain RoPE (no scaling). Anything else
-— MoE, LayerNorm, a non-gated MLP, biases, partial or interleaved rotary, RoPE scaling, multi-token
-prediction, MLA — is refused with the reason rather than exported approximately: such a model would
-load, run and be silently different.
+both without biases, tied or untied, full rotary dimension, plain RoPE or YaRN (the stage's: checked
+in longctx.export.stage). Anything else — MoE, LayerNorm, a non-gated MLP, biases, partial or
+interleaved rotary, llama3 or linear RoPE scaling, multi-token prediction, MLA — is refused with the
+reason rather than exported approximately: such a model would load, run and be silently different.
 
 Diffusion LMs (Ermine MDM/UDM) have no transformers class at all: bidirectional attention and a
 denoising objective, which no causal-LM class computes. They are recognised by their layout (the
@@ -33,7 +33,7 @@ _TIME_KEYS = ("time_embed", "t_embedder", "adaLN", "adaln")
 
 # saved Megatron args that change the maths without changing any tensor shape: (name, is-fine test, why)
 _ARG_RULES: tuple[tuple[str, Any, str], ...] = (
-    ("position_embedding_type", lambda v: v in (None, "rope"), "only RoPE models are mapped"),
+    ("position_embedding_type", lambda v: v in (None, "rope", "yarn"), "only RoPE (plain or YaRN) models are mapped"),
     ("rotary_interleaved", lambda v: not v, "interleaved RoPE pairs other dimensions than transformers"),
     ("use_rope_scaling", lambda v: not v, "Megatron's llama3 RoPE scaling is not exported"),
     ("rotary_seq_len_interpolation_factor", lambda v: v in (None, 1, 1.0), "position interpolation is not exported"),

@@ -5,11 +5,11 @@
 
 Every check runs before anything is written: the output directory (absent or empty), the plan, the
 checkpoint (complete, a directory, not a diffusion LM, an architecture that maps), the plan's
-[model] against the checkpoint, the stage and its RoPE base against the saved one, the tokenizer
-against the manifest and the saved md5, the vocabulary against the embedding rows, and the tensor
-plan (every model tensor mapped, every shape right). The files are then written into a hidden
-sibling directory that becomes the output directory only when everything, including transformers'
-reading of the config and the tokenizer, succeeded; on failure it is removed.
+[model] against the checkpoint, the stage and its RoPE base and scaling (YaRN) against the saved
+ones, the tokenizer against the manifest and the saved md5, the vocabulary against the embedding rows,
+and the tensor plan (every model tensor mapped, every shape right). The files are then written into a
+hidden sibling directory that becomes the output directory only when everything, including
+transformers' reading of the config and the tokenizer, succeeded; on failure it is removed.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class ExportReport:
     stage_source: str
     rotary_base: int
     max_position_embeddings: int
+    rope_parameters: dict[str, Any]  # as config.json has them (rope_type "default" or "yarn")
     vocab_size: int
     padded_vocab_size: int
     dtype: str
@@ -280,7 +281,8 @@ def export_hf(
     staging.mkdir()
     try:
         cfg = hf_config(inp.family, inp.arch, vocab_size=inp.tokenizer.vocab_size, stage=inp.stage,
-                        manifest=inp.manifest, dtype=dtype_name, transformers_version=version)  # fmt: skip
+                        manifest=inp.manifest, dtype=dtype_name, transformers_version=version,
+                        scaling=inp.stage.rope_scaling)  # fmt: skip
         atomic_write_json(staging / "config.json", cfg)
         atomic_write_json(staging / "generation_config.json", generation_config(inp.manifest, version))
         check_config(staging, cfg)
@@ -303,7 +305,8 @@ def export_hf(
         out=str(out_dir), architecture=HF_ARCHITECTURE[inp.family], family=inp.family, checkpoint=str(inp.directory),
         iteration=inp.report.iteration, plan=str(inp.rp.plan.plan_path or inp.rp.plan.name), stage=inp.stage.name,
         stage_source=inp.stage.source, rotary_base=inp.stage.rotary_base,
-        max_position_embeddings=inp.stage.max_position_embeddings, vocab_size=inp.tokenizer.vocab_size,
+        max_position_embeddings=inp.stage.max_position_embeddings, rope_parameters=cfg["rope_parameters"],
+        vocab_size=inp.tokenizer.vocab_size,
         padded_vocab_size=int(inp.report.padded_vocab_size or 0), dtype=dtype_name, tensors=len(inp.plan.tensors),
         parameters=sum(t.numel for t in inp.plan.tensors), weight_bytes=writer.total_bytes, files=files,
         shards=len([f for f in weight_files if f.endswith(".safetensors")]),

@@ -5,7 +5,9 @@ for the base model), never copied from the base model: a 128K stage exported wit
 window and base would load, run and be worse beyond 4K. The stage is `--stage`, else the stage the
 local trainer recorded in the saved args (`longctx_stage`), else the stage whose save dir holds the
 checkpoint. The saved `rotary_base`, when there is one, must equal the stage's: the weights were
-trained with it.
+trained with it. So must the saved RoPE kind: a YaRN stage (Megatron-LM ≥ 0.19 saves
+`position_embedding_type = "yarn"` and the YaRN settings) exports YaRN, a base-only stage plain RoPE, and
+each saved YaRN setting must be the stage's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from longctx.errors import ExportError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
+from longctx.rope.scaling import RopeScaling
 
 BASE = "base"
 
@@ -29,6 +32,7 @@ class StageChoice:
     max_position_embeddings: int
     seq_length: int
     source: str  # how it was chosen: "--stage", "saved args", "checkpoint path"
+    rope_scaling: RopeScaling | None = None  # the stage's YaRN (None: the base alone)
 
 
 def _names(rp: ResolvedPlan) -> list[str]:
@@ -42,8 +46,9 @@ def _by_name(rp: ResolvedPlan, name: str, source: str) -> StageChoice:
     for st in rp.stages:
         if st.name == name:
             return StageChoice(
-                st.name, int(st.rotary_base), int(st.max_position_embeddings), int(st.seq_length), source
-            )
+                st.name, int(st.rotary_base), int(st.max_position_embeddings), int(st.seq_length), source,
+                st.rope_scaling,
+            )  # fmt: skip
     raise ExportError(
         f"plan {rp.plan.name!r} has no stage {name!r}",
         where=str(rp.plan.plan_path or rp.plan.name),
@@ -97,7 +102,50 @@ def choose_stage(
             fix="pass the --stage this checkpoint belongs to (or the plan it was trained with); a config with "
             "another base than the weights were trained with loads, runs and is worse at long context",
         )
+    _check_saved_scaling(choice, args, str(checkpoint))
     return choice
+
+
+# Megatron-LM's saved args of a YaRN model → the stage's value (None in the args: Megatron's default)
+def _yarn_values(scaling: RopeScaling) -> dict[str, float]:
+    return {
+        "rotary_scaling_factor": float(scaling.factor),
+        "yarn_original_max_position_embeddings": float(scaling.original_length),
+        "yarn_beta_fast": 32.0 if scaling.beta_fast is None else float(scaling.beta_fast),
+        "yarn_beta_slow": 1.0 if scaling.beta_slow is None else float(scaling.beta_slow),
+        "mscale": 1.0 if scaling.mscale is None else float(scaling.mscale),
+        "mscale_all_dim": 0.0 if scaling.mscale_all_dim is None else float(scaling.mscale_all_dim),
+    }
+
+
+def _check_saved_scaling(choice: StageChoice, args: Mapping[str, Any], where: str) -> None:
+    """The saved RoPE kind (and YaRN's settings) must be the stage's: weights trained with YaRN exported
+    as plain RoPE, or the reverse, load, run and are worse beyond the original length."""
+    what = "the plan's base model" if choice.name == BASE else f"stage {choice.name}"
+    yarn = choice.rope_scaling is not None and choice.rope_scaling.type == "yarn"
+    saved = args.get("position_embedding_type")
+    fix = "pass the --stage this checkpoint belongs to (or the plan it was trained with)"
+    if saved is not None and saved != ("yarn" if yarn else "rope"):
+        planned = "YaRN" if yarn else "plain RoPE"
+        raise ExportError(
+            f"the checkpoint was trained with position_embedding_type {saved!r}, but {what} plans {planned} "
+            f"(stage chosen from {choice.source})",
+            where=where,
+            fix=fix,
+        )
+    if not yarn or choice.rope_scaling is None:
+        return
+    off = [
+        f"{k} {args[k]!r} (stage: {v:g})"
+        for k, v in _yarn_values(choice.rope_scaling).items()
+        if args.get(k) is not None and float(args[k]) != v
+    ]
+    if args.get("yarn_correction_range_round_to_int") is False:
+        off.append("yarn_correction_range_round_to_int False (the export rounds the correction range)")
+    if off:
+        raise ExportError(
+            f"the checkpoint's YaRN settings are not {what}'s: {'; '.join(off)}", where=where, fix=fix
+        )
 
 
 __all__ = ["BASE", "StageChoice", "choose_stage"]

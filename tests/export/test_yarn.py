@@ -1,22 +1,29 @@
 """YaRN as Megatron-LM ≥ 0.19 trains it for GPT, exported as `rope_parameters` with rope_type "yarn": the
 frequencies and attention factor transformers computes from the written config equal megatron-core's
 YarnRotaryEmbedding at the exported length, and the argv flags exist in 0.19's parser (and are refused
-on 0.16, whose GPT model would ignore them)."""
+on 0.16, whose GPT model would ignore them). A YaRN stage's checkpoint exports as YaRN and computes what
+megatron-core's YaRN model computed; a checkpoint whose saved RoPE is not its stage's is refused."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from longctx.cli.main import app
 from longctx.errors import ExportError, RopeError
 from longctx.export.config import rope_parameters
 from longctx.mcore.cpu import apply_cpu_compat
 from longctx.rope.megatron import megatron_core_rope_kwargs, megatron_rope_flags
 from longctx.rope.scaling import RopeScaling
 from longctx.stage.megatron_source import parser_flags
+from tests.export import hf
+from tests.fixtures.export import BASE_THETA, NEW_TOKENS, PROMPT, VOCAB, YARN_SEQ, ExportModels
 
 CHECKOUT_019 = Path(__file__).resolve().parents[3] / "shared" / "megatron-lm-0.19"
 HEAD_DIM = 128
@@ -88,3 +95,71 @@ def test_yarn_flags_exist_in_0_19_and_are_refused_on_0_16() -> None:
     for w, i in flags:
         assert w in known, w
         assert known[w].takes_value == (i + 1 < len(words) and not words[i + 1].startswith("--")), w
+
+
+def _export(
+    models: ExportModels, name: str, plan: Path, out: Path, *extra: str
+) -> tuple[int, dict[str, Any]]:
+    res = CliRunner().invoke(app, ["export", "hf", str(models.save_dir(name)), "--plan", str(plan), "--out",
+                                   str(out), "--json", *extra])  # fmt: skip
+    return res.exit_code, json.loads(res.stdout)
+
+
+def test_a_yarn_stage_exports_yarn_and_computes_what_megatron_computed(
+    export_models: ExportModels, export_plan_files: dict[str, Path], tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "yarn"
+    code, doc = _export(export_models, "qwen3_yarn", export_plan_files["qwen3_yarn"], out)
+    assert code == 0, doc
+    assert doc["stage"] == "y" and doc["stage_source"] == "saved args"
+    want = {"rope_type": "yarn", "rope_theta": float(BASE_THETA), "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": pytest.approx(0.1 * np.log(4.0) + 1.0),
+            "truncate": True}  # fmt: skip
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rope_parameters"] == want == doc["rope_parameters"]
+    assert cfg["max_position_embeddings"] == YARN_SEQ
+    provenance = json.loads((out / "longctx_export.json").read_text())
+    assert provenance["stage"]["rope_scaling"]["type"] == "yarn"
+
+    ref = export_models.reference("qwen3_yarn")
+    model = hf.load(out)
+    rel = hf.relative_difference(hf.logits(model, ref["tokens"]), ref["logits"][..., :VOCAB])
+    print(f"qwen3_yarn: max |Δlogit| / max |logit| = {rel:.2e}")
+    assert rel <= 1e-4
+    assert torch.equal(hf.greedy(model, ref["generated"][:, :PROMPT], NEW_TOKENS), ref["generated"])
+    # the comparison has teeth: the same weights under plain RoPE compute something else
+    plain = AutoModelForCausalLM.from_pretrained(
+        str(out),
+        dtype=torch.float32,
+        rope_parameters={"rope_type": "default", "rope_theta": float(BASE_THETA)},
+    ).eval()
+    assert hf.relative_difference(hf.logits(plain, ref["tokens"]), ref["logits"][..., :VOCAB]) > 1e-2
+
+
+def test_saved_rope_other_than_the_stages_is_refused(
+    export_models: ExportModels, export_plan_files: dict[str, Path], tmp_path: Path
+) -> None:
+    code, doc = _export(
+        export_models, "qwen3_yarn", export_plan_files["qwen3"], tmp_path / "a", "--stage", "base"
+    )
+    assert code == 2 and not (tmp_path / "a").exists()
+    err = doc["error"]
+    assert "position_embedding_type 'yarn', but the plan's base model plans plain RoPE" in err["what"]
+    assert err["where"].endswith("iter_0000003") and "--stage" in err["fix"]
+    code, doc = _export(
+        export_models, "qwen3_tp1", export_plan_files["qwen3_yarn"], tmp_path / "b", "--stage", "y"
+    )
+    assert code == 2 and "position_embedding_type 'rope', but stage y plans YaRN" in doc["error"]["what"]
+    other = tmp_path / "beta16.toml"
+    other.write_text(
+        export_plan_files["qwen3_yarn"]
+        .read_text()
+        .replace('method = "yarn" }', 'method = "yarn", params = { beta_fast = 16.0 } }')
+    )
+    code, doc = _export(export_models, "qwen3_yarn", other, tmp_path / "c")
+    assert (
+        code == 2
+        and "YaRN settings are not stage y's: yarn_beta_fast 32.0 (stage: 16)" in doc["error"]["what"]
+    )
