@@ -26,7 +26,7 @@ from longctx.cli.tokenizer import (
     TokenizerType,
     encoding_spec,
 )
-from longctx.errors import DatasetError
+from longctx.errors import DatasetError, LongctxError
 from longctx.report import Findings
 
 # The library is imported inside the commands: `longctx --help` need not load the data machinery.
@@ -78,6 +78,13 @@ def tokenize_cmd(
     legacy_tokenizer: LegacyTokenizer = False,
     hf_use_fast: HfUseFast = False,
     hf_include_special_tokens: HfIncludeSpecial = False,
+    megatron_version: str | None = typer.Option(
+        None,
+        "--megatron-version",
+        help="Encode as this Megatron-LM release does by default (e.g. 0.16.1, 0.19.0: HuggingFaceTokenizer "
+        "is slow without special tokens up to 0.16, fast with them from 0.17), the switches above turning "
+        "options on; recorded in the sidecar with the preprocess_data.py flags in its terms.",
+    ),
     force: Overwrite = False,
     json_out: Json = False,
 ) -> None:
@@ -85,19 +92,21 @@ def tokenize_cmd(
 
     Encodes through the backend of Megatron's --tokenizer-type (HuggingFaceTokenizer: transformers'
     AutoTokenizer; GPTSentencePieceTokenizer: SentencePiece; GPT2BPETokenizer: GPT-2 BPE), default the
-    one of the tokenizer's layout, with the same options. The token dtype follows Megatron's vocabulary
-    size (uint16 below 65500, else int32). The sidecar records the encoding fingerprint and the
-    preprocess_data.py flags that give the same files. Output appears atomically; an existing prefix is
-    refused unless --force.
+    one of the tokenizer's layout, with the same options (with --megatron-version, over that release's
+    defaults). The token dtype follows Megatron's vocabulary size (uint16 below 65500, else int32). The
+    sidecar records the encoding fingerprint, the release and the preprocess_data.py flags that give the
+    same files. Output appears atomically; an existing prefix is refused unless --force.
 
     Example: longctx data tokenize a.jsonl b.jsonl.gz -t /models/tokenizer-256k -o data/mix_text_document -w 8
+    --megatron-version 0.19.0
     """
     from longctx.data import tokenize_jsonl
 
-    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens)
+    version = _release(megatron_version)
+    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens, version)
     sidecar = tokenize_jsonl(
         inputs, tokenizer, output_prefix, json_key=json_key, workers=workers, force=force, add_bos=add_bos,
-        append_eod=append_eod, spec=spec,
+        append_eod=append_eod, spec=spec, megatron_version=version,
     )  # fmt: skip
     if json_out:
         print_json(sidecar)
@@ -106,9 +115,24 @@ def tokenize_cmd(
     console.print(
         f"[green]wrote[/] {escape(output_prefix)}.bin/.idx: {sidecar.documents:,} documents, {sidecar.tokens:,} tokens "
         f"({sidecar.dtype}), tokenizer md5 {sidecar.tokenizer.md5}"
-        + (f", encoded as {escape(enc.describe())}" if enc is not None else ""),
+        + (f", encoded as {escape(enc.describe())}" if enc is not None else "")
+        + (f" for Megatron-LM {version}" if version else ""),
         highlight=False,
     )
+
+
+def _release(version: str | None) -> str | None:
+    """A --megatron-version the release table knows, as its full label (0.19 → 0.19.0)."""
+    if version is None:
+        return None
+    from longctx.megatron_versions import facts
+
+    try:
+        return facts(version).label
+    except LongctxError as err:
+        raise DatasetError(
+            err.what, where="--megatron-version", fix="give a megatron-core release such as 0.16.1 or 0.19.0"
+        ) from None
 
 
 def _parse_budgets(values: list[str] | None) -> dict[str, int]:

@@ -39,12 +39,19 @@ HfIncludeSpecial = Annotated[
 ]
 
 
-def encoding_spec(tokenizer_type: str | None, legacy: bool, hf_use_fast: bool, hf_special: bool) -> Any:
-    """The EncodingSpec of the Megatron tokenizer options (None: the default applies)."""
+def encoding_spec(
+    tokenizer_type: str | None, legacy: bool, hf_use_fast: bool, hf_special: bool, version: str | None = None
+) -> Any:
+    """The EncodingSpec of the Megatron tokenizer options (None: the default applies); with a Megatron-LM
+    `version`, the switches turn options on over that release's defaults."""
     from longctx.tokenizer import spec_from_options
 
     return spec_from_options(
-        tokenizer_type, legacy=legacy, hf_use_fast=hf_use_fast, hf_include_special_tokens=hf_special
+        tokenizer_type,
+        legacy=legacy,
+        hf_use_fast=hf_use_fast,
+        hf_include_special_tokens=hf_special,
+        version=version,
     )
 
 

@@ -79,6 +79,9 @@ class DatasetSidecar(BaseModel):
     append_eod: bool = True
     add_bos: bool = False
     json_key: str | None = None
+    # the Megatron-LM release asked for (`data tokenize --megatron-version`): the encoding took its
+    # tokenizer defaults and megatron_flags are in its terms (None: none asked, 0.16's spelling)
+    megatron_version: str | None = None
     # the tools/preprocess_data.py flags that give the same .bin/.idx (None: no such equivalent)
     megatron_flags: list[str] | None = None
     inputs: list[SidecarInput] = Field(default_factory=list)

@@ -7,7 +7,10 @@ the same backend (`longctx.tokenizer.backend`); a field holding a list of string
 one sequence per string (strings without tokens left out); EOD after the last token of a document
 that has tokens; a document without tokens written empty; the token dtype from the vocabulary size
 Megatron's tokenizer reports. On top, blank lines are skipped (Megatron stops at them), several
-inputs and `.gz` are read in order, and `add_bos` prepends BOS (no Megatron equivalent).
+inputs and `.gz` are read in order, and `add_bos` prepends BOS (no Megatron equivalent). With a
+Megatron-LM release (`megatron_version`), a tokenizer type without options encodes as that release's
+defaults do (HuggingFaceTokenizer: slow and without special tokens up to 0.16, fast and with them from
+0.17), and the sidecar records the release and the preprocess_data.py flags in its terms.
 
 Worker processes parse and encode batches of lines; the main process reads the inputs (hashing them
 on the way) and writes documents in input order. Output appears atomically: everything is written
@@ -42,9 +45,10 @@ from longctx import __version__
 from longctx.data.indexed import bin_path, idx_path, optimal_dtype
 from longctx.data.sidecar import DatasetSidecar, SidecarInput, SidecarTokenizer, sidecar_path, write_sidecar
 from longctx.errors import DatasetError, LongctxError, TokenizerError
+from longctx.megatron_versions import facts
 from longctx.tokenizer import EncodingSpec, LoadedTokenizer, load_tokenizer
 from longctx.tokenizer.backend import single_threaded
-from longctx.tokenizer.encoding import SP_TYPES
+from longctx.tokenizer.encoding import GPT2_TYPE, SP_TYPES, version_flags, version_spec
 from longctx.util.confine import is_within, refuse_write_into
 from longctx.util.fs import fsync_dir
 from longctx.util.progress import progress_bar
@@ -317,11 +321,13 @@ def tokenize_jsonl(
     append_eod: bool = True,
     spec: EncodingSpec | str | None = None,
     progress: bool = True,
+    megatron_version: str | None = None,
 ) -> DatasetSidecar:
     """Tokenize JSONL files into `output_prefix.{bin,idx}` + `output_prefix.longctx.json`; returns the sidecar.
 
     `tokenizer` is a path or a `LoadedTokenizer`; `spec` the Megatron tokenizer type (and options) to
-    encode as (default: the tokenizer's own). Refuses an existing prefix unless `force`, and a
+    encode as (default: the tokenizer's own, or with `megatron_version` that release's defaults for the
+    tokenizer's type; see `encoding_tokenizer`). Refuses an existing prefix unless `force`, and a
     tokenizer whose files and encoding backend disagree.
     """
     with warnings.catch_warnings():
@@ -330,10 +336,7 @@ def tokenize_jsonl(
         from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     paths = _check_inputs(inputs)
-    if isinstance(tokenizer, LoadedTokenizer):
-        tok = tokenizer.with_spec(spec) if spec is not None else tokenizer
-    else:
-        tok = load_tokenizer(tokenizer, spec=spec)
+    tok = encoding_tokenizer(tokenizer, spec, megatron_version)
     encoding = _usable_encoding(tok, append_eod=append_eod, add_bos=add_bos)
     prefix = _checked_prefix(output_prefix)
     targets = [bin_path(prefix), idx_path(prefix), sidecar_path(prefix)]
@@ -354,7 +357,7 @@ def tokenize_jsonl(
         stack_outer.enter_context(_terminate_raises())
         builder = IndexedDatasetBuilder(str(bin_path(tmp_prefix)), dtype=dtype)
         stats = _tokenize_inputs(paths, builder, job, workers, progress, tok)
-        sidecar = _sidecar(tok, job, np.dtype(dtype), stats)
+        sidecar = _sidecar(tok, job, np.dtype(dtype), stats, megatron_version)
         if not sidecar.tokens:
             # nothing to train on: refused now rather than when a stage first samples from it
             raise DatasetError(
@@ -382,6 +385,26 @@ def tokenize_jsonl(
         stack_outer.close()
 
 
+def encoding_tokenizer(
+    tokenizer: LoadedTokenizer | str | os.PathLike[str],
+    spec: EncodingSpec | str | None,
+    megatron_version: str | None,
+) -> LoadedTokenizer:
+    """The tokenizer encoding as `spec` says (default: its own type's). With a Megatron-LM release and no
+    spec, as that release's defaults for the tokenizer's type (`version_spec`); a given spec must be one
+    the release can be asked for (`version_flags`, TokenizerError otherwise)."""
+    if isinstance(tokenizer, LoadedTokenizer):
+        tok = tokenizer.with_spec(spec) if spec is not None else tokenizer
+    else:
+        tok = load_tokenizer(tokenizer, spec=spec)
+    if megatron_version is None:
+        return tok
+    if spec is None:
+        tok = tok.with_spec(version_spec(tok.spec.tokenizer_type, megatron_version))
+    version_flags(tok.spec, megatron_version)
+    return tok
+
+
 def _checked_prefix(output_prefix: str | os.PathLike[str]) -> str:
     """The output prefix as a string; refused when it names no file (PREFIX.bin needs a stem)."""
     prefix = os.fspath(output_prefix)
@@ -394,8 +417,10 @@ def _checked_prefix(output_prefix: str | os.PathLike[str]) -> str:
     return prefix
 
 
-def _sidecar(tok: LoadedTokenizer, job: _Job, dtype: np.dtype, stats: list[_InputStats]) -> DatasetSidecar:
-    """What the sidecar records of a finished tokenization: tokenizer, options, counts, inputs."""
+def _sidecar(
+    tok: LoadedTokenizer, job: _Job, dtype: np.dtype, stats: list[_InputStats], megatron_version: str | None
+) -> DatasetSidecar:
+    """What the sidecar records of a finished tokenization: tokenizer, options, release, counts, inputs."""
     return DatasetSidecar(
         origin="tokenize",
         longctx_version=__version__,
@@ -407,11 +432,20 @@ def _sidecar(tok: LoadedTokenizer, job: _Job, dtype: np.dtype, stats: list[_Inpu
         append_eod=job.append_eod,
         add_bos=job.add_bos,
         json_key=job.json_key,
-        megatron_flags=None
-        if job.add_bos
-        else megatron_preprocess_flags(tok, json_key=job.json_key, append_eod=job.append_eod),
+        megatron_version=megatron_version,
+        megatron_flags=_preprocess_flags(tok, job, megatron_version),
         inputs=[s.record for s in stats],
     )
+
+
+def _preprocess_flags(tok: LoadedTokenizer, job: _Job, version: str | None) -> list[str] | None:
+    """`megatron_preprocess_flags` in the release's terms; None where no preprocess_data.py run gives the
+    same files: BOS prepended, or GPT-2 files on a release without the legacy tokenizer that reads them."""
+    if job.add_bos:
+        return None
+    if tok.spec.tokenizer_type == GPT2_TYPE and version is not None and not facts(version).legacy_tokenizer:
+        return None
+    return megatron_preprocess_flags(tok, json_key=job.json_key, append_eod=job.append_eod, version=version)
 
 
 def _publish(tmp_files: list[Path], targets: list[Path], out_dir: Path) -> None:
@@ -488,10 +522,10 @@ def _usable_encoding(tok: LoadedTokenizer, *, append_eod: bool, add_bos: bool) -
 
 
 def megatron_preprocess_flags(
-    tok: LoadedTokenizer, *, json_key: str = "text", append_eod: bool = True
+    tok: LoadedTokenizer, *, json_key: str = "text", append_eod: bool = True, version: str | None = None
 ) -> list[str]:
     """The `tools/preprocess_data.py` flags that encode as `tok` does (besides --input, --output-prefix
-    and --workers)."""
+    and --workers); with `version`, in that Megatron-LM release's terms (`version_flags`)."""
     spec = tok.spec
     if spec.tokenizer_type == "GPT2BPETokenizer":
         files = ["--vocab-file", str(tok.path / "vocab.json"), "--merge-file", str(tok.path / "merges.txt")]
@@ -502,7 +536,7 @@ def megatron_preprocess_flags(
     else:
         files = ["--tokenizer-model", str(tok.path)]
     return [
-        *spec.megatron_flags(),
+        *spec.megatron_flags(version),
         *files,
         "--json-keys",
         json_key,

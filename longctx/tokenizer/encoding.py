@@ -189,8 +189,11 @@ def spec_from_options(
     legacy: bool = False,
     hf_use_fast: bool = False,
     hf_include_special_tokens: bool = False,
+    version: str | None = None,
 ) -> EncodingSpec | None:
-    """A spec from CLI-style options; None when nothing was chosen (the tokenizer's default applies)."""
+    """A spec from CLI-style options; None when nothing was chosen (the tokenizer's default applies, or
+    with `version` that release's: `release_spec`). With `version`, the switches turn options on over the
+    release's defaults (`release_spec`)."""
     if tokenizer_type is None:
         if legacy or hf_use_fast or hf_include_special_tokens:
             raise TokenizerError(
@@ -198,6 +201,14 @@ def spec_from_options(
                 fix="add --tokenizer-type HuggingFaceTokenizer (or the type the model uses)",
             )
         return None
+    if version is not None:
+        return release_spec(
+            tokenizer_type,
+            version,
+            legacy=legacy,
+            hf_use_fast=hf_use_fast,
+            hf_include_special_tokens=hf_include_special_tokens,
+        )
     return EncodingSpec(
         tokenizer_type,
         legacy=legacy,
@@ -215,6 +226,28 @@ def version_spec(tokenizer_type: str, version: str) -> EncodingSpec:
     return EncodingSpec(
         HF_TYPE, hf_use_fast=d["use_fast"], hf_include_special_tokens=d["include_special_tokens"]
     )
+
+
+def release_spec(
+    tokenizer_type: str,
+    version: str,
+    *,
+    legacy: bool = False,
+    hf_use_fast: bool = False,
+    hf_include_special_tokens: bool = False,
+) -> EncodingSpec:
+    """`--tokenizer-type T` on Megatron-LM `version` with longctx's switches: the release's defaults
+    (`version_spec`), each switch turning its option on; TokenizerError when that release has no way to
+    say the result (`version_flags`: --legacy-tokenizer from 0.17)."""
+    default = version_spec(tokenizer_type, version)
+    spec = EncodingSpec(
+        tokenizer_type,
+        legacy=legacy,
+        hf_use_fast=default.hf_use_fast or hf_use_fast,
+        hf_include_special_tokens=default.hf_include_special_tokens or hf_include_special_tokens,
+    )
+    version_flags(spec, version)
+    return spec
 
 
 def version_flags(spec: EncodingSpec, version: str) -> list[str]:
