@@ -33,4 +33,9 @@ def filler_sentence(rng: random.Random) -> str:
 
 
 def random_key(rng: random.Random, digits: int = 5) -> str:
-    return " ".join(str(rng.randrange(10)) for _ in range(digits))
+    """Digits written together ("48213", as passkey tests of real models write them) and distinct while
+    ten suffice: a repeated digit can be copied only by matching two tokens, where a small model's copy
+    circuit matches one."""
+    if digits <= 10:
+        return "".join(rng.sample("0123456789", digits))
+    return "".join(str(rng.randrange(10)) for _ in range(digits))

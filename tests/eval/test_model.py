@@ -41,7 +41,13 @@ def test_known_answer_model_through_megatron(eval_run: EvalRun, demo_tokenizer: 
 
     tok = load_tokenizer(eval_run.tokenizer)
     grid = PasskeyGrid(tok, distractors=3)
-    right = [grid.item(CHAIN_LEN, d, i, key=CHAIN_KEY) for d in (0.0, 0.5, 1.0) for i in range(2)]
+    # keys written digit by digit, as the chain model's answer is: distractors of the same form
+    others = ["4 4 4 4 4", "1 2 1 2 1", "5 6 7 8 9"]
+    right = [
+        grid.item(CHAIN_LEN, d, i, key=CHAIN_KEY, distractor_keys=others)
+        for d in (0.0, 0.5, 1.0)
+        for i in range(2)
+    ]
     wrong = [
         grid.item(CHAIN_LEN, d, key="1 2 1 2 1", distractor_keys=["4 4 4 4 4", CHAIN_KEY]) for d in (0.0, 1.0)
     ]

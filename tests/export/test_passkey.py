@@ -58,7 +58,11 @@ def test_known_answer_model_retrieves_in_both(eval_run: EvalRun, tmp_path: Path)
     export_hf(eval_run.chain, eval_run.plan, out=out, stage="base")
     tok = load_tokenizer(eval_run.tokenizer)
     grid = PasskeyGrid(tok, distractors=2)
-    right = [grid.item(CHAIN_LEN, d, key=CHAIN_KEY) for d in (0.0, 0.5, 1.0)]
+    # keys written digit by digit, as the chain model's answer is: distractors of the same form
+    right = [
+        grid.item(CHAIN_LEN, d, key=CHAIN_KEY, distractor_keys=["4 4 4 4 4", "1 2 1 2 1"])
+        for d in (0.0, 0.5, 1.0)
+    ]
     wrong = [
         grid.item(CHAIN_LEN, d, key="1 2 1 2 1", distractor_keys=["4 4 4 4 4", CHAIN_KEY]) for d in (0.0, 1.0)
     ]
