@@ -1,15 +1,21 @@
-"""A synthetic corpus with genuinely long documents and long-range dependencies.
+"""The demo corpus: filler with one pass key per document, stated once and restated further on.
 
-Documents are filler sentences (a small grammar over a fixed word list, so the local statistics are
-learnable) interleaved with two kinds of long-range structure:
+Each document is filler sentences from the evaluation's grammar (`longctx.eval.passkey_text`) with one
+pass-key statement at a random depth and one to three restatements at random later points (and one
+more per 20 sentences in long documents). The digits
+of a restatement are predictable only by copying them from the statement, at whatever gap separates
+them, so a model learns to retrieve over the distances its training length holds. The choices, each of
+which a small model needs (measured while building the published demo base):
 
-* pass keys — "the pass key of <name> is <digits> ." stated and restated later, at gaps from a few
-  tokens to the whole document: the digits of the restatement are predictable only by looking back;
-* echoes — a paragraph repeated verbatim thousands of tokens later.
-
-A model that uses its context has lower loss on restatements and echoes than on filler, and the gap
-needs attention over the distance between them: exactly what a context extension must deliver. The
-sentences and phrasing are the passkey evaluation's own (`longctx.eval.passkey_text`).
+* one key per document: the question "the pass key of X is" then has one statement to match, so a
+  copy circuit keyed on a single token ("is") suffices, as in the evaluation's haystacks;
+* keys of distinct digits written together (`random_key`): each digit is one token that names the next;
+* the first restatement at a gap drawn uniformly from none to the document's length (a narrow gap range
+  teaches a positional shortcut instead of a copy, and with both ends placed uniformly the longest
+  gaps, which the evaluation's depth 0 asks for, would be rare), further ones anywhere after the
+  statement, and one document in eight opening with its key, as a needle at depth 0 does. The density
+  of restatements grows with position (each needs the statement before it), so a model that copies
+  has a loss that falls with position inside its window.
 """
 
 from __future__ import annotations
@@ -22,33 +28,24 @@ from pathlib import Path
 
 from longctx.eval.passkey_text import NAMES, filler_sentence, passkey_statement, random_key
 
+WORDS_PER_SENTENCE = 10  # the grammar's sentences are 9 to 13 words (about 14 tokens)
 
-def document(rng: random.Random, approx_words: int, *, key_every: int = 6) -> str:
-    """One document of about `approx_words` words with pass keys and an echo spread across it.
 
-    About one sentence in `key_every` is a pass-key statement. Each key is restated later at a gap
-    drawn log-uniformly from one sentence to the whole document, so short gaps (which a model learns
-    to bridge first, inside a short pretraining window) and long ones (which only a longer context can
-    bridge) both occur at every training length. Names are unique within a document, so a restatement
-    has exactly one answer.
-    """
-    n_sent = max(4, approx_words // 8)
+def document(rng: random.Random, approx_words: int) -> str:
+    """One document of about `approx_words` words: filler, one key, one to three restatements after it."""
+    n_sent = max(2, approx_words // WORDS_PER_SENTENCE)
     sentences = [filler_sentence(rng) for _ in range(n_sent)]
-    n_keys = min(len(NAMES), max(1, n_sent // key_every))
-    names = rng.sample(NAMES, n_keys)
-    # positions are chosen on the filler, then inserted from the back so earlier indices stay valid
-    inserts: list[tuple[int, str]] = []
-    for name in names:
-        stmt = passkey_statement(name, random_key(rng))
-        first = rng.randrange(0, n_sent)
-        gap = int(math.exp(rng.uniform(0.0, math.log(n_sent))))
-        inserts.append((first, stmt))
-        inserts.append((min(n_sent, first + gap), stmt))
-    # an echo: a paragraph repeated verbatim further on
-    if n_sent >= 24:
-        start = rng.randrange(0, n_sent // 3)
-        para = " ".join(sentences[start : start + 6])
-        inserts.append((rng.randrange(start + 6, n_sent + 1), para))
+    stmt = passkey_statement(rng.choice(NAMES), random_key(rng))
+    # the first restatement's gap is uniform, from none (the evaluation's depth 1 asks right after the
+    # needle) to the whole document (depth 0: the longest distance, rare if both ends were uniform)
+    gap = rng.randint(0, n_sent)
+    # one document in eight opens with its key, as a needle at depth 0 opens the evaluation's sequence
+    first = 0 if rng.random() < 0.125 else rng.randint(0, n_sent - gap)
+    inserts = [(first, stmt), (first + gap, stmt)]
+    # and one more per 20 sentences: a long document restates its key often enough that copying it
+    # shows in the mean loss (short documents, n < 20, draw exactly as without this term)
+    inserts += [(rng.randint(first, n_sent), stmt) for _ in range(rng.randint(0, 2) + n_sent // 20)]
+    # inserted from the back so earlier indices stay valid; a restatement never precedes the statement
     for at, text in sorted(inserts, key=lambda x: x[0], reverse=True):
         sentences.insert(at, text)
     return " ".join(sentences)
