@@ -16,13 +16,17 @@ from longctx.util.units import human_length
 # not need.
 
 HELP = (
-    "Run the whole pipeline on CPU (~10 min on 2 cores, no GPU, no network): build a tokenizer and a "
-    "long synthetic corpus, check them, pretrain a tiny base model at 256 tokens, extend it through "
-    "stages/tiny.toml (256 → 1K → 4K, CP = 2 in the last stage, one stage interrupted with SIGTERM and "
-    "resumed), evaluate each stage and print a summary. Rerunning in the same directory resumes. "
-    "--family mdm / udm does the same for a masked / uniform-state diffusion model (evaluated by infilling).\n\n"
+    "Run the whole pipeline on CPU (~7 min on 2 cores, no GPU, no network) as a user extends a published "
+    "base: adopt the tiny base shipped in longctx/resources/demo/ar (its archive and tokenizer md5s checked "
+    "against its card first), check the tokenizer against the pinned manifest, build and check the stage "
+    "data, extend the base through stages/tiny.toml (256 → 1K → 4K, CP = 2 in the last stage, that stage "
+    "interrupted with SIGTERM and resumed), evaluate every checkpoint and print a summary. Rerunning in "
+    "the same directory resumes. --train-base rebuilds the published base (~15 min, once). "
+    "--family mdm / udm builds a tokenizer and pretrains its own masked / uniform-state diffusion base, "
+    "then extends it the same way (evaluated by infilling).\n\n"
     "Examples:\n\n  longctx demo\n\n  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
     "  longctx demo --dir /tmp/longctx-demo --json\n\n"
+    "  longctx demo --train-base --dir runs/demo-base   (rebuild the published base)\n\n"
     "  longctx demo --small --interrupt 512 --dir /tmp/longctx-smoke   (a fresh install's check, ~1 min)"
 )
 
@@ -62,8 +66,18 @@ def demo(
         help="stage to SIGTERM after its first save "
         "(default: the last stage of the full demo; none with --small)",
     ),
+    train_base: bool = typer.Option(
+        False,
+        "--train-base",
+        help="rebuild the published demo base (longctx/resources/demo/ar) from its seeded corpus with "
+        "longctx's own trainer instead of running the demo: ~25 min on 2 cores, run once; --dir is its "
+        "work directory and a rerun resumes",
+    ),
     json_out: Json = False,
 ) -> None:
+    if train_base:
+        _train_base(dir, json_out)
+        return
     from longctx.demo.run import DemoConfig, run_demo
 
     cfg = DemoConfig.from_options(plan=plan, small=small, interrupt=interrupt, family=family)
@@ -85,3 +99,23 @@ def demo(
 
         render_summary(report.evaluation, console)
     console.print(f"everything is under {report.run_dir} — wall time {report.wall_seconds / 60:.1f} min")
+
+
+def _train_base(work: Path, json_out: bool) -> None:
+    from longctx.demo.published import family_dir
+    from longctx.demo.train_base import train_base
+
+    with stdout_to_stderr(json_out):
+        card = train_base(
+            work, family_dir("ar"), echo=lambda s: console.print(s, highlight=False, soft_wrap=True)
+        )
+    if json_out:
+        print_json(card.model_dump())
+        return
+    figures = ", ".join(f"{human_length(r.length)} {100 * r.exact:.0f} %" for r in card.retrieval)
+    console.print(
+        f"published {card.name}: {card.iteration:,} iterations, {card.tokens:,} tokens, "
+        f"{card.wall_seconds / 60:.1f} min of training; greedy retrieval {figures} → {family_dir('ar')}",
+        highlight=False,
+        soft_wrap=True,
+    )

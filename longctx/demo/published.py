@@ -1,0 +1,139 @@
+"""The published demo base: a model-only torch_dist archive, its tokenizer and a card, in the package.
+
+    longctx/resources/demo/<family>/
+        base_model_only.tar   the save dir (iter_N + tracker), as Ermine ships its `*_model_only.tar`
+        tokenizer/            SentencePiece model, HF files and tokenizer.json (no manifest inside)
+        tokenizer.toml        the tokenizer's manifest: md5, vocabulary, special ids, encoding
+        card.toml             what the base is (shape, training, figures) and the md5 of the archive
+        MODEL_CARD.md         the same for people
+
+The demo adopts it as a user adopts a downloaded base: `verify_published` checks the archive against
+the card's md5 and the tokenizer against its manifest before anything is written, then
+`install_published` copies the tokenizer and adopts the archive (`ckpt adopt`'s checks included).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from longctx.arch import ModelArch
+from longctx.checkpoint import adopt
+from longctx.checkpoint.layout import TRACKER
+from longctx.errors import CheckpointError, TokenizerError
+from longctx.tokenizer import load_manifest, verify_tokenizer
+from longctx.util.hashing import md5_file
+
+RESOURCES = Path(__file__).resolve().parents[1] / "resources" / "demo"
+ARCHIVE = "base_model_only.tar"
+CARD = "card.toml"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_MANIFEST = "tokenizer.toml"
+
+
+class Retrieval(BaseModel):
+    """Greedy exact match of the whole key, per length, over every depth (the card's figures)."""
+
+    model_config = ConfigDict(extra="forbid")
+    length: int
+    keys: int  # per length, all depths together
+    exact: float  # fraction in [0, 1]
+
+
+class Card(BaseModel):
+    """card.toml: the published base, with the md5s that pin it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    family: str  # "ar", "mdm"
+    archive: str = ARCHIVE
+    archive_md5: str
+    tokenizer_md5: str  # tokenizer.model, as in the manifest
+    iteration: int
+    seq_length: int
+    rotary_base: int
+    padded_vocab_size: int
+    arch: ModelArch
+    tokens: int  # trained on
+    wall_seconds: float
+    machine: str
+    command: str  # how it is rebuilt
+    retrieval: list[Retrieval] = []
+
+
+def family_dir(family: str) -> Path:
+    return RESOURCES / family
+
+
+def read_card(directory: Path) -> Card:
+    path = directory / CARD
+    try:
+        return Card.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"no published base in {directory} ({CARD} is missing)",
+            where=str(path),
+            fix="rebuild it with `longctx demo --train-base`, or restore the file from git",
+        ) from None
+    except (tomllib.TOMLDecodeError, ValidationError, UnicodeDecodeError) as err:
+        raise CheckpointError(
+            f"the published base's card cannot be read: {str(err).splitlines()[0]}",
+            where=str(path),
+            fix="restore the file from git, or rebuild the base with `longctx demo --train-base`",
+        ) from None
+
+
+def verify_published(directory: Path) -> Card:
+    """The card, once the archive's md5 and the tokenizer (files and manifest) match it; else an error
+    naming the file. Reads only."""
+    card = read_card(directory)
+    archive = directory / card.archive
+    if not archive.is_file():
+        raise CheckpointError(f"the published base's archive is missing: {archive}", where=str(archive),
+                              fix="restore it from git, or rebuild the base with `longctx demo --train-base`")  # fmt: skip
+    got = md5_file(archive)
+    if got != card.archive_md5:
+        raise CheckpointError(
+            f"the published base's archive has md5 {got}, its card says {card.archive_md5}",
+            where=str(archive),
+            fix="restore the archive from git (a changed base needs a new card: `longctx demo --train-base`)",
+        )
+    manifest = load_manifest(directory / TOKENIZER_MANIFEST)
+    if manifest.md5 != card.tokenizer_md5:
+        raise TokenizerError(
+            f"the tokenizer manifest pins md5 {manifest.md5}, the card {card.tokenizer_md5}",
+            where=str(directory / TOKENIZER_MANIFEST),
+            fix="restore both files from git",
+        )
+    report = verify_tokenizer(directory / TOKENIZER_DIR, manifest)
+    if not report.ok:
+        first = report.findings.errors[0] if report.findings.errors else None
+        raise TokenizerError(
+            "the published tokenizer does not match its manifest"
+            + (f": {first.message}" if first is not None else ""),
+            where=str(directory / TOKENIZER_DIR),
+            fix="restore the tokenizer directory from git",
+        )
+    return card
+
+
+def install_published(directory: Path, tokenizer_dir: Path, save_dir: Path) -> tuple[Card, bool]:
+    """Verify the published base, copy its tokenizer to `tokenizer_dir` (with the manifest as
+    manifest.toml) and adopt its archive into `save_dir`; (card, whether anything was written). A
+    target that exists is kept (a rerun resumes), so the verification is what protects it."""
+    card = verify_published(directory)
+    wrote = False
+    if not (tokenizer_dir / "manifest.toml").is_file():
+        staging = tokenizer_dir.with_name(tokenizer_dir.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(directory / TOKENIZER_DIR, staging)
+        shutil.copyfile(directory / TOKENIZER_MANIFEST, staging / "manifest.toml")
+        staging.rename(tokenizer_dir)
+        wrote = True
+    if not (save_dir / TRACKER).is_file():
+        adopt(directory / card.archive, save_dir, mode="link", allow_copy=True)
+        wrote = True
+    return card, wrote

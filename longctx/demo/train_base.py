@@ -1,0 +1,311 @@
+"""`longctx demo --train-base`: rebuild the published demo base from its seeded corpus.
+
+The base is pretrained once, in the background, and published in the package (`longctx.demo.published`);
+the demo adopts it as a user adopts a downloaded base. Steps (each kept when its output exists, so a rerun
+after a kill resumes — the trainer itself resumes from its last save):
+ 1. tokenizer — SentencePiece, OpenEuroLLM special-token layout, digits as single pieces, + manifest;
+ 2. corpus    — seeded documents of one pass key each (`longctx.demo.corpus`), sized for the base window;
+ 3. data      — tokenized into Megatron .bin/.idx;
+ 4. train     — longctx's local trainer (megatron-core GPT, documents packing), saving every few hundred
+                iterations;
+ 5. measure   — greedy passkey retrieval at the base length and beyond (extrapolated), held-out loss;
+ 6. publish   — a model-only torch_dist save as a tar, the tokenizer, card.toml and MODEL_CARD.md.
+The recipe is fixed here so the command takes no knobs: the card records what it did and how long it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import shutil
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from longctx.arch import ModelArch
+from longctx.checkpoint.inspect import inspect_checkpoint
+from longctx.checkpoint.layout import read_tracker
+from longctx.data.tokenize import tokenize_jsonl
+from longctx.demo.corpus import documents, write_jsonl
+from longctx.demo.published import ARCHIVE, CARD, TOKENIZER_DIR, TOKENIZER_MANIFEST, Card, Retrieval
+from longctx.errors import StageError
+from longctx.eval.data import HeldOut
+from longctx.eval.engine import CheckpointRef, evaluate_checkpoints
+from longctx.eval.load import checkpoint_info, load_model
+from longctx.eval.settings import EvalSettings
+from longctx.launch.local import LocalLauncher
+from longctx.mcore.checkpoint import save_checkpoint
+from longctx.mcore.parallel import eval_parallel
+from longctx.tokenizer import fingerprint, load_manifest, load_tokenizer, train_sentencepiece, write_manifest
+from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
+from longctx.util.fs import atomic_write_text
+from longctx.util.hashing import md5_file
+from longctx.util.machine import cpu_model
+
+Echo = Callable[[str], None]
+# tokenizer.json and the HF side files; the manifest travels beside the directory
+_TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "added_tokens.json")  # fmt: skip
+
+
+# two layers are the fewest that hold an induction (copy) circuit; 173K parameters besides the embeddings
+BASE_ARCH = ModelArch(
+    num_layers=2, hidden_size=64, ffn_hidden_size=192, num_attention_heads=2, num_query_groups=2,
+    kv_channels=32, qk_layernorm=True, untie_embeddings_and_output_weights=True,
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRecipe:
+    """How the published autoregressive demo base is made (what its card records)."""
+
+    name: str = "longctx-demo-ar-base"
+    vocab_size: int = 512
+    padded_vocab_size: int = 640
+    arch: ModelArch = BASE_ARCH
+    seq_length: int = 256
+    rotary_base: int = 10_000
+    # documents of 8 to 17 sentences (≈ 110 to 240 tokens): a statement and its restatements share a window
+    train_docs: int = 136_000
+    heldout_docs: int = 400
+    min_words: int = 80
+    max_words: int = 170
+    global_batch: int = 16
+    iterations: int = 5000
+    lr: float = 2e-3  # constant after warmup: the copy circuit forms late, a decayed rate stalls it
+    warmup: int = 100
+    save_interval: int = 500
+    processes: int = 2
+    eval_keys: int = 20  # per length and depth
+
+
+def _tokenizer(work: Path, r: BaseRecipe) -> str:
+    tok_dir = work / "tokenizer"
+    if (tok_dir / "manifest.toml").exists():
+        return f"{tok_dir} (kept)"
+    sample = list(documents(400, seed=7, min_words=r.min_words, max_words=r.max_words))
+    train_sentencepiece(sample, tok_dir, r.vocab_size, layout="oellm", hf=True, tokenizer_json=True)
+    m = fingerprint(tok_dir, name=f"{r.name}-tokenizer")
+    write_manifest(
+        m, tok_dir / "manifest.toml", header=f"The tokenizer of {r.name} (`longctx demo --train-base`)."
+    )
+    return f"SentencePiece vocab {m.vocab_size}, md5 {m.md5}"
+
+
+def _data(work: Path, r: BaseRecipe) -> str:
+    prefix = work / "data" / "base_text_document"
+    if Path(f"{prefix}.idx").exists():
+        return f"{prefix} (kept)"
+    train = work / "corpus" / "train.jsonl"
+    docs = documents(r.train_docs + r.heldout_docs, seed=1, min_words=r.min_words, max_words=r.max_words)
+    write_jsonl(train, docs)
+    side = tokenize_jsonl([train], work / "tokenizer", prefix, workers=r.processes)
+    return f"{side.documents:,} documents, {side.tokens:,} tokens"
+
+
+def _split(r: BaseRecipe) -> str:
+    """Train on all but the last `heldout_docs` documents (in percent, as Megatron's --split)."""
+    held = 100.0 * r.heldout_docs / (r.train_docs + r.heldout_docs)
+    return f"{100.0 - held:.4f},{held:.4f},0"
+
+
+def _spec(work: Path, r: BaseRecipe) -> TrainSpec:
+    tok = load_tokenizer(work / "tokenizer")
+    threads = max(1, (os.cpu_count() or 1) // r.processes)
+    return TrainSpec(
+        stage="base", arch=r.arch, seq_length=r.seq_length, max_position_embeddings=r.seq_length,
+        rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size,
+        tokenizer=TokenizerInfo(path=str(work / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
+                                eod_id=tok.eod_id, pad_id=tok.pad_id),
+        data=[(None, str(work / "data" / "base_text_document"))], split=_split(r), packing="documents",
+        data_cache_path=str(work / "cache"), global_batch_size=r.global_batch, train_iters=r.iterations,
+        lr=LRSchedule(lr=r.lr, min_lr=r.lr, warmup_iters=r.warmup, decay_iters=r.iterations, decay_style="constant"),
+        save=str(work / "checkpoints"), save_interval=r.save_interval, log_interval=50,
+        threads_per_process=threads, metrics_file=str(work / "metrics.jsonl"),
+        tensorboard_dir=str(work / "tensorboard"),
+    )  # fmt: skip
+
+
+def _train(work: Path, r: BaseRecipe) -> tuple[str, float]:
+    """Train (or resume) to `iterations`; the wall time of this call's training, in seconds."""
+    t = read_tracker(work / "checkpoints")
+    if t is not None and t.iteration >= r.iterations:
+        return f"iteration {t.iteration} (kept)", 0.0
+    spec = _spec(work, r)
+    spec.dump(work / "train_spec.json")
+    t0 = time.monotonic()
+    code = LocalLauncher(echo=True).run(
+        [sys.executable, "-m", "longctx.train", "--spec", str(work / "train_spec.json")],
+        nproc=r.processes,
+        env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
+        log=work / "train.log",
+    )
+    if code != 0:
+        raise StageError(f"base training failed (exit {code})", where=str(work / "train.log"),
+                         fix="read the log; rerunning resumes from the last save")  # fmt: skip
+    return f"{r.iterations} iterations of {r.global_batch}×{r.seq_length} tokens", time.monotonic() - t0
+
+
+def _wall(work: Path, seconds: float) -> float:
+    """Training wall time summed over every launch (a resumed run adds up), kept in the work dir."""
+    f = work / "train_wall_seconds.txt"
+    total = (float(f.read_text()) if f.exists() else 0.0) + seconds
+    atomic_write_text(f, f"{total:.1f}\n")
+    return total
+
+
+def measure(work: Path, r: BaseRecipe, lengths: tuple[int, ...] = (256, 1024, 4096)) -> list[Retrieval]:
+    """Greedy exact match at each length (beyond the window by extrapolation), `eval_keys` per depth."""
+    settings = EvalSettings(
+        keys_per_cell=r.eval_keys, distractors=0, short_docs=0, packed_windows=0, loss_docs=1
+    )
+    report = evaluate_checkpoints(
+        [CheckpointRef("base", work / "checkpoints", allow_extrapolation=True)],
+        lengths=list(lengths), tokenizer=load_tokenizer(work / "tokenizer"),
+        heldout=HeldOut([str(work / "data" / "base_text_document")], _split(r)), settings=settings,
+        short_length=r.seq_length, cache_dir=work / "eval-cache",
+    )  # fmt: skip
+    return [
+        Retrieval(
+            length=res.length, keys=sum(c.keys for c in res.passkey.cells), exact=res.passkey.greedy_accuracy
+        )
+        for res in sorted(report.checkpoints[0].results, key=lambda x: x.length)
+    ]
+
+
+def _reproducible(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+    ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = 0, 0, 0, "", ""
+    return ti
+
+
+def model_only_archive(save_dir: Path, out: Path) -> int:
+    """Save the model of `save_dir`'s last checkpoint alone (no optimizer, no RNG) as torch_dist and pack
+    it as a tar holding that save dir, as Ermine ships its bases; returns the iteration."""
+    info = checkpoint_info(save_dir)
+    args = argparse.Namespace(**inspect_checkpoint(save_dir).args)
+    staging = out.parent / f".{out.stem}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    inner = staging / out.stem
+    with eval_parallel(1) as par:
+        loaded = load_model(info, par, max_length=info.seq_length or BaseRecipe.seq_length)
+        save_checkpoint(inner, info.iteration or 0, model=loaded.model, args=args)
+    tmp = out.with_name(out.name + ".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(inner, arcname=out.stem, filter=_reproducible)
+    tmp.rename(out)
+    shutil.rmtree(staging)
+    return info.iteration or 0
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def card_toml(card: Card) -> str:
+    """card.toml: scalars, then [arch], then one [[retrieval]] table per length."""
+    data = card.model_dump(exclude_none=True)
+    arch, retrieval = data.pop("arch"), data.pop("retrieval")
+    lines = ["# The published demo base (longctx.demo.published); rebuilt by the command below."]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in data.items()]
+    lines += ["", "[arch]"] + [f"{k} = {_toml_value(v)}" for k, v in arch.items() if v is not None]
+    for row in retrieval:
+        lines += ["", "[[retrieval]]"] + [f"{k} = {_toml_value(v)}" for k, v in row.items()]
+    return "\n".join(lines) + "\n"
+
+
+def card_markdown(card: Card) -> str:
+    a = card.arch
+    rows = "\n".join(f"| {r.length:,} | {r.keys} | {100 * r.exact:.0f} % |" for r in card.retrieval)
+    return f"""# {card.name}
+
+A tiny autoregressive GPT (megatron-core, torch_dist, model only) that `longctx demo` adopts and extends,
+as a user adopts a published base. Rebuild it with `{card.command}`.
+
+| | |
+|---|---|
+| shape | {a.num_layers} layers, hidden {a.hidden_size}, {a.num_attention_heads} heads × {a.kv_channels}, \
+SwiGLU {a.ffn_hidden_size}, RMSNorm, QK-norm, untied embeddings |
+| window | {card.seq_length} tokens, RoPE base {card.rotary_base:,} |
+| vocabulary | SentencePiece {card.padded_vocab_size} rows (tokenizer md5 `{card.tokenizer_md5}`) |
+| training | {card.iteration:,} iterations, {card.tokens:,} tokens, longctx's local trainer |
+| data | the seeded demo corpus: filler sentences with one pass key per document, restated later |
+| wall time | {card.wall_seconds / 60:.0f} min on {card.machine} |
+| archive | `{card.archive}`, md5 `{card.archive_md5}` |
+
+Greedy exact match of the whole 5-digit key (every depth together; beyond {card.seq_length} by
+extrapolation, which is what the extension stages fix):
+
+| length | keys | exact match |
+|---:|---:|---:|
+{rows}
+"""
+
+
+def publish(work: Path, out_dir: Path, r: BaseRecipe, wall: float, retrieval: list[Retrieval]) -> Card:
+    """Write the archive, the tokenizer, card.toml and MODEL_CARD.md into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    iteration = model_only_archive(work / "checkpoints", out_dir / ARCHIVE)
+    tok_out = out_dir / TOKENIZER_DIR
+    shutil.rmtree(tok_out, ignore_errors=True)
+    tok_out.mkdir()
+    for name in _TOKENIZER_FILES:
+        if (work / "tokenizer" / name).is_file():
+            shutil.copyfile(work / "tokenizer" / name, tok_out / name)
+    shutil.copyfile(work / "tokenizer" / "manifest.toml", out_dir / TOKENIZER_MANIFEST)
+    card = Card(
+        name=r.name, family="ar", archive_md5=md5_file(out_dir / ARCHIVE),
+        tokenizer_md5=load_manifest(out_dir / TOKENIZER_MANIFEST).md5, iteration=iteration,
+        seq_length=r.seq_length, rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size, arch=r.arch,
+        tokens=iteration * r.global_batch * r.seq_length, wall_seconds=round(wall, 1),
+        machine=f"{os.cpu_count()} CPU cores ({cpu_model()}, {platform.machine()})",
+        command="longctx demo --train-base", retrieval=retrieval,
+    )  # fmt: skip
+    atomic_write_text(out_dir / CARD, card_toml(card))
+    atomic_write_text(out_dir / "MODEL_CARD.md", card_markdown(card))
+    return card
+
+
+def _step(echo: Echo, name: str, fn: Callable[[], str]) -> None:
+    echo(f"==> {name}")
+    t0 = time.monotonic()
+    detail = fn()
+    echo(f"    {detail} [{time.monotonic() - t0:.1f} s]")
+
+
+def train_base(work: Path, out_dir: Path, *, recipe: BaseRecipe | None = None, echo: Echo = print) -> Card:
+    """Every step of the module docstring; a rerun keeps what exists and resumes the training."""
+    r = recipe or BaseRecipe()
+    work = work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    _step(echo, "tokenizer", lambda: _tokenizer(work, r))
+    _step(echo, "corpus and data", lambda: _data(work, r))
+    trained: list[float] = []
+
+    def train() -> str:
+        detail, seconds = _train(work, r)
+        trained.append(_wall(work, seconds))
+        return detail
+
+    _step(echo, "train", train)
+    retrieval: list[Retrieval] = []
+
+    def evaluate() -> str:
+        retrieval.extend(measure(work, r))
+        return ", ".join(f"{x.length}: {100 * x.exact:.0f} % of {x.keys}" for x in retrieval)
+
+    _step(echo, "retrieval (greedy exact match)", evaluate)
+    card: list[Card] = []
+    _step(
+        echo,
+        "publish",
+        lambda: card.append(publish(work, out_dir, r, trained[0], retrieval)) or f"→ {out_dir}",
+    )
+    return card[0]

@@ -1,0 +1,127 @@
+"""The published demo base in the package: its card pins the archive and the tokenizer, a damaged or
+changed file is refused before anything is written, and adopting it gives a model-only torch_dist
+checkpoint that the planner and the evaluation read like any user's base."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from longctx.checkpoint.inspect import inspect_checkpoint
+from longctx.checkpoint.layout import read_tracker
+from longctx.demo.corpus import documents
+from longctx.demo.published import (
+    ARCHIVE,
+    CARD,
+    TOKENIZER_DIR,
+    Card,
+    family_dir,
+    install_published,
+    read_card,
+    verify_published,
+)
+from longctx.demo.train_base import card_toml
+from longctx.errors import CheckpointError, TokenizerError
+from longctx.tokenizer import train_sentencepiece
+from longctx.util.hashing import md5_file
+
+AR = family_dir("ar")
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    out = tmp_path / "published"
+    shutil.copytree(AR, out)
+    return out
+
+
+def _targets(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "run" / "tokenizer", tmp_path / "run" / "base" / "checkpoints"
+
+
+def test_the_package_holds_a_small_pinned_base() -> None:
+    card = verify_published(AR)
+    assert card.family == "ar" and card.archive_md5 == md5_file(AR / ARCHIVE)
+    assert (AR / ARCHIVE).stat().st_size <= 8 * 2**20  # the budget for a model in git
+    assert card.seq_length == 256 and card.arch.num_layers == 2
+    at_window = [r for r in card.retrieval if r.length == card.seq_length]
+    assert at_window and at_window[0].keys >= 100  # 20 keys per depth, five depths
+    assert "longctx demo --train-base" in (AR / "MODEL_CARD.md").read_text()
+
+
+def test_card_toml_round_trips() -> None:
+    card = read_card(AR)
+    assert Card.model_validate(tomllib.loads(card_toml(card))) == card
+
+
+def test_install_adopts_a_model_only_checkpoint_then_keeps_it(tmp_path: Path) -> None:
+    tok, save = _targets(tmp_path)
+    card, wrote = install_published(AR, tok, save)
+    assert wrote and read_tracker(save).iteration == card.iteration
+    rep = inspect_checkpoint(save)
+    assert rep.contents == "model" and rep.optimizer is None  # what Ermine's *_model_only.tar holds
+    assert (tok / "manifest.toml").read_text() == (AR / "tokenizer.toml").read_text()
+    _, again = install_published(AR, tok, save)
+    assert not again  # a rerun resumes: nothing is written twice
+
+
+def test_a_changed_archive_is_refused_before_anything_is_written(copy: Path, tmp_path: Path) -> None:
+    data = bytearray((copy / ARCHIVE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / ARCHIVE).write_bytes(bytes(data))
+    tok, save = _targets(tmp_path)
+    with pytest.raises(CheckpointError, match="md5") as err:
+        install_published(copy, tok, save)
+    assert "restore" in (err.value.fix or "")
+    assert not tok.exists() and not save.exists()
+
+
+def test_a_changed_tokenizer_is_refused(copy: Path, tmp_path: Path) -> None:
+    other = train_sentencepiece(
+        list(documents(40, seed=5, min_words=50, max_words=200)), tmp_path / "other", 400
+    )
+    shutil.copyfile(other, copy / TOKENIZER_DIR / "tokenizer.model")  # a valid model, another vocabulary
+    tok, save = _targets(tmp_path)
+    with pytest.raises(TokenizerError, match="does not match its manifest"):
+        install_published(copy, tok, save)
+    assert not tok.exists() and not save.exists()
+    (copy / TOKENIZER_DIR / "tokenizer.model").write_bytes(b"damaged")
+    with pytest.raises(TokenizerError, match=r"tokenizer\.model"):
+        install_published(copy, tok, save)
+
+
+def test_a_card_that_pins_another_tokenizer_is_refused(copy: Path, tmp_path: Path) -> None:
+    text = (copy / CARD).read_text()
+    (copy / CARD).write_text(
+        re.sub(r'tokenizer_md5 = "[0-9a-f]+"', 'tokenizer_md5 = "' + "0" * 32 + '"', text)
+    )
+    with pytest.raises(TokenizerError, match="pins md5"):
+        install_published(copy, *_targets(tmp_path))
+
+
+def test_a_missing_or_broken_card_is_named(copy: Path) -> None:
+    (copy / CARD).write_text("name = \n")
+    with pytest.raises(CheckpointError, match="card cannot be read"):
+        verify_published(copy)
+    (copy / CARD).unlink()
+    with pytest.raises(CheckpointError, match="missing") as err:
+        verify_published(copy)
+    assert "--train-base" in (err.value.fix or "")
+
+
+def test_a_damaged_archive_with_a_matching_card_is_refused_by_adopt(copy: Path, tmp_path: Path) -> None:
+    # a truncated tar whose card was rewritten to match: ckpt adopt's own checks refuse it
+    archive = copy / ARCHIVE
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 3])
+    text = (copy / CARD).read_text()
+    (copy / CARD).write_text(
+        re.sub(r'archive_md5 = "[0-9a-f]+"', f'archive_md5 = "{md5_file(archive)}"', text)
+    )
+    tok, save = _targets(tmp_path)
+    with pytest.raises(CheckpointError):
+        install_published(copy, tok, save)
+    assert not save.exists() or read_tracker(save) is None
