@@ -1,14 +1,17 @@
 """`longctx demo`: the whole pipeline on a laptop-sized problem, resumable.
 
 Steps (each skipped when its output already exists, so a second `demo` in the same directory resumes):
- 1. tokenizer — a SentencePiece model with the OpenEuroLLM special-token layout + its manifest;
- 2. corpus    — synthetic long documents with pass keys and echoes (longctx.demo.corpus);
+ 1. base      — the published base (`longctx.demo.published`): its archive and tokenizer checked against
+                the md5s of its card, the tokenizer copied, the archive adopted as `ckpt adopt` does;
+                without a published base (the smoke plan, the diffusion families): a SentencePiece
+                tokenizer with the OpenEuroLLM special-token layout and its manifest;
+ 2. corpus    — seeded documents with one pass key each (longctx.demo.corpus), one corpus per data prefix;
  3. data      — tokenized into Megatron .bin/.idx with a sidecar;
- 4. checks    — tokenizer vs manifest, data vs the stage lengths and budgets;
- 5. base      — a tiny model pretrained at the base length (256 tokens, rotary base 10 000);
- 6. stages    — stages/tiny.toml through the stage state machine and the local backend (the last stage
-                with CP = 2); one stage is interrupted with SIGTERM once it has saved, then resumed;
- 7. eval      — each finished stage is evaluated (passkey grid, loss by position);
+ 4. checks    — tokenizer vs the plan's manifest, each stage's data vs its length and budget;
+ 5. pretrain  — only without a published base: a tiny model pretrained at the base length;
+ 6. stages    — the plan through the stage state machine and the local backend (the last stage with
+                CP = 2); one stage is interrupted with SIGTERM once it has saved, then resumed;
+ 7. eval      — every checkpoint evaluated (passkey grid, loss by position);
  8. summary   — a table and the paths of everything written.
 """
 
@@ -29,8 +32,9 @@ from longctx.checkpoint.layout import TRACKER, read_tracker
 from longctx.data.check import check_datasets
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.demo.corpus import documents, write_jsonl
+from longctx.demo.published import family_dir, install_published
 from longctx.errors import LongctxError, StageError
-from longctx.eval.runner import demo_summary
+from longctx.eval.runner import STAGE_SETTINGS, demo_summary
 from longctx.launch.local import LocalLauncher
 from longctx.mcore.parallel import visible_device_count
 from longctx.plan import paths
@@ -59,33 +63,55 @@ SMALL_PLANS = {"ar": "tiny_smoke.toml"}
 
 
 @dataclasses.dataclass(frozen=True)
+class Corpus:
+    """One seeded corpus of the demo: written to corpus/NAME.jsonl, tokenized to data/NAME_text_document."""
+
+    name: str
+    docs: int
+    min_words: int
+    max_words: int
+    seed: int
+
+
+# the published base's stages: the base's short documents, and pass-key documents at each new length
+# (1K: 350–700 words ≈ 500–1,000 tokens; 4K: 2,200–3,300 words ≈ 3,000–4,600 tokens, so the held-out
+# documents that the loss by position reads are 4K long)
+STAGE_CORPORA = (
+    Corpus("short", 10_000, 80, 170, 11),
+    Corpus("long1k", 4_000, 350, 700, 12),
+    Corpus("long4k", 900, 2_200, 3_300, 13),
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class DemoConfig:
-    """Sizes of the demo. `small()` is the same pipeline scaled down for tests."""
+    """Sizes of the demo. `small()` is the same pipeline scaled down for tests.
+
+    `published`: the family whose published base (longctx/resources/demo/FAMILY) the demo adopts, with
+    its tokenizer, instead of building a tokenizer and pretraining a base itself."""
 
     plan: Path = REPO_ROOT / "stages" / "tiny.toml"
+    published: str | None = "ar"
+    corpora: tuple[Corpus, ...] = STAGE_CORPORA
     vocab_size: int = 512
-    train_docs: int = 1600
-    heldout_docs: int = 40
-    min_words: int = 150
-    max_words: int = 6000
     base_global_batch: int = 32
     base_iters: int = 150
     processes: int = 2
     interrupt_stage: str | None = "4k"  # SIGTERM once it has saved, then resume
+    eval_keys: int = 20  # per length and depth in the final evaluation
 
     @classmethod
     def small(cls, plan: Path, interrupt_stage: str | None = None) -> DemoConfig:
         """The same pipeline on a smaller corpus and base model (pair it with a small plan)."""
         return cls(
             plan=plan,
+            published=None,
+            corpora=(Corpus("corpus", 160, 60, 1500, 1),),
             vocab_size=320,
-            train_docs=160,
-            heldout_docs=8,
-            min_words=60,
-            max_words=1500,
             base_global_batch=8,
             base_iters=12,
             interrupt_stage=interrupt_stage,
+            eval_keys=2,
         )
 
     @classmethod
@@ -107,6 +133,9 @@ class DemoConfig:
             plan = plan or REPO_ROOT / "stages" / SMALL_PLANS.get(family, FAMILY_PLANS[family])
             return cls.small(plan, interrupt_stage=interrupt)
         cfg = cls(plan=plan or REPO_ROOT / "stages" / FAMILY_PLANS[family])
+        if family != "ar":  # the diffusion families pretrain their own base on one corpus
+            cfg = dataclasses.replace(cfg, published=None, corpora=(Corpus("corpus", 1600, 150, 6000, 1),),
+                                      eval_keys=2)  # fmt: skip
         if interrupt is not None:
             return dataclasses.replace(cfg, interrupt_stage=interrupt)
         return cfg
@@ -169,52 +198,70 @@ def _tokenizer(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
     return f"SentencePiece vocab {m.vocab_size} (md5 {m.md5}) → {tok_dir}", False
 
 
-def _corpus(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
-    train, held = run_dir / "corpus" / "train.jsonl", run_dir / "corpus" / "heldout.jsonl"
-    if train.exists() and held.exists():
-        return f"{train}", True
-    n = write_jsonl(
-        train.with_suffix(".tmp"),
-        documents(cfg.train_docs, seed=1, min_words=cfg.min_words, max_words=cfg.max_words),
+def _published(run_dir: Path, family: str) -> tuple[str, bool]:
+    """Adopt the published base as a user adopts a downloaded one: md5s checked against its card first."""
+    card, wrote = install_published(
+        family_dir(family), run_dir / "tokenizer", run_dir / "base" / "checkpoints"
     )
-    write_jsonl(
-        held, documents(cfg.heldout_docs, seed=2, min_words=cfg.max_words // 2, max_words=cfg.max_words)
-    )
-    train.with_suffix(".tmp").rename(train)
     return (
-        f"{n} training documents ({cfg.min_words}–{cfg.max_words} words) + {cfg.heldout_docs} held-out",
-        False,
+        f"{card.name}: archive md5 {card.archive_md5} and tokenizer md5 {card.tokenizer_md5} match the card; "
+        f"iteration {card.iteration:,} adopted → {run_dir / 'base' / 'checkpoints'}",
+        not wrote,
     )
+
+
+def _corpus(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
+    done = [c for c in cfg.corpora if (run_dir / "corpus" / f"{c.name}.jsonl").exists()]
+    for c in cfg.corpora:
+        path = run_dir / "corpus" / f"{c.name}.jsonl"
+        if c in done:
+            continue
+        write_jsonl(
+            path.with_suffix(".tmp"),
+            documents(c.docs, seed=c.seed, min_words=c.min_words, max_words=c.max_words),
+        )
+        path.with_suffix(".tmp").rename(path)
+    sizes = ", ".join(
+        f"{c.name}: {c.docs:,} documents of {c.min_words}–{c.max_words} words" for c in cfg.corpora
+    )
+    return sizes, len(done) == len(cfg.corpora)
 
 
 def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
-    prefix = run_dir / "data" / "corpus_text_document"
-    if Path(str(prefix) + ".idx").exists():
-        return f"{prefix}", True
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    side = tokenize_jsonl(
-        [run_dir / "corpus" / "train.jsonl"], run_dir / "tokenizer", prefix, workers=cfg.processes
-    )
-    return f"{side.documents} documents, {side.tokens:,} tokens → {prefix}.{{bin,idx}}", False
+    parts, kept = [], 0
+    for c in cfg.corpora:
+        prefix = run_dir / "data" / f"{c.name}_text_document"
+        if Path(str(prefix) + ".idx").exists():
+            kept += 1
+            continue
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        side = tokenize_jsonl([run_dir / "corpus" / f"{c.name}.jsonl"], run_dir / "tokenizer", prefix,
+                              workers=cfg.processes)  # fmt: skip
+        parts.append(f"{c.name}: {side.documents:,} documents, {side.tokens:,} tokens")
+    return "; ".join(parts) or f"{run_dir / 'data'}", kept == len(cfg.corpora)
 
 
 def _checks(run_dir: Path, rp: ResolvedPlan) -> tuple[str, bool]:
-    rep = verify_tokenizer(run_dir / "tokenizer", load_manifest(run_dir / "tokenizer" / "manifest.toml"))
+    rep = verify_tokenizer(
+        run_dir / "tokenizer",
+        load_manifest(paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest")),
+    )
     if not rep.ok:
         raise StageError(
             "the demo tokenizer does not match its manifest", fix="delete the demo directory and rerun"
         )
     lengths = [rp.plan.base.seq_length] + [s.seq_length for s in rp.stages]
-    data = check_datasets(
-        stage_blend(rp, rp.stages[0]),
-        tokenizer=run_dir / "tokenizer",
-        lengths=lengths,
-        budgets={s.name: s.tokens_realized for s in rp.stages},
-        progress=False,
-    )
-    if not data.ok:
-        msgs = "; ".join(f.message for f in data.all_findings().errors)
-        raise StageError(f"the demo data fails its checks: {msgs}")
+    for st in rp.stages:  # each stage's data at its own length and budget (blends differ by stage)
+        data = check_datasets(
+            stage_blend(rp, st),
+            tokenizer=run_dir / "tokenizer",
+            lengths=[st.seq_length],
+            budgets={st.name: st.tokens_realized},
+            progress=False,
+        )
+        if not data.ok:
+            msgs = "; ".join(f.message for f in data.all_findings().errors)
+            raise StageError(f"the demo data of stage {st.name} fails its checks: {msgs}")
     return f"tokenizer matches its manifest; data passes its checks at lengths {lengths}", False
 
 
@@ -386,7 +433,11 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     steps: list[StepRecord] = []
-    _timed(steps, "tokenizer", echo, lambda: _tokenizer(run_dir, cfg))
+    published = cfg.published
+    if published is not None:
+        _timed(steps, "published base", echo, lambda: _published(run_dir, published))
+    else:
+        _timed(steps, "tokenizer", echo, lambda: _tokenizer(run_dir, cfg))
     _timed(steps, "corpus", echo, lambda: _corpus(run_dir, cfg))
     _timed(steps, "data", echo, lambda: _data(run_dir, cfg))
     rp = resolve_plan(load_plan(cfg.plan, run_dir=run_dir))
@@ -395,7 +446,8 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
         visible_device_count(), max([cfg.processes, *(st.world for st in rp.stages)])
     )
     echo(line)
-    _timed(steps, "base model", echo, lambda: _base(run_dir, rp, cfg, echo, devices))
+    if published is None:
+        _timed(steps, "base model", echo, lambda: _base(run_dir, rp, cfg, echo, devices))
     interrupted: dict[str, Any] | None = None
 
     def stages() -> tuple[str, bool]:
@@ -408,7 +460,8 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
 
     def evaluate() -> tuple[str, bool]:
         nonlocal evaluation
-        evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints")
+        settings = STAGE_SETTINGS.model_copy(update={"keys_per_cell": cfg.eval_keys})
+        evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints", settings=settings)
         return f"base and every stage evaluated → {evaluation['out_dir']}", False
 
     _timed(steps, "evaluation", echo, evaluate)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from longctx.cli.main import app
 from longctx.data import read_index, read_sidecar
 from longctx.data.tokenize import tokenize_jsonl
-from longctx.demo.run import DemoConfig, _corpus, _data, _tokenizer
+from longctx.demo.run import Corpus, DemoConfig, _corpus, _data, _tokenizer
 from longctx.eval.grid import segment_tokens
 from longctx.eval.passkey_text import passkey_statement
 from longctx.eval.runner import _plan_tokenizer
@@ -25,11 +25,11 @@ from tests.fixtures.run import write_plan
 def test_demo_data_eval_and_fresh_tokenize_agree(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
     plan = write_plan(tmp_path / "plan.toml", run_dir)
-    cfg = dataclasses.replace(DemoConfig.small(plan), train_docs=12, heldout_docs=2, max_words=600)
+    cfg = dataclasses.replace(DemoConfig.small(plan), corpora=(Corpus("corpus", 12, 60, 600, 1),))
     for step in (_tokenizer, _corpus, _data):  # the demo's own steps
         step(run_dir, cfg)
     prefix = run_dir / "data" / "corpus_text_document"
-    train = run_dir / "corpus" / "train.jsonl"
+    train = run_dir / "corpus" / "corpus.jsonl"
 
     # a fresh `longctx data tokenize` (one worker; the demo used two) writes the same bytes
     fresh = tmp_path / "fresh"
