@@ -89,7 +89,10 @@ def _tokenizer(work: Path, r: BaseRecipe) -> str:
         return f"{tok_dir} (kept)"
     sample = list(documents(400, seed=7, min_words=r.min_words, max_words=r.max_words))
     train_sentencepiece(sample, tok_dir, r.vocab_size, layout="oellm", hf=True, tokenizer_json=True)
-    m = fingerprint(tok_dir, name=f"{r.name}-tokenizer")
+    # the manifest is published: it describes the tokenizer, not the directory it was built in
+    m = fingerprint(tok_dir, name=f"{r.name}-tokenizer").model_copy(
+        update={"description": f"SentencePiece BPE, vocab {r.vocab_size}, of the seeded demo corpus"}
+    )
     write_manifest(
         m, tok_dir / "manifest.toml", header=f"The tokenizer of {r.name} (`longctx demo --train-base`)."
     )

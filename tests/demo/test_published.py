@@ -125,3 +125,10 @@ def test_a_damaged_archive_with_a_matching_card_is_refused_by_adopt(copy: Path, 
     with pytest.raises(CheckpointError):
         install_published(copy, tok, save)
     assert not save.exists() or read_tracker(save) is None
+
+
+def test_published_files_name_no_build_directory() -> None:
+    # the card and manifest travel with the package: nothing in them may point at where they were built
+    for name in (CARD, "tokenizer.toml", "MODEL_CARD.md"):
+        text = (AR / name).read_text()
+        assert "/work/" not in text and "runs/" not in text and "/tmp/" not in text, name
