@@ -23,7 +23,8 @@ import shutil
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from longctx.arch import ModelArch
@@ -276,11 +277,14 @@ def publish(work: Path, out_dir: Path, r: BaseRecipe, wall: float, retrieval: li
     return card
 
 
-def _step(echo: Echo, name: str, fn: Callable[[], str]) -> None:
+@contextmanager
+def _step(echo: Echo, name: str) -> Iterator[list[str]]:
+    """Announce a step, let the block append its one-line result, print it with the step's time."""
     echo(f"==> {name}")
     t0 = time.monotonic()
-    detail = fn()
-    echo(f"    {detail} [{time.monotonic() - t0:.1f} s]")
+    said: list[str] = []
+    yield said
+    echo(f"    {'; '.join(said)} [{time.monotonic() - t0:.1f} s]")
 
 
 def train_base(work: Path, out_dir: Path, *, recipe: BaseRecipe | None = None, echo: Echo = print) -> Card:
@@ -288,27 +292,18 @@ def train_base(work: Path, out_dir: Path, *, recipe: BaseRecipe | None = None, e
     r = recipe or BaseRecipe()
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    _step(echo, "tokenizer", lambda: _tokenizer(work, r))
-    _step(echo, "corpus and data", lambda: _data(work, r))
-    trained: list[float] = []
-
-    def train() -> str:
+    with _step(echo, "tokenizer") as say:
+        say.append(_tokenizer(work, r))
+    with _step(echo, "corpus and data") as say:
+        say.append(_data(work, r))
+    with _step(echo, "train") as say:
         detail, seconds = _train(work, r)
-        trained.append(_wall(work, seconds))
-        return detail
-
-    _step(echo, "train", train)
-    retrieval: list[Retrieval] = []
-
-    def evaluate() -> str:
-        retrieval.extend(measure(work, r))
-        return ", ".join(f"{x.length}: {100 * x.exact:.0f} % of {x.keys}" for x in retrieval)
-
-    _step(echo, "retrieval (greedy exact match)", evaluate)
-    card: list[Card] = []
-    _step(
-        echo,
-        "publish",
-        lambda: card.append(publish(work, out_dir, r, trained[0], retrieval)) or f"→ {out_dir}",
-    )
-    return card[0]
+        wall = _wall(work, seconds)
+        say.append(detail)
+    with _step(echo, "retrieval (greedy exact match)") as say:
+        retrieval = measure(work, r)
+        say.append(", ".join(f"{x.length}: {100 * x.exact:.0f} % of {x.keys}" for x in retrieval))
+    with _step(echo, "publish") as say:
+        card = publish(work, out_dir, r, wall, retrieval)
+        say.append(f"→ {out_dir}")
+    return card
