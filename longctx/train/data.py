@@ -133,7 +133,9 @@ def micro_batch(
         stack.update(tokens=c.inputs, labels=clean, corrupted=c.corrupted, t=c.t)
     cu_seqlens = None
     if documents_eod is not None:
-        cu_seqlens = eod_document_bounds(stack["tokens"], documents_eod)
+        # from the clean tokens: a diffusion objective masks or replaces EODs like any token, and the
+        # documents' bounds are the data's, not the noise's (else a masked EOD joins two documents)
+        cu_seqlens = eod_document_bounds(stack["labels" if noise is not None else "tokens"], documents_eod)
         if reset_position_ids:
             stack["position_ids"] = document_positions(cu_seqlens, *stack["tokens"].shape)
     if cp_size > 1:

@@ -52,3 +52,21 @@ def test_cp2_within_documents_matches_cp1(fresh_run: Path, tmp_path: Path) -> No
     assert len(l1) == len(l2) == 2
     assert l1 == pytest.approx(l2, rel=1e-5, abs=1e-5)
     print("cp1", l1, "cp2", l2, "max diff", max(abs(a - b) for a, b in zip(l1, l2, strict=True)))
+
+
+def test_diffusion_noise_never_moves_a_document_bound(fresh_run: Path) -> None:
+    """Under a diffusion objective the EODs are corrupted like any token (masked, or drawn over), but the
+    documents' bounds and positions are the clean data's."""
+    from longctx.objective import Objective
+    from longctx.train.data import NoiseSource
+
+    s = spec(fresh_run, fresh_run / "unused", seq_length=128, max_position_embeddings=128, global_batch_size=32,
+             packing="documents", reset_position_ids=True)  # fmt: skip
+    ds, eod, idx = build_train_dataset(s), s.tokenizer.eod_id, list(range(32))
+    for obj in (Objective(kind="mdm", mask_id=s.tokenizer.vocab_size), Objective(kind="udm")):
+        noise = NoiseSource(obj, seed=3, global_batch_size=32, vocab_size=s.tokenizer.vocab_size)
+        noisy = micro_batch(ds, idx, 0, 1, documents_eod=eod, reset_position_ids=True, noise=noise)
+        assert ((noisy.labels == eod) & (noisy.tokens != eod)).any()  # some EOD was corrupted
+        # the diffusion models' sequence is the clean labels (no shift): their EODs end the documents
+        assert torch.equal(noisy.cu_seqlens, eod_document_bounds(noisy.labels, eod))
+        assert torch.equal(noisy.position_ids, document_positions(noisy.cu_seqlens, *noisy.labels.shape))
