@@ -282,7 +282,7 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
     s, info = ctx.settings, job.info
     vocab = ctx.tokenizer.vocab_size
     objective = Objective(kind=info.objective, mask_id=info.mask_id if info.objective == "mdm" else None)
-    items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
+    items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell, closed=True) for n in todo}
     docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
     contexts = {n: elbo_contexts(n, s.elbo_window) for n in todo}
     total = sum(len(v) for v in items.values()) + sum(len(docs[n][0]) * len(contexts[n]) for n in todo)

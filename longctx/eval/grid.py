@@ -52,18 +52,25 @@ class PasskeyItem:
     question_start: int
     natural: bool  # every filler sentence after the needle is whole
     digit_mask: list[bool]  # answer tokens that carry digits (not the spaces between them)
+    # what closes the restatement after the key (infilling items: the rest of the needle's sentence);
+    # empty for a continuation, whose answer ends the sequence
+    closing: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt + self.answer
+        return self.prompt + self.answer + self.closing
 
     @property
     def answer_start(self) -> int:
         return len(self.prompt)
 
+    @property
+    def answer_end(self) -> int:
+        return len(self.prompt) + len(self.answer)
+
     def candidates(self) -> list[list[int]]:
         """Full sequences: the true key first, then each distractor."""
-        return [self.tokens] + [self.prompt + d for _, d in self.distractors]
+        return [self.tokens] + [self.prompt + d + self.closing for _, d in self.distractors]
 
 
 def segment_tokens(tokenizer: LoadedTokenizer, text: str) -> list[int]:
@@ -222,9 +229,12 @@ class PasskeyGrid:
         key: str | None = None,
         distractor_keys: Sequence[str] | None = None,
         name: str | None = None,
+        closed: bool = False,
     ) -> PasskeyItem:
         """The item of cell (length, depth) number `index`; `key`/`name`/`distractor_keys` pin them
-        (tests use that for models whose answer is known)."""
+        (tests use that for models whose answer is known). `closed`: the restatement ends as the needle's
+        sentence does (" ."), so the key sits inside the text — what infilling a key means for a
+        bidirectional model; otherwise the key ends the sequence, as a continuation does."""
         if not 0.0 <= depth <= 1.0:
             raise EvalError(
                 f"needle depth {depth} is outside [0, 1]", fix="give depths as fractions, e.g. 0.5"
@@ -245,14 +255,16 @@ class PasskeyGrid:
         else:
             distractors = self._distractors(name, key, answer, question, rng)
         digits = [any(ch.isdigit() for ch in self.tok.decode([t])) for t in answer]
-        haystack = length - len(question) - len(answer)
+        closing = self._closing(needle, question, answer) if closed else []
+        ask = len(question) + len(answer) + len(closing)  # what follows the haystack
+        haystack = length - ask
         if haystack < len(needle):
             raise EvalError(
                 f"length {length} is too short for a passkey prompt: the needle, question and answer "
-                f"alone take {len(needle) + len(question) + len(answer)} tokens",
-                fix=f"use lengths of at least {2 * (len(needle) + len(question) + len(answer))} tokens",
+                f"alone take {len(needle) + ask} tokens",
+                fix=f"use lengths of at least {2 * (len(needle) + ask)} tokens",
             )
-        start = needle_start(length, depth, len(question), len(answer), len(needle))
+        start = needle_start(length, depth, len(question) + len(closing), len(answer), len(needle))
         after = haystack - start - len(needle)
         if self.filler == "synthetic":
             left = self._left(start, rng)
@@ -271,16 +283,32 @@ class PasskeyGrid:
         item = PasskeyItem(
             length=length, depth=depth, index=index, name=name, key=key, prompt=prompt, answer=answer,
             distractors=distractors, needle=needle, needle_start=start, question_start=start + len(needle) + after,
-            natural=natural, digit_mask=digits if any(digits) else [True] * len(answer),
+            natural=natural, digit_mask=digits if any(digits) else [True] * len(answer), closing=closing,
         )  # fmt: skip
         if len(item.tokens) != length or item.tokens[start : start + len(needle)] != needle:
             raise AssertionError("passkey item assembled wrongly")  # the arithmetic above guarantees it
         return item
 
-    def cell(self, length: int, depth: float, keys: int) -> list[PasskeyItem]:
-        return [self.item(length, depth, i) for i in range(keys)]
+    @staticmethod
+    def _closing(needle: list[int], question: list[int], answer: list[int]) -> list[int]:
+        """The needle's tokens after its key (the sentence's end), which a closed restatement repeats."""
+        head = question + answer
+        if needle[: len(head)] != head:
+            raise EvalError(
+                "the tokenizer splits the statement's key differently from the restatement's, so the "
+                "restatement cannot be closed as the needle is",
+                fix="evaluate with a tokenizer that splits on whitespace (SentencePiece, GPT-2 BPE)",
+            )
+        return needle[len(head) :]
 
-    def grid(self, lengths: Sequence[int], depths: Sequence[float], keys: int) -> list[PasskeyItem]:
+    def cell(self, length: int, depth: float, keys: int, *, closed: bool = False) -> list[PasskeyItem]:
+        return [self.item(length, depth, i, closed=closed) for i in range(keys)]
+
+    def grid(
+        self, lengths: Sequence[int], depths: Sequence[float], keys: int, *, closed: bool = False
+    ) -> list[PasskeyItem]:
         if keys < 1:
             raise EvalError(f"keys per cell must be ≥ 1, got {keys}")
-        return [it for n in lengths for d in check_depths(depths) for it in self.cell(n, d, keys)]
+        return [
+            it for n in lengths for d in check_depths(depths) for it in self.cell(n, d, keys, closed=closed)
+        ]

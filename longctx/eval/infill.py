@@ -1,7 +1,8 @@
 """Evaluation of diffusion models (bidirectional, no next-token order), in one forward per sample.
 
 * **Passkey by infilling.** The passkey grid's items (needle at a depth, filler, the question that
-  restates the key) with only the key tokens of the restatement corrupted: replaced by the [MASK] id
+  restates the key, closed as the needle's sentence is: the key is infilled inside the text, with
+  context on both sides, not at the sequence's end) with only the key tokens of the restatement corrupted: replaced by the [MASK] id
   (MDM) or by uniformly drawn tokens (UDM). From the one forward: greedy = the argmax at every key
   position is the key's token; the key's digit accuracy and margin; and likelihood against the
   distractors, each scored from the same logits (the key positions are predicted jointly from the
@@ -111,7 +112,7 @@ def score_infill(
             inputs, wants = [], []
             for i in chunk:
                 it = items[i]
-                where = list(range(it.answer_start, it.length))
+                where = key_positions(it)
                 g = generator(_TAG_PASSKEY, seed, f"{it.length}:{it.depth}:{it.index}")
                 inputs.append(
                     _corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
@@ -125,26 +126,36 @@ def score_infill(
     return [scored[i] for i in range(len(items))]
 
 
+def key_positions(item: PasskeyItem) -> list[int]:
+    """The positions infilling corrupts: the key's digit tokens. A tokenizer that writes the space before
+    the key as a token of its own (SentencePiece's lone "▁") leaves it in place: it is the restatement's
+    text, not the key, and masking it too would ask the model where the key starts."""
+    return [item.answer_start + j for j, digit in enumerate(item.digit_mask) if digit]
+
+
 def _as_next_token_scores(item: PasskeyItem, lp: torch.Tensor) -> TokenScores:
     """The infilled key positions in `score_item`'s layout (column t scores token t + 1), one row per
-    candidate: the true key, then each distractor, all read from the same log-probs `lp` [n, V]."""
+    candidate: the true key, then each distractor, all read from the same log-probs `lp` [n, V] of the
+    corrupted positions. Answer tokens left in place (not digits) are given: right, log-prob 0."""
     n_cand = 1 + len(item.distractors)
     width = item.length - 1
     logprob = np.zeros((n_cand, width))
     argmax = np.zeros((n_cand, width), dtype=np.int64)
     margin = np.zeros((n_cand, width))
-    a0 = item.answer_start - 1
+    cols = np.asarray(key_positions(item)) - 1
     lpn = lp.double().numpy()
     best = lpn.argmax(-1)
     for c, answer in enumerate([item.answer] + [d for _, d in item.distractors]):
-        idx = np.arange(len(answer))
-        lab = np.asarray(answer)
+        a0 = item.answer_start - 1
+        argmax[c, a0 : a0 + len(answer)] = answer  # the given tokens; the corrupted ones are set below
+        lab = np.asarray(answer)[cols - a0]
+        idx = np.arange(len(cols))
         chosen = lpn[idx, lab]
         masked = lpn.copy()
         masked[idx, lab] = -np.inf
-        logprob[c, a0:] = chosen
-        argmax[c, a0:] = best
-        margin[c, a0:] = chosen - masked.max(-1)
+        logprob[c, cols] = chosen
+        argmax[c, cols] = best
+        margin[c, cols] = chosen - masked.max(-1)
     return TokenScores(logprob=logprob, argmax=argmax, margin=margin)
 
 
@@ -229,4 +240,4 @@ def context_elbo(
     )  # fmt: skip
 
 
-__all__ = ["InfillFn", "context_elbo", "elbo_contexts", "model_infiller", "score_infill"]
+__all__ = ["InfillFn", "context_elbo", "elbo_contexts", "key_positions", "model_infiller", "score_infill"]

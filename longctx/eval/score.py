@@ -132,7 +132,7 @@ class ItemScore(BaseModel):
 
 def score_item(item: PasskeyItem, scores: TokenScores) -> ItemScore:
     """Score one item from the TokenScores of its candidates (true key first, then distractors)."""
-    a0, a1 = item.answer_start - 1, item.length - 1  # predictions of the answer tokens
+    a0, a1 = item.answer_start - 1, item.answer_end - 1  # predictions of the answer tokens
     hits = scores.argmax[0, a0:a1] == np.asarray(item.answer)
     digits = np.asarray(item.digit_mask, dtype=bool)  # spaces between digits are trivially right
     lp = scores.logprob[:, a0:a1].sum(axis=1)

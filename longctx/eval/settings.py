@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # bump when a change of the code changes what the same settings measure: cached results then expire
-RESULTS_VERSION = 4
+RESULTS_VERSION = 5
 
 
 class EvalSettings(BaseModel):

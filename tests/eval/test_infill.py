@@ -15,7 +15,7 @@ import torch
 from longctx.eval.data import HeldOut
 from longctx.eval.engine import CheckpointRef, evaluate_checkpoints, write_outputs
 from longctx.eval.grid import PasskeyGrid
-from longctx.eval.infill import context_elbo, elbo_contexts, model_infiller, score_infill
+from longctx.eval.infill import context_elbo, elbo_contexts, key_positions, model_infiller, score_infill
 from longctx.eval.load import checkpoint_info, load_model
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import eval_parallel
@@ -35,7 +35,7 @@ def _grid(tiny_run: Path) -> tuple[PasskeyGrid, int]:
 @pytest.mark.parametrize("kind", ["mdm", "udm"])
 def test_passkey_by_infilling_masks_only_the_restated_key(tiny_run: Path, kind: str) -> None:
     grid, vocab = _grid(tiny_run)
-    items = [grid.item(256, d, i) for d in (0.0, 0.5, 1.0) for i in range(2)]
+    items = [grid.item(256, d, i, closed=True) for d in (0.0, 0.5, 1.0) for i in range(2)]
     seen: list[torch.Tensor] = []
     for right in (True, False):
         scores = score_infill(items, _per_item_oracle(items, vocab, right, seen), kind=kind,
@@ -44,24 +44,42 @@ def test_passkey_by_infilling_masks_only_the_restated_key(tiny_run: Path, kind: 
         assert all((s.digit_accuracy == 1.0) == right for s in scores)
     rows = torch.cat(seen)[: len(items)]
     for it, row in zip(items, rows, strict=True):
-        a = it.answer_start
+        a, b = it.answer_start, it.answer_end
         assert row[:a].tolist() == it.prompt, "the haystack and the question stay clean"
+        assert it.closing and row[b:].tolist() == it.closing, "the restatement's closing stays clean"
+        keys = key_positions(it)
+        assert keys and all(it.digit_mask[p - a] for p in keys)
+        kept = [p for p in range(a, b) if p not in keys]  # the space before the key, where it is a token
+        assert [int(row[p]) for p in kept] == [it.answer[p - a] for p in kept]
         if kind == "mdm":
-            assert row[a:].tolist() == [MASK] * len(it.answer)
+            assert [int(row[p]) for p in keys] == [MASK] * len(keys)
         else:
-            assert row[a:].tolist() != it.answer and int(row.max()) < vocab
+            assert [int(row[p]) for p in keys] != [it.answer[p - a] for p in keys] and int(row.max()) < vocab
+
+
+def test_a_closed_restatement_ends_as_the_needle_does(tiny_run: Path) -> None:
+    """Infilling items close the restatement with the rest of the needle's sentence, inside the same
+    length; the needle and the depth arithmetic are those of the open item."""
+    grid, _ = _grid(tiny_run)
+    for depth in (0.0, 0.5, 1.0):
+        open_, closed = grid.item(512, depth, 3), grid.item(512, depth, 3, closed=True)
+        assert len(closed.tokens) == len(open_.tokens) == 512 and not open_.closing
+        assert closed.needle == open_.needle and closed.answer == open_.answer
+        assert closed.needle[-len(closed.closing) :] == closed.closing
+        assert closed.tokens[closed.answer_end :] == closed.closing
+        start = closed.needle_start
+        assert closed.tokens[start : start + len(closed.needle)] == closed.needle
 
 
 def _per_item_oracle(items, vocab: int, right: bool, seen: list[torch.Tensor]):
-    by_prompt = {tuple(it.prompt): it for it in items}
-
     def infill(tokens: torch.Tensor, positions: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         seen.append(tokens.clone())
         out = []
         for row, want in zip(tokens, positions, strict=True):
-            it = by_prompt[tuple(row[: len(row) - len(want)].tolist())]
+            it = next(it for it in items if row[: it.answer_start].tolist() == it.prompt)
             lp = torch.full((len(want), vocab), -20.0)
-            for j, tok in enumerate(it.answer):
+            for j, p in enumerate(want.tolist()):
+                tok = it.answer[p - it.answer_start]
                 lp[j, tok if right else (tok + 1) % vocab] = 0.0
             out.append(lp.log_softmax(-1))
         return out
