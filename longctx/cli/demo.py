@@ -22,11 +22,13 @@ HELP = (
     "data, extend the base through stages/tiny.toml (256 → 1K → 4K, CP = 2 in the last stage, that stage "
     "interrupted with SIGTERM and resumed), evaluate every checkpoint and print a summary. Rerunning in "
     "the same directory resumes. --train-base rebuilds the published base (~15 min, once). "
-    "--family mdm / udm builds a tokenizer and pretrains its own masked / uniform-state diffusion base, "
-    "then extends it the same way (evaluated by infilling).\n\n"
+    "--family mdm does the same with the published masked-diffusion base (longctx/resources/demo/mdm, "
+    "stored in the layout of Ermine's predecessor code) through stages/tiny_mdm.toml, evaluated by "
+    "infilling; --family udm builds a tokenizer and pretrains its own uniform-state diffusion base.\n\n"
     "Examples:\n\n  longctx demo\n\n  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
     "  longctx demo --dir /tmp/longctx-demo --json\n\n"
     "  longctx demo --train-base --dir runs/demo-base   (rebuild the published base)\n\n"
+    "  longctx demo --train-base --family mdm --dir runs/demo-base-mdm\n\n"
     "  longctx demo --small --interrupt 512 --dir /tmp/longctx-smoke   (a fresh install's check, ~1 min)"
 )
 
@@ -69,14 +71,14 @@ def demo(
     train_base: bool = typer.Option(
         False,
         "--train-base",
-        help="rebuild the published demo base (longctx/resources/demo/ar) from its seeded corpus with "
-        "longctx's own trainer instead of running the demo: ~25 min on 2 cores, run once; --dir is its "
-        "work directory and a rerun resumes",
+        help="rebuild the --family's published demo base (longctx/resources/demo/ar or mdm) from its "
+        "seeded corpus with longctx's own trainer instead of running the demo (ar ~15 min on 2 cores; mdm "
+        "adapts the published ar base, ~15 min), run once; --dir is its work directory and a rerun resumes",
     ),
     json_out: Json = False,
 ) -> None:
     if train_base:
-        _train_base(dir, json_out)
+        _train_base(dir, family, json_out)
         return
     from longctx.demo.run import DemoConfig, run_demo
 
@@ -101,21 +103,23 @@ def demo(
     console.print(f"everything is under {report.run_dir} — wall time {report.wall_seconds / 60:.1f} min")
 
 
-def _train_base(work: Path, json_out: bool) -> None:
+def _train_base(work: Path, family: str, json_out: bool) -> None:
     from longctx.demo.published import family_dir
-    from longctx.demo.train_base import train_base
+    from longctx.demo.train_base import recipe_for, train_base
 
+    recipe = recipe_for(family)
     with stdout_to_stderr(json_out):
         card = train_base(
-            work, family_dir("ar"), echo=lambda s: console.print(s, highlight=False, soft_wrap=True)
-        )
+            work, family_dir(family), recipe=recipe,
+            echo=lambda s: console.print(s, highlight=False, soft_wrap=True),
+        )  # fmt: skip
     if json_out:
         print_json(card.model_dump())
         return
     figures = ", ".join(f"{human_length(r.length)} {100 * r.exact:.0f} %" for r in card.retrieval)
     console.print(
         f"published {card.name}: {card.iteration:,} iterations, {card.tokens:,} tokens, "
-        f"{card.wall_seconds / 60:.1f} min of training; greedy retrieval {figures} → {family_dir('ar')}",
+        f"{card.wall_seconds / 60:.1f} min of training; greedy retrieval {figures} → {family_dir(family)}",
         highlight=False,
         soft_wrap=True,
     )

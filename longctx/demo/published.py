@@ -55,12 +55,15 @@ class Card(BaseModel):
     iteration: int
     seq_length: int
     rotary_base: int
-    padded_vocab_size: int
+    padded_vocab_size: int  # input-embedding rows
+    output_vocab_size: int | None = None  # output-layer rows, where not the same (the MDM: no [MASK] logit)
+    mask_id: int | None = None  # the MDM's [MASK] id
     arch: ModelArch
     tokens: int  # trained on
     wall_seconds: float
     machine: str
     command: str  # how it is rebuilt
+    adapted_from: str | None = None  # the published base whose weights and tokenizer it started from
     retrieval: list[Retrieval] = []
 
 

@@ -3,7 +3,7 @@
 Steps (each skipped when its output already exists, so a second `demo` in the same directory resumes):
  1. base      — the published base (`longctx.demo.published`): its archive and tokenizer checked against
                 the md5s of its card, the tokenizer copied, the archive adopted as `ckpt adopt` does;
-                without a published base (the smoke plan, the diffusion families): a SentencePiece
+                without a published base (the smoke plan, the uniform-state family): a SentencePiece
                 tokenizer with the OpenEuroLLM special-token layout and its manifest;
  2. corpus    — seeded documents with one pass key each (longctx.demo.corpus), one corpus per data prefix;
  3. data      — tokenized into Megatron .bin/.idx with a sidecar;
@@ -58,6 +58,8 @@ from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # `longctx demo --family F`: the plan of each model family (the same model and ladder, its own objective)
 FAMILY_PLANS = {"ar": "tiny.toml", "mdm": "tiny_mdm.toml", "udm": "tiny_udm.toml"}
+# the families with a published base (longctx/resources/demo/FAMILY) that the demo adopts
+PUBLISHED = ("ar", "mdm")
 # `longctx demo --small`: the smoke plan of a family that has one (the others keep their full plan)
 SMALL_PLANS = {"ar": "tiny_smoke.toml"}
 
@@ -130,10 +132,16 @@ class DemoConfig:
             raise StageError(f"unknown model family {family!r}", where="--family",
                              fix=f"use one of: {', '.join(FAMILY_PLANS)}")  # fmt: skip
         if small:
+            if family in PUBLISHED and family not in SMALL_PLANS and plan is None:
+                raise StageError(
+                    f"the {family} demo has no small plan: it extends its published base through "
+                    f"stages/{FAMILY_PLANS[family]}, whose data the small corpus does not hold",
+                    where="--small", fix=f"run `longctx demo --family {family}` without --small, or give --plan",
+                )  # fmt: skip
             plan = plan or REPO_ROOT / "stages" / SMALL_PLANS.get(family, FAMILY_PLANS[family])
             return cls.small(plan, interrupt_stage=interrupt)
-        cfg = cls(plan=plan or REPO_ROOT / "stages" / FAMILY_PLANS[family])
-        if family != "ar":  # the diffusion families pretrain their own base on one corpus
+        cfg = cls(plan=plan or REPO_ROOT / "stages" / FAMILY_PLANS[family], published=family)
+        if family not in PUBLISHED:  # the uniform-state family pretrains its own base on one corpus
             cfg = dataclasses.replace(cfg, published=None, corpora=(Corpus("corpus", 1600, 150, 6000, 1),),
                                       eval_keys=2)  # fmt: skip
         if interrupt is not None:

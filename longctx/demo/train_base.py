@@ -1,15 +1,17 @@
-"""`longctx demo --train-base`: rebuild the published demo base from its seeded corpus.
+"""`longctx demo --train-base [--family mdm]`: rebuild a published demo base from its seeded corpus.
 
 The base is pretrained once, in the background, and published in the package (`longctx.demo.published`);
 the demo adopts it as a user adopts a downloaded base. Steps (each kept when its output exists, so a rerun
 after a kill resumes — the trainer itself resumes from its last save):
- 1. tokenizer — SentencePiece, OpenEuroLLM special-token layout, digits as single pieces, + manifest;
+ 1. tokenizer — SentencePiece, OpenEuroLLM special-token layout, digits as single pieces, + manifest
+                (the masked-diffusion base takes the autoregressive base's, and its weights to adapt);
  2. corpus    — seeded documents of one pass key each (`longctx.demo.corpus`), sized for the base window;
  3. data      — tokenized into Megatron .bin/.idx;
  4. train     — longctx's local trainer (megatron-core GPT, documents packing), saving every few hundred
                 iterations;
  5. measure   — greedy passkey retrieval at the base length and beyond (extrapolated), held-out loss;
- 6. publish   — a model-only torch_dist save as a tar, the tokenizer, card.toml and MODEL_CARD.md.
+ 6. publish   — a model-only torch_dist save as a tar (the MDM in Ermine's predecessor layout), the
+                tokenizer, card.toml and MODEL_CARD.md.
 The recipe is fixed here so the command takes no knobs: the card records what it did and how long it took.
 """
 
@@ -27,12 +29,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from longctx.arch import ModelArch
 from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.checkpoint.layout import read_tracker
 from longctx.data.tokenize import tokenize_jsonl
+from longctx.demo.adapt import adapt_ar_to_mdm
 from longctx.demo.corpus import documents, write_jsonl
-from longctx.demo.published import ARCHIVE, CARD, TOKENIZER_DIR, TOKENIZER_MANIFEST, Card, Retrieval
+from longctx.demo.published import (
+    ARCHIVE,
+    CARD,
+    TOKENIZER_DIR,
+    TOKENIZER_MANIFEST,
+    Card,
+    Retrieval,
+    family_dir,
+    install_published,
+    read_card,
+)
 from longctx.errors import StageError
 from longctx.eval.data import HeldOut
 from longctx.eval.engine import CheckpointRef, evaluate_checkpoints
@@ -41,6 +56,8 @@ from longctx.eval.settings import EvalSettings
 from longctx.launch.local import LocalLauncher
 from longctx.mcore.checkpoint import save_checkpoint
 from longctx.mcore.parallel import eval_parallel
+from longctx.mcore.stored_layout import BUFFER_PREFIX, StoredLayout
+from longctx.objective import Objective
 from longctx.tokenizer import fingerprint, load_manifest, load_tokenizer, train_sentencepiece, write_manifest
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.fs import atomic_write_text
@@ -62,12 +79,18 @@ BASE_ARCH = ModelArch(
 
 @dataclasses.dataclass(frozen=True)
 class BaseRecipe:
-    """How the published autoregressive demo base is made (what its card records)."""
+    """How a published demo base is made (what its card records); `RECIPES` holds one per family."""
 
     name: str = "longctx-demo-ar-base"
+    family: str = "ar"
+    objective: Objective = dataclasses.field(default_factory=Objective)
     vocab_size: int = 512
     padded_vocab_size: int = 640
+    output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size (the MDM)
     arch: ModelArch = BASE_ARCH
+    # the published base (family) this one starts from, its tokenizer and weights (`longctx.demo.adapt`);
+    # None: a tokenizer of its own and random weights
+    adapt_from: str | None = None
     seq_length: int = 256
     rotary_base: int = 10_000
     # documents of 8 to 17 sentences (≈ 110 to 240 tokens): a statement and its restatements share a window
@@ -84,10 +107,34 @@ class BaseRecipe:
     eval_keys: int = 20  # per length and depth
 
 
+# The masked-diffusion base: the autoregressive base adapted to the MDM objective (its weights, its
+# tokenizer, the same corpus and packing; `longctx.demo.adapt` says why), built as Ermine's predecessor
+# builds its MDMs (unpadded: the input embedding is the tokenizer's 513 ids + the [MASK] row, the output
+# layer the 513 ids) and published in that code base's layout (`publish`).
+RECIPES = {
+    "ar": BaseRecipe(),
+    "mdm": BaseRecipe(
+        name="longctx-demo-mdm-base", family="mdm", objective=Objective(kind="mdm", mask_id=513),
+        padded_vocab_size=514, output_vocab_size=513, adapt_from="ar", iterations=5000,
+    ),
+}  # fmt: skip
+
+
+def recipe_for(family: str) -> BaseRecipe:
+    """The recipe of `family`'s published base; an error naming the families that have one."""
+    if family not in RECIPES:
+        raise StageError(f"no published demo base for the {family!r} family", where="--family",
+                         fix=f"--train-base builds one of: {', '.join(RECIPES)}")  # fmt: skip
+    return RECIPES[family]
+
+
 def _tokenizer(work: Path, r: BaseRecipe) -> str:
     tok_dir = work / "tokenizer"
     if (tok_dir / "manifest.toml").exists():
         return f"{tok_dir} (kept)"
+    if r.adapt_from is not None:  # the adapted model keeps its source's tokenizer, checked against its card
+        card, _ = install_published(family_dir(r.adapt_from), tok_dir, work / "source")
+        return f"{card.name}'s tokenizer (md5 {card.tokenizer_md5}) and weights, checked against its card"
     sample = list(documents(400, seed=7, min_words=r.min_words, max_words=r.max_words))
     train_sentencepiece(sample, tok_dir, r.vocab_size, layout="oellm", hf=True, tokenizer_json=True)
     # the manifest is published: it describes the tokenizer, not the directory it was built in
@@ -119,10 +166,20 @@ def _split(r: BaseRecipe) -> str:
 
 def _spec(work: Path, r: BaseRecipe) -> TrainSpec:
     tok = load_tokenizer(work / "tokenizer")
+    if r.objective.kind == "mdm" and (r.objective.mask_id, r.padded_vocab_size) != (
+        tok.vocab_size,
+        tok.vocab_size + 1,
+    ):
+        raise StageError(
+            f"the recipe's [MASK] id {r.objective.mask_id} and {r.padded_vocab_size} input rows do not follow "
+            f"its tokenizer's {tok.vocab_size} ids (the [MASK] row is the first past them)",
+            where=str(work / "tokenizer"), fix="rebuild the work directory from the published tokenizer",
+        )  # fmt: skip
     threads = max(1, (os.cpu_count() or 1) // r.processes)
     return TrainSpec(
         stage="base", arch=r.arch, seq_length=r.seq_length, max_position_embeddings=r.seq_length,
         rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size,
+        output_vocab_size=r.output_vocab_size, objective=r.objective,
         tokenizer=TokenizerInfo(path=str(work / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
                                 eod_id=tok.eod_id, pad_id=tok.pad_id),
         data=[(None, str(work / "data" / "base_text_document"))], split=_split(r), packing="documents",
@@ -140,6 +197,11 @@ def _train(work: Path, r: BaseRecipe) -> tuple[str, float]:
     if t is not None and t.iteration >= r.iterations:
         return f"iteration {t.iteration} (kept)", 0.0
     spec = _spec(work, r)
+    if r.adapt_from is not None:
+        if read_tracker(work / "init") is None:
+            adapt_ar_to_mdm(work / "source", work / "init", arch=r.arch, seq_length=r.seq_length,
+                            input_rows=r.padded_vocab_size, output_rows=r.output_vocab_size or r.padded_vocab_size)  # fmt: skip
+        spec = spec.model_copy(update={"pretrained": str(work / "init")})
     spec.dump(work / "train_spec.json")
     t0 = time.monotonic()
     code = LocalLauncher(echo=True).run(
@@ -186,17 +248,49 @@ def _reproducible(ti: tarfile.TarInfo) -> tarfile.TarInfo:
     return ti
 
 
-def model_only_archive(save_dir: Path, out: Path) -> int:
+# what the masked-diffusion entry script of Ermine's predecessor saves in its args: an MDM (target length
+# 1) with the [MASK] subtokenizer, built unpadded
+ERMINE_MDM_ARGS = dict(target_length=1, padded_input=0, padded_output=0, subtokenizer_type="mask",
+                       random_ratio=0.0)  # fmt: skip
+
+
+def ermine_layout(vocab: int, mask_id: int) -> StoredLayout:
+    """How Ermine's predecessor stores a masked-diffusion model: the transformer under `encoder.`, and
+    the subtokenizer's buffers — the [MASK] id ([1], int64) and the id lookup table ([vocab, 1], int64,
+    the identity for a model on its tokenizer's own ids)."""
+    return StoredLayout(
+        block="encoder",
+        buffers={
+            f"{BUFFER_PREFIX}mask": torch.tensor([mask_id], dtype=torch.int64),
+            f"{BUFFER_PREFIX}lookup_table": torch.arange(vocab, dtype=torch.int64).reshape(vocab, 1),
+        },
+    )
+
+
+def model_only_archive(save_dir: Path, out: Path, r: BaseRecipe) -> int:
     """Save the model of `save_dir`'s last checkpoint alone (no optimizer, no RNG) as torch_dist and pack
-    it as a tar holding that save dir, as Ermine ships its bases; returns the iteration."""
+    it as a tar holding that save dir, as Ermine ships its bases; returns the iteration. A masked-diffusion
+    base is stored as Ermine's predecessor stores its MDMs (`ermine_layout`, its args)."""
     info = checkpoint_info(save_dir)
     args = argparse.Namespace(**inspect_checkpoint(save_dir).args)
     staging = out.parent / f".{out.stem}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     inner = staging / out.stem
     with eval_parallel(1) as par:
-        loaded = load_model(info, par, max_length=info.seq_length or BaseRecipe.seq_length)
-        save_checkpoint(inner, info.iteration or 0, model=loaded.model, args=args)
+        loaded = load_model(info, par, max_length=info.seq_length or r.seq_length)
+        model_state = None
+        if r.objective.kind == "mdm":
+            if r.objective.mask_id is None or r.output_vocab_size is None:
+                raise StageError(f"the recipe {r.name} leaves its [MASK] id or output rows open")
+            model_state = ermine_layout(r.output_vocab_size, r.objective.mask_id).model_state(
+                loaded.model, buffers=True
+            )
+            # the args as that code base saves them: its own flags, none of longctx's trainer (the demo
+            # then tells the family from the layout alone, as it must for a user's Ermine checkpoint)
+            args = argparse.Namespace(
+                **{k: v for k, v in vars(args).items() if not k.startswith("longctx_")}, **ERMINE_MDM_ARGS
+            )
+        save_checkpoint(inner, info.iteration or 0, model=loaded.model, args=args, model_state=model_state)
     tmp = out.with_name(out.name + ".tmp")
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         tar.add(inner, arcname=out.stem, filter=_reproducible)
@@ -225,26 +319,48 @@ def card_toml(card: Card) -> str:
     return "\n".join(lines) + "\n"
 
 
+# what each family's card says the base is, and what its retrieval figures measure
+_KIND = {
+    "ar": ("A tiny autoregressive GPT", "Greedy exact match of the whole 5-digit key"),
+    "mdm": (
+        "A tiny masked-diffusion model, bidirectional, stored as Ermine's predecessor stores its MDMs (the\n"
+        "layers under `encoder.`, the `subtokenizer.*` buffers, a [MASK] row in the input embedding)",
+        "Passkey by infilling (the restatement closed as the needle's sentence, every digit of its key\n"
+        "masked): greedy exact match of the whole 5-digit key from one forward",
+    ),
+}
+
+
 def card_markdown(card: Card) -> str:
     a = card.arch
+    what, metric = _KIND[card.family]
     rows = "\n".join(f"| {r.length:,} | {r.keys} | {100 * r.exact:.0f} % |" for r in card.retrieval)
+    vocab = f"SentencePiece, {card.padded_vocab_size} input rows"
+    if card.output_vocab_size is not None:
+        vocab += f", {card.output_vocab_size} output rows"
+    if card.mask_id is not None:
+        vocab += f", [MASK] id {card.mask_id}"
+    demo = "longctx demo" + ("" if card.family == "ar" else f" --family {card.family}")
+    training = f"{card.iteration:,} iterations, {card.tokens:,} tokens, longctx's local trainer"
+    if card.adapted_from is not None:
+        training += f", starting from the weights of `{card.adapted_from}` (AR → MDM adaptation)"
     return f"""# {card.name}
 
-A tiny autoregressive GPT (megatron-core, torch_dist, model only) that `longctx demo` adopts and extends,
-as a user adopts a published base. Rebuild it with `{card.command}`.
+{what}; megatron-core, torch_dist, model only.
+`{demo}` adopts and extends it, as a user adopts a published base. Rebuild it with `{card.command}`.
 
 | | |
 |---|---|
 | shape | {a.num_layers} layers, hidden {a.hidden_size}, {a.num_attention_heads} heads × {a.kv_channels}, \
 SwiGLU {a.ffn_hidden_size}, RMSNorm, QK-norm, untied embeddings |
 | window | {card.seq_length} tokens, RoPE base {card.rotary_base:,} |
-| vocabulary | SentencePiece {card.padded_vocab_size} rows (tokenizer md5 `{card.tokenizer_md5}`) |
-| training | {card.iteration:,} iterations, {card.tokens:,} tokens, longctx's local trainer |
+| vocabulary | {vocab} (tokenizer md5 `{card.tokenizer_md5}`) |
+| training | {training} |
 | data | the seeded demo corpus: filler sentences with one pass key per document, restated later |
 | wall time | {card.wall_seconds / 60:.0f} min on {card.machine} |
 | archive | `{card.archive}`, md5 `{card.archive_md5}` |
 
-Greedy exact match of the whole 5-digit key (every depth together; beyond {card.seq_length} by
+{metric} (every depth together; beyond {card.seq_length} by
 extrapolation, which is what the extension stages fix):
 
 | length | keys | exact match |
@@ -256,7 +372,7 @@ extrapolation, which is what the extension stages fix):
 def publish(work: Path, out_dir: Path, r: BaseRecipe, wall: float, retrieval: list[Retrieval]) -> Card:
     """Write the archive, the tokenizer, card.toml and MODEL_CARD.md into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    iteration = model_only_archive(work / "checkpoints", out_dir / ARCHIVE)
+    iteration = model_only_archive(work / "checkpoints", out_dir / ARCHIVE, r)
     tok_out = out_dir / TOKENIZER_DIR
     shutil.rmtree(tok_out, ignore_errors=True)
     tok_out.mkdir()
@@ -265,12 +381,14 @@ def publish(work: Path, out_dir: Path, r: BaseRecipe, wall: float, retrieval: li
             shutil.copyfile(work / "tokenizer" / name, tok_out / name)
     shutil.copyfile(work / "tokenizer" / "manifest.toml", out_dir / TOKENIZER_MANIFEST)
     card = Card(
-        name=r.name, family="ar", archive_md5=md5_file(out_dir / ARCHIVE),
+        name=r.name, family=r.family, archive_md5=md5_file(out_dir / ARCHIVE),
         tokenizer_md5=load_manifest(out_dir / TOKENIZER_MANIFEST).md5, iteration=iteration,
-        seq_length=r.seq_length, rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size, arch=r.arch,
+        seq_length=r.seq_length, rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size,
+        output_vocab_size=r.output_vocab_size, mask_id=r.objective.mask_id, arch=r.arch,
         tokens=iteration * r.global_batch * r.seq_length, wall_seconds=round(wall, 1),
         machine=f"{os.cpu_count()} CPU cores ({cpu_model()}, {platform.machine()})",
-        command="longctx demo --train-base", retrieval=retrieval,
+        adapted_from=None if r.adapt_from is None else read_card(family_dir(r.adapt_from)).name,
+        command="longctx demo --train-base" + ("" if r.family == "ar" else f" --family {r.family}"), retrieval=retrieval,
     )  # fmt: skip
     atomic_write_text(out_dir / CARD, card_toml(card))
     atomic_write_text(out_dir / "MODEL_CARD.md", card_markdown(card))

@@ -91,3 +91,10 @@ def test_demo_family_picks_its_plan() -> None:
     assert DemoConfig.from_options(small=True, plan=Path("x.toml")).plan == Path("x.toml")
     r = CliRunner().invoke(app, ["demo", "--family", "gpt", "--dir", "/nonexistent/x"])
     assert r.exit_code == 2 and "unknown model family 'gpt'" in r.output
+
+
+def test_the_published_mdm_demo_has_no_small_variant() -> None:
+    mdm = DemoConfig.from_options(family="mdm")
+    assert mdm.published == "mdm" and mdm.eval_keys == 20 and mdm.plan.name == "tiny_mdm.toml"
+    r = CliRunner().invoke(app, ["demo", "--family", "mdm", "--small", "--dir", "/nonexistent/x"])
+    assert r.exit_code == 2 and "the mdm demo has no small plan" in r.output

@@ -132,3 +132,20 @@ def test_published_files_name_no_build_directory() -> None:
     for name in (CARD, "tokenizer.toml", "MODEL_CARD.md"):
         text = (AR / name).read_text()
         assert "/work/" not in text and "runs/" not in text and "/tmp/" not in text, name
+
+
+def test_the_package_holds_a_pinned_mdm_in_the_ermine_predecessor_layout() -> None:
+    """The masked-diffusion base: pinned as the autoregressive one is, stored as Ermine's predecessor
+    stores its MDMs (layers under `encoder.`, the `subtokenizer.*` buffers, a [MASK] input row), and
+    infilling its key inside its window."""
+    mdm = family_dir("mdm")
+    card = verify_published(mdm)
+    assert card.family == "mdm" and (mdm / ARCHIVE).stat().st_size <= 8 * 2**20
+    fam = inspect_checkpoint(mdm / ARCHIVE).family
+    assert fam.label == "MDM" and fam.block == "encoder" and fam.mask_id == card.mask_id
+    assert (fam.input_vocab_rows, fam.output_vocab_rows) == (card.padded_vocab_size, card.output_vocab_size)
+    at_window = [r for r in card.retrieval if r.length == card.seq_length]
+    assert at_window and at_window[0].keys >= 100
+    assert "longctx demo --train-base --family mdm" in (mdm / "MODEL_CARD.md").read_text()
+    assert card.adapted_from == read_card(AR).name and card.tokenizer_md5 == read_card(AR).tokenizer_md5
+    assert Card.model_validate(tomllib.loads(card_toml(card))) == card

@@ -1,6 +1,7 @@
 """The demo's published path on a small plan: the published base is adopted (md5s checked, ckpt adopt),
 its tokenizer checked against the pinned manifest, stage data built per stage, two stages (the second
-with CP 2) extend it, and the evaluation reads every checkpoint; a rerun resumes."""
+with CP 2) extend it, and the evaluation reads every checkpoint; a rerun resumes. For both published
+families: the autoregressive base, and the masked-diffusion one stored in Ermine's predecessor layout."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.demo.published import family_dir, read_card
 from longctx.demo.run import Corpus, DemoConfig, run_demo
 
-CARD = read_card(family_dir("ar"))
 
-
-def _plan(path: Path, run_dir: Path) -> Path:
-    a = CARD.arch
+def _plan(path: Path, run_dir: Path, family: str) -> Path:
+    card = read_card(family_dir(family))
+    a = card.arch
+    objective = '[objective]\nkind = "mdm"' if family == "mdm" else ""
     blend = '[[0.3, "${RUN_DIR}/data/short_text_document"], [0.7, "${RUN_DIR}/data/long_text_document"]]'
     path.write_text(
         textwrap.dedent(f"""\
@@ -24,12 +26,13 @@ def _plan(path: Path, run_dir: Path) -> Path:
         run_dir = "{run_dir}"
         [base]
         path = "${{RUN_DIR}}/base/checkpoints"
-        seq_length = {CARD.seq_length}
-        rotary_base = {CARD.rotary_base}
+        seq_length = {card.seq_length}
+        rotary_base = {card.rotary_base}
         model_only = true
         [tokenizer]
         path = "${{RUN_DIR}}/tokenizer"
-        manifest = "{family_dir("ar") / "tokenizer.toml"}"
+        manifest = "{family_dir(family) / "tokenizer.toml"}"
+        {objective}
         [model]
         num_layers = {a.num_layers}
         hidden_size = {a.hidden_size}
@@ -74,10 +77,13 @@ def _plan(path: Path, run_dir: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_demo_adopts_the_published_base_and_extends_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["ar", "mdm"])
+def test_demo_adopts_the_published_base_and_extends_it(tmp_path: Path, family: str) -> None:
     run_dir = tmp_path / "demo"
+    card = read_card(family_dir(family))
     cfg = DemoConfig(
-        plan=_plan(tmp_path / "plan.toml", run_dir),
+        plan=_plan(tmp_path / "plan.toml", run_dir, family),
+        published=family,
         corpora=(Corpus("short", 300, 80, 170, 11), Corpus("long", 60, 700, 1400, 12)),
         interrupt_stage=None,
         eval_keys=1,
@@ -93,10 +99,14 @@ def test_demo_adopts_the_published_base_and_extends_it(tmp_path: Path) -> None:
         "evaluation",
     ]
     adopted = report.steps[0].detail
-    assert CARD.archive_md5 in adopted and CARD.tokenizer_md5 in adopted and "match the card" in adopted
+    assert card.archive_md5 in adopted and card.tokenizer_md5 in adopted and "match the card" in adopted
     assert [r["status"] for r in report.stages] == ["done", "done"]
     ev = report.evaluation
     assert ev is not None and {row["checkpoint"] for row in ev["table"]} >= {"base", "512", "1k"}
+    if family == "mdm":  # evaluated by infilling; every stage saved in the base's layout, buffers kept
+        assert any("infilling" in n for n in ev["notes"])
+        last = inspect_checkpoint(run_dir / "stages" / "1k" / "checkpoints").family
+        assert last.label == "MDM" and last.block == "encoder" and last.mask_id == card.mask_id
 
     again = run_demo(run_dir, cfg, echo=lines.append)
     assert all(s.skipped for s in again.steps if s.step in ("published base", "corpus", "data"))

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.checkpoint.layout import read_tracker
 from longctx.demo.published import install_published, verify_published
-from longctx.demo.train_base import BaseRecipe, train_base
+from longctx.demo.train_base import RECIPES, BaseRecipe, recipe_for, train_base
+from longctx.errors import StageError
+from tests.train.helpers import saved_tensors
 
 
 @pytest.mark.slow
@@ -35,3 +38,40 @@ def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
     metrics = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # resumed at 4, not restarted
     assert any("(kept)" in line for line in lines)  # the tokenizer and data were not rebuilt
+
+
+@pytest.mark.slow
+def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) -> None:
+    """The masked-diffusion recipe trains under the MDM objective and publishes the model as Ermine's
+    predecessor stores its MDMs; the archive reads back as an MDM and adopts as any user's would."""
+    recipe = dataclasses.replace(RECIPES["mdm"], train_docs=60, heldout_docs=40, iterations=2,
+                                 save_interval=2, global_batch=4, warmup=1, eval_keys=1)  # fmt: skip
+    out = tmp_path / "published"
+    card = train_base(tmp_path / "work", out, recipe=recipe, echo=[].append)
+    assert card.family == "mdm" and card.mask_id == 513 and card.output_vocab_size == 513
+    assert (
+        card.command == "longctx demo --train-base --family mdm"
+        and card.adapted_from == "longctx-demo-ar-base"
+    )
+    spec = json.loads((tmp_path / "work" / "train_spec.json").read_text())
+    assert spec["objective"]["kind"] == "mdm" and spec["objective"]["mask_id"] == 513
+
+    report = inspect_checkpoint(out / "base_model_only.tar")
+    fam = report.family
+    assert fam.label == "MDM" and fam.block == "encoder" and fam.mask_id == 513
+    assert (fam.input_vocab_rows, fam.output_vocab_rows) == (514, 513)
+    assert fam.diffusion_args["subtokenizer_type"] == "mask" and fam.diffusion_args["target_length"] == 1
+    assert "MDM" in (out / "MODEL_CARD.md").read_text() and "infilling" in (out / "MODEL_CARD.md").read_text()
+
+    save = tmp_path / "run" / "base" / "checkpoints"
+    install_published(out, tmp_path / "run" / "tokenizer", save)
+    buffers = saved_tensors(save / "iter_0000002", prefixes=("subtokenizer.",))
+    assert buffers["subtokenizer.mask"].tolist() == [513]
+    assert buffers["subtokenizer.lookup_table"].shape == (513, 1)
+    assert buffers["subtokenizer.lookup_table"][:, 0].tolist() == list(range(513))
+
+
+def test_only_published_families_have_a_recipe() -> None:
+    assert recipe_for("mdm").objective.kind == "mdm" and recipe_for("ar").objective.kind == "ar"
+    with pytest.raises(StageError, match="no published demo base for the 'udm' family"):
+        recipe_for("udm")
