@@ -27,7 +27,9 @@ def main() -> int:
     for dist, floor in MINIMUM.items():
         try:
             if _version(dist) < floor:
-                failures.append(f"{dist} {importlib.metadata.version(dist)} is older than {'.'.join(map(str, floor))}")
+                failures.append(
+                    f"{dist} {importlib.metadata.version(dist)} is older than {'.'.join(map(str, floor))}"
+                )
         except importlib.metadata.PackageNotFoundError:
             failures.append(f"{dist} is not installed")
     names = list(PACKAGES)
