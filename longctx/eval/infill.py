@@ -2,8 +2,8 @@
 
 * **Passkey by infilling.** The passkey grid's items (needle at a depth, filler, the question that
   restates the key, closed as the needle's sentence is: the key is infilled inside the text, with
-  context on both sides, not at the sequence's end) with only the key tokens of the restatement corrupted: replaced by the [MASK] id
-  (MDM) or by uniformly drawn tokens (UDM). From the one forward: greedy = the argmax at every key
+  context on both sides, not at the sequence's end) with only the key's digit tokens of the
+  restatement corrupted: replaced by the [MASK] id (MDM) or by uniformly drawn tokens (UDM). From the one forward: greedy = the argmax at every key
   position is the key's token; the key's digit accuracy and margin; and likelihood against the
   distractors, each scored from the same logits (the key positions are predicted jointly from the
   same input, so log p(key) is the sum of the per-position log-probs).
@@ -142,11 +142,11 @@ def _as_next_token_scores(item: PasskeyItem, lp: torch.Tensor) -> TokenScores:
     logprob = np.zeros((n_cand, width))
     argmax = np.zeros((n_cand, width), dtype=np.int64)
     margin = np.zeros((n_cand, width))
+    a0 = item.answer_start - 1
     cols = np.asarray(key_positions(item)) - 1
     lpn = lp.double().numpy()
     best = lpn.argmax(-1)
     for c, answer in enumerate([item.answer] + [d for _, d in item.distractors]):
-        a0 = item.answer_start - 1
         argmax[c, a0 : a0 + len(answer)] = answer  # the given tokens; the corrupted ones are set below
         lab = np.asarray(answer)[cols - a0]
         idx = np.arange(len(cols))
