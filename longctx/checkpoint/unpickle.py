@@ -14,6 +14,7 @@ imported megatron-core are its Enum classes used as they are, so args print with
 
 from __future__ import annotations
 
+import _compat_pickle
 import argparse
 import collections
 import contextlib
@@ -36,7 +37,7 @@ STUB_PREFIXES = ("megatron",)
 
 
 class _StubMeta(type):
-    """Metaclass of stubs: `StubEnum.member` (how Python ≥ 3.12 pickles enum members) gives a named stub."""
+    """Metaclass of stubs: `StubEnum.member` (an enum member pickled by name) gives a named stub."""
 
     def __getattr__(cls, name: str) -> Any:
         if name.startswith("_"):
@@ -144,12 +145,17 @@ def _safe_encode(obj: Any, encoding: str = "utf-8", errors: str = "strict") -> b
     return obj.encode(encoding, errors)
 
 
-def _safe_getattr(obj: Any, name: str, *default: Any) -> Any:
-    # Python ≥ 3.12 pickles enum members as getattr(EnumClass, "member")
-    ok_owner = isinstance(obj, _StubMeta) or (isinstance(obj, type) and issubclass(obj, enum.Enum))
-    if not ok_owner or not isinstance(name, str) or name.startswith("_"):
+def _safe_getattr(obj: Any, name: Any, *default: Any) -> Any:
+    """`getattr(EnumClass, "MEMBER")`: how early 3.11 releases (Debian 12's 3.11.2) pickle an enum member;
+    CPython returned to `EnumClass(value)` mid-2023 (gh-105332, after 3.11.4). Only a member of an allow-listed enum (or of a Megatron
+    stub, which is inert) is looked up; any other attribute of anything is refused."""
+    if not isinstance(name, str) or name.startswith("_"):
         raise _Refused(f"getattr({obj!r}, {name!r})")
-    return getattr(obj, name, *default)
+    if isinstance(obj, _StubMeta):
+        return getattr(obj, name)
+    if isinstance(obj, type) and issubclass(obj, enum.Enum) and name in obj.__members__:
+        return obj.__members__[name]
+    raise _Refused(f"getattr({obj!r}, {name!r})")
 
 
 class _Refused(Exception):
@@ -260,6 +266,9 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
         return argparse.Namespace
     if module == "signal" and name in ("Signals", "Handlers"):
         return getattr(signal, name)
+    if module == "signal" and _signal_member(name) is not None:
+        # a module-level member (`signal.SIGTERM`): how early 3.11 releases pickle a global enum's member
+        return _signal_member(name)
     if (module, name) == ("copyreg", "_reconstructor"):
         return _safe_reconstructor
     if (module, name) == ("_codecs", "encode"):
@@ -298,6 +307,22 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
     raise _Refused(f"{module}.{name}")
 
 
+def _signal_member(name: str) -> enum.Enum | None:
+    for cls in (signal.Signals, signal.Handlers):
+        member = cls.__members__.get(name)
+        if member is not None:
+            return member
+    return None
+
+
+def _py2_names(module: str, name: str) -> tuple[str, str]:
+    """The Python 3 names of a protocol-2 pickle's Python 2 globals (`__builtin__.getattr`,
+    `copy_reg._reconstructor`), as pickle's own `fix_imports` maps them; the allow-list then decides."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
 def _real_megatron_enum(module: str, name: str, stub_megatron: bool | None) -> type | None:
     if stub_megatron is True:
         return None
@@ -330,7 +355,7 @@ class SafeUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return resolve_global(module, name, stub_megatron=self.stub_megatron)
+            return resolve_global(*_py2_names(module, name), stub_megatron=self.stub_megatron)
         except _Refused as err:
             raise _refusal(str(err), self.where) from None
 
