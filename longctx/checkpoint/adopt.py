@@ -8,8 +8,9 @@ Directories are adopted without copying data: every file is hard-linked (default
 Symlinks (a Hub cache snapshot links into `blobs/`) are resolved and their targets linked.
 
 Archives are extracted, which writes the data once. Before anything is written every member is
-checked: absolute paths, `..`, links leaving the target and devices make the whole archive refused,
-and extraction itself runs with tarfile's `data` filter as a second guard.
+checked: absolute paths, `..`, links and devices make the whole archive refused. Extraction copies each
+member's byte range into a new regular file that longctx creates itself (the same on every Python; no
+reliance on tarfile's extraction filters, which Python 3.11.0-3.11.3 lack).
 
 The iteration comes from the common state (`iteration`, or `args.iteration`), else from the directory
 name (`iter_NNNNNNN`), else from `iteration=`; an explicit one that disagrees with the saved one is an
@@ -23,7 +24,7 @@ import errno
 import os
 import shutil
 import stat
-import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -37,7 +38,7 @@ from longctx.checkpoint.layout import (
     resolve_in_tree,
 )
 from longctx.checkpoint.metadata import args_dict, read_common_state, read_dcp_index
-from longctx.checkpoint.tree import DirTree, TarTree, open_tree
+from longctx.checkpoint.tree import ByteRange, DirTree, TarTree, open_tree
 from longctx.checkpoint.verify import VerifyReport, verify_checkpoint, verify_resolved
 from longctx.errors import CheckpointError
 from longctx.report import Findings
@@ -228,40 +229,103 @@ def _adopt_dir(
     return len(rels), total, methods
 
 
-def _adopt_tar(resolved: ResolvedCheckpoint, staging: Path) -> tuple[int, int]:
+_COPY_CHUNK = 1 << 20
+
+
+def _confined(staging: Path, sub: str, where: str) -> Path:
+    """staging/sub for a member path the archive index already normalised and checked (no absolute path,
+    no `..`); checked again here, because this is where a byte is written."""
+    parts = sub.split("/")
+    if not sub or sub.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise CheckpointError(
+            f"refusing to extract the member {sub!r}: its path leaves the target directory",
+            where=where,
+            fix="do not use this archive; obtain a clean copy",
+        )
+    return staging.joinpath(*parts)
+
+
+def _write_range(src: ByteRange, dst: Path, advance: Callable[[int], None]) -> None:
+    """Copy a member's bytes to a new regular file: O_EXCL and O_NOFOLLOW, so nothing already there (a file,
+    a link) is written through."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(dst, flags, 0o644)
+    with os.fdopen(fd, "wb") as out, open(src.path, "rb") as fh:
+        fh.seek(src.offset)
+        left = src.length
+        while left > 0:
+            chunk = fh.read(min(_COPY_CHUNK, left))
+            if not chunk:
+                raise CheckpointError(
+                    "the archive ends inside a member (truncated)",
+                    where=str(src.path),
+                    fix="re-download or re-copy the archive",
+                )
+            out.write(chunk)
+            left -= len(chunk)
+            advance(len(chunk))
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _tar_sources(resolved: ResolvedCheckpoint) -> dict[str, ByteRange]:
+    """{member: its bytes in the archive} of the checkpoint's files, checked before anything is written:
+    regular files only (no links, no sparse members) and no name that is both a file and a directory."""
     tree = resolved.tree
     assert isinstance(tree, TarTree)
-    prefix = resolved.checkpoint_rel
-    rels = tree.files(prefix)
-    total = sum(tree.size(r) for r in rels)
-    count = 0
-    staging.mkdir(parents=True)
-    with tree.open_tarfile() as tar, progress_bar("extract", total, unit="bytes") as advance:
-        for ti in tar.getmembers():
-            name = ti.name.replace("\\", "/").removeprefix("./")
-            if prefix and not (name == prefix or name.startswith(prefix + "/")):
-                continue
-            sub = name[len(prefix) + 1 :] if prefix else name
-            if not sub:
-                continue
-            ti = ti.replace(name=sub, deep=False)
-            if ti.islnk():
-                link = ti.linkname.replace("\\", "/").removeprefix("./")
-                ti = ti.replace(
-                    linkname=link[len(prefix) + 1 :] if prefix and link.startswith(prefix + "/") else link,
-                    deep=False,
-                )
-            try:
-                tar.extract(ti, staging, filter="data")
-            except tarfile.FilterError as err:
-                shutil.rmtree(staging, ignore_errors=True)
+    out: dict[str, ByteRange] = {}
+    for r in tree.files(resolved.checkpoint_rel):
+        kind = tree.member_kind(r)
+        if kind != "file":
+            raise CheckpointError(
+                f"the archive member {r!r} is a {kind}: a checkpoint archive holds regular files only",
+                where=tree.where(r),
+                fix="extract the archive yourself, replace links by the files they name, and adopt the directory",
+            )
+        out[r] = tree.byte_range(r)  # a sparse member is refused here
+    stack = [resolved.checkpoint_rel]
+    while stack:  # a file member that is also a directory's name would be dropped without a word
+        for name in tree.listdir(d := stack.pop()):
+            p = f"{d}/{name}" if d else name
+            if tree.is_dir(p) and tree.is_file(p):
                 raise CheckpointError(
-                    f"refusing to extract: {err}", where=str(tree.source), fix="do not use this archive"
-                ) from None
-            if ti.isreg():
-                count += 1
-                advance(ti.size)
-    return count, total
+                    f"the archive holds {p!r} twice, once as a file and once as a directory",
+                    where=tree.where(p),
+                    fix="do not use this archive; obtain a clean copy",
+                )
+            if tree.is_dir(p):
+                stack.append(p)
+    return out
+
+
+def _adopt_tar(resolved: ResolvedCheckpoint, ranges: dict[str, ByteRange], staging: Path) -> tuple[int, int]:
+    """Extract the checkpoint's members from the archive index, each a byte range copied into a new file.
+
+    tarfile's own extraction is not used: its `data` filter exists only from Python 3.11.4, and the
+    index already refused every unsafe member; what is written here are regular files and the
+    directories above them, all created by this function inside `staging`, so no write can leave it.
+    """
+    tree = resolved.tree
+    prefix = resolved.checkpoint_rel
+    total = sum(b.length for b in ranges.values())
+    staging.mkdir(parents=True)
+    try:
+        with progress_bar("extract", total, unit="bytes") as advance:
+            for r, byte_range in ranges.items():
+                dst = _confined(staging, r[len(prefix) + 1 :] if prefix else r, tree.where(r))
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                _write_range(byte_range, dst, advance)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(
+            f"cannot extract the archive: {err.strerror}",
+            where=str(err.filename or staging),
+            fix="check that the target is writable and has room for the checkpoint",
+        ) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return len(ranges), total
 
 
 def adopt(
@@ -300,14 +364,15 @@ def adopt(
         and into.resolve() == resolved.save_dir.resolve()
     ):
         raise CheckpointError("the source is already in this save dir", where=str(into), fix="nothing to do")
-    # every file of a directory source checked (inside it, regular) before anything is created
+    # every file of the source checked (inside it, regular) before anything is created
     sizes = _source_files(resolved) if isinstance(tree, DirTree) else {}
+    ranges = _tar_sources(resolved) if isinstance(tree, TarTree) else {}
     target = _prepare_target(into, dir_name, write_tracker, it)
     staging = into / f".adopt-{dir_name}.{os.getpid()}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
     if isinstance(tree, TarTree):
-        files, nbytes = _adopt_tar(resolved, staging)
+        files, nbytes = _adopt_tar(resolved, ranges, staging)
         method = "extract"
     else:
         staging.mkdir()

@@ -59,3 +59,64 @@ def test_archive_with_too_many_members(
     monkeypatch.setattr(tree, "MAX_TAR_MEMBERS", 5)  # the real bound (200,000) holds the same way
     archive = _archive(tmp_path / "many.tar", flat_snapshot, [_file(f"ckpt/extra{i}.txt") for i in range(5)])
     refused(["ckpt", "check", archive], [tmp_path], needle="more than 5 members")
+
+
+@pytest.fixture
+def without_tar_filters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tarfile as Python 3.11.0-3.11.3 have it: no extraction filters, no TarInfo.replace. Extraction
+    through tarfile is made to fail too, so a test passes only if longctx never relies on it."""
+    for name in ("data_filter", "tar_filter", "fully_trusted_filter", "FilterError"):
+        monkeypatch.delattr(tarfile, name, raising=False)
+    monkeypatch.delattr(tarfile.TarInfo, "replace", raising=False)
+
+    def no_extract(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tarfile extraction used")
+
+    monkeypatch.setattr(tarfile.TarFile, "extract", no_extract)
+    monkeypatch.setattr(tarfile.TarFile, "extractall", no_extract)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_unsafe_archive_refused_without_tar_filters(
+    case: str, flat_snapshot: Path, tmp_path: Path, without_tar_filters: None
+) -> None:
+    from longctx.checkpoint.adopt import adopt
+    from longctx.errors import CheckpointError
+
+    archive = _archive(tmp_path / f"{case}.tar", flat_snapshot, CASES[case])
+    with pytest.raises(CheckpointError, match="refusing to extract"):
+        adopt(archive, tmp_path / "into")
+    assert not (tmp_path / "into").exists()
+
+
+LINKS_INSIDE = {
+    "symlink-to-file": [_link("ckpt/alias", "common.pt")],
+    "hardlink-to-file": [_link("ckpt/alias", "ckpt/common.pt", tarfile.LNKTYPE)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(LINKS_INSIDE))
+def test_links_inside_the_archive_are_refused_at_adopt(
+    case: str, flat_snapshot: Path, tmp_path: Path, without_tar_filters: None
+) -> None:
+    archive = _archive(tmp_path / f"{case}.tar", flat_snapshot, LINKS_INSIDE[case])
+    refused(["ckpt", "adopt", archive, "--into", tmp_path / "into"], [tmp_path], needle="regular files only")
+    assert not (tmp_path / "into").exists()
+
+
+def test_a_name_both_file_and_directory_is_refused(flat_snapshot: Path, tmp_path: Path) -> None:
+    archive = _archive(tmp_path / "clash.tar", flat_snapshot, [_file("ckpt/x"), _file("ckpt/x/y")])
+    refused(["ckpt", "adopt", archive, "--into", tmp_path / "into"], [tmp_path], needle="twice")
+    assert not any((tmp_path / "into").glob("iter_*"))
+
+
+def test_adopt_extracts_without_tar_filters(
+    flat_snapshot: Path, tmp_path: Path, without_tar_filters: None
+) -> None:
+    from longctx.checkpoint.adopt import adopt
+
+    archive = _archive(tmp_path / "clean.tar", flat_snapshot, [])
+    result = adopt(archive, tmp_path / "into")
+    assert result.method == "extract" and result.verify is not None and result.verify.ok
+    for f in flat_snapshot.iterdir():
+        assert (result.checkpoint_dir / f.name).read_bytes() == f.read_bytes()
