@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-PLAN_HELP = "plan file (stages/*.toml)"
+PLAN_HELP = "plan file (stages/*.toml), or a shipped plan by name (`longctx plan list`)"
 JSON_HELP = "Print exactly one JSON document (also on failure)."
 
 Plan = Annotated[Path, typer.Argument(help=PLAN_HELP, show_default=False)]

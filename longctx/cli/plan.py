@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -196,3 +198,42 @@ def validate(
         if findings.ok:
             console.print(f"[green]plan {rp.plan.name} is valid[/] ({len(rp.stages)} stages)")
     exit_for(findings)
+
+
+@app.command("list")
+@cli_errors
+def list_cmd(json_out: Json = False) -> None:
+    """The plans shipped with longctx; any command takes one by name (`longctx plan show baby_9b_dense`)."""
+    from longctx.util.shipped import list_plans
+
+    plans = list_plans()
+    if json_out:
+        print_json({"plans": [{"name": p.name, "path": str(p.path), "summary": p.summary} for p in plans]})
+        return
+    t = narrow_table("shipped plans")
+    for col in ("name", "what it is"):
+        t.add_column(col)
+    for p in plans:
+        t.add_row(p.name, escape(p.summary))
+    console.print(t)
+    console.print("copy one to edit it: longctx plan copy NAME DIR", highlight=False)
+
+
+@app.command("copy")
+@cli_errors
+def copy_cmd(
+    name: str = typer.Argument(..., help="a shipped plan's name (`longctx plan list`)"),
+    dest: Path = typer.Argument(
+        ..., help="directory to copy into (DIR/stages/NAME.toml, DIR/tokenization/…)"
+    ),
+    json_out: Json = False,
+) -> None:
+    """Copy a shipped plan, with the tokenizer manifests it names, into DIR to edit; nothing is overwritten."""
+    from longctx.util.shipped import copy_plan
+
+    written = copy_plan(name, dest)
+    if json_out:
+        print_json({"ok": True, "written": [str(p) for p in written]})
+        return
+    for p in written:
+        console.print(f"wrote {escape(str(p))}", highlight=False)

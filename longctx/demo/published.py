@@ -26,8 +26,9 @@ from longctx.checkpoint.layout import TRACKER
 from longctx.errors import CheckpointError, TokenizerError
 from longctx.tokenizer import load_manifest, verify_tokenizer
 from longctx.util.hashing import md5_file
+from longctx.util.shipped import resource_dir
 
-RESOURCES = Path(__file__).resolve().parents[1] / "resources" / "demo"
+RESOURCES = resource_dir("demo")
 ARCHIVE = "base_model_only.tar"
 CARD = "card.toml"
 TOKENIZER_DIR = "tokenizer"

@@ -54,8 +54,8 @@ from longctx.tokenizer import (
     write_manifest,
 )
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
+from longctx.util.shipped import plans_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # `longctx demo --family F`: the plan of each model family (the same model and ladder, its own objective)
 FAMILY_PLANS = {"ar": "tiny.toml", "mdm": "tiny_mdm.toml", "udm": "tiny_udm.toml"}
 # the families with a published base (longctx/resources/demo/FAMILY) that the demo adopts
@@ -92,7 +92,7 @@ class DemoConfig:
     `published`: the family whose published base (longctx/resources/demo/FAMILY) the demo adopts, with
     its tokenizer, instead of building a tokenizer and pretraining a base itself."""
 
-    plan: Path = REPO_ROOT / "stages" / "tiny.toml"
+    plan: Path = dataclasses.field(default_factory=lambda: plans_dir() / "tiny.toml")
     published: str | None = "ar"
     corpora: tuple[Corpus, ...] = STAGE_CORPORA
     vocab_size: int = 512
@@ -138,9 +138,9 @@ class DemoConfig:
                     f"stages/{FAMILY_PLANS[family]}, whose data the small corpus does not hold",
                     where="--small", fix=f"run `longctx demo --family {family}` without --small, or give --plan",
                 )  # fmt: skip
-            plan = plan or REPO_ROOT / "stages" / SMALL_PLANS.get(family, FAMILY_PLANS[family])
+            plan = plan or plans_dir() / SMALL_PLANS.get(family, FAMILY_PLANS[family])
             return cls.small(plan, interrupt_stage=interrupt)
-        cfg = cls(plan=plan or REPO_ROOT / "stages" / FAMILY_PLANS[family], published=family)
+        cfg = cls(plan=plan or plans_dir() / FAMILY_PLANS[family], published=family)
         if family not in PUBLISHED:  # the uniform-state family pretrains its own base on one corpus
             cfg = dataclasses.replace(cfg, published=None, corpora=(Corpus("corpus", 1600, 150, 6000, 1),),
                                       eval_keys=2)  # fmt: skip

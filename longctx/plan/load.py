@@ -11,17 +11,24 @@ from pydantic import ValidationError
 
 from longctx.errors import PlanError
 from longctx.plan.schema import Plan
+from longctx.util.shipped import shipped_plan
 
 RUN_DIR_ENV = "LONGCTX_RUN_DIR"
 
 
 def load_plan(path: str | os.PathLike[str], *, run_dir: str | os.PathLike[str] | None = None) -> Plan:
-    """Load and schema-check a plan. `run_dir` (or $LONGCTX_RUN_DIR) replaces the plan's run_dir."""
+    """Load and schema-check a plan: a path, or the name of a shipped plan (`baby_9b_dense`) when no such
+    file exists. `run_dir` (or $LONGCTX_RUN_DIR) replaces the plan's run_dir."""
     p = Path(path)
     if not p.is_file():
-        raise PlanError(
-            f"plan file not found: {p}", where=str(p), fix="give the path of a stages/*.toml file"
-        )
+        shipped = shipped_plan(str(path))
+        if shipped is None:
+            raise PlanError(
+                f"plan file not found: {p}",
+                where=str(p),
+                fix="give the path of a plan TOML, or the name of a shipped plan (`longctx plan list`)",
+            )
+        p = shipped
     try:
         data = tomllib.loads(p.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:
