@@ -286,6 +286,27 @@ def _plan(
     )
 
 
+def rank_work(
+    rank: int,
+    world: int,
+    local_len: int,
+    causal: bool,
+    piece: int,
+    docs: Documents | None,
+    split: str = "zigzag",
+) -> tuple[list[tuple[slice, Block]], list[tuple[slice, Block]]]:
+    """(own-chunk sub-blocks, remote sub-blocks) `rank` computes in backward: what the benchmark
+    counts and times rank by rank (remote key rows relative to each slot's piece)."""
+    plan = _plan(rank, world, local_len, causal, piece, docs, split)
+    remote = [
+        (rows, Block(sub.step, sub.src, sub.q_start, sub.q_stop, sub.k_start - slot.block.k_start,
+                     sub.k_stop - slot.block.k_start, False))
+        for slot, cuts in zip(plan.slots, plan.cuts, strict=True)
+        for rows, sub in cuts
+    ]  # fmt: skip
+    return plan.own, remote
+
+
 def _whole(rows: slice, sub: Block, q: Tensor, k: Tensor) -> bool:
     """Whether (rows, sub) is every batch row, query and key of the tensors at hand."""
     return (
