@@ -512,18 +512,17 @@ LONG_TAIL = {(64, 4096): 0.10, (4096, 16384): 0.15, (16384, 262144): 0.75}
 
 
 def long_tail_lengths(seq_len: int, seed: int = 0) -> list[int]:
-    """A window stitched from documents drawn from `LONG_TAIL`: each next document from the tier whose
-    share of the window is furthest below its target, the last one cut by the window."""
+    """A window stitched from documents of the `LONG_TAIL` tiers: each tier's share of the window filled
+    with documents drawn from its lengths (the last one cut to fit), in a random order."""
     rng = random.Random(seed)
     lengths: list[int] = []
-    have = dict.fromkeys(LONG_TAIL, 0)
-    while sum(lengths) < seq_len:
-        tier = max(LONG_TAIL, key=lambda t: LONG_TAIL[t] * (sum(lengths) + 1) - have[t])
-        lo, hi = tier
-        n = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-        n = min(n, seq_len - sum(lengths))
-        lengths.append(n)
-        have[tier] += n
+    for (lo, hi), share in LONG_TAIL.items():
+        room = int(seq_len * share) if (lo, hi) != max(LONG_TAIL) else seq_len - sum(lengths)
+        while room > 0:
+            n = min(room, int(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+            lengths.append(n)
+            room -= n
+    rng.shuffle(lengths)
     return lengths
 
 
