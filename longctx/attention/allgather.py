@@ -16,7 +16,14 @@ from longctx.attention.autograd import attention_function
 from longctx.attention.blocks import Block, allgather_plan
 from longctx.attention.checks import check_qkv
 from longctx.attention.comm import all_gather_dim0, group_rank, group_size, reduce_scatter_dim0
-from longctx.attention.documents import CuSeqlens, Documents, Layout, document_blocks, documents_for
+from longctx.attention.documents import (
+    CuSeqlens,
+    Documents,
+    Layout,
+    cut_block,
+    documents_and_split,
+    rank_layouts,
+)
 from longctx.attention.kernels import BlockKernel, default_scale, lse_dtype, select_kernel
 from longctx.attention.merge import merge_
 from longctx.attention.zigzag import zigzag_all_gather, zigzag_split
@@ -32,17 +39,17 @@ def allgather_attention(
     softmax_scale: float | None = None,
     kernel: str | None = None,
     cu_seqlens: CuSeqlens | None = None,
+    split: str = "zigzag",
 ) -> Tensor:
-    """Same contract as `ring_attention` (zigzag-sharded `[batch, seq_local, heads, head_dim]`,
+    """Same contract as `ring_attention` (`[batch, seq_local, heads, head_dim]` shards of `split`,
     `cu_seqlens` the document boundaries of the full sequence)."""
     cp = group_size(group)
-    docs = None
-    if cu_seqlens is not None:
-        docs = documents_for(q, cu_seqlens, group, where="allgather_attention")
-    check_qkv(q, k, v, cp_size=cp, causal=causal or docs is not None, where="allgather_attention")
+    where = "allgather_attention"
+    docs = documents_and_split(q, cu_seqlens, split, group, where=where)
+    check_qkv(q, k, v, cp_size=cp, causal=(causal or docs is not None) and split == "zigzag", where=where)
     scale = default_scale(q.shape[-1], softmax_scale)
     blk = select_kernel(q.device, q.dtype, kernel)
-    return _AllGatherAttention.apply(q, k, v, group, causal, scale, blk, docs)
+    return _AllGatherAttention.apply(q, k, v, group, causal, scale, blk, docs, split)
 
 
 def _gather_kv(k: Tensor, v: Tensor, group: dist.ProcessGroup, causal: bool) -> Tensor:
@@ -70,20 +77,49 @@ def _scatter_dkv(dkv: Tensor, group: dist.ProcessGroup, causal: bool) -> Tensor:
 
 
 def _document_plan(
-    rank: int, world: int, local_len: int, causal: bool, docs: Documents
-) -> list[tuple[slice, Block]]:
-    """(batch rows, block) of the all-gather plan cut at documents; keys in sequence order."""
+    rank: int, world: int, local_len: int, causal: bool, docs: Documents, split: str
+) -> tuple[list[tuple[slice, Block]], list[tuple[slice, Tensor]]]:
+    """(batch rows, block) of local queries against the gathered keys in sequence order, cut at
+    documents; and per sample group the global position of each gathered row (rank order)."""
+    layouts = rank_layouts(docs, world, local_len, split, causal)
+    full = Layout.natural(local_len * world)
+    block = Block(0, -1, 0, local_len, 0, local_len * world, causal)
+    plan: list[tuple[slice, Block]] = []
+    order: list[tuple[slice, Tensor]] = []
+    for (rows, bounds), lay in zip(docs.rows(), layouts, strict=True):
+        plan += [(rows, sub) for sub in cut_block(block, lay[rank], full, bounds, causal)]
+        order.append((rows, torch.cat([lay[r].positions() for r in range(world)])))
+    return plan, order
+
+
+def _gather_documents(
+    k: Tensor, v: Tensor, group: dist.ProcessGroup | None, order: list[tuple[slice, Tensor]]
+) -> Tensor:
+    """`[2, b, S, hkv, d]` in sequence order, whatever each sample group's layout."""
+    kv = torch.stack([k, v])
+    if group_size(group) > 1:
+        gathered = all_gather_dim0(kv, group)  # type: ignore[arg-type]
+        world, _, b, s = gathered.shape[:4]
+        kv = gathered.movedim(0, 2).reshape(2, b, world * s, *gathered.shape[4:])
+    natural = torch.empty_like(kv)
+    for rows, where in order:
+        natural[:, rows] = kv[:, rows].index_select(2, torch.argsort(where).to(kv.device))
+    return natural
+
+
+def _scatter_documents(
+    dkv: Tensor, group: dist.ProcessGroup | None, order: list[tuple[slice, Tensor]]
+) -> Tensor:
+    """Inverse of `_gather_documents` for the gradients: each rank's rows summed over the ranks."""
+    ranked = torch.empty_like(dkv)
+    for rows, where in order:
+        ranked[:, rows] = dkv[:, rows].index_select(2, where.to(dkv.device))
+    world = group_size(group)
     if world == 1:
-        plan = [Block(0, 0, 0, local_len, 0, local_len, causal)]
-    else:
-        plan = allgather_plan(rank, world, local_len, causal)
-    mine, full = Layout.zigzag(rank, world, local_len), Layout.natural(local_len * world)
-    return [
-        (rows, sub)
-        for block in plan
-        for rows, bounds in docs.rows()
-        for sub in document_blocks(block, mine, full, bounds)
-    ]
+        return ranked
+    two, b, total = ranked.shape[:3]
+    per_rank = ranked.view(two, b, world, total // world, *ranked.shape[3:]).movedim(2, 0)
+    return reduce_scatter_dim0(per_rank.contiguous(), group)  # type: ignore[arg-type]
 
 
 def allgather_forward(
@@ -95,21 +131,22 @@ def allgather_forward(
     scale: float,
     blk: BlockKernel,
     docs: Documents | None = None,
+    split: str = "zigzag",
 ) -> tuple[Tensor, Tensor]:
     world, rank = group_size(group), group_rank(group)
     if world == 1 and docs is None:
         out, lse = blk.forward(q, k, v, causal, scale)
         return out, lse.to(lse_dtype(q.dtype))
     acc = lse_dtype(q.dtype)
-    # with documents the keys are always gathered in sequence order (the boundaries refer to it)
-    kv = torch.stack([k, v]) if world == 1 else _gather_kv(k, v, group, causal or docs is not None)  # type: ignore[arg-type]
     b, s, h, d = q.shape
+    if docs is None:
+        kv = _gather_kv(k, v, group, causal)  # type: ignore[arg-type]
+        plan = [(slice(None), block) for block in allgather_plan(rank, world, s, causal)]
+    else:  # keys in sequence order: the boundaries refer to it
+        plan, order = _document_plan(rank, world, s, causal, docs, split)
+        kv = _gather_documents(k, v, group, order)
     out_acc = torch.zeros(b, s, h, d, dtype=acc, device=q.device)
     lse_acc = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
-    if docs is None:
-        plan = [(slice(None), block) for block in allgather_plan(rank, world, s, causal)]
-    else:
-        plan = _document_plan(rank, world, s, causal, docs)
     for rows, block in plan:
         b_out, b_lse = blk.forward(
             q[rows, block.q], kv[0][rows, block.k], kv[1][rows, block.k], block.causal, scale
@@ -130,19 +167,20 @@ def allgather_backward(
     scale: float,
     blk: BlockKernel,
     docs: Documents | None = None,
+    split: str = "zigzag",
 ) -> tuple[Tensor, Tensor, Tensor]:
     world, rank = group_size(group), group_rank(group)
     if world == 1 and docs is None:
         return blk.backward(dout, q, k, v, out, lse, causal, scale)
     acc = lse_dtype(q.dtype)
-    ordered = causal or docs is not None
-    kv = torch.stack([k, v]) if world == 1 else _gather_kv(k, v, group, ordered)  # type: ignore[arg-type]
-    dkv = torch.zeros(kv.shape, dtype=acc, device=kv.device)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     if docs is None:
+        kv = _gather_kv(k, v, group, causal)  # type: ignore[arg-type]
         plan = [(slice(None), block) for block in allgather_plan(rank, world, q.shape[1], causal)]
     else:
-        plan = _document_plan(rank, world, q.shape[1], causal, docs)
+        plan, order = _document_plan(rank, world, q.shape[1], causal, docs, split)
+        kv = _gather_documents(k, v, group, order)
+    dkv = torch.zeros(kv.shape, dtype=acc, device=kv.device)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     for rows, block in plan:
         qs, ks = block.q, block.k
         b_dq, b_dk, b_dv = blk.backward(
@@ -152,9 +190,7 @@ def allgather_backward(
         dq[rows, qs] += b_dq
         dkv[0][rows, ks] += b_dk
         dkv[1][rows, ks] += b_dv
-    if world == 1:
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
-    mine = _scatter_dkv(dkv, group, ordered)  # type: ignore[arg-type]
+    mine = _scatter_dkv(dkv, group, causal) if docs is None else _scatter_documents(dkv, group, order)  # type: ignore[arg-type]
     return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype)
 
 

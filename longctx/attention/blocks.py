@@ -16,6 +16,7 @@ Without causality every step is all queries against all keys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -216,3 +217,36 @@ def query_tiles(block: Block, tile: int, least: int = 1) -> list[tuple[int, int]
     rows = block.q_stop - block.q_start
     calls = max(1, min(-(-rows // tile), rows // least))
     return split_range(block.q_start, block.q_stop, calls)
+
+
+def ranged_ring_schedule(
+    rank: int, world: int, local_len: int, piece: int, need: Callable[[int, int], tuple[int, int]]
+) -> list[Slot]:
+    """Slots of the remote steps when `need(dst, src)` says which rows [k0, k1) of src's chunk dst
+    attends to (any layout, e.g. within documents): every step is cut into ceil(local_len / piece)
+    slots on every rank, slot i carrying piece i of the needed rows (possibly empty), so a message
+    posted in slot i is consumed in slot i on the other side. Each slot's block is all local queries
+    against its piece; which of its pairs are visible is the caller's to cut.
+    """
+    if world < 2:
+        return []
+    slots = -(-local_len // piece)
+    schedule: list[Slot] = []
+    for t in range(1, world):
+        src, dst = (rank - t) % world, (rank + t) % world
+        mine = split_range(*need(rank, src), slots)
+        theirs = split_range(*need(dst, rank), slots)
+        for (k0, k1), (d0, d1) in zip(mine, theirs, strict=True):
+            schedule.append(
+                Slot(
+                    step=t,
+                    src=src,
+                    dst=dst,
+                    block=Block(t, src, 0, local_len if k0 < k1 else 0, k0, k1, False),
+                    dst_block=Block(t, rank, 0, local_len if d0 < d1 else 0, d0, d1, False),
+                    recv_kv=(k0, k1) if k0 < k1 else None,
+                    send_kv=(d0, d1) if d0 < d1 else None,
+                    piece_done=True,
+                )
+            )
+    return schedule

@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from longctx.attention.blocks import Block, ring_plan
+from longctx.attention.blocks import Block
 from longctx.attention.comm import all_gather_dim0, group_rank, group_size
+from longctx.attention.split import balanced_runs, check_split
 from longctx.errors import AttentionError
 
 CuSeqlens = Tensor | Sequence[int]
@@ -152,6 +153,22 @@ def documents_for(
     return docs
 
 
+def documents_and_split(
+    q: Tensor, cu_seqlens: CuSeqlens | None, split: str, group: dist.ProcessGroup | None, *, where: str
+) -> Documents | None:
+    """`documents_for`, and a check that `split` is known and has the boundaries it is cut by."""
+    check_split(split, where=where)
+    if cu_seqlens is None:
+        if split != "zigzag":
+            raise AttentionError(
+                f"split {split!r} cuts shards at documents but no cu_seqlens were given",
+                where=where,
+                fix="pass the document boundaries of the full sequence, or split='zigzag' for dense attention",
+            )
+        return None
+    return documents_for(q, cu_seqlens, group, where=where)
+
+
 @dataclass(frozen=True)
 class Layout:
     """Which global positions a tensor's rows hold: increasing runs `(global_start, rows)`."""
@@ -168,6 +185,14 @@ class Layout:
     @classmethod
     def natural(cls, length: int) -> Layout:
         return cls(((0, length),))
+
+    def positions(self) -> Tensor:
+        """Global position of each local row (int64)."""
+        return (
+            torch.cat([torch.arange(a, a + n) for a, n in self.runs])
+            if self.runs
+            else torch.zeros(0, dtype=torch.long)
+        )
 
     def rows_before(self, g: int) -> int:
         """Local rows holding global positions < g (the layout is increasing)."""
@@ -190,40 +215,154 @@ def _doc_range(bounds: tuple[int, ...], g0: int, g1: int) -> tuple[int, int]:
     return bisect.bisect_right(bounds, g0) - 1, bisect.bisect_left(bounds, g1)
 
 
-def document_blocks(block: Block, q_layout: Layout, k_layout: Layout, bounds: tuple[int, ...]) -> list[Block]:
-    """`block` cut at document boundaries: one sub-block per document with both queries and keys in
-    the block, diagonal if `block` is, else full (see the module docstring)."""
-    q_docs = [_doc_range(bounds, a, b) for a, b in q_layout.spans(block.q_start, block.q_stop)]
-    k_docs = [_doc_range(bounds, a, b) for a, b in k_layout.spans(block.k_start, block.k_stop)]
-    ranges = sorted(
-        (max(a0, b0), min(a1, b1)) for a0, a1 in q_docs for b0, b1 in k_docs if max(a0, b0) < min(a1, b1)
-    )
-    out: list[Block] = []
-    seen = -1
-    for i0, i1 in ranges:
-        for i in range(max(i0, seen + 1), i1):
-            seen = i
-            d0, d1 = bounds[i], bounds[i + 1]
-            q0 = max(block.q_start, q_layout.rows_before(d0))
-            q1 = min(block.q_stop, q_layout.rows_before(d1))
-            k0 = max(block.k_start, k_layout.rows_before(d0))
-            k1 = min(block.k_stop, k_layout.rows_before(d1))
-            if q0 >= q1 or k0 >= k1:
-                continue
-            if block.causal and q1 - q0 != k1 - k0:
-                raise AssertionError(f"diagonal block {block} cut unevenly at document [{d0}, {d1})")
-            out.append(Block(block.step, block.src, q0, q1, k0, k1, block.causal))
+def _docs_of(spans: list[tuple[int, int]], bounds: tuple[int, ...]) -> set[int]:
+    out: set[int] = set()
+    for a, b in spans:
+        i0, i1 = _doc_range(bounds, a, b)
+        out.update(range(i0, i1))
     return out
 
 
+def cut_block(
+    block: Block, q_layout: Layout, k_layout: Layout, bounds: tuple[int, ...], causal: bool
+) -> list[Block]:
+    """The visible pairs of `block` (local query rows × local key rows) as diagonal and full
+    sub-blocks: same document, and with `causal` key position ≤ query position.
+
+    Both layouts are increasing, so within one document the queries that see a key at position g
+    are one contiguous range of local rows (those at positions ≥ g, > g where g is not a query's);
+    keys are grouped by that range, and a run of positions held on both sides (same rows in the same
+    order) is one diagonal. `q_layout is k_layout` with equal row ranges (a rank's own chunk) is one
+    diagonal per document: local order is global order there.
+    """
+    q_spans = q_layout.spans(block.q_start, block.q_stop)
+    k_spans = k_layout.spans(block.k_start, block.k_stop)
+    shared = _docs_of(q_spans, bounds) & _docs_of(k_spans, bounds)
+    same = q_layout is k_layout and (block.q_start, block.q_stop) == (block.k_start, block.k_stop)
+    out: list[Block] = []
+
+    def add(q0: int, q1: int, k0: int, k1: int, diagonal: bool) -> None:
+        if q0 >= q1 or k0 >= k1:
+            return
+        last = out[-1] if out else None
+        if (
+            not diagonal
+            and last is not None
+            and not last.causal
+            and (last.q_start, last.q_stop, last.k_stop) == (q0, q1, k0)
+        ):
+            out[-1] = Block(block.step, block.src, q0, q1, last.k_start, k1, False)
+            return
+        out.append(Block(block.step, block.src, q0, q1, k0, k1, diagonal))
+
+    for i in sorted(shared):
+        d0, d1 = bounds[i], bounds[i + 1]
+        q0 = max(block.q_start, q_layout.rows_before(d0))
+        q1 = min(block.q_stop, q_layout.rows_before(d1))
+        k0 = max(block.k_start, k_layout.rows_before(d0))
+        k1 = min(block.k_stop, k_layout.rows_before(d1))
+        if q0 >= q1 or k0 >= k1:
+            continue
+        if not causal:
+            add(q0, q1, k0, k1, False)
+            continue
+        if same:
+            add(q0, q1, k0, k1, True)
+            continue
+        held = q_layout.spans(q0, q1)  # positions of this document's queries
+        edges = sorted({x for a, b in held for x in (a, b)})
+        for a, b in k_layout.spans(k0, k1):
+            cuts = [a, *(x for x in edges if a < x < b), b]
+            for p0, p1 in itertools.pairwise(cuts):
+                r0 = k_layout.rows_before(p0)
+                r1 = r0 + (p1 - p0)
+                common = any(x <= p0 and p1 <= y for x, y in held)
+                first = q_layout.rows_before(p1)  # queries at positions ≥ p1
+                if common:
+                    d = q_layout.rows_before(p0)
+                    add(d, d + (p1 - p0), r0, r1, True)
+                add(max(first, q0), q1, r0, r1, False)
+    return out
+
+
+def document_blocks(block: Block, q_layout: Layout, k_layout: Layout, bounds: tuple[int, ...]) -> list[Block]:
+    """`block` of a zigzag plan (diagonal, or every key before every query, or unmasked) cut at
+    document boundaries."""
+    return cut_block(block, q_layout, k_layout, bounds, block.causal or _before(block, q_layout, k_layout))
+
+
+def _before(block: Block, q_layout: Layout, k_layout: Layout) -> bool:
+    """Whether every key of `block` precedes every query (a causal plan's full block)."""
+    q = q_layout.spans(block.q_start, block.q_stop)
+    k = k_layout.spans(block.k_start, block.k_stop)
+    return bool(q and k) and max(b for _, b in k) <= min(a for a, _ in q)
+
+
+def rank_layouts(docs: Documents, world: int, local_len: int, split: str, causal: bool) -> list[list[Layout]]:
+    """Per sample group of `docs`, the layout of every CP rank under `split`."""
+    if split == "zigzag":
+        zig = [Layout.zigzag(r, world, local_len) for r in range(world)]
+        return [zig for _ in docs.groups]
+    return [[Layout(runs) for runs in balanced_runs(bounds, world, causal)] for _, _, bounds in docs.groups]
+
+
 def ring_document_pairs(
-    rank: int, world: int, local_len: int, causal: bool, bounds: tuple[int, ...]
+    rank: int, world: int, local_len: int, causal: bool, bounds: tuple[int, ...], split: str = "zigzag"
 ) -> tuple[int, int]:
     """(query-key pairs, kernel calls) the ring computes on `rank` for one sample with `bounds`."""
-    mine = Layout.zigzag(rank, world, local_len)
+    docs = Documents(local_len * world, ((0, 1, tuple(bounds)),))
+    layouts = rank_layouts(docs, world, local_len, split, causal)[0]
+    mine = layouts[rank]
     pairs = calls = 0
-    for block in ring_plan(rank, world, local_len, causal):
-        subs = document_blocks(block, mine, Layout.zigzag(block.src, world, local_len), bounds)
+    for step in range(world):
+        src = (rank - step) % world
+        block = Block(step, src, 0, local_len, 0, local_len, causal and src == rank)
+        subs = cut_block(block, mine, mine if src == rank else layouts[src], tuple(bounds), causal)
         pairs += sum(b.pairs for b in subs)
         calls += len(subs)
     return pairs, calls
+
+
+def balanced_index(
+    cu_seqlens: CuSeqlens, batch: int, seq_len: int, rank: int, world: int, causal: bool
+) -> Tensor:
+    """`[batch, seq_len / world]` global positions of `rank`'s rows under the balanced split of each
+    sample's documents (`split.balanced_runs`)."""
+    docs = parse_documents(cu_seqlens, batch=batch, seq_len=seq_len, where="balanced split")
+    index = torch.empty(batch, seq_len // world, dtype=torch.long)
+    for rows, bounds in docs.rows():
+        index[rows] = Layout(balanced_runs(bounds, world, causal)[rank]).positions()
+    return index
+
+
+def balanced_split(
+    x: Tensor, cu_seqlens: CuSeqlens, rank: int, world: int, *, causal: bool, seq_dim: int = 1
+) -> Tensor:
+    """This rank's shard of `x` (`[batch, S, …]` along `seq_dim` = 1, or `[S, …]` with seq_dim 0 for
+    one sample) under the balanced split: what `ring_attention(…, split="balanced")` expects. Tokens,
+    labels, loss masks and position ids must all be cut with it."""
+    seq_dim = seq_dim % x.dim()
+    if seq_dim == 0:
+        return balanced_split(x.unsqueeze(0), cu_seqlens, rank, world, causal=causal)[0]
+    if seq_dim != 1:
+        raise AttentionError(f"balanced_split cuts dim 0 or 1, not {seq_dim}", where="balanced split")
+    b, s = x.shape[:2]
+    if s % world:
+        raise AttentionError(
+            f"sequence length {s} does not split into {world} equal shards",
+            where="balanced split",
+            fix=f"use a sequence length that is a multiple of CP = {world}",
+        )
+    index = balanced_index(cu_seqlens, b, s, rank, world, causal).to(x.device)
+    return x.gather(1, index.view(b, -1, *([1] * (x.dim() - 2))).expand(b, -1, *x.shape[2:]))
+
+
+def balanced_gather(shards: Sequence[Tensor], cu_seqlens: CuSeqlens, *, causal: bool) -> Tensor:
+    """Inverse of `balanced_split` (seq dim 1): the full `[batch, S, …]` from every rank's shard."""
+    world = len(shards)
+    b, local = shards[0].shape[:2]
+    out = shards[0].new_empty(b, local * world, *shards[0].shape[2:])
+    for rank, shard in enumerate(shards):
+        index = balanced_index(cu_seqlens, b, local * world, rank, world, causal).to(shard.device)
+        out.scatter_(1, index.view(b, -1, *([1] * (shard.dim() - 2))).expand_as(shard), shard)
+    return out

@@ -15,6 +15,7 @@ kernels, and the result `[b, sq, np, hn]` goes back as Megatron's `[sq, b, np·h
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from torch import Tensor
 from longctx.attention.allgather import allgather_attention
 from longctx.attention.comm import group_size
 from longctx.attention.ring import ring_attention
+from longctx.attention.split import check_split
 from longctx.errors import AttentionError
 
 _WHERE = "LongctxCoreAttention"
@@ -129,6 +131,7 @@ class LongctxCoreAttention(MegatronModule):
         packed_seq_params: PackedSeqParams | None = None,
     ) -> Tensor:
         cu_seqlens = None if packed_seq_params is None else _document_bounds(packed_seq_params)
+        split = getattr(packed_seq_params, "split", "zigzag")
         if attention_bias is not None:
             raise AttentionError("attention bias is not supported", where=_WHERE)
         if attention_mask is not None:
@@ -150,26 +153,38 @@ class LongctxCoreAttention(MegatronModule):
             causal=causal,
             softmax_scale=self.softmax_scale,
             cu_seqlens=cu_seqlens,
+            split=split,
         )
         # [b, sq, np, hn] → [sq, b, np·hn]
         return out.transpose(0, 1).reshape(sq, b, heads * head_dim)
 
 
-def document_params(cu_seqlens: Tensor, seq_len: int) -> PackedSeqParams:
+@dataclass
+class DocumentParams(PackedSeqParams):
+    """megatron-core PackedSeqParams that also say how the shards were cut (see `document_params`)."""
+
+    split: str = "zigzag"
+
+
+def document_params(cu_seqlens: Tensor, seq_len: int, split: str = "zigzag") -> PackedSeqParams:
     """What a GPTModel forward takes to attend within documents through `LongctxCoreAttention`.
 
     `cu_seqlens`: boundaries of the full (unsharded) sequences of the batch, concatenated
-    (`[0, …, b·S]`, see `longctx.attention.documents`); the tokens stay in the `[s, b]` layout, zigzag
-    sharded. `qkv_format` 'sbhd' keeps megatron-core on its dense path (its THD handling is for
-    TransformerEngine's per-document layout). `seq_len` is the full length S: megatron-core sizes
-    the rotary table of a packed batch by `max_seqlen_*` (and then takes this rank's zigzag rows).
+    (`[0, …, b·S]`, see `longctx.attention.documents`); the tokens stay in the `[s, b]` layout, sharded
+    by `split`: "zigzag" (`zigzag_split`) or "balanced" (`balanced_split`, the document-aware split
+    that evens the work per rank; RoPE must then follow the position ids, see
+    `longctx.mcore.positions`). `qkv_format` 'sbhd' keeps megatron-core on its dense path (its THD
+    handling is for TransformerEngine's per-document layout). `seq_len` is the full length S:
+    megatron-core sizes the rotary table of a packed batch by `max_seqlen_*`.
     """
-    return PackedSeqParams(
+    check_split(split, where="document_params")
+    return DocumentParams(
         qkv_format="sbhd",
         cu_seqlens_q=cu_seqlens,
         cu_seqlens_kv=cu_seqlens,
         max_seqlen_q=seq_len,
         max_seqlen_kv=seq_len,
+        split=split,
     )
 
 
@@ -227,4 +242,10 @@ def longctx_local_layer_spec(**kwargs: Any) -> ModuleSpec:
     return spec
 
 
-__all__ = ["LongctxCoreAttention", "document_params", "eod_document_bounds", "longctx_local_layer_spec"]
+__all__ = [
+    "DocumentParams",
+    "LongctxCoreAttention",
+    "document_params",
+    "eod_document_bounds",
+    "longctx_local_layer_spec",
+]

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from longctx.attention.autograd import attention_function
-from longctx.attention.blocks import Block, Slot, query_tiles, ring_schedule
+from longctx.attention.blocks import Block, Slot, query_tiles, ranged_ring_schedule, ring_schedule
 from longctx.attention.checks import check_qkv
 from longctx.attention.comm import PeerExchange, Pending, group_rank, group_size
-from longctx.attention.documents import CuSeqlens, Documents, Layout, document_blocks, documents_for
+from longctx.attention.documents import CuSeqlens, Documents, cut_block, documents_and_split, rank_layouts
 from longctx.attention.kernels import BlockKernel, default_scale, lse_dtype, select_kernel
 from longctx.attention.merge import merge_
 from longctx.errors import AttentionError
@@ -107,6 +108,7 @@ def ring_attention(
     kernel: str | None = None,
     piece: int | None = None,
     cu_seqlens: CuSeqlens | None = None,
+    split: str = "zigzag",
 ) -> Tensor:
     """Attention of this rank's zigzag chunks against the whole sequence held by `group`.
 
@@ -119,17 +121,21 @@ def ring_attention(
 
     `cu_seqlens` (see `documents`): document boundaries of the full sequence, the same on every
     rank; each token then attends only within its document (causal or not), blocks no document
-    spans are skipped. The shards are zigzag in both modes then (the length a multiple of 2·CP).
+    spans are skipped, and only the key rows some query sees travel.
+
+    `split`: how the shards were cut — "zigzag" (`zigzag_split`, the length a multiple of 2·CP), or
+    "balanced", the document-aware split of `split.balanced_runs` (`split_shard`; needs `cu_seqlens`,
+    the length a multiple of CP), which evens the work within documents over the ranks.
     """
     cp = group_size(group)
-    docs = None
-    if cu_seqlens is not None:
-        docs = documents_for(q, cu_seqlens, group, where="ring_attention")
-    check_qkv(q, k, v, cp_size=cp, causal=causal or docs is not None, where="ring_attention")
+    docs = documents_and_split(q, cu_seqlens, split, group, where="ring_attention")
+    check_qkv(
+        q, k, v, cp_size=cp, causal=(causal or docs is not None) and split == "zigzag", where="ring_attention"
+    )
     scale = default_scale(q.shape[-1], softmax_scale)
     blk = select_kernel(q.device, q.dtype, kernel)
     size = ring_piece(q.shape[1], piece, device=q.device)
-    return _RingAttention.apply(q, k, v, group, causal, scale, blk, size, docs)
+    return _RingAttention.apply(q, k, v, group, causal, scale, blk, size, docs, split)
 
 
 class _KVStream:
@@ -226,6 +232,90 @@ def _finish(returning: _GradReturn | None, dk: Tensor, dv: Tensor) -> None:
         returning.finish(dk, dv)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one rank computes and exchanges in one direction of the ring.
+
+    `own`: (batch rows, sub-block) of its own chunk; `slots`: the remote steps' slots; `cuts[s]`: the
+    (batch rows, sub-block) slot s computes, key rows being rows of src's chunk (all full blocks);
+    `expect[s]`: whether dst computes anything with this rank's rows in slot s (so sums come back).
+    Dense attention keeps the zigzag schedule and whole blocks; within documents the blocks are cut
+    at the documents of each sample group and only the key rows some query sees travel.
+    """
+
+    own: list[tuple[slice, Block]]
+    slots: list[Slot]
+    cuts: list[list[tuple[slice, Block]]]
+    expect: list[bool]
+
+
+def _plan(
+    rank: int, world: int, local_len: int, causal: bool, piece: int, docs: Documents | None, split: str
+) -> _Plan:
+    every = slice(None)
+    if docs is None:
+        slots = ring_schedule(rank, world, local_len, causal, piece)
+        return _Plan(
+            [(every, Block(0, rank, 0, local_len, 0, local_len, causal))],
+            slots,
+            [[(every, s.block)] if s.block.pairs else [] for s in slots],
+            [bool(s.dst_block.pairs) for s in slots],
+        )
+    layouts = rank_layouts(docs, world, local_len, split, causal)
+    groups = [(rows, bounds, lay) for (rows, bounds), lay in zip(docs.rows(), layouts, strict=True)]
+
+    def cut(block: Block, q_rank: int, k_rank: int) -> list[tuple[slice, Block]]:
+        return [
+            (rows, sub)
+            for rows, bounds, lay in groups
+            for sub in cut_block(block, lay[q_rank], lay[k_rank], bounds, causal)
+        ]
+
+    def need(dst: int, src: int) -> tuple[int, int]:
+        subs = [b for _, b in cut(Block(0, src, 0, local_len, 0, local_len, False), dst, src)]
+        if not subs:
+            return 0, 0
+        return min(b.k_start for b in subs), max(b.k_stop for b in subs)
+
+    slots = ranged_ring_schedule(rank, world, local_len, piece, need)
+    return _Plan(
+        cut(Block(0, rank, 0, local_len, 0, local_len, causal), rank, rank),
+        slots,
+        [cut(s.block, rank, s.src) if s.recv_kv else [] for s in slots],
+        [bool(s.send_kv) and bool(cut(s.dst_block, s.dst, rank)) for s in slots],
+    )
+
+
+def rank_work(
+    rank: int,
+    world: int,
+    local_len: int,
+    causal: bool,
+    piece: int,
+    docs: Documents | None,
+    split: str = "zigzag",
+) -> tuple[list[tuple[slice, Block]], list[tuple[slice, Block]]]:
+    """(own-chunk sub-blocks, remote sub-blocks) `rank` computes in backward: what the benchmark
+    counts and times rank by rank (remote key rows relative to each slot's piece)."""
+    plan = _plan(rank, world, local_len, causal, piece, docs, split)
+    remote = [
+        (rows, Block(sub.step, sub.src, sub.q_start, sub.q_stop, sub.k_start - slot.block.k_start,
+                     sub.k_stop - slot.block.k_start, False))
+        for slot, cuts in zip(plan.slots, plan.cuts, strict=True)
+        for rows, sub in cuts
+    ]  # fmt: skip
+    return plan.own, remote
+
+
+def _whole(rows: slice, sub: Block, q: Tensor, k: Tensor) -> bool:
+    """Whether (rows, sub) is every batch row, query and key of the tensors at hand."""
+    return (
+        rows == slice(None)
+        and (sub.q_start, sub.q_stop) == (0, q.shape[1])
+        and (sub.k_start, sub.k_stop) == (0, k.shape[1])
+    )
+
+
 def ring_forward(
     q: Tensor,
     k: Tensor,
@@ -236,30 +326,40 @@ def ring_forward(
     blk: BlockKernel,
     piece: int,
     docs: Documents | None = None,
+    split: str = "zigzag",
 ) -> tuple[Tensor, Tensor]:
     """(out in q's dtype, lse float32 `[b, h, s]`) of ring attention; no autograd."""
-    if docs is not None:
-        return _documents_forward(q, k, v, group, causal, scale, blk, piece, docs)
     world, rank = group_size(group), group_rank(group)
-    if world == 1:
+    if world == 1 and docs is None:
         out, lse = blk.forward(q, k, v, causal, scale)
         return out, lse.to(lse_dtype(q.dtype))
     acc = lse_dtype(q.dtype)
     # forward holds no gradients, so its peak is far below backward's: larger pieces, fewer merges
-    slots = ring_schedule(rank, world, q.shape[1], causal, _FORWARD_PIECES * piece)
-    kv = _KVStream(PeerExchange(group), k.contiguous(), v.contiguous(), slots)  # type: ignore[arg-type]
-    kv.post(0)  # the first piece travels while the own chunk is computed
-    out, lse = blk.forward(q, k, v, causal, scale)
-    out_acc, lse_acc = out.to(acc).contiguous(), lse.to(acc).contiguous()
-    del out, lse
-    for s, slot in enumerate(slots):
+    plan = _plan(rank, world, q.shape[1], causal, _FORWARD_PIECES * piece, docs, split)
+    kv = None
+    if plan.slots:
+        kv = _KVStream(PeerExchange(group), k.contiguous(), v.contiguous(), plan.slots)  # type: ignore[arg-type]
+        kv.post(0)  # the first piece travels while the own chunk is computed
+    if len(plan.own) == 1 and _whole(*plan.own[0], q, k):
+        out, lse = blk.forward(q, k, v, plan.own[0][1].causal, scale)
+        out_acc, lse_acc = out.to(acc).contiguous(), lse.to(acc).contiguous()
+        del out, lse
+    else:  # every query sees at least itself, so each row gets a finite LSE from its own chunk
+        b, s, h, d = q.shape
+        out_acc = torch.zeros(b, s, h, d, dtype=acc, device=q.device)
+        lse_acc = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
+        for rows, sub in plan.own:
+            b_out, b_lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], sub.causal, scale)
+            merge_(out_acc[rows, sub.q], lse_acc[rows, :, sub.q], b_out, b_lse)
+    for s, slot in enumerate(plan.slots):
+        assert kv is not None
         kv.post(s + 1)
         held = kv.take(s)
-        block = slot.block
-        if block.pairs:
-            assert held is not None
-            b_out, b_lse = blk.forward(q[:, block.q], held[0], held[1], False, scale)
-            merge_(out_acc[:, block.q], lse_acc[:, :, block.q], b_out, b_lse)
+        for rows, sub in plan.cuts[s]:
+            assert held is not None and not sub.causal
+            ks = slice(sub.k_start - slot.block.k_start, sub.k_stop - slot.block.k_start)
+            b_out, b_lse = blk.forward(q[rows, sub.q], held[0][rows, ks], held[1][rows, ks], False, scale)
+            merge_(out_acc[rows, sub.q], lse_acc[rows, :, sub.q], b_out, b_lse)
             del b_out, b_lse
         if slot.piece_done:
             kv.release()
@@ -280,188 +380,77 @@ def ring_backward(
     blk: BlockKernel,
     piece: int,
     docs: Documents | None = None,
+    split: str = "zigzag",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) for this rank's chunks, given the saved final out and lse."""
-    if docs is not None:
-        return _documents_backward(dout, q, k, v, out, lse, group, causal, scale, blk, piece, docs)
     world, rank = group_size(group), group_rank(group)
-    if world == 1:
+    if world == 1 and docs is None:
         return blk.backward(dout, q, k, v, out, lse, causal, scale)
     acc = lse_dtype(q.dtype)
-    exchange = PeerExchange(group)  # type: ignore[arg-type]
-    slots = ring_schedule(rank, world, q.shape[1], causal, piece)
-    kv = _KVStream(exchange, k.contiguous(), v.contiguous(), slots)
-    kv.post(0)
+    plan = _plan(rank, world, q.shape[1], causal, piece, docs, split)
+    exchange = kv = None
+    if plan.slots:
+        exchange = PeerExchange(group)  # type: ignore[arg-type]
+        kv = _KVStream(exchange, k.contiguous(), v.contiguous(), plan.slots)
+        kv.post(0)
     # the own chunk's gradients start the sums (and are the whole of them for its local pairs)
-    b_dq, b_dk, b_dv = blk.backward(dout, q, k, v, out, lse, causal, scale)
-    dq, dk, dv = (g.to(acc).contiguous() for g in (b_dq, b_dk, b_dv))
-    del b_dq, b_dk, b_dv
+    if len(plan.own) == 1 and _whole(*plan.own[0], q, k):
+        b_dq, b_dk, b_dv = blk.backward(dout, q, k, v, out, lse, plan.own[0][1].causal, scale)
+        dq, dk, dv = (g.to(acc).contiguous() for g in (b_dq, b_dk, b_dv))
+        del b_dq, b_dk, b_dv
+    else:
+        dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
+        for rows, sub in plan.own:
+            qs, ks = sub.q, sub.k
+            b_dq, b_dk, b_dv = blk.backward(
+                dout[rows, qs], q[rows, qs], k[rows, ks], v[rows, ks], out[rows, qs], lse[rows, :, qs],
+                sub.causal, scale,
+            )  # fmt: skip
+            dq[rows, qs] += b_dq
+            dk[rows, ks] += b_dk
+            dv[rows, ks] += b_dv
     tile = ring_query_tile(piece)
     returning: _GradReturn | None = None  # the previous slot's sums, still travelling
-    for s, slot in enumerate(slots):
+    for s, slot in enumerate(plan.slots):
+        assert kv is not None and exchange is not None
         held = kv.take(s)
-        block = slot.block
-        summed: tuple[Tensor, Tensor] | None = None  # this slot's dK/dV, float32
-        tiles = query_tiles(block, *tile)
-        for i, (q0, q1) in enumerate(tiles):
+        summed: tuple[Tensor, Tensor] | None = None  # this slot's dK/dV of src's rows, float32
+        first = True
+        for rows, sub in plan.cuts[s]:
             assert held is not None
-            qs = slice(q0, q1)
-            t_dq, t_dk, t_dv = blk.backward(
-                dout[:, qs], q[:, qs], held[0], held[1], out[:, qs], lse[:, :, qs], False, scale
-            )
-            dq[:, qs] += t_dq
-            del t_dq
-            if summed is None:
-                summed = (t_dk.to(acc).contiguous(), t_dv.to(acc).contiguous())
-            else:
-                summed[0].add_(t_dk)
-                summed[1].add_(t_dv)
-            del t_dk, t_dv
-            if i == 0:
-                _after_first_call(kv, s, returning, dk, dv)
-                returning = None
-        if not tiles:
+            ks = slice(sub.k_start - slot.block.k_start, sub.k_stop - slot.block.k_start)
+            whole = rows == slice(None) and (ks.start, ks.stop) == (0, held[0].shape[1])
+            for q0, q1 in query_tiles(sub, *tile):
+                qs = slice(q0, q1)
+                t_dq, t_dk, t_dv = blk.backward(
+                    dout[rows, qs], q[rows, qs], held[0][rows, ks], held[1][rows, ks], out[rows, qs],
+                    lse[rows, :, qs], False, scale,
+                )  # fmt: skip
+                dq[rows, qs] += t_dq
+                del t_dq
+                if summed is None and whole:
+                    summed = (t_dk.to(acc).contiguous(), t_dv.to(acc).contiguous())
+                else:
+                    if summed is None:
+                        summed = (
+                            held[0].new_zeros(held[0].shape, dtype=acc),
+                            held[1].new_zeros(held[1].shape, dtype=acc),
+                        )
+                    summed[0][rows, ks] += t_dk
+                    summed[1][rows, ks] += t_dv
+                del t_dk, t_dv
+                if first:
+                    _after_first_call(kv, s, returning, dk, dv)
+                    returning, first = None, False
+        if first:
             _after_first_call(kv, s, returning, dk, dv)
             returning = None
         if slot.piece_done:
             kv.release()
         del held
-        returning = _GradReturn(exchange, slot, summed, dk)
+        returning = _GradReturn(exchange, slot, summed, dk, plan.expect[s])
         del summed
     _finish(returning, dk, dv)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-def _cut(block: Block, q_layout: Layout, k_layout: Layout, docs: Documents) -> list[tuple[slice, Block]]:
-    """`block` cut at the documents of each group of batch rows: (rows, sub-block) pairs."""
-    return [
-        (rows, sub)
-        for rows, bounds in docs.rows()
-        for sub in document_blocks(block, q_layout, k_layout, bounds)
-    ]
-
-
-def _documents_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    group: dist.ProcessGroup | None,
-    causal: bool,
-    scale: float,
-    blk: BlockKernel,
-    piece: int,
-    docs: Documents,
-) -> tuple[Tensor, Tensor]:
-    """`ring_forward` within documents: the same slots and messages, each block cut per document."""
-    world, rank = group_size(group), group_rank(group)
-    acc = lse_dtype(q.dtype)
-    b, s, h, d = q.shape
-    mine = Layout.zigzag(rank, world, s)
-    out_acc = torch.zeros(b, s, h, d, dtype=acc, device=q.device)
-    lse_acc = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
-    slots = ring_schedule(rank, world, s, causal, _FORWARD_PIECES * piece)
-    kv = None
-    if slots:
-        kv = _KVStream(PeerExchange(group), k.contiguous(), v.contiguous(), slots)  # type: ignore[arg-type]
-        kv.post(0)
-    # every query sees at least itself, so each row gets a finite LSE from its own document
-    for rows, sub in _cut(Block(0, rank, 0, s, 0, s, causal), mine, mine, docs):
-        b_out, b_lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], sub.causal, scale)
-        merge_(out_acc[rows, sub.q], lse_acc[rows, :, sub.q], b_out, b_lse)
-    for i, slot in enumerate(slots):
-        assert kv is not None
-        kv.post(i + 1)
-        held = kv.take(i)
-        block = slot.block
-        if block.pairs:
-            assert held is not None
-            for rows, sub in _cut(block, mine, Layout.zigzag(slot.src, world, s), docs):
-                ks = slice(sub.k_start - block.k_start, sub.k_stop - block.k_start)
-                b_out, b_lse = blk.forward(q[rows, sub.q], held[0][rows, ks], held[1][rows, ks], False, scale)
-                merge_(out_acc[rows, sub.q], lse_acc[rows, :, sub.q], b_out, b_lse)
-        if slot.piece_done:
-            kv.release()
-        del held
-    return out_acc.to(q.dtype), lse_acc
-
-
-def _documents_backward(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    group: dist.ProcessGroup | None,
-    causal: bool,
-    scale: float,
-    blk: BlockKernel,
-    piece: int,
-    docs: Documents,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`ring_backward` within documents; a slot with no document on both sides sends no gradients."""
-    world, rank = group_size(group), group_rank(group)
-    acc = lse_dtype(q.dtype)
-    s = q.shape[1]
-    mine = Layout.zigzag(rank, world, s)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk = torch.zeros(k.shape, dtype=acc, device=k.device)
-    dv = torch.zeros(v.shape, dtype=acc, device=v.device)
-    slots = ring_schedule(rank, world, s, causal, piece)
-    exchange = kv = None
-    if slots:
-        exchange = PeerExchange(group)  # type: ignore[arg-type]
-        kv = _KVStream(exchange, k.contiguous(), v.contiguous(), slots)
-        kv.post(0)
-    for rows, sub in _cut(Block(0, rank, 0, s, 0, s, causal), mine, mine, docs):
-        qs, ks = sub.q, sub.k
-        t_dq, t_dk, t_dv = blk.backward(
-            dout[rows, qs],
-            q[rows, qs],
-            k[rows, ks],
-            v[rows, ks],
-            out[rows, qs],
-            lse[rows, :, qs],
-            sub.causal,
-            scale,
-        )
-        dq[rows, qs] += t_dq
-        dk[rows, ks] += t_dk
-        dv[rows, ks] += t_dv
-    tile = ring_query_tile(piece)
-    for i, slot in enumerate(slots):
-        assert kv is not None and exchange is not None
-        kv.post(i + 1)
-        held = kv.take(i)
-        block = slot.block
-        subs = _cut(block, mine, Layout.zigzag(slot.src, world, s), docs) if block.pairs else []
-        summed: tuple[Tensor, Tensor] | None = None  # this slot's dK/dV of src's rows, float32
-        if subs:
-            assert held is not None
-            n = block.k_stop - block.k_start
-            summed = (
-                torch.zeros(k.shape[0], n, *k.shape[2:], dtype=acc, device=k.device),
-                torch.zeros(v.shape[0], n, *v.shape[2:], dtype=acc, device=v.device),
-            )
-        for rows, sub in subs:
-            assert held is not None and summed is not None
-            ks = slice(sub.k_start - block.k_start, sub.k_stop - block.k_start)
-            for q0, q1 in query_tiles(sub, *tile):
-                qs = slice(q0, q1)
-                t_dq, t_dk, t_dv = blk.backward(
-                    dout[rows, qs], q[rows, qs], held[0][rows, ks], held[1][rows, ks],
-                    out[rows, qs], lse[rows, :, qs], False, scale,
-                )  # fmt: skip
-                dq[rows, qs] += t_dq
-                summed[0][rows, ks] += t_dk
-                summed[1][rows, ks] += t_dv
-        if slot.piece_done:
-            kv.release()
-        del held
-        theirs = slot.dst_block
-        expect = bool(theirs.pairs) and bool(_cut(theirs, Layout.zigzag(slot.dst, world, s), mine, docs))
-        _GradReturn(exchange, slot, summed, dk, expect).finish(dk, dv)  # synchronous: few slots here
-        del summed
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -29,6 +29,7 @@ actually computes. The ring's K/V piece size (keys per message, `ring_piece`) is
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 import os
 import random
@@ -46,8 +47,7 @@ from longctx.attention.blocks import (
     ring_plan,
     ring_schedule,
 )
-from longctx.attention.documents import ring_document_pairs
-from longctx.attention.ring import ring_attention, ring_piece
+from longctx.attention.ring import ring_piece
 from longctx.attention.zigzag import check_zigzag_len
 from longctx.bench.processes import (
     MEMORY_METHODS,
@@ -457,24 +457,34 @@ def _host() -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class SplitFigures:
+    """One split of a packed window at CP = n: work per rank and the slowest rank's fwd+bwd time."""
+
+    split: str
+    flops: int  # summed over ranks (forward QKᵀ and PV of the executed blocks)
+    slowest_mean: float  # the slowest rank's FLOPs over the mean: what each step waits for
+    busiest_idlest: float
+    kernel_calls: int  # most sub-block calls of one rank
+    t_slowest_s: float | None  # fwd+bwd compute of the slowest rank, timed rank by rank
+
+
+@dataclass(frozen=True)
 class DocumentBenchCase:
-    """Attention within documents vs dense causal on one window: FLOPs at `cp`, time at CP = 1."""
+    """Attention within documents vs dense causal on one window, zigzag vs the balanced split."""
 
     seq_len: int
     documents: int
-    short_tokens: int  # tokens in documents shorter than `short_max`
-    flops_dense: int
-    flops_documents: int
-    flop_ratio: float  # documents / dense
-    balance_documents: float  # max/min per-rank FLOPs of the zigzag ring with boundaries
-    balance_dense: float
-    # the slowest rank's FLOPs over the mean (what a step waits for), and every rank's share of the mean
-    slowest_documents: float
-    rank_shares: tuple[float, ...]
-    kernel_calls_per_rank: int  # most sub-block calls of one rank
-    t_dense_s: float | None
-    t_documents_s: float | None
-    time_ratio: float | None
+    short_tokens: int  # tokens in documents shorter than 4K
+    flops_dense: int  # dense causal on the zigzag split
+    t_dense_s: float | None  # its slowest rank, timed the same way
+    zigzag: SplitFigures
+    balanced: SplitFigures
+
+    @property
+    def speedup(self) -> float | None:
+        """Slowest-rank time of zigzag over balanced, both within documents."""
+        z, b = self.zigzag.t_slowest_s, self.balanced.t_slowest_s
+        return None if z is None or b is None else z / b
 
 
 def document_lengths(seq_len: int, short_fraction: float, short_max: int, seed: int = 0) -> list[int]:
@@ -496,8 +506,30 @@ def document_lengths(seq_len: int, short_fraction: float, short_max: int, seed: 
     return [n for n in lengths if n > 0]
 
 
+# token shares of the long-context tiers of stages/baby_9b_dense.toml's first stage, and each tier's
+# document lengths (log-uniform): a long-tailed mix where most documents are short and most tokens long
+LONG_TAIL = {(64, 4096): 0.10, (4096, 16384): 0.15, (16384, 262144): 0.75}
+
+
+def long_tail_lengths(seq_len: int, seed: int = 0) -> list[int]:
+    """A window stitched from documents of the `LONG_TAIL` tiers: each tier's share of the window filled
+    with documents drawn from its lengths (the last one cut to fit), in a random order."""
+    rng = random.Random(seed)
+    lengths: list[int] = []
+    for (lo, hi), share in LONG_TAIL.items():
+        room = int(seq_len * share) if (lo, hi) != max(LONG_TAIL) else seq_len - sum(lengths)
+        while room > 0:
+            n = min(room, int(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+            lengths.append(n)
+            room -= n
+    rng.shuffle(lengths)
+    return lengths
+
+
 def parse_document_mix(text: str) -> tuple[float, int]:
-    """'10%<4K' → (0.10, 4096)."""
+    """'10%<4K' → (0.10, 4096); 'long-tail' → (-1, 0) (see `long_tail_lengths`)."""
+    if text.strip() == "long-tail":
+        return -1.0, 0
     try:
         frac, short = text.replace(" ", "").split("<")
         value = float(frac.rstrip("%")) / (100 if frac.endswith("%") else 1)
@@ -506,26 +538,68 @@ def parse_document_mix(text: str) -> tuple[float, int]:
         return value, int(n.rstrip("K")) * mult
     except ValueError:
         raise AttentionError(
-            f"document mix {text!r} is not FRACTION<LENGTH", fix="e.g. --documents '10%<4K'"
+            f"document mix {text!r} is neither FRACTION<LENGTH nor long-tail",
+            fix="e.g. --documents '10%<4K' or --documents long-tail",
         ) from None
 
 
-def _fwd_bwd_seconds(
-    seq_len: int, heads: int, kv_heads: int, head_dim: int, cu: list[int] | None, repeats: int
-) -> float:
+def _rank_seconds(
+    own: list[tuple[slice, Block]], remote: list[tuple[slice, Block]], local: int, heads: int, kv_heads: int,
+    head_dim: int, repeats: int, tile: tuple[int, int],
+) -> float:  # fmt: skip
+    """fwd+bwd compute of one rank's blocks (kernels only, as the ring calls them; no messages)."""
     import torch  # see _worker
 
+    from longctx.attention.blocks import query_tiles
+    from longctx.attention.kernels import select_kernel
+
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, seq_len, heads, head_dim, generator=gen, requires_grad=True)
-    k = torch.randn(1, seq_len, kv_heads, head_dim, generator=gen, requires_grad=True)
-    v = torch.randn(1, seq_len, kv_heads, head_dim, generator=gen, requires_grad=True)
+    q = torch.randn(1, local, heads, head_dim, generator=gen)
+    k, v = (torch.randn(1, local, kv_heads, head_dim, generator=gen) for _ in range(2))
+    blk = select_kernel(q.device, q.dtype, None)
+    scale = head_dim**-0.5
     times = []
     for i in range(repeats + 1):  # the first is warm-up
         t0 = time.perf_counter()
-        ring_attention(q, k, v, group=None, causal=True, cu_seqlens=cu).sum().backward()
+        for rows, sub in own:
+            out, lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], sub.causal, scale)
+            blk.backward(out, q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], out, lse, sub.causal, scale)
+        for rows, sub in remote:
+            out, lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], False, scale)
+            for q0, q1 in query_tiles(sub, *tile):
+                s_ = slice(q0 - sub.q_start, q1 - sub.q_start)
+                blk.backward(out[:, s_], q[rows, q0:q1], k[rows, sub.k], v[rows, sub.k], out[:, s_],
+                             lse[:, :, s_], False, scale)  # fmt: skip
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _split_figures(
+    split: str, s: int, cp: int, bounds: tuple[int, ...] | None, heads: int, kv_heads: int, head_dim: int,
+    repeats: int, timed: bool,
+) -> SplitFigures:  # fmt: skip
+    from longctx.attention.documents import Documents
+    from longctx.attention.ring import rank_work, ring_query_tile
+
+    local = s // cp
+    piece = ring_piece(local)
+    docs = None if bounds is None else Documents(s, ((0, 1, bounds),))
+    work = [rank_work(r, cp, local, True, piece, docs, split) for r in range(cp)]
+    pairs = [plan_pairs([b for _, b in own + remote]) for own, remote in work]
+    slowest = max(range(cp), key=lambda r: pairs[r])
+    t = None
+    if timed:
+        own, remote = work[slowest]
+        t = _rank_seconds(own, remote, local, heads, kv_heads, head_dim, repeats, ring_query_tile(piece))
+    return SplitFigures(
+        split=split,
+        flops=4 * heads * head_dim * sum(pairs),
+        slowest_mean=max(pairs) * cp / sum(pairs),
+        busiest_idlest=_ratio(pairs),
+        kernel_calls=max(len(own) + len(remote) for own, remote in work),
+        t_slowest_s=t,
+    )
 
 
 def run_document_bench(
@@ -540,38 +614,30 @@ def run_document_bench(
     repeats: int,
     time_max_len: int,
 ) -> list[DocumentBenchCase]:
-    """Per length: FLOPs with boundaries vs dense causal (counted from the blocks the zigzag ring runs
-    at `cp`), and fwd+bwd wall time of both in this process (CP = 1) where S ≤ `time_max_len`."""
+    """Per length, on a window packed at the mix (`short_fraction` < 0: `long_tail_lengths`): causal
+    attention within documents on the zigzag and the balanced split at `cp`, FLOPs counted from the
+    blocks each rank executes, and where S ≤ `time_max_len` the fwd+bwd compute of each split's
+    slowest rank timed rank by rank in this process, with dense causal attention on zigzag alongside."""
     cases = []
     for s in seq_lens:
         check_zigzag_len(s, cp)
-        lengths = document_lengths(s, short_fraction, short_max)
+        if short_fraction < 0:
+            lengths = long_tail_lengths(s)
+        else:
+            lengths = document_lengths(s, short_fraction, short_max)
         bounds = (0, *itertools.accumulate(lengths))
-        local = s // cp
-        per_rank = [ring_document_pairs(r, cp, local, True, bounds) for r in range(cp)]
-        docs = [p for p, _ in per_rank]
-        dense = [plan_pairs(ring_plan(r, cp, local, True)) for r in range(cp)]
-        scale = 4 * heads * head_dim
-        t_dense = t_docs = None
-        if s <= time_max_len:
-            t_dense = _fwd_bwd_seconds(s, heads, kv_heads, head_dim, None, repeats)
-            t_docs = _fwd_bwd_seconds(s, heads, kv_heads, head_dim, list(bounds), repeats)
+        timed = s <= time_max_len
+        kw = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, repeats=repeats, timed=timed)
+        dense = _split_figures("zigzag", s, cp, None, **kw)  # type: ignore[arg-type]
         cases.append(
             DocumentBenchCase(
                 seq_len=s,
                 documents=len(lengths),
-                short_tokens=sum(n for n in lengths if n < short_max),
-                flops_dense=scale * sum(dense),
-                flops_documents=scale * sum(docs),
-                flop_ratio=sum(docs) / sum(dense),
-                balance_documents=_ratio(docs),
-                balance_dense=_ratio(dense),
-                slowest_documents=max(docs) * cp / sum(docs),
-                rank_shares=tuple(round(x * cp / sum(docs), 3) for x in docs),
-                kernel_calls_per_rank=max(c for _, c in per_rank),
-                t_dense_s=t_dense,
-                t_documents_s=t_docs,
-                time_ratio=None if t_dense is None or t_docs is None else t_docs / t_dense,
+                short_tokens=sum(n for n in lengths if n < 4096),
+                flops_dense=dense.flops,
+                t_dense_s=dense.t_slowest_s,
+                zigzag=_split_figures("zigzag", s, cp, bounds, **kw),  # type: ignore[arg-type]
+                balanced=_split_figures("balanced", s, cp, bounds, **kw),  # type: ignore[arg-type]
             )
         )
     return cases

@@ -3,7 +3,8 @@
 Samples are drawn in Megatron-LM's order (MegatronPretrainingSampler): global batch g holds samples
 [g·GBS, (g+1)·GBS); within it, micro batch m of data-parallel rank r takes
 m·(MBS·DP) + r·MBS … + MBS. Resuming at `consumed` samples continues exactly there.
-Under context parallelism each sample is cut into the zigzag shards of this CP rank; a diffusion
+Under context parallelism each sample is cut into this CP rank's shard (zigzag, or the
+document-balanced split when attention stays within documents); a diffusion
 objective corrupts the full samples first (`longctx.diffusion.noise`), so the shards are of one corruption.
 """
 
@@ -17,6 +18,7 @@ from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+from longctx.attention.documents import balanced_split
 from longctx.attention.megatron_adapter import eod_document_bounds
 from longctx.attention.zigzag import zigzag_split
 from longctx.diffusion.noise import corrupt
@@ -117,10 +119,14 @@ def micro_batch(
     documents_eod: int | None = None,
     reset_position_ids: bool = False,
     noise: NoiseSource | None = None,
+    causal: bool = True,
 ) -> MicroBatch:
     """This CP rank's shard of the samples `indices`. `documents_eod`: the EOD id whose tokens end
     documents (packing = "documents"; the boundaries are of the full samples, the same on every
     rank); `reset_position_ids` restarts positions at each document (needs `documents_eod`).
+    Under CP, samples with documents are cut by the document-balanced split (`balanced_split`, for
+    the objective's `causal` or bidirectional work), dense ones by zigzag; every tensor, position ids
+    included, the same way, so RoPE (taken from the position ids) is right on every rank.
     `noise`: a diffusion objective's corruption of the clean tokens (GPTDataset's labels, unshifted)."""
     samples = [dataset[i] for i in indices]
     stack = {
@@ -138,7 +144,12 @@ def micro_batch(
         cu_seqlens = eod_document_bounds(stack["labels" if noise is not None else "tokens"], documents_eod)
         if reset_position_ids:
             stack["position_ids"] = document_positions(cu_seqlens, *stack["tokens"].shape)
-    if cp_size > 1:
+    if cp_size > 1 and cu_seqlens is not None:
+        cu = cu_seqlens
+        stack = {
+            k: balanced_split(v, cu, cp_rank, cp_size, causal=causal).contiguous() for k, v in stack.items()
+        }
+    elif cp_size > 1:
         stack = {k: zigzag_split(v, cp_rank, cp_size, seq_dim=1).contiguous() for k, v in stack.items()}
     return MicroBatch(
         stack["tokens"].long(),

@@ -32,6 +32,7 @@ from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
+from longctx.mcore.positions import rope_from_position_ids
 from longctx.mcore.stored_layout import StoredLayout, read_layout
 from longctx.train import optim, signals
 from longctx.train.data import (
@@ -81,7 +82,9 @@ class Trainer:
         init_training_parallel(spec.tensor_parallel, spec.context_parallel, spec.seed)
         self.bf16 = self.device.type == "cuda" if spec.bf16 is None else spec.bf16
         self.settings = self._model_settings()
-        self.model = build_gpt_model(spec.arch, self.settings).to(self.device)
+        # RoPE from the batch's position ids: right on every CP rank of either split, and reset per
+        # document with reset_position_ids
+        self.model = rope_from_position_ids(build_gpt_model(spec.arch, self.settings).to(self.device))
         # bf16: the optimizer steps fp32 masters, gradients accumulate and reduce in fp32
         self.main = MainParams(self.model.parameters())
         self.optimizer = build_optimizer(self.main.masters, spec.lr)
@@ -196,7 +199,7 @@ class Trainer:
         spec, device, obj = self.spec, self.device, self.spec.objective
         packed = None
         if b.cu_seqlens is not None:  # attention within documents (longctx attention only)
-            packed = document_params(b.cu_seqlens.to(device), spec.seq_length)
+            packed = document_params(b.cu_seqlens.to(device), spec.seq_length, split="balanced")
         inputs = (b.tokens.to(device), b.position_ids.to(device), None)
         if obj.kind == "udm":  # the bound needs the whole distribution, not the CE of one token
             logits = self.model(*inputs, packed_seq_params=packed)
@@ -223,6 +226,7 @@ class Trainer:
                 documents_eod=eod,
                 reset_position_ids=spec.reset_position_ids,
                 noise=noise,
+                causal=spec.objective.causal,
             )
             for idx in global_batch_indices(
                 self.consumed, spec.global_batch_size, spec.micro_batch_size, self.dp, self.dp_rank

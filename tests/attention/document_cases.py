@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from longctx.attention import allgather_attention, ring_attention, zigzag_split
+from longctx.attention.documents import balanced_split
 from longctx.errors import AttentionError
 from tests.attention import cases
 
@@ -60,18 +61,22 @@ def documents_case(
     dtype: str = "float32",
     piece: int | None = None,
     seed: int = 0,
+    split: str = "zigzag",
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Forward + backward of each variant with document boundaries on this rank's zigzag shard."""
+    """Forward + backward of each variant with document boundaries on this rank's shard of `split`."""
     b, s, hq, hkv, d = shape
     full = cases.make_inputs(seed, b, s, hq, hkv, d)
     dt = cases.DTYPES[dtype]
-    local = {name: zigzag_split(t, rank, world, seq_dim=1).to(dt) for name, t in full.items()}
+    if split == "zigzag":
+        local = {name: zigzag_split(t, rank, world, seq_dim=1).to(dt) for name, t in full.items()}
+    else:
+        local = {n: balanced_split(t, cu_seqlens, rank, world, causal=causal).to(dt) for n, t in full.items()}
     results: dict[str, dict[str, torch.Tensor]] = {}
     for variant in variants:
         q, k, v = (local[n].clone().requires_grad_() for n in ("q", "k", "v"))
         extra = {"piece": piece} if variant == "ring" else {}
         cu = torch.tensor(cu_seqlens, dtype=torch.int32)
-        out = VARIANTS[variant](q, k, v, group=group, causal=causal, cu_seqlens=cu, **extra)
+        out = VARIANTS[variant](q, k, v, group=group, causal=causal, cu_seqlens=cu, split=split, **extra)
         out.backward(local["dout"])
         results[variant] = {
             "out": out.detach().double(),

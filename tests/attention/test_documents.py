@@ -10,7 +10,7 @@ import torch
 
 from longctx.attention import allgather_attention, ring_attention, zigzag_gather
 from longctx.attention.blocks import plan_pairs, ring_plan
-from longctx.attention.documents import ring_document_pairs
+from longctx.attention.documents import balanced_gather, ring_document_pairs
 from longctx.errors import AttentionError
 from tests.attention import document_cases
 from tests.attention.cases import make_inputs
@@ -51,8 +51,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("split", ["zigzag", "balanced"])
 @pytest.mark.parametrize(("world", "causal", "shape", "cu", "piece"), CASES)
-def test_documents_match_block_diagonal_reference(cp_pool, world, causal, shape, cu, piece):
+def test_documents_match_block_diagonal_reference(cp_pool, world, causal, shape, cu, piece, split):
     per_rank = cp_pool.run(
         document_cases.documents_case,
         world,
@@ -61,10 +62,14 @@ def test_documents_match_block_diagonal_reference(cp_pool, world, causal, shape,
         shape=shape,
         cu_seqlens=cu,
         piece=piece,
+        split=split,
     )
     ref = _reference(shape, causal, cu)
     for variant in ("ring", "allgather"):
-        got = {n: zigzag_gather([r[variant][n] for r in per_rank], seq_dim=1) for n in NAMES}
+        if split == "zigzag":
+            got = {n: zigzag_gather([r[variant][n] for r in per_rank], seq_dim=1) for n in NAMES}
+        else:
+            got = {n: balanced_gather([r[variant][n] for r in per_rank], cu, causal=causal) for n in NAMES}
         for name in NAMES:
             assert _rel_err(got[name], ref[name]) <= F32_REL, f"{variant} {name}"
 
