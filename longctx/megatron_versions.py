@@ -26,6 +26,11 @@ from longctx.errors import StageError
 
 Version = tuple[int, int, int]
 CommonStateEra = Literal["common.pt", "dcp"]
+# What pretrain_gpt.py does with packed documents (attention within documents):
+#   "none": no pretraining batch carries document boundaries (only --sft datasets produce cu_seqlens);
+#   "cp1":  --dataloader-inter-document-masking gives cu_seqlens and restarts positions at every document,
+#           right at CP 1 only (see packed_documents)
+PackedDocuments = Literal["none", "cp1"]
 # encoding options of Megatron's HuggingFaceTokenizer (megatron.core.tokenizers)
 HfOption = Literal["use_fast", "include_special_tokens"]
 
@@ -45,6 +50,8 @@ class Release:
     common_state: CommonStateEra | None = None
     # flags whose value reaches a GPT model built by pretrain_gpt.py from this release
     gpt_honours: frozenset[str] = frozenset()
+    # attention within packed documents (PackedDocuments)
+    packed_documents: PackedDocuments | None = None
     notes: tuple[str, ...] = ()
 
 
@@ -69,6 +76,7 @@ RELEASES: tuple[Release, ...] = (
             "include_special_tokens": "--tokenizer-hf-include-special-tokens",
         },
         common_state="common.pt",
+        packed_documents="none",
         notes=("the first release this table covers",),
     ),
     Release((0, 10, 0), adds=frozenset({"--cp-comm-type"})),
@@ -111,6 +119,7 @@ RELEASES: tuple[Release, ...] = (
             "include_special_tokens": "--tokenizer-hf-no-include-special-tokens",
         },
         common_state="dcp",
+        packed_documents="cp1",
         # --position-embedding-type yarn and these reach GPTModel (argument_utils maps the unprefixed
         # --rotary-scaling-factor/--mscale/--mscale-all-dim to config.yarn_*; gpt_config_from_args passes
         # the interpolation factor); before, only MLA read them
@@ -129,6 +138,7 @@ class MegatronFacts:
     hf_switches: Mapping[HfOption, str]
     common_state: CommonStateEra
     gpt_honours: frozenset[str]
+    packed_documents: PackedDocuments
 
     @property
     def label(self) -> str:
@@ -190,6 +200,7 @@ def facts(version: str | Version) -> MegatronFacts:
     hf_switches: Mapping[HfOption, str] = {}
     era: CommonStateEra = "common.pt"
     honours: frozenset[str] = frozenset()
+    documents: PackedDocuments = "none"
     for r in RELEASES:
         if r.version > v:
             break
@@ -197,7 +208,64 @@ def facts(version: str | Version) -> MegatronFacts:
         hf_switches = r.hf_switches if r.hf_switches is not None else hf_switches
         era = r.common_state or era
         honours = honours | r.gpt_honours
-    return MegatronFacts(v, dict(hf_defaults), dict(hf_switches), era, honours)
+        documents = r.packed_documents or documents
+    return MegatronFacts(v, dict(hf_defaults), dict(hf_switches), era, honours, documents)
+
+
+@dataclasses.dataclass(frozen=True)
+class DocumentsVerdict:
+    """Whether a Megatron-LM release trains a stage packed by document as the plan says (`ok`), and why."""
+
+    ok: bool
+    what: str
+    fix: str | None = None
+
+
+def packed_documents(version: str | Version, cp: int, reset_position_ids: bool) -> DocumentsVerdict:
+    """What Megatron-LM at `version` does with a stage packed by document (attention within documents) at
+    context parallelism `cp`, read from the sources of 0.16.1 and 0.19.0.
+
+    0.19's `--dataloader-inter-document-masking` gives each batch the document boundaries (cu_seqlens) and
+    the THD attention path, which restarts positions at every document. Under CP > 1 its batch split
+    (`get_batch_on_this_cp_rank(use_per_sequence_balancing=True)`) cuts each packed row as a whole into
+    2·CP chunks and leaves cu_seqlens describing the whole row, while TransformerEngine's THD attention
+    under CP takes each rank's tokens as per-document chunks: attention and RoPE would pair other tokens
+    than the plan's documents (upstream: NVIDIA/Megatron-LM issue 6156, "Support CP > 1 with
+    inter-document masking in pretraining", open). So only CP 1 trains what the plan says.
+    """
+    f = facts(version)
+    label = f.label
+    local = "run the stage on the local backend (its document-balanced CP split trains it at any CP)"
+    if f.packed_documents == "none":
+        return DocumentsVerdict(
+            False,
+            f"Megatron-LM {label} cannot mask attention between packed documents: its pretraining batches carry "
+            "no document boundaries (only --sft datasets produce cu_seqlens) and --reset-attention-mask only "
+            "edits a dense mask that TransformerEngine ignores for causal attention",
+            f"{local}, use Megatron-LM >= 0.19 ([megatron].version), or set packing = \"concat\"",
+        )
+    if cp > 1:
+        return DocumentsVerdict(
+            False,
+            f"Megatron-LM {label} masks documents (--dataloader-inter-document-masking) correctly at CP 1 only: "
+            f"at CP {cp} it cuts each packed row as a whole into {2 * cp} chunks, while its THD attention under "
+            "CP reads each rank's tokens as per-document chunks, so attention and RoPE would pair other "
+            "tokens than the plan's documents (NVIDIA/Megatron-LM issue 6156, open)",
+            f"{local}, set cp = 1 for this stage on Megatron-LM, or set packing = \"concat\"",
+        )
+    if not reset_position_ids:
+        return DocumentsVerdict(
+            False,
+            f"Megatron-LM {label} restarts the positions at every document under --dataloader-inter-document-"
+            "masking: it cannot keep them across documents (reset_position_ids = false)",
+            "set reset_position_ids = true for this stage (what Megatron-LM does), or run it on the local "
+            "backend, which keeps positions across documents when asked",
+        )
+    return DocumentsVerdict(
+        True,
+        f"Megatron-LM {label} masks attention within documents (--dataloader-inter-document-masking, THD) "
+        "and restarts positions at every document",
+    )
 
 
 def common_state_releases() -> dict[CommonStateEra, str]:
@@ -216,11 +284,13 @@ def common_state_releases() -> dict[CommonStateEra, str]:
 
 __all__ = [
     "RELEASES",
+    "DocumentsVerdict",
     "MegatronFacts",
     "Release",
     "common_state_releases",
     "facts",
     "first_version",
+    "packed_documents",
     "parse_version",
     "removed_version",
 ]

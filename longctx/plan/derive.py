@@ -15,6 +15,7 @@ from longctx.arch import ModelArch
 from longctx.checkpoint import inspect_checkpoint
 from longctx.checkpoint.family import FamilyReport
 from longctx.errors import LongctxError, PlanError, RopeError
+from longctx.megatron_versions import packed_documents
 from longctx.objective import Objective
 from longctx.plan import memory, paths
 from longctx.plan.entry import check_entry_script, check_family_args
@@ -344,9 +345,31 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
     for i, spec in enumerate(plan.stages):
         st = _resolve_stage(plan, i, spec, arch, vocab, divisible_by, findings)
         _check_after_previous(plan, st, prev_base, prev_len, findings)
+        _check_documents_on_megatron(plan, st, findings)
         prev_base, prev_len = st.rotary_base, st.seq_length
         stages.append(st)
     return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings, objective)
+
+
+def _check_documents_on_megatron(plan: Plan, st: ResolvedStage, findings: Findings) -> None:
+    """What the plan's Megatron-LM does with a stage packed by document. A plan that names its Megatron-LM
+    ([megatron]) is meant for the cluster: there a stage it would train otherwise is a warning (the argv
+    builder refuses it); a plan for the local backend gets the same verdict as information."""
+    if st.data is None or st.data.packing != "documents":
+        return
+    verdict = packed_documents(plan.megatron.version, st.cp, st.data.reset_position_ids)
+    where = _where(plan, st.index, "data.packing")
+    if verdict.ok:
+        findings.info("megatron-documents", verdict.what, where=where)
+    elif "megatron" in plan.model_fields_set:
+        findings.warning(
+            "megatron-documents",
+            f"`--backend megatron-lm` refuses this stage: {verdict.what}",
+            where=where,
+            fix=verdict.fix,
+        )
+    else:
+        findings.info("megatron-documents", f"local backend only: {verdict.what}", where=where)
 
 
 def _check_after_previous(

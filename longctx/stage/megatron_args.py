@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path, PurePath
 
 from longctx.errors import StageError
-from longctx.megatron_versions import RELEASES, facts, first_version, removed_version
+from longctx.megatron_versions import RELEASES, facts, first_version, packed_documents, removed_version
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
@@ -100,41 +100,18 @@ def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
 
 
 def packing_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
-    """Attention within documents on Megatron-LM, or why this Megatron-LM cannot do it.
-
-    At megatron-core ≤ 0.18 pretrain_gpt.py takes the THD path (`get_thd_batch_on_this_cp_rank`,
-    TransformerEngine with CP) only for batches that carry `cu_seqlens`, and only `--sft` datasets
-    (chat JSONL, micro batch 1) produce them; `--reset-attention-mask` on a GPTDataset only edits the
-    dense S×S mask of the dataloader, which TransformerEngine ignores for the causal mask type (and
-    which longctx never builds: `--no-create-attention-mask-in-dataloader`). So a plan asking for
-    documents is refused there rather than trained across documents. From 0.19
-    `--dataloader-inter-document-masking` gives pretraining batches their `cu_seqlens` (from the dataset's
-    document index: the same boundaries as the EOD tokens longctx's trainer reads, for data tokenized with
-    --append-eod), splits each document across the CP ranks (per-document balance) and always restarts
-    positions at each document, so a plan keeping positions across documents is refused there.
-    """
+    """Attention within documents on Megatron-LM, or why this Megatron-LM cannot train it as planned
+    (`longctx.megatron_versions.packed_documents`: no document boundaries before 0.19; from 0.19 right at
+    CP 1 only, positions always restarted). `plan check` reports the same verdict for every such stage."""
     d = st.data
     if d is None or d.packing != "documents":
         return []
-    version = rp.plan.megatron.version
-    need = first_version("--dataloader-inter-document-masking") or (0, 0, 0)
-    if not facts(version).has_flag("--dataloader-inter-document-masking"):
+    verdict = packed_documents(rp.plan.megatron.version, st.cp, d.reset_position_ids)
+    if not verdict.ok:
         raise StageError(
-            f'stage {st.name!r}: packing = "documents" cannot run on Megatron-LM at megatron-core {version}: '
-            "its pretraining batches carry no document boundaries (THD with CP needs cu_seqlens, which only "
-            "--sft datasets produce there), and --reset-attention-mask only edits a dense mask that "
-            "TransformerEngine ignores for causal attention",
+            f'stage {st.name!r}: packing = "documents" cannot run on Megatron-LM as planned: {verdict.what}',
             where=str(rp.plan.plan_path),
-            fix=f"run the stage on the local backend (--backend local), use Megatron-LM ≥ "
-            f'{".".join(map(str, need))} and set [megatron].version, or set packing = "concat"',
-        )
-    if not d.reset_position_ids:
-        raise StageError(
-            f'stage {st.name!r}: packing = "documents" with reset_position_ids = false cannot run on Megatron-LM '
-            f"{version}: --dataloader-inter-document-masking restarts the positions at every document",
-            where=str(rp.plan.plan_path),
-            fix="set reset_position_ids = true for this stage (what Megatron-LM does), or run it on the local "
-            "backend, which keeps positions across documents when asked",
+            fix=verdict.fix,
         )
     return [_f("--dataloader-inter-document-masking"), _f("--reset-position-ids")]
 

@@ -100,8 +100,9 @@ def test_local_profile_script(tiny_plan_copy: Path) -> None:
 def tiny_plan_copy(repo_root: Path, tmp_path: Path) -> Path:
     """stages/tiny.toml with its run dir in tmp (rendering needs no artefacts but the manifest path)."""
     text = (repo_root / "stages" / "tiny.toml").read_text()
-    text = text.replace('manifest = "../longctx/resources/demo/ar/tokenizer.toml"',
-                        f'manifest = "{repo_root}/tokenization/gpt2.toml"')  # fmt: skip
+    pinned = 'manifest = "../demo/ar/tokenizer.toml"'
+    assert pinned in text
+    text = text.replace(pinned, f'manifest = "{repo_root}/tokenization/gpt2.toml"')
     text = text.replace('run_dir = "../runs/tiny"', f'run_dir = "{tmp_path / "run"}"')
     p = tmp_path / "tiny.toml"
     p.write_text(text)

@@ -53,8 +53,9 @@ def baby(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def _tiny_plan(tmp_path: Path, extra: str = "") -> Path:
     """stages/tiny.toml with its run dir in tmp and a manifest that exists (no tokenizer, data or base)."""
     text = (REPO / "stages" / "tiny.toml").read_text()
-    text = text.replace('manifest = "../longctx/resources/demo/ar/tokenizer.toml"',
-                        f'manifest = "{REPO}/tokenization/gpt2.toml"')  # fmt: skip
+    pinned = 'manifest = "../demo/ar/tokenizer.toml"'
+    assert pinned in text
+    text = text.replace(pinned, f'manifest = "{REPO}/tokenization/gpt2.toml"')
     text = text.replace('run_dir = "../runs/tiny"', f'run_dir = "{tmp_path / "run"}"')
     # the demo packs by document on the local backend; Megatron-LM 0.16 has no such packing
     text = text.replace('packing = "documents", reset_position_ids = true', 'packing = "concat"')

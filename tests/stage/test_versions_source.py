@@ -60,7 +60,9 @@ def plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Resolved
         text = re.sub(r'^run_dir = "\.\./runs/', f'run_dir = "{tmp_path}/runs/', text, flags=re.M)
         copy = tmp_path / "stages" / p.name
         copy.parent.mkdir(exist_ok=True)
-        text = text.replace('"../longctx/', f'"{REPO}/longctx/')  # the demo base's pinned manifest
+        text = text.replace(
+            '"../demo/', f'"{REPO}/longctx/resources/demo/'
+        )  # the demo base's pinned manifest
         copy.write_text(text.replace('"../tokenization/', f'"{REPO}/tokenization/'))
         out[p.stem] = resolve_plan(load_plan(copy))
     return out
@@ -143,13 +145,13 @@ def test_every_stage_argv_exists_in_that_versions_parser(plans, parsers, version
     }
     assert local_only == {"ermine_udm_moe", "tiny_mdm", "tiny_udm"}
     expected = {f"{n}/{s.name}" for n in local_only for s in plans[n].stages}
-    if version == "0.16.1":  # the demo packs by document, which Megatron-LM's pretraining runs from 0.19
-        expected |= {f"tiny/{s.name}" for s in plans["tiny"].stages}
+    # the demo packs by document, which Megatron-LM's pretraining runs from 0.19 and there at CP 1 only
+    expected |= {f"tiny/{s.name}" for s in plans["tiny"].stages if version == "0.16.1" or s.cp > 1}
     assert sorted(refused) == sorted(expected)
     assert (
         checked
         == sum(len(rp.stages) for rp in plans.values()) - len(refused)
-        == 11 - (version == "0.16.1") * 2
+        == (9 if version == "0.16.1" else 10)
     )
 
 
@@ -254,3 +256,25 @@ def test_cli_refuses_a_checkout_of_another_release(plans, tmp_path: Path) -> Non
     assert r.exit_code == 2 and "cannot read a Megatron-LM version from 'latest'" in " ".join(
         r.stderr.split()
     )
+
+
+def test_packed_documents_facts_match_the_sources() -> None:
+    """The release table's packed-documents facts, re-read from both sources: 0.16.1 has no way to give a
+    pretraining batch its document boundaries; 0.19 has one, whose CP split cuts each row as a whole (not
+    per document) and leaves cu_seqlens describing the whole row."""
+    from longctx.megatron_versions import packed_documents
+
+    old = (CHECKOUTS["0.16.1"] / "megatron" / "training" / "arguments.py").read_text()
+    assert "--dataloader-inter-document-masking" not in old and facts("0.16.1").packed_documents == "none"
+    root = CHECKOUTS["0.19.0"]
+    entry = (root / "pretrain_gpt.py").read_text()
+    assert "use_per_sequence_balancing=args.dataloader_inter_document_masking" in entry
+    utils = (root / "megatron" / "core" / "utils.py").read_text()
+    body = utils[utils.index("def _get_batch_on_this_cp_rank_per_sequence_balancing(") :]
+    body = body[: body.index("\ndef ", 1)]
+    # the whole row in 2·CP chunks, rank r keeping chunks r and 2·CP−1−r; the boundaries untouched
+    assert "2 * cp_size" in body and "2 * cp_size - cp_rank - 1" in body
+    assert re.search(r"METADATA_KEYS = \(\s*'cu_seqlens'", body)
+    assert "cu_seqlens" not in body[body.index("if cp_size > 1:") :].replace("METADATA_KEYS", "")
+    assert facts("0.19.0").packed_documents == "cp1"
+    assert packed_documents("0.19.0", 1, True).ok and not packed_documents("0.19.0", 2, True).ok
