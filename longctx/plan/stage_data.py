@@ -6,8 +6,10 @@ import os
 
 from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend, read_data_args
 from longctx.data.check import DataReport, check_datasets
+from longctx.errors import StageError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.split_check import Backend, split_findings
 from longctx.plan.stage_artifact import StageDataReport, stage_data_report, stage_tier_blend
 from longctx.tokenizer import EncodingSpec, TokenizerManifest, declared_spec, load_manifest
 from longctx.tokenizer.load import LoadedTokenizer, load_tokenizer
@@ -65,12 +67,27 @@ def check_plan_data(
             # an artifact: checked once per stage at its length, with how many sequences the blend supplies
             out[st.name] = stage_data_report(rp, st, tokenizer=tokenizer, scan=scan, strict=strict)
             continue
-        out[st.name] = check_datasets(
-            stage_blend(rp, st),
+        blend = stage_blend(rp, st)
+        report = check_datasets(
+            blend,
             tokenizer=tokenizer,
             lengths=[st.seq_length],
             budgets={st.name: st.tokens_realized},
             strict=strict,
             scan=scan,
         )
+        report.findings.extend(split_findings(rp, st, blend, backend=None))
+        out[st.name] = report
     return out
+
+
+def require_startable(rp: ResolvedPlan, st: ResolvedStage, backend: Backend) -> None:
+    """Refuse a launch that megatron-core or Megatron-LM would stop (or hang) at start-up because of the
+    stage's split and data (longctx.plan.split_check), before anything starts."""
+    if st.data is None or st.data.tier_mix is not None:
+        return  # an artifact's blend is checked by `plan check --check-data` (it reads the artifact)
+    errors = split_findings(rp, st, stage_blend(rp, st), backend).errors
+    if errors:
+        first = errors[0]
+        raise StageError(first.message, where=first.where, fix=first.fix)
+

@@ -34,7 +34,7 @@ from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage, check_base_family, scaling_summary
 from longctx.plan.entry import UPSTREAM_SCRIPT
 from longctx.plan.schema import Plan
-from longctx.plan.stage_data import stage_blend
+from longctx.plan.stage_data import require_startable, stage_blend
 from longctx.report import Findings
 from longctx.stage import ledger
 from longctx.stage.lock import run_lock
@@ -430,6 +430,7 @@ def launch_plan(
     binding = binding_for(rp, st, step.load_repair)
     if step.action == "first-launch":
         refuse_contradicting_base(rp, st)
+    require_startable(rp, st, backend)
     if backend == "local":
         spec, nproc = local_spec(rp, st)
         spec_path = stage_root / "train_spec.json"
