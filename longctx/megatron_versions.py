@@ -168,10 +168,10 @@ def parse_version(text: str | Version) -> Version:
     """'0.16.1', 'v0.19.0rc1', '0.20.0.dev0' → (major, minor, patch)."""
     if isinstance(text, tuple):
         return text
-    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    m = re.match(r"^\s*v?(\d{1,6})\.(\d{1,6})(?!\d)(?:\.(\d{1,6})(?!\d)|(?!\.\d))", str(text))
     if not m:
         raise StageError(
-            f"cannot read a Megatron-LM version from {text!r}",
+            f"cannot read a Megatron-LM version from {str(text)[:80]!r}",
             where="[megatron].version",
             fix="write the megatron-core version of the checkout, like 0.16.1 (megatron/core/package_info.py)",
         )
@@ -188,7 +188,17 @@ def removed_version(flag: str) -> Version | None:
 
 
 def facts(version: str | Version) -> MegatronFacts:
+    """The table folded up to `version`. A release newer than the table's last minor is refused: what it
+    adds, removes or redefines is not known, and guessing it is how a flag goes silently missing."""
     v = parse_version(version)
+    newest = RELEASES[-1].version
+    if v[:2] > newest[:2]:
+        known = ".".join(map(str, newest[:2]))
+        raise StageError(
+            f"Megatron-LM {'.'.join(map(str, v))} is newer than any release longctx knows (the newest is {known})",
+            where="[megatron].version",
+            fix=f"use a {known}.x checkout and set [megatron].version to it, or a longctx that knows this release",
+        )
     if v < RELEASES[0].version:
         raise StageError(
             f"Megatron-LM {'.'.join(map(str, v))} is older than any release longctx knows "

@@ -16,6 +16,7 @@ from longctx.arch import ModelArch
 from longctx.errors import LongctxError, PlanError
 from longctx.megatron_versions import facts
 from longctx.objective import Objective
+from longctx.rope.methods import MAX_BASE
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -37,7 +38,7 @@ class _Strict(BaseModel):
 class RopeSpec(_Strict):
     """Either an explicit integer base or a method of `longctx.rope` with its parameters."""
 
-    base: StrictInt | None = Field(default=None, gt=0)
+    base: StrictInt | None = Field(default=None, gt=0, le=MAX_BASE)
     method: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -172,7 +173,7 @@ class BaseCheckpoint(_Strict):
     revision: str | None = None
     iteration: int | None = Field(default=None, ge=0)
     seq_length: StrictInt = Field(gt=0, description="pretraining sequence length")
-    rotary_base: StrictInt = Field(gt=0, description="pretraining --rotary-base")
+    rotary_base: StrictInt = Field(gt=0, le=MAX_BASE, description="pretraining --rotary-base")
     # model-only checkpoints (no optimizer/RNG) need --no-load-optim --no-load-rng on resume-like loads
     model_only: bool = False
 

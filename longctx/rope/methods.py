@@ -36,6 +36,11 @@ class _Required:
 REQUIRED = _Required()
 
 
+# Ceilings far above any model's and far below what a typo gives (1e300): a YaRN/PI factor (published
+# models: 4 to 40), a context length, YaRN's betas and mscales, a rotary base (published: 1e4 to ~5e8)
+MAX_SCALE, MAX_LENGTH, MAX_BETA, MAX_MSCALE, MAX_BASE = 1024.0, 1 << 26, 1024.0, 100.0, 10**15
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter of a method. default None means 'derived from the inputs' (see help)."""
@@ -47,11 +52,14 @@ class Param:
     choices: tuple[str, ...] = ()
     above: float | None = None  # values must be > above
     at_least: float | None = None  # values must be ≥ at_least
+    at_most: float | None = None  # values must be ≤ at_most (no real model goes near; typos do)
 
     def coerce(self, method: str, value: Any) -> Any:
         where = f"method {method!r}, parameter {self.name!r}"
         if self.type is int:
-            return _as_int(value, what=f"{self.name}", where=where, minimum_exclusive=self.above)
+            number = _as_int(value, what=f"{self.name}", where=where, minimum_exclusive=self.above)
+            self._not_above(number, where)
+            return number
         if self.type is float:
             try:
                 out = float(value)
@@ -63,13 +71,23 @@ class Param:
                 raise RopeError(f"{self.name} must be greater than {self.above:g}, got {out:g}", where=where)
             if self.at_least is not None and out < self.at_least:
                 raise RopeError(f"{self.name} must be at least {self.at_least:g}, got {out:g}", where=where)
+            self._not_above(out, where)
             return out
-        text = str(value)
+        text = str(value)[:200]
         if self.choices and text not in self.choices:
             raise RopeError(
                 f"{self.name} must be one of {', '.join(self.choices)}, got {text!r}", where=where
             )
         return text
+
+    def _not_above(self, number: float, where: str) -> None:
+        if self.at_most is not None and number > self.at_most:
+            shown = f"a {len(str(number))}-digit integer" if isinstance(number, int) else f"{number:.6g}"
+            raise RopeError(
+                f"{self.name} must be at most {self.at_most:g}, got {shown}",
+                where=where,
+                fix=f"check {self.name}: {self.help}",
+            )
 
 
 @dataclass(frozen=True)
@@ -298,7 +316,7 @@ def register(name: str, kind: Kind, summary: str, *params: Param) -> Callable[[C
     "fixed",
     "base",
     "a given base",
-    Param("base", int, REQUIRED, "the rotary base, an integer > 1", above=1),
+    Param("base", int, REQUIRED, "the rotary base, an integer > 1", above=1, at_most=MAX_BASE),
 )
 def _fixed(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = p["base"]
@@ -309,7 +327,7 @@ def _fixed(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     "abf",
     "base",
     "one fixed large base (Xiong et al. 2023), default 500 000",
-    Param("base", int, 500_000, "the rotary base (default 500000)", above=1),
+    Param("base", int, 500_000, "the rotary base (default 500000)", above=1, at_most=MAX_BASE),
 )
 def _abf(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = p["base"]
@@ -351,7 +369,7 @@ def _men(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     "men-safe",
     "base",
     "Men et al.'s bound × factor (default 4), two significant digits",
-    Param("factor", float, 4.0, "multiplier of the bound (default 4)", at_least=1.0),
+    Param("factor", float, 4.0, "multiplier of the bound (default 4)", at_least=1.0, at_most=MAX_SCALE),
     Param(
         "source",
         str,
@@ -399,7 +417,7 @@ def _liu(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     "ntk",
     "base",
     "NTK-aware base b·s^(d/(d−2))",
-    Param("scale", float, None, "s (default target / pretraining length)", at_least=1.0),
+    Param("scale", float, None, "s (default target / pretraining length)", at_least=1.0, at_most=MAX_SCALE),
 )
 def _ntk(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     d = inp.rotary_dim
@@ -416,7 +434,9 @@ def _ntk(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
 
 
 #: the scaling methods' `base`: they keep a base and change the frequencies
-_BASE_PARAM = Param("base", int, None, "rotary base to keep (default: the pretraining base)", above=1)
+_BASE_PARAM = Param(
+    "base", int, None, "rotary base to keep (default: the pretraining base)", above=1, at_most=MAX_BASE
+)
 
 
 def _scaling_base(inp: RopeInputs, p: dict[str, Any]) -> int:
@@ -428,17 +448,33 @@ def _scaling_base(inp: RopeInputs, p: dict[str, Any]) -> int:
     "scaling",
     "YaRN NTK-by-parts interpolation with attention temperature",
     _BASE_PARAM,
-    Param("factor", float, None, "s (default target / original length)", at_least=1.0),
-    Param("original_length", int, None, "original context (default the pretraining length)", above=0),
-    Param("beta_fast", float, 32.0, "β_fast (default 32)", above=0),
-    Param("beta_slow", float, 1.0, "β_slow (default 1)", above=0),
-    Param("mscale", float, 1.0, "mscale (default 1.0)", at_least=0),
-    Param("mscale_all_dim", float, 0.0, "mscale_all_dim (default 0.0)", at_least=0),
-)
+    Param("factor", float, None, "s (default target / original length; published models use 4 to 40)",
+          at_least=1.0, at_most=MAX_SCALE),
+    Param("original_length", int, None, "original context (default the pretraining length)", above=0,
+          at_most=MAX_LENGTH),
+    Param("beta_fast", float, 32.0, "β_fast (default 32), above β_slow", above=0, at_most=MAX_BETA),
+    Param("beta_slow", float, 1.0, "β_slow (default 1), below β_fast", above=0, at_most=MAX_BETA),
+    Param("mscale", float, 1.0, "mscale (default 1.0)", at_least=0, at_most=MAX_MSCALE),
+    Param("mscale_all_dim", float, 0.0, "mscale_all_dim (default 0.0)", at_least=0, at_most=MAX_MSCALE),
+)  # fmt: skip
 def _yarn(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = _scaling_base(inp, p)
     original = inp.pretrain_length if p["original_length"] is None else p["original_length"]
     factor = inp.target_length / original if p["factor"] is None else p["factor"]
+    if factor < 1:
+        raise RopeError(
+            f"yarn: the target length {inp.target_length:,} is shorter than the original length {original:,} "
+            f"(factor {factor:.4g} < 1): YaRN stretches positions, it cannot shrink them",
+            fix="give original_length the context the model was trained for, or use a base method",
+        )
+    if factor > MAX_SCALE:
+        raise RopeError(f"yarn: factor {factor:.6g} is above {MAX_SCALE:g}", fix="check original_length")
+    if not p["beta_fast"] > p["beta_slow"]:
+        raise RopeError(
+            f"yarn: beta_fast {p['beta_fast']:g} must be above beta_slow {p['beta_slow']:g} (the ramp between "
+            "the kept and the interpolated frequencies would be inverted)",
+            fix="YaRN's defaults are beta_fast = 32, beta_slow = 1",
+        )
     scaling = RopeScaling(
         "yarn", factor, original, p["beta_fast"], p["beta_slow"], p["mscale"], p["mscale_all_dim"]
     )
@@ -458,7 +494,14 @@ def _yarn(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     "scaling",
     "Llama 3.1 frequency-band scaling",
     _BASE_PARAM,
-    Param("factor", float, 8.0, "divisor of the low frequencies (default 8, Llama 3.1)", at_least=1.0),
+    Param(
+        "factor",
+        float,
+        8.0,
+        "divisor of the low frequencies (default 8, Llama 3.1)",
+        at_least=1.0,
+        at_most=MAX_SCALE,
+    ),
     Param("low_freq_factor", float, 1.0, "default 1", above=0),
     Param("high_freq_factor", float, 4.0, "default 4", above=0),
     Param("original_length", int, None, "original context (default the pretraining length)", above=0),
@@ -490,7 +533,7 @@ def _llama3(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     "scaling",
     "linear position interpolation (PI)",
     _BASE_PARAM,
-    Param("factor", float, None, "s (default target / pretraining length)", at_least=1.0),
+    Param("factor", float, None, "s (default target / pretraining length)", at_least=1.0, at_most=MAX_SCALE),
 )
 def _linear(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = _scaling_base(inp, p)

@@ -51,7 +51,7 @@ def test_yarn_refuses_partial_rotary() -> None:
     choice = choose_base("yarn", rotary_dim=64, head_dim=128, pretrain_base=10_000, pretrain_length=4_096,
                          target_length=16_384, with_diagnostics=False)  # fmt: skip
     with pytest.raises(RopeError, match="ignores rotary_percent"):
-        megatron_rope_flags(choice, "0.20.0rc0")
+        megatron_rope_flags(choice, "0.19.2")
 
 
 def test_linear_needs_0_19_and_an_integer_factor() -> None:
@@ -127,3 +127,26 @@ def test_use_checkpoint_args_conflicts_with_a_new_base() -> None:
     check_conflicting_flags(argv[:2], choice)
     keep = choose_base("fixed", base=10_000, target_length=16_384, with_diagnostics=False, **LLAMA)
     check_conflicting_flags(argv, keep)  # nothing to undo
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.20.0rc0", "1.2", "99.0.0"])
+def test_a_release_newer_than_the_table_is_refused(version: str) -> None:
+    from longctx.errors import StageError
+    from longctx.megatron_versions import facts
+
+    with pytest.raises(
+        StageError, match=r"newer than any release longctx knows \(the newest is 0\.19\)"
+    ) as err:
+        facts(version)
+    assert err.value.fix and "0.19.x" in err.value.fix
+    assert facts("0.19.7").label == "0.19.7"  # a patch release of a known minor is that minor
+
+
+@pytest.mark.parametrize("text", ["9" * 5000 + ".1.0", "0." + "1" * 5000, "1.2.3" + "4" * 10])
+def test_a_version_of_absurd_digits_is_unreadable(text: str) -> None:
+    from longctx.errors import StageError
+    from longctx.megatron_versions import parse_version
+
+    with pytest.raises(StageError, match="cannot read a Megatron-LM version") as err:
+        parse_version(text)
+    assert len(err.value.what) < 200
