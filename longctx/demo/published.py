@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from longctx.arch import ModelArch
-from longctx.checkpoint import adopt
+from longctx.checkpoint import adopt, inspect_checkpoint
 from longctx.checkpoint.layout import TRACKER
 from longctx.errors import CheckpointError, TokenizerError
 from longctx.tokenizer import load_manifest, verify_tokenizer
@@ -90,6 +90,43 @@ def read_card(directory: Path) -> Card:
         ) from None
 
 
+# the card's architecture fields that the archive's shapes and saved args decide
+_ARCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                "kv_channels", "normalization", "swiglu", "qk_layernorm", "untie_embeddings_and_output_weights")  # fmt: skip
+
+
+def card_differences(card: Card, archive: Path) -> list[str]:
+    """What the card says about the model that its archive contradicts (read from the archive's metadata
+    and saved args, no tensor read): iteration, length, RoPE base, family, vocabulary rows, architecture."""
+    report = inspect_checkpoint(archive)
+    fam = report.family
+    found: dict[str, object] = {
+        "iteration": report.iteration,
+        "seq_length": report.saved_args.get("seq_length"),
+        "rotary_base": report.saved_args.get("rotary_base"),
+        "family": fam.objective,
+        "padded_vocab_size": fam.input_vocab_rows,
+        "output_vocab_size": fam.output_vocab_rows,
+        "mask_id": fam.mask_id,
+        **{f"arch.{k}": getattr(report.arch, k) for k in _ARCH_FIELDS},
+    }
+    claimed: dict[str, object] = {
+        "iteration": card.iteration,
+        "seq_length": card.seq_length,
+        "rotary_base": card.rotary_base,
+        "family": card.family,
+        "padded_vocab_size": card.padded_vocab_size,
+        "output_vocab_size": card.output_vocab_size or card.padded_vocab_size,
+        "mask_id": card.mask_id,
+        **{f"arch.{k}": getattr(card.arch, k) for k in _ARCH_FIELDS},
+    }
+    return [
+        f"{k}: the card says {claimed[k]!r}, the archive {found[k]!r}"
+        for k in claimed
+        if claimed[k] != found[k]
+    ]
+
+
 def verify_published(directory: Path) -> Card:
     """The card, once the archive's md5 and the tokenizer (files and manifest) match it; else an error
     naming the file. Reads only."""
@@ -104,6 +141,14 @@ def verify_published(directory: Path) -> Card:
             f"the published base's archive has md5 {got}, its card says {card.archive_md5}",
             where=str(archive),
             fix="restore the archive from git (a changed base needs a new card: `longctx demo --train-base`)",
+        )
+    differences = card_differences(card, archive)
+    if differences:
+        raise CheckpointError(
+            f"the published base's archive is not the model its card describes: {'; '.join(differences[:4])}"
+            + (f" (and {len(differences) - 4} more)" if len(differences) > 4 else ""),
+            where=str(archive),
+            fix="restore the archive and card.toml from git, or rebuild both with `longctx demo --train-base`",
         )
     manifest = load_manifest(directory / TOKENIZER_MANIFEST)
     if manifest.md5 != card.tokenizer_md5:

@@ -140,6 +140,7 @@ def verify_tokenizer(
     facts = tokenizer_facts(tok, tp=tp, divisible_by=div, encoding=encoding)
     if encoding is not None:
         _compare_encoding(tok, manifest, encoding, f)
+        _compare_pinned_options(manifest, encoding, "warning" if spec is not None else "error", f)
     _compare_md5(tok, md5.lower() if md5 else (manifest.md5 if manifest else None), f)
 
     if manifest is not None:
@@ -160,7 +161,7 @@ def verify_tokenizer(
     if samples and not any(x.code == "round-trip" for x in f):
         f.info("round-trip", f"{len(samples)} sample texts survive encode → decode")
     if tok.encoder == "tokenizer.json":
-        _compare_json_with_model(tok, samples, f)
+        _compare_json_with_model(tok, samples, level, f)
 
     f.info(
         "padded-vocab",
@@ -256,12 +257,41 @@ def _compare_encoding(
         f.info("encoding", f"encoding fingerprint matches ({found.describe()})", found=found.digest)
 
 
-def _compare_json_with_model(tok: LoadedTokenizer, samples: tuple[str, ...] | list[str], f: Findings) -> None:
-    """transformers encodes with tokenizer.json when there is one; identity is tokenizer.model's md5."""
+_SPEC_FIELDS = ("tokenizer_type", "legacy_tokenizer", "hf_use_fast", "hf_include_special_tokens")
+
+
+def _compare_pinned_options(
+    manifest: TokenizerManifest | None, found: EncodingFingerprint, level: str, f: Findings
+) -> None:
+    """The pinned fingerprint's digest covers behaviour only, so its Megatron options are compared on their
+    own: a manifest whose [encoding] names other options than the ones it is checked (and data is
+    tokenized) under describes an encoding nobody runs. An error when the options came from the manifest
+    itself, a warning when the caller chose them."""
+    pinned = manifest.encoding if manifest is not None else None
+    if pinned is None:
+        return
+    diffs = [f"{k} {getattr(pinned, k)!r}, checked as {getattr(found, k)!r}" for k in _SPEC_FIELDS
+             if getattr(pinned, k) != getattr(found, k)]  # fmt: skip
+    if diffs:
+        getattr(f, level)(
+            "encoding-options",
+            "the manifest's [encoding] was pinned under other Megatron options: " + "; ".join(diffs),
+            where=manifest.name if manifest is not None else None,
+            fix="make megatron_tokenizer_type and [encoding] agree: re-pin with `longctx tokenizer fingerprint "
+            "PATH --tokenizer-type TYPE --write FILE` under the options the data is tokenized with",
+        )
+
+
+def _compare_json_with_model(
+    tok: LoadedTokenizer, samples: tuple[str, ...] | list[str], level: str, f: Findings
+) -> None:
+    """transformers encodes with tokenizer.json when there is one; identity is tokenizer.model's md5, so a
+    tokenizer.json that encodes otherwise makes the pinned md5 vouch for an encoding it does not make (an
+    error against a manifest, which pins both)."""
     for i, text in enumerate(samples):
         via_json, via_model = tok.encode_with_tokenizer_json(text), tok.encode_with_model_file(text)
         if via_json is not None and via_json != via_model:
-            f.warning(
+            getattr(f, level)(
                 "json-vs-model",
                 f"tokenizer.json and tokenizer.model encode sample {i} differently "
                 "(data tokenized through either would differ)",

@@ -154,3 +154,49 @@ def test_the_package_holds_a_pinned_mdm_in_the_ermine_predecessor_layout() -> No
     assert "longctx demo --train-base --family mdm" in (mdm / "MODEL_CARD.md").read_text()
     assert card.adapted_from == read_card(AR).name and card.tokenizer_md5 == read_card(AR).tokenizer_md5
     assert Card.model_validate(tomllib.loads(card_toml(card))) == card
+
+
+def _repin(copy: Path, key: str, value: str, name: str = CARD) -> None:
+    text = (copy / name).read_text()
+    (copy / name).write_text(re.sub(rf'^{key} = "[0-9a-f]+"', f'{key} = "{value}"', text, flags=re.M))
+
+
+def test_a_foreign_archive_with_a_repinned_md5_is_refused(copy: Path, tmp_path: Path) -> None:
+    """The card's claims are compared with the archive itself: the published MDM's archive under the AR
+    card, its md5 re-pinned, is another model (family, vocabulary rows, [MASK])."""
+    shutil.copyfile(family_dir("mdm") / ARCHIVE, copy / ARCHIVE)
+    _repin(copy, "archive_md5", md5_file(copy / ARCHIVE))
+    tok, save = _targets(tmp_path)
+    with pytest.raises(CheckpointError, match="not the model its card describes") as err:
+        install_published(copy, tok, save)
+    assert "family: the card says 'ar', the archive 'mdm'" in err.value.what
+    assert "padded_vocab_size: the card says 640, the archive 514" in err.value.what
+    assert not tok.exists() and not save.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("iteration", "4000"), ("seq_length", "512"), ("rotary_base", "500000")]
+)
+def test_a_card_claiming_another_training_is_refused(copy: Path, field: str, value: str) -> None:
+    text = (copy / CARD).read_text()
+    (copy / CARD).write_text(re.sub(rf"^{field} = \d+", f"{field} = {value}", text, flags=re.M))
+    with pytest.raises(CheckpointError, match=rf"{field}: the card says {value}, the archive"):
+        verify_published(copy)
+
+
+def test_a_swapped_tokenizer_model_with_repinned_md5s_is_refused(copy: Path, tmp_path: Path) -> None:
+    """tokenizer.json decides the encoding fingerprint and tokenizer.model the md5: another model with the
+    md5 re-pinned in manifest and card matches both pins, and is refused because the two files disagree."""
+    other = train_sentencepiece(
+        list(documents(40, seed=5, min_words=50, max_words=200)), tmp_path / "other", 512
+    )
+    shutil.copyfile(other, copy / TOKENIZER_DIR / "tokenizer.model")
+    md5 = md5_file(copy / TOKENIZER_DIR / "tokenizer.model")
+    _repin(copy, "tokenizer_md5", md5)
+    _repin(copy, "md5", md5, name="tokenizer.toml")
+    tok, save = _targets(tmp_path)
+    with pytest.raises(
+        TokenizerError, match=r"tokenizer\.json and tokenizer\.model encode sample 0 differently"
+    ):
+        install_published(copy, tok, save)
+    assert not tok.exists() and not save.exists()

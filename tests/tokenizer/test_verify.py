@@ -254,5 +254,31 @@ def test_json_vs_model_disagreement_is_flagged(
     tj = json.loads((d / "tokenizer.json").read_text())
     tj["model"]["merges"] = tj["model"]["merges"][: len(tj["model"]["merges"]) // 4]
     (d / "tokenizer.json").write_text(json.dumps(tj))
+    # against a manifest, which pins both the md5 (tokenizer.model) and the encoding (tokenizer.json): error
     report = verify_tokenizer(d, load_manifest(oellm_like_manifest))
-    assert "json-vs-model" in report.findings.codes("warning")
+    assert "json-vs-model" in report.findings.codes("error")
+    # without one nothing says which file is meant: a warning
+    assert "json-vs-model" in verify_tokenizer(d).findings.codes("warning")
+
+
+def test_encoding_pinned_under_other_options_is_refused(
+    oellm_like_hf_dir: Path, oellm_like_manifest: Path
+) -> None:
+    """[encoding]'s digest covers behaviour only: its Megatron options are compared on their own."""
+    manifest = load_manifest(oellm_like_manifest)
+    assert manifest.encoding is not None
+    assert "encoding-options" not in verify_tokenizer(oellm_like_hf_dir, manifest).findings.codes("error")
+    other = manifest.model_copy(
+        update={"encoding": manifest.encoding.model_copy(update={"tokenizer_type": "GPT2BPETokenizer"})}
+    )
+    found = verify_tokenizer(oellm_like_hf_dir, other).findings
+    assert "encoding-options" in found.codes("error")
+    flipped = manifest.model_copy(
+        update={
+            "encoding": manifest.encoding.model_copy(
+                update={"legacy_tokenizer": not manifest.encoding.legacy_tokenizer}
+            )
+        }
+    )
+    # checked under the flipped option it encodes differently: the behaviour check refuses it
+    assert "encoding" in verify_tokenizer(oellm_like_hf_dir, flipped).findings.codes("error")
