@@ -10,8 +10,13 @@ setup:
 demo dir="demo-run":
     scripts/setup && .venv/bin/longctx demo --dir {{dir}}
 
-# Quickstart line 2: the test suite
+# The inner loop: every package's tests except those that start processes or train (found by the
+# collection hook in tests/fixtures/processes.py), slow and Slurm tests; a few minutes
 test *args:
+    scripts/setup --dev && .venv/bin/python -m pytest --inner-loop --durations=10 {{args}}
+
+# Quickstart line 2: the whole test suite, as CI runs it
+test-all *args:
     scripts/setup --dev && .venv/bin/python -m pytest {{args}}
 
 lint:

@@ -1,4 +1,4 @@
-"""The import graph of `longctx/` obeys the layering README's Architecture section describes: each
+"""The import graph of `longctx/` obeys the layering docs/architecture.md describes: each
 folder imports only the folders below it, and no two modules import each other (directly or round
 a cycle). Imports inside functions count too: a lazy import is still a dependency."""
 

@@ -44,6 +44,7 @@ def test_documents_round_trip(oellm_like_dataset: str, data_jsonl: Path, oellm_l
     assert sc.inputs[0].documents == len(texts) and len(sc.inputs[0].sha256 or "") == 64
 
 
+@pytest.mark.processes  # a worker pool: no rule sees a worker count
 def test_workers_give_identical_output_and_gz_input(
     data_jsonl: Path, oellm_like_hf_dir: Path, oellm_like_dataset: str, tmp_path: Path
 ) -> None:
@@ -88,6 +89,7 @@ def test_refuses_existing_prefix_unless_force(
     assert read_sidecar(prefix) is not None
 
 
+@pytest.mark.processes  # a worker pool: no rule sees a worker count
 def test_failure_leaves_nothing_behind(oellm_like_spm: Path, tmp_path: Path) -> None:
     src = tmp_path / "bad.jsonl"
     src.write_text('{"text": "fine"}\n{"text": "fine too"}\n{"text": broken\n')

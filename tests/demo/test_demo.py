@@ -16,6 +16,7 @@ from tests.fixtures.run import write_plan
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_small_demo_then_resume(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
     # eight steps in the interrupted stage: the SIGTERM after its first save lands well before the end
@@ -61,6 +62,7 @@ def test_demo_cli_help_and_json_shape() -> None:
     assert json.loads(json.dumps({"ok": True}))  # the --json report goes through print_json
 
 
+@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_small_masked_diffusion_demo(tmp_path: Path) -> None:
     """`demo --family mdm` on the small plan: the base pretrained with the masked-diffusion objective,
     the stages continued from it (CP 2 in s2, SIGTERM + resume), every checkpoint evaluated by infilling."""

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
@@ -22,6 +23,7 @@ from longctx.plan.load import load_plan
 from tests.fixtures.run import write_plan
 
 
+@pytest.mark.processes  # the demo's data step tokenizes with a pool of 2 workers
 def test_demo_data_eval_and_fresh_tokenize_agree(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
     plan = write_plan(tmp_path / "plan.toml", run_dir)

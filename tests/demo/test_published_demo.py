@@ -77,6 +77,7 @@ def _plan(path: Path, run_dir: Path, family: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 @pytest.mark.parametrize("family", ["ar", "mdm"])
 def test_demo_adopts_the_published_base_and_extends_it(tmp_path: Path, family: str) -> None:
     run_dir = tmp_path / "demo"

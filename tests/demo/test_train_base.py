@@ -18,6 +18,7 @@ from tests.train.helpers import saved_tensors
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
     recipe = BaseRecipe(train_docs=60, heldout_docs=40, iterations=4, save_interval=2, global_batch=4,
                         warmup=1, eval_keys=1)  # fmt: skip
@@ -41,6 +42,7 @@ def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) -> None:
     """The masked-diffusion recipe trains under the MDM objective and publishes the model as Ermine's
     predecessor stores its MDMs; the archive reads back as an MDM and adopts as any user's would."""
