@@ -20,6 +20,7 @@ an interrupted adopt leaves no directory that the tracker names.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -215,6 +216,14 @@ def _adopt_dir(
                     os.rename(dst, src)
         shutil.rmtree(staging, ignore_errors=True)
         verb = "move" if mode == "move" else "hard-link"
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CheckpointError(
+                f"no space left on the target's file system while adopting {err.filename} "
+                f"({err.strerror}); the partial copy was removed",
+                where=str(staging.parent),
+                fix=f"free space on the target's file system (`df -h {staging.parent}`), or adopt onto a larger "
+                "one (or onto the source's file system, where files are hard-linked, not copied)",
+            ) from None
         if err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
             raise CheckpointError(
                 f"cannot {verb} {err.filename}: {err.strerror} (source and target on different filesystems?)",
@@ -367,6 +376,40 @@ def adopt(
     # every file of the source checked (inside it, regular) before anything is created
     sizes = _source_files(resolved) if isinstance(tree, DirTree) else {}
     ranges = _tar_sources(resolved) if isinstance(tree, TarTree) else {}
+    made = _missing_dirs(into)
+    try:
+        return _adopt_into(src, tree, resolved, into, dir_name, it, it_src, sizes, ranges, mode, allow_copy,
+                           write_tracker)  # fmt: skip
+    except BaseException:
+        for d in reversed(made):  # the target directories this adopt created, where it left them empty
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The directories `path.mkdir(parents=True)` would create, outermost first."""
+    out = []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out[::-1]
+
+
+def _adopt_into(
+    src: str | os.PathLike[str],
+    tree: DirTree | TarTree,
+    resolved: ResolvedCheckpoint,
+    into: Path,
+    dir_name: str,
+    it: int | None,
+    it_src: str,
+    sizes: dict[str, int],
+    ranges: dict[str, ByteRange],
+    mode: Mode,
+    allow_copy: bool,
+    write_tracker: bool,
+) -> AdoptResult:
     target = _prepare_target(into, dir_name, write_tracker, it)
     staging = into / f".adopt-{dir_name}.{os.getpid()}.tmp"
     if staging.exists():

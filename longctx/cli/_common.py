@@ -25,6 +25,7 @@ from typer.core import TyperGroup
 from longctx.errors import LongctxError
 from longctx.report import Findings, to_jsonable
 from longctx.util.oserrors import file_system_error
+from longctx.util.printable import printable
 
 # Logs and pipes get a wide console so tables stay readable; terminals keep their own width.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -36,14 +37,15 @@ EXIT_ERROR = 2
 
 
 def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
-    """Print an error (what / where / fix) and exit 2."""
+    """Print an error (what / where / fix) and exit 2. What it quotes from files (a lock's host, a log
+    line) is printed with its control characters escaped."""
     if as_json:
         _error_document(err.to_dict())
-    err_console.print(f"[bold red]error:[/] {escape(err.what)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(printable(err.what))}", highlight=False, soft_wrap=True)
     if err.where:
-        err_console.print(f"  [red]where:[/] {escape(err.where)}", highlight=False, soft_wrap=True)
+        err_console.print(f"  [red]where:[/] {escape(printable(err.where))}", highlight=False, soft_wrap=True)
     if err.fix:
-        err_console.print(f"  [red]fix:[/] {escape(err.fix)}", highlight=False, soft_wrap=True)
+        err_console.print(f"  [red]fix:[/] {escape(printable(err.fix))}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_ERROR)
 
 

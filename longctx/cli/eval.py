@@ -127,17 +127,33 @@ def _resolved(plan: Path, run_dir: Path | None):
 
 
 def _cp(cp: int | None) -> int:
-    """--cp, else the launcher's WORLD_SIZE (torchrun / srun set it), else 1."""
+    """--cp, else the launcher's WORLD_SIZE (torchrun / srun set it), else 1; RANK and LOCAL_RANK checked."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    _check_ranks(int(raw) if raw.strip().isdigit() and len(raw.strip()) <= 9 else None)
     if cp is not None:
         return cp
-    raw = os.environ.get("WORLD_SIZE", "1")
-    if not raw.strip().isdigit() or int(raw) < 1:
+    if not raw.strip().isdigit() or len(raw.strip()) > 9 or int(raw) < 1:
         raise EvalError(
             f"WORLD_SIZE is {raw!r}, not a positive number of ranks",
             where="the WORLD_SIZE environment variable",
             fix="unset it for one process, or launch `eval run` with torchrun/srun (which set it), or pass --cp N",
         )
     return int(raw)
+
+
+def _check_ranks(world: int | None) -> None:
+    """RANK and LOCAL_RANK, where a launcher set them, must be ranks of the world (torchrun's meaning)."""
+    for name in ("RANK", "LOCAL_RANK"):
+        raw = os.environ.get(name)
+        if raw is None:
+            continue
+        if not raw.strip().isdigit() or len(raw.strip()) > 9 or (world is not None and int(raw) >= world):
+            below = f" below WORLD_SIZE {world}" if world is not None else ""
+            raise EvalError(
+                f"{name} is {raw!r}, not a rank{below} (a whole number from 0)",
+                where=f"the {name} environment variable",
+                fix=f"unset {name} for one process, or launch `eval run` with torchrun/srun (which set it)",
+            )
 
 
 def _threads(n: int | None) -> None:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, err_console, print_json, stdout_to_stderr
 from longctx.cli._params import Json, Plan, RunDir, force
+from longctx.util.printable import printable
 
 app = typer.Typer(
     help=(
@@ -194,11 +195,14 @@ def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     else:
         console.print(_status_table(rp, states, step, pace))
         for note in _status_notes(states, pace):
-            console.print(note, markup=False, highlight=False, soft_wrap=True)
+            console.print(printable(note), markup=False, highlight=False, soft_wrap=True)
         if lock is not None:
             stale = f" (stale: {lock['stale']})" if lock["stale"] else ""
             console.print(
-                f"locked by {lock['describe']}{stale}", markup=False, highlight=False, soft_wrap=True
+                printable(f"locked by {lock['describe']}{stale}", newlines=False),
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
 
 
@@ -217,24 +221,33 @@ def _lock_json(rp) -> dict[str, Any] | None:
 def curves(
     plan: Plan,
     run_dir: RunDir = None,
-    out: Path | None = typer.Option(None, "--out", help="the PNG to write (default: <run_dir>/curves.png)"),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="the PNG to write (default: <run_dir>/curves.png); an existing file is replaced only when it is "
+        "a PNG (an earlier figure), never when it is an input, a file of the run's subdirectories, of the "
+        "package or tracked by git",
+    ),
+    force: bool = typer.Option(False, "--force", help="replace an existing --out file that is not a PNG"),
     json_out: Json = False,
 ) -> None:
     """Draw the whole plan's training as one PNG: loss against consumed tokens across every stage, stage
     boundaries (length, RoPE base), each launch of the ledger (first launch, resume, signal, failure),
     learning rate and tokens/s below, validation loss when logged. Reads TensorBoard events (either
     backend), else metrics.jsonl, else the Megatron-LM logs; unreadable files are named and skipped.
-    Exit 2 only when nothing is readable. --json: the series, the launches and the problems."""
+    Exit 2 when nothing is readable, or when a file of the run is no regular file inside it (a FIFO, a
+    device, a link out) or larger than any run writes. --json: the series, the launches and the problems."""
     from longctx.errors import StageError
     from longctx.stage.curves import read_plan_curves
     from longctx.stage.curves_plot import plot_curves
 
     rp = _resolved(plan, run_dir)
+    png_path = _curves_out(rp, out, force)
     with stdout_to_stderr(json_out):
         console.print(f"reading the training record of {rp.plan.name} in {rp.run_dir} …")
         result = read_plan_curves(rp)
         for problem in result.problems:
-            err_console.print(f"warning: {problem}", markup=False, highlight=False, soft_wrap=True)
+            err_console.print(f"warning: {printable(problem)}", markup=False, highlight=False, soft_wrap=True)
         if not result.readable:
             raise StageError(
                 f"no training curves readable for plan {rp.plan.name!r}",
@@ -242,10 +255,24 @@ def curves(
                 fix="run a stage first (`longctx stage run`); each stage writes tensorboard/ events and "
                 "metrics.jsonl (local) or logs (megatron-lm) under stages/<name>/",
             )
-        png = plot_curves(result, out or Path(rp.run_dir) / "curves.png")
+        png = plot_curves(result, png_path)
         console.print(f"wrote {png}")
     if json_out:
         print_json({"ok": True, "png": str(png), **result.to_dict()})
+
+
+def _curves_out(rp, out: Path | None, force: bool) -> Path:
+    """The PNG `stage curves` writes, checked against what it must never overwrite."""
+    from longctx.plan import paths
+    from longctx.util.confine import check_output_file
+
+    inputs = [p for p in (rp.plan.plan_path, rp.stages[0].load_from) if p is not None]
+    inputs += [paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")]
+    inputs += [st.save_dir for st in rp.stages]
+    return check_output_file(
+        out if out is not None else Path(rp.run_dir) / "curves.png", option="--out", kind="PNG figure",
+        suffix=".png", magic=b"\x89PNG\r\n\x1a\n", inputs=inputs, run_dir=Path(rp.run_dir), force=force,
+    )  # fmt: skip
 
 
 @app.command("next")
@@ -338,7 +365,7 @@ def run(
         if outcome.no_progress:
             label = "error" if outcome.verdict == "failed" else "warning"
             err_console.print(
-                f"{label}: {outcome.no_progress}", markup=False, highlight=False, soft_wrap=True
+                f"{label}: {printable(outcome.no_progress)}", markup=False, highlight=False, soft_wrap=True
             )
         if outcome.storage:
             err_console.print(f"error: {outcome.storage}", markup=False, highlight=False, soft_wrap=True)

@@ -25,6 +25,7 @@ from longctx.checkpoint import adopt, inspect_checkpoint
 from longctx.checkpoint.layout import TRACKER
 from longctx.errors import CheckpointError, TokenizerError
 from longctx.tokenizer import load_manifest, verify_tokenizer
+from longctx.util.confined_read import read_text
 from longctx.util.hashing import md5_file
 from longctx.util.shipped import resource_dir
 
@@ -72,17 +73,24 @@ def family_dir(family: str) -> Path:
     return RESOURCES / family
 
 
+CARD_BYTES = 1 << 20  # a card is ~2 KiB
+
+
 def read_card(directory: Path) -> Card:
+    """The card of the published base in `directory`, read as a bounded regular file inside it (a card that
+    is a link to /dev/zero, a FIFO or a huge file is refused, not read)."""
     path = directory / CARD
-    try:
-        return Card.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
+    text = read_text(path, directory, "published base's card", error=CheckpointError, max_bytes=CARD_BYTES,
+                     place=f"the published base's directory {directory}")  # fmt: skip
+    if text is None:
         raise CheckpointError(
             f"no published base in {directory} ({CARD} is missing)",
             where=str(path),
             fix="rebuild it with `longctx demo --train-base`, or restore the file from git",
-        ) from None
-    except (tomllib.TOMLDecodeError, ValidationError, UnicodeDecodeError) as err:
+        )
+    try:
+        return Card.model_validate(tomllib.loads(text))
+    except (tomllib.TOMLDecodeError, ValidationError, RecursionError) as err:
         raise CheckpointError(
             f"the published base's card cannot be read: {str(err).splitlines()[0]}",
             where=str(path),

@@ -248,7 +248,9 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
     step = next_step(rp, states)
     records = ledger.read(run_dir)
     ends = [r for r in records if r.get("event") == "end" and job is not None and str(r.get("job_id")) == job]
-    progress = sum(max(0, int(r.get("end_iteration", 0)) - int(r.get("start_iteration", 0))) for r in ends)
+    progress = sum(
+        max(0, int(r.get("end_iteration") or 0) - int(r.get("start_iteration") or 0)) for r in ends
+    )
     finished = [str(r["stage"]) for r in ends if r.get("status") == "done"]
     ledger.append(run_dir, {"event": "job-end", "exit_code": exit_code, "progress": progress,
                             "next": step.action, "next_stage": step.stage, "reason": step.reason,
@@ -335,7 +337,7 @@ def chain_stop_reason(
 def _failure_streak(records: list[dict[str, Any]]) -> int:
     n = 0
     for r in reversed([r for r in records if r.get("event") == "job-end"]):
-        if int(r.get("exit_code", 0)) != 0 and int(r.get("progress", 0)) == 0:
+        if int(r.get("exit_code") or 0) != 0 and int(r.get("progress") or 0) == 0:
             n += 1
         else:
             break

@@ -9,9 +9,10 @@ and the logs.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
-import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,10 @@ from longctx.slurm.render import log_dir
 from longctx.slurm.settings import job_settings
 from longctx.stage import ledger
 from longctx.stage.curves import read_plan_curves
-from longctx.stage.pace import plan_pace
+from longctx.stage.pace import MAX_ETA_SECONDS, plan_pace
+from longctx.stage.run_files import METRICS_BYTES, run_file_lines
 from longctx.stage.state import StageState, next_step, plan_state
+from longctx.util import bounded_json
 
 FAILED_STATES = {
     "FAILED",
@@ -121,30 +124,30 @@ def _ledger_rate(records: list[dict[str, Any]], stage: str) -> float | None:
     iters = 0
     for r in records:
         if r.get("event") == "end" and r.get("stage") == stage:
-            gained = int(r.get("end_iteration", 0)) - int(r.get("start_iteration", 0))
+            gained = int(r.get("end_iteration") or 0) - int(r.get("start_iteration") or 0)
             if gained > 0:
-                secs += float(r.get("seconds", 0.0))
+                secs += float(r.get("seconds") or 0.0)
                 iters += gained
     return secs / iters if iters else None
 
 
 def _metrics_rate(rp: ResolvedPlan, st: ResolvedStage) -> float | None:
     path = paths.stage_dir(rp.plan, st.name) / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-METRICS_WINDOW:]
-    except OSError:
-        return None
+    lines = collections.deque(
+        (line for _, line in run_file_lines(path, rp.run_dir, "metrics file", max_bytes=METRICS_BYTES)),
+        maxlen=METRICS_WINDOW,
+    )
     rates = []
     for line in lines:
         try:
-            tps = float(json.loads(line).get("tokens_per_s", 0))
-        except (ValueError, AttributeError):
+            rec = bounded_json.loads(line or "")
+        except bounded_json.BadJSON:
             continue
-        if tps > 0:
+        tps = rec.get("tokens_per_s") if isinstance(rec, dict) else None
+        if isinstance(tps, int | float) and not isinstance(tps, bool) and tps > 0:
             rates.append(st.tokens_per_iteration / tps)
-    return sum(rates) / len(rates) if rates else None
+    rate = sum(rates) / len(rates) if rates else None
+    return rate if rate is not None and math.isfinite(rate) else None
 
 
 def _profile_rate(rp: ResolvedPlan, st: ResolvedStage, profile: str | None) -> float | None:
@@ -171,6 +174,7 @@ def stage_progress(rp: ResolvedPlan, states: list[StageState], records: list[dic
             rate, source = _profile_rate(rp, st, profile), "profile"
         remaining = 0 if s.status == "done" else max(0, st.train_iters - s.iteration)
         stage_eta = None if (remaining and rate is None) else remaining * (rate or 0.0)
+        stage_eta = stage_eta if stage_eta is None or stage_eta <= MAX_ETA_SECONDS else None
         eta = None if eta is None or stage_eta is None else eta + stage_eta
         ck_it, ck_time = _last_checkpoint(s)
         out.append(StageProgress(
@@ -215,7 +219,7 @@ def _jobs_from_ledger(records: list[dict[str, Any]]) -> tuple[list[JobRow], dict
             row.exit_code = str(r.get("exit_code"))
             row.state = "ENDED"
         elif ev == "job-end":
-            row.state = "COMPLETED" if int(r.get("exit_code", 0)) == 0 else "FAILED"
+            row.state = "COMPLETED" if int(r.get("exit_code") or 0) == 0 else "FAILED"
             row.exit_code = str(r.get("exit_code"))
     return list(rows.values()), cancelled_by_us
 

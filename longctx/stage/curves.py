@@ -3,6 +3,11 @@
 Per stage, the first readable source wins: TensorBoard events in `tensorboard/` (Megatron-LM's and the
 local trainer's, read with TensorBoard's own reader, one file per launch), else the local trainer's
 `metrics.jsonl`, else the launch logs the ledger names (Megatron-LM's or the local trainer's lines).
+Every file is read through the run-file reader (`run_files`): a file that is not a regular file inside
+the run, or larger than any run writes, stops the command (StageError) before it is opened by name; a
+launch log is looked for only in its stage's `logs/` (the ledger's path is a name, never a place), so a
+ledger naming a file elsewhere reads nothing outside the run. Numbers are bounded: an iteration beyond the
+stage, an integer beyond 64 bits, a value that is not finite is a skipped point, named.
 Every series is placed on one x-axis, consumed tokens across the plan: a stage's tokens start where
 the stages before it end (their planned tokens). Launches come from the ledger: where each started
 (first launch, resume) and how it ended (done, signal, stopped early, failed). Unreadable input is
@@ -12,7 +17,8 @@ reported by file and skipped, so what is readable is still drawn.
 from __future__ import annotations
 
 import itertools
-import json
+import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,17 +30,27 @@ from longctx.errors import StageError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.stage import ledger
+from longctx.stage.run_files import (
+    EVENTS_BYTES,
+    LEDGER_BYTES,
+    LOG_BYTES,
+    METRICS_BYTES,
+    check_run_input,
+    run_file_lines,
+)
 from longctx.train import event_tags as tags
+from longctx.util import bounded_json
+from longctx.util.confined_read import open_file
 
 # Megatron-LM's log line of an iteration (training_log): iteration, consumed samples, time, lr, loss
 _MEGATRON_LINE = re.compile(
-    r"iteration\s+(?P<it>\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|"
-    r".*?learning rate: (?P<lr>[-+.\dEe]+) \|.*?lm loss: (?P<loss>[-+.\dEe]+) \|"
+    r"iteration\s+(?P<it>\d{1,15})/\s*\d+ \|.*?elapsed time per iteration \(ms\): (?P<ms>[\d.]{1,40}) \|"
+    r".*?learning rate: (?P<lr>[-+.\dEe]{1,40}) \|.*?lm loss: (?P<loss>[-+.\dEe]{1,40}) \|"
 )
 # the local trainer's log line (longctx.train.loop, every log_interval)
 _LOCAL_LINE = re.compile(
-    r"\[longctx\] \S+ iteration (?P<it>\d+)/\d+ loss (?P<loss>[-+.\dEe]+|nan) lr (?P<lr>[-+.\dEe]+) "
-    r"grad-norm \S+ tokens/s (?P<tps>[\d,.]+)"
+    r"\[longctx\] \S+ iteration (?P<it>\d{1,15})/\d+ loss (?P<loss>[-+.\dEe]{1,40}|nan) lr (?P<lr>[-+.\dEe]{1,40}) "
+    r"grad-norm \S+ tokens/s (?P<tps>[\d,.]{1,40})"
 )
 _SIGNAL_IN_LOG = re.compile(r"exiting program after receiving SIG|exiting after iteration \d+ \(signal\)")
 
@@ -56,6 +72,14 @@ class StageCurve:
 
     def tokens_at(self, iteration: int) -> int:
         return self.token_offset + iteration * self.tokens_per_iteration
+
+    def add(self, series: list[list[float]], iteration: int, value: float) -> bool:
+        """Append a point to `series`; False (nothing added) for an iteration outside the stage or a value
+        that is not finite (a diverged loss, an overflowed rate: no place on the figure)."""
+        if not 0 <= iteration <= self.target_iterations or not math.isfinite(value):
+            return False
+        series.append([iteration, self.tokens_at(iteration), value])
+        return True
 
 
 @dataclass
@@ -89,8 +113,18 @@ class PlanCurves:
 # -- TensorBoard events -------------------------------------------------------------------------------
 
 
-def _event_files(tb_dir: Path) -> list[Path]:
-    return sorted(tb_dir.glob("events.out.tfevents.*")) if tb_dir.is_dir() else []
+EVENT_FILE = "TensorBoard event file"
+
+
+def _event_files(tb_dir: Path, run_dir: Path) -> list[Path]:
+    """The event files of `tb_dir`, each checked (a regular file inside the run, bounded) before
+    TensorBoard's reader opens it by name: a FIFO there would block it forever."""
+    if not tb_dir.is_dir():
+        return []
+    files = sorted(tb_dir.glob("events.out.tfevents.*"))
+    for path in files:
+        check_run_input(path, run_dir, EVENT_FILE, max_bytes=EVENTS_BYTES)
+    return files
 
 
 def _read_event_file(path: Path) -> dict[str, list[tuple[float, int, float]]]:
@@ -101,22 +135,26 @@ def _read_event_file(path: Path) -> dict[str, list[tuple[float, int, float]]]:
     return {t: [(e.wall_time, e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
-def _truncated_tail(path: Path) -> int:
+def _truncated_tail(path: Path, run_dir: Path) -> int:
     """Bytes after the last complete record (a TFRecord: 8-byte length, 4-byte CRC, data, 4-byte CRC);
-    TensorBoard's reader stops there silently, so the file is named here."""
-    data = path.read_bytes()
-    pos = 0
-    while pos + 12 <= len(data):
-        size = int.from_bytes(data[pos : pos + 8], "little")
-        if pos + 16 + size > len(data):
-            break
-        pos += 16 + size
-    return len(data) - pos
+    TensorBoard's reader stops there silently, so the file is named here. Walks the record headers."""
+    with open_file(path, run_dir, EVENT_FILE, error=StageError, max_bytes=EVENTS_BYTES) as fh:
+        if fh is None:
+            return 0
+        end = fh.seek(0, 2)
+        pos = 0
+        while pos + 12 <= end:
+            fh.seek(pos)
+            size = int.from_bytes(fh.read(8), "little")
+            if pos + 16 + size > end:
+                break
+            pos += 16 + size
+        return end - pos
 
 
-def _from_events(curve: StageCurve, tb_dir: Path, problems: list[str]) -> bool:
+def _from_events(curve: StageCurve, tb_dir: Path, run_dir: Path, problems: list[str]) -> bool:
     read_any = False
-    for path in _event_files(tb_dir):
+    for path in _event_files(tb_dir, run_dir):
         try:
             scalars = _read_event_file(path)
         except Exception as err:  # the reader raises its own (DataLossError, …) on a corrupt file
@@ -129,7 +167,7 @@ def _from_events(curve: StageCurve, tb_dir: Path, problems: list[str]) -> bool:
             problems.append(f"{path}: no {tags.LOSS!r} scalars (not a training event file); skipped")
             continue
         read_any = True
-        tail = _truncated_tail(path)
+        tail = _truncated_tail(path, run_dir)
         if tail:
             problems.append(f"{path}: truncated ({tail} bytes of an unfinished record at the end); "
                             f"read its {len(loss)} complete loss events")  # fmt: skip
@@ -140,70 +178,136 @@ def _from_events(curve: StageCurve, tb_dir: Path, problems: list[str]) -> bool:
                 "(events of another run?); skipped"
             )
             continue
-        curve.loss += [[s, curve.tokens_at(s), v] for _, s, v in loss]
-        curve.lr += [[s, curve.tokens_at(s), v] for _, s, v in scalars.get(tags.LEARNING_RATE, [])]
-        curve.validation += [[s, curve.tokens_at(s), v] for _, s, v in scalars.get(tags.VALIDATION_LOSS, [])]
-        curve.tokens_per_s += _rates(curve, scalars, loss)
+        skipped = 0
+        for series, points in ((curve.loss, loss), (curve.lr, scalars.get(tags.LEARNING_RATE, [])),
+                               (curve.validation, scalars.get(tags.VALIDATION_LOSS, [])),
+                               (curve.tokens_per_s, _rates(curve, scalars, loss))):  # fmt: skip
+            skipped += sum(not curve.add(series, s, v) for _, s, v in points)
+        if skipped:
+            problems.append(
+                f"{path}: {skipped} values that are not finite numbers (or outside the stage); skipped"
+            )
     return read_any and bool(curve.loss)
 
 
-def _rates(curve: StageCurve, scalars: dict, loss: list[tuple[float, int, float]]) -> list[list[float]]:
+def _rates(
+    curve: StageCurve, scalars: dict, loss: list[tuple[float, int, float]]
+) -> list[tuple[float, int, float]]:
     """tokens/s: the local trainer's own tag, else from Megatron-LM's iteration-time, else from the wall
     times of consecutive loss events (Megatron-LM logs no timers to TensorBoard by default)."""
     per_iter = curve.tokens_per_iteration
     if scalars.get(tags.TOKENS_PER_SECOND):
-        return [[s, curve.tokens_at(s), v] for _, s, v in scalars[tags.TOKENS_PER_SECOND]]
+        return scalars[tags.TOKENS_PER_SECOND]
     if scalars.get(tags.ITERATION_TIME):
-        return [[s, curve.tokens_at(s), per_iter / v] for _, s, v in scalars[tags.ITERATION_TIME] if v > 0]
+        return [(t, s, per_iter / v) for t, s, v in scalars[tags.ITERATION_TIME] if v > 0]
     out = []
     for (t0, s0, _), (t1, s1, _) in itertools.pairwise(loss):
         if t1 > t0 and s1 > s0:
-            out.append([s1, curve.tokens_at(s1), (s1 - s0) * per_iter / (t1 - t0)])
+            out.append((t1, s1, (s1 - s0) * per_iter / (t1 - t0)))
     return out
 
 
 # -- metrics.jsonl and logs ---------------------------------------------------------------------------
 
 
-def _from_metrics(curve: StageCurve, path: Path, problems: list[str]) -> bool:
-    if not path.is_file():
-        return False
+def _metrics_record(line: str) -> tuple[str | None, int, float, float, float] | None:
+    """(stage, iteration, loss, lr, tokens/s) of a metrics line; None when it is not one (a field missing
+    or of another type, a number beyond 64 bits or not finite)."""
+    try:
+        rec = bounded_json.loads(line)
+    except bounded_json.BadJSON:
+        return None
+    if not isinstance(rec, dict):
+        return None
+    it, stage = rec.get("iteration"), rec.get("stage")
+    values = [rec.get(k) for k in ("loss", "lr", "tokens_per_s")]
+    if isinstance(it, bool) or not isinstance(it, int) or (stage is not None and not isinstance(stage, str)):
+        return None
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        return None
+    loss, lr, tps = (float(v) for v in values)  # type: ignore[arg-type]
+    return stage, it, loss, lr, tps
+
+
+def _from_metrics(curve: StageCurve, path: Path, run_dir: Path, problems: list[str]) -> bool:
     foreign = 0
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        try:
-            rec = json.loads(line)
-            it = int(rec["iteration"])
-            if rec.get("stage", curve.stage) != curve.stage or it > curve.target_iterations:
-                foreign += 1
-                continue
-            x = curve.tokens_at(it)
-            curve.loss.append([it, x, float(rec["loss"])])
-            curve.lr.append([it, x, float(rec["lr"])])
-            curve.tokens_per_s.append([it, x, float(rec["tokens_per_s"])])
-        except (ValueError, KeyError, TypeError):
-            problems.append(f"{path}:{n}: not a metrics record; skipped")
+    bad: list[int] = []
+    for n, line in run_file_lines(path, run_dir, "metrics file", max_bytes=METRICS_BYTES):
+        rec = _metrics_record(line) if line is not None else None
+        if rec is None:
+            bad.append(n)
+            continue
+        stage, it, loss, lr, tps = rec
+        if (stage or curve.stage) != curve.stage or not 0 <= it <= curve.target_iterations:
+            foreign += 1
+            continue
+        if not curve.add(curve.loss, it, loss):
+            bad.append(n)
+            continue
+        curve.add(curve.lr, it, lr)
+        curve.add(curve.tokens_per_s, it, tps)
+    for n in bad[:5]:
+        problems.append(f"{path}:{n}: not a metrics record; skipped")
+    if len(bad) > 5:
+        problems.append(f"{path}: {len(bad) - 5} more lines that are not metrics records; skipped")
     if foreign:
         problems.append(f"{path}: {foreign} records of another stage or run; skipped")
     return bool(curve.loss)
 
 
-def _from_logs(curve: StageCurve, logs: list[Path], problems: list[str]) -> bool:
-    for log in logs:
-        if not log.is_file():
-            problems.append(f"{log}: the ledger names this log but it is missing")
+_LOG_NAME = re.compile(r"[\w.+-]{1,200}\.log")
+
+
+def stage_log(root: Path, recorded: object) -> Path | None:
+    """Where the launch log the ledger records lives in this run: its name in the stage's `logs/` (a run
+    that moved keeps its logs there). None when the name is no launch log's (the ledger names a file
+    elsewhere: nothing outside the run is read)."""
+    name = Path(str(recorded or "")).name
+    return root / "logs" / name if _LOG_NAME.fullmatch(name) else None
+
+
+def _from_logs(curve: StageCurve, logs: list[tuple[str, Path]], run_dir: Path, problems: list[str]) -> bool:
+    for recorded, log in logs:
+        if not os.path.lexists(log):
+            elsewhere = (
+                ""
+                if recorded == str(log)
+                else f" (the ledger names {recorded}; only the run's own logs are read)"
+            )
+            problems.append(f"{log}: the ledger names this log but it is missing{elsewhere}")
             continue
-        text = log.read_text(encoding="utf-8", errors="replace")
-        for m in _MEGATRON_LINE.finditer(text):
-            it, x = int(m["it"]), curve.tokens_at(int(m["it"]))
-            curve.loss.append([it, x, float(m["loss"])])
-            curve.lr.append([it, x, float(m["lr"])])
-            if float(m["ms"]) > 0:
-                curve.tokens_per_s.append([it, x, curve.tokens_per_iteration / (float(m["ms"]) / 1000)])
-        for m in _LOCAL_LINE.finditer(text):
-            it, x = int(m["it"]), curve.tokens_at(int(m["it"]))
-            curve.loss.append([it, x, float(m["loss"])])
-            curve.lr.append([it, x, float(m["lr"])])
-            curve.tokens_per_s.append([it, x, float(m["tps"].replace(",", ""))])
+        skipped = 0
+        for _, line in run_file_lines(log, run_dir, "launch log", max_bytes=LOG_BYTES):
+            if line is None:
+                continue
+            for m in _MEGATRON_LINE.finditer(line):
+                it = int(m["it"])
+                try:
+                    loss, lr, ms = float(m["loss"]), float(m["lr"]), float(m["ms"])
+                except ValueError:
+                    skipped += 1
+                    continue
+                if not curve.add(curve.loss, it, loss):
+                    skipped += 1
+                    continue
+                curve.add(curve.lr, it, lr)
+                if ms > 0:
+                    curve.add(curve.tokens_per_s, it, curve.tokens_per_iteration / (ms / 1000))
+            for m in _LOCAL_LINE.finditer(line):
+                it = int(m["it"])
+                try:
+                    loss, lr, tps = float(m["loss"]), float(m["lr"]), float(m["tps"].replace(",", ""))
+                except ValueError:
+                    skipped += 1
+                    continue
+                if not curve.add(curve.loss, it, loss):
+                    skipped += 1
+                    continue
+                curve.add(curve.lr, it, lr)
+                curve.add(curve.tokens_per_s, it, tps)
+        if skipped:
+            problems.append(f"{log}: {skipped} iteration lines with a loss that is not a finite number or an "
+                            "iteration outside the stage; skipped")  # fmt: skip
     return bool(curve.loss)
 
 
@@ -220,7 +324,7 @@ def _stage_curves(rp: ResolvedPlan) -> list[StageCurve]:
 
 
 def _launch_marks(
-    rp: ResolvedPlan, records: list[dict[str, Any]], curves: dict[str, StageCurve]
+    rp: ResolvedPlan, records: list[dict[str, Any]], curves: dict[str, StageCurve], problems: list[str]
 ) -> list[LaunchMark]:
     marks: list[LaunchMark] = []
     open_launch: dict[str, tuple[LaunchMark, dict[str, Any]]] = {}
@@ -230,36 +334,44 @@ def _launch_marks(
             continue
         c = curves[stage]
         if rec.get("event") == "launch":
-            start = int(rec.get("start_iteration") or 0)
+            start = min(max(int(rec.get("start_iteration") or 0), 0), c.target_iterations)
             mark = LaunchMark(stage, str(rec.get("action")), start, None, c.tokens_at(start), None, "running",
                               str(rec.get("time", "")))  # fmt: skip
             marks.append(mark)
             open_launch[stage] = (mark, rec)
         elif rec.get("event") == "end" and stage in open_launch:
             mark, launch = open_launch.pop(stage)
-            end = int(rec.get("end_iteration") or mark.start_iteration)
+            end = min(max(int(rec.get("end_iteration") or mark.start_iteration), 0), c.target_iterations)
             mark.end_iteration, mark.end_tokens = end, c.tokens_at(end)
-            mark.ended = _ended(rec, launch, end >= c.target_iterations)
+            log = stage_log(paths.stage_dir(rp.plan, stage), launch.get("log"))
+            mark.ended = _ended(rec, log, paths.run_dir(rp.plan), end >= c.target_iterations, problems)
     return marks
 
 
-def _ended(end: dict[str, Any], launch: dict[str, Any], finished: bool) -> str:
+def _ended(end: dict[str, Any], log: Path | None, run_dir: Path, finished: bool, problems: list[str]) -> str:
     if end.get("exit_code") not in (0, None) or end.get("outcome") == "failed":
         return "failed"
     if finished:
         return "done"
-    log = Path(str(launch.get("log") or ""))
+    if end.get("outcome") == "interrupted":
+        return "signal"
     try:
-        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
-    except OSError:
-        text = ""
-    return "signal" if _SIGNAL_IN_LOG.search(text) or end.get("outcome") == "interrupted" else "stopped"
+        lines = (
+            run_file_lines(log, run_dir, "launch log", max_bytes=LOG_BYTES) if log is not None else iter(())
+        )
+        signalled = any(line is not None and _SIGNAL_IN_LOG.search(line) for _, line in lines)
+    except StageError as err:
+        problems.append(f"{log}: {err.what}")
+        signalled = False
+    return "signal" if signalled else "stopped"
 
 
 def read_plan_curves(rp: ResolvedPlan) -> PlanCurves:
     """Every stage's curves and every launch of the run directory; problems are collected, not raised."""
     run_dir = paths.run_dir(rp.plan)
     problems: list[str] = []
+    # a ledger that is no file of the run stops the command; a damaged one is named and skipped
+    check_run_input(ledger.ledger_path(run_dir), run_dir, "ledger", max_bytes=LEDGER_BYTES)
     try:
         records = ledger.read(run_dir)
     except StageError as err:
@@ -271,22 +383,27 @@ def read_plan_curves(rp: ResolvedPlan) -> PlanCurves:
     for c in curves:
         _read_stage(rp, rp.stage(c.stage), c, records, problems)
     by_name = {c.stage: c for c in curves}
-    return PlanCurves(rp.plan.name, str(run_dir), curves, _launch_marks(rp, records, by_name), problems)
+    marks = _launch_marks(rp, records, by_name, problems)
+    return PlanCurves(rp.plan.name, str(run_dir), curves, marks, problems)
 
 
 def _read_stage(
     rp: ResolvedPlan, st: ResolvedStage, c: StageCurve, records: list[dict[str, Any]], problems: list[str]
 ) -> None:
-    root = paths.stage_dir(rp.plan, st.name)
-    logs = [
-        Path(r["log"])
-        for r in records
-        if r.get("event") == "launch" and r.get("stage") == st.name and r.get("log")
-    ]
+    root, run_dir = paths.stage_dir(rp.plan, st.name), paths.run_dir(rp.plan)
+    launched = [r.get("log") for r in records if r.get("event") == "launch" and r.get("stage") == st.name]
+    logs: list[tuple[str, Path]] = []
+    for recorded in filter(None, launched):
+        log = stage_log(root, recorded)
+        if log is None:
+            problems.append(f"{recorded}: the ledger names this as stage {st.name}'s log, but it is no launch log "
+                            f"of the run (they are {root / 'logs'}/*.log); not read")  # fmt: skip
+        elif log not in [p for _, p in logs]:
+            logs.append((str(recorded), log))
     for source, read in (
-        ("tensorboard", lambda: _from_events(c, root / "tensorboard", problems)),
-        ("metrics.jsonl", lambda: _from_metrics(c, root / "metrics.jsonl", problems)),
-        ("logs", lambda: _from_logs(c, logs, problems)),
+        ("tensorboard", lambda: _from_events(c, root / "tensorboard", run_dir, problems)),
+        ("metrics.jsonl", lambda: _from_metrics(c, root / "metrics.jsonl", run_dir, problems)),
+        ("logs", lambda: _from_logs(c, logs, run_dir, problems)),
     ):
         c.loss, c.lr, c.tokens_per_s, c.validation = [], [], [], []
         if read():
@@ -295,6 +412,6 @@ def _read_stage(
                 series.sort(key=lambda p: (p[0],))
             return
     c.loss, c.lr, c.tokens_per_s, c.validation = [], [], [], []
-    if logs:  # launched, yet no curve: say where it looked
+    if launched:  # launched, yet no curve: say where it looked
         problems.append(f"{root}: stage {st.name} was launched but neither tensorboard/, metrics.jsonl nor its "
                         "logs hold a readable loss")  # fmt: skip

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import StageError
-from longctx.stage.run_files import check_run_file
+from longctx.stage.run_files import LEDGER_BYTES, check_run_file, read_run_text
+from longctx.util import bounded_json
 from longctx.util.fs import append_line_durably
 
 LEDGER_NAME = "ledger.jsonl"
@@ -87,38 +88,72 @@ def append(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
-    """All records; a torn last line (a crash mid-write) is skipped, any other bad line is an error."""
+    """All records; a torn last line (a crash mid-write) is skipped, any other bad line is an error, as is
+    a record whose known fields have the wrong type or an unbounded number."""
     path = ledger_path(run_dir)
-    check_run_file(path, Path(run_dir), "ledger")
-    if not path.exists():
-        return []
     fix = "inspect the file; the ledger is append-only and must not be edited"
-    try:
-        lines = path.read_bytes().decode("utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise StageError(
-            f"the ledger is not UTF-8 text (byte {err.start})", where=str(path), fix=fix
-        ) from None
-    except OSError as err:
-        raise StageError(f"cannot read the ledger: {err.strerror}", where=str(path), fix=fix) from None
+    text = read_run_text(path, Path(run_dir), "ledger", max_bytes=LEDGER_BYTES)
+    if text is None:
+        return []
+    lines = text.splitlines()
     out: list[dict[str, Any]] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            if i == len(lines) - 1:
+            rec = bounded_json.loads(line)
+        except bounded_json.BadJSON as err:
+            if i == len(lines) - 1 and not text.endswith("\n"):
                 continue
-            raise StageError(f"ledger line {i + 1} is not JSON", where=str(path), fix=fix) from None
+            raise StageError(f"ledger line {i + 1} is not JSON ({err})", where=str(path), fix=fix) from None
         if not isinstance(rec, dict):
             raise StageError(
                 f"ledger line {i + 1} is a JSON {type(rec).__name__}, not a record (an object)",
                 where=str(path),
                 fix=fix,
             )
+        bad = _mistyped(rec)
+        if bad:
+            raise StageError(f"ledger line {i + 1}: {bad}", where=str(path), fix=fix)
         out.append(rec)
     return out
+
+
+# the type of each field longctx reads back from a record (absent or null is always allowed)
+_INT_FIELDS = ("pid", "start_iteration", "end_iteration", "target_iterations", "exit_code", "progress",
+               "position", "chain_length")  # fmt: skip
+_STR_FIELDS = ("event", "stage", "action", "backend", "time", "host", "log", "status", "outcome", "kind",
+               "reason", "chain_id", "script", "profile")  # fmt: skip
+_ID_FIELDS = ("job_id", "slurm_job_id")  # a Slurm id: text or a number
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    **{k: (int,) for k in _INT_FIELDS},
+    **{k: (str,) for k in _STR_FIELDS},
+    **{k: (str, int) for k in _ID_FIELDS},
+    "seconds": (int, float),
+    "binding": (dict,),
+    "new_saves": (list,),
+    "slurm_job_ids": (list,),
+}
+
+
+def _mistyped(rec: dict[str, Any]) -> str | None:
+    """What is wrong with the record's known fields (None: nothing)."""
+    for key, types in _FIELD_TYPES.items():
+        v = rec.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, types):
+            want = " or ".join({int: "an integer", float: "a number", str: "text", dict: "an object",
+                                list: "a list"}[t] for t in types)  # fmt: skip
+            return f"{key} is {json.dumps(v)[:60]}, not {want}"
+    schedule = rec.get("binding", {}).get("schedule") if isinstance(rec.get("binding"), dict) else None
+    if schedule is not None and not isinstance(schedule, dict):
+        return "binding.schedule is not an object"
+    for key in ("new_saves", "slurm_job_ids"):
+        items = rec.get(key) or []
+        if any(isinstance(x, bool) or not isinstance(x, int | str) for x in items):
+            return f"{key} holds something other than iterations or job ids"
+    return None
 
 
 def launches(run_dir: Path, stage: str | None = None) -> Iterator[dict[str, Any]]:
@@ -195,7 +230,9 @@ def recorded_schedule(run_dir: Path, stage: str) -> dict[str, Any] | None:
 
 
 def _progressed(end: dict[str, Any]) -> bool:
-    return int(end.get("end_iteration", 0)) > int(end.get("start_iteration", 0)) or bool(end.get("new_saves"))
+    return int(end.get("end_iteration") or 0) > int(end.get("start_iteration") or 0) or bool(
+        end.get("new_saves")
+    )
 
 
 def schedule_conflicts(

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import StageError
-from longctx.stage.run_files import check_run_file
+from longctx.stage.run_files import LOCK_BYTES, check_run_file, read_run_text
+from longctx.util import bounded_json
+from longctx.util.printable import one_line
 
 LOCK_NAME = "longctx.lock"
-_MAX_LOCK_BYTES = 64 * 1024  # a holder record is ~200 bytes; anything larger is not ours
+_MAX_PID = 2**31 - 1  # a pid beyond it is no process (os.kill would overflow)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +39,9 @@ class Holder:
     stage: str
 
     def describe(self) -> str:
-        job = f", Slurm job {self.job_id}" if self.job_id else ""
-        return f"pid {self.pid} on {self.host}{job}, since {self.since}, stage {self.stage}"
+        """One line for people; the fields come from a file, so their control characters are escaped."""
+        job = f", Slurm job {one_line(self.job_id)}" if self.job_id else ""
+        return f"pid {self.pid} on {one_line(self.host)}{job}, since {one_line(self.since)}, stage {one_line(self.stage)}"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -56,25 +59,39 @@ def _me(stage: str) -> Holder:
 def read_holder(run_dir: Path) -> Holder | None:
     """The lock's holder; None when unlocked. StageError when the lock is not a regular file or not ours."""
     path = lock_path(run_dir)
-    check_run_file(path, Path(run_dir), "run lock")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_LOCK_BYTES + 1)
-    except FileNotFoundError:
+        text = read_run_text(path, Path(run_dir), "run lock", max_bytes=LOCK_BYTES, appended=False)
+    except StageError as err:
+        if "UTF-8" not in err.what:
+            raise
+        text = ""
+    if text is None:
         return None
-    except OSError as err:
-        raise StageError(f"cannot read the run lock: {err.strerror}", where=str(path),
-                         fix="check the run directory's permissions") from None  # fmt: skip
     try:
-        rec = json.loads(raw.decode("utf-8")) if len(raw) <= _MAX_LOCK_BYTES else None
-        return Holder(str(rec["host"]), int(rec["pid"]), rec.get("job_id") and str(rec["job_id"]),
-                      str(rec["since"]), str(rec["stage"]))  # fmt: skip
-    except (ValueError, TypeError, KeyError, RecursionError):
+        holder = _holder(bounded_json.loads(text))
+    except bounded_json.BadJSON:
+        holder = None
+    if holder is None:
         raise StageError(
             "the run lock is not a holder record (host, pid, job id) written by longctx",
             where=str(path),
             fix=f"make sure no `longctx stage run` works on this run directory, then remove {path}",
-        ) from None
+        )
+    return holder
+
+
+def _holder(rec: object) -> Holder | None:
+    """The holder of a lock record; None unless every field has the type and range longctx writes."""
+    if not isinstance(rec, dict):
+        return None
+    host, pid, job, since, stage = (rec.get(k) for k in ("host", "pid", "job_id", "since", "stage"))
+    if not all(isinstance(v, str) and v for v in (host, since, stage)):
+        return None
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _MAX_PID:
+        return None
+    if job is not None and (isinstance(job, bool) or not isinstance(job, str | int)):
+        return None
+    return Holder(host, pid, None if job is None else str(job), since, stage)  # type: ignore[arg-type]
 
 
 def stale_reason(h: Holder) -> str | None:
@@ -126,7 +143,7 @@ def run_lock(run_dir: Path, stage: str) -> Iterator[dict[str, Any] | None]:
     me = _me(stage)
     replaced: dict[str, Any] | None = None
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    check_run_file(path, Path(run_dir), "run lock")
+    check_run_file(path, Path(run_dir), "run lock", appended=False)
     if not _create(path, me):
         holder = read_holder(run_dir)
         reason = stale_reason(holder) if holder is not None else "it vanished"

@@ -11,6 +11,7 @@ base checkpoint) starts far above it, which is what `resume_jumps` flags.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from longctx.stage.state import StageState
 
 JUMP_WINDOW = 3  # iterations compared on each side of a resume
 JUMP_MIN_NATS = 0.3  # a jump smaller than this is noise at any loss level
+# an ETA beyond this is no estimate (a rate of 5e-324 tokens/s logged by a broken trainer): shown as unknown
+MAX_ETA_SECONDS = 100 * 365 * 24 * 3600.0
 
 
 @dataclass
@@ -57,11 +60,13 @@ def _last_launch_rate(curve: StageCurve, curves: PlanCurves, records: list[dict[
     end = last.end_iteration if last.end_iteration is not None else curve.target_iterations
     logged = [p[2] for p in curve.tokens_per_s if last.start_iteration < p[0] <= end and p[2] > 0]
     if logged:
-        return statistics.median(logged)
+        rate = statistics.median(logged)
+        return rate if math.isfinite(rate) and rate > 0 else None
     ends = [r for r in records if r.get("event") == "end" and r.get("stage") == curve.stage]
     if ends and float(ends[-1].get("seconds") or 0) > 0:
         gained = int(ends[-1].get("end_iteration") or 0) - int(ends[-1].get("start_iteration") or 0)
-        return gained * curve.tokens_per_iteration / float(ends[-1]["seconds"]) if gained > 0 else None
+        rate = gained * curve.tokens_per_iteration / float(ends[-1]["seconds"]) if gained > 0 else None
+        return rate if rate is not None and math.isfinite(rate) else None
     return None
 
 
@@ -95,10 +100,19 @@ def plan_pace(
         latest = rate if measured else latest
         rate = rate if measured else latest
         remaining = 0 if s.status == "done" else max(0, st.train_iters - s.iteration) * c.tokens_per_iteration
-        stage_eta = 0.0 if remaining == 0 else (remaining / rate if rate else None)
+        stage_eta = 0.0 if remaining == 0 else _eta(remaining, rate)
         plan_eta = None if plan_eta is None or stage_eta is None else plan_eta + stage_eta
+        plan_eta = plan_eta if plan_eta is None or plan_eta <= MAX_ETA_SECONDS else None
         out.append(StagePace(st.name, rate, measured, stage_eta, plan_eta, resume_jumps(c, curves)))
     return out
+
+
+def _eta(tokens: int, rate: float | None) -> float | None:
+    """Seconds for `tokens` at `rate` tokens/s; None when unknown or beyond any useful horizon."""
+    if rate is None or not math.isfinite(rate) or rate <= 0:
+        return None
+    eta = tokens / rate
+    return eta if math.isfinite(eta) and eta <= MAX_ETA_SECONDS else None
 
 
 def stage_pace(rp: ResolvedPlan, states: list[StageState]) -> list[StagePace]:

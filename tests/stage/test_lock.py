@@ -146,6 +146,10 @@ def test_a_requeued_job_replaces_its_own_earlier_lock(
 @pytest.mark.parametrize("content", [b"", b"garbage", b'{"pid": "x"}', b"[" * 100_000])
 def test_a_lock_that_is_not_a_holder_record_is_refused(tmp_path: Path, content: bytes) -> None:
     lock_path(tmp_path).write_bytes(content)
-    with pytest.raises(StageError, match="not a holder record"), run_lock(tmp_path, "s1"):
+    # 100 000 bytes is refused by its size before it is parsed
+    with (
+        pytest.raises(StageError, match=r"not a holder record|more than the 64\.0 KiB"),
+        run_lock(tmp_path, "s1"),
+    ):
         pass
     assert lock_path(tmp_path).read_bytes() == content
