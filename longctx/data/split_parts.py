@@ -45,7 +45,7 @@ class SplitPart:
 
 
 def split_shares(split: str) -> list[float]:
-    """"98,2,0" → [0.98, 0.02, 0.0], as megatron-core parses it (missing parts are 0)."""
+    """ "98,2,0" → [0.98, 0.02, 0.0], as megatron-core parses it (missing parts are 0)."""
     values = [float(x) for x in re.findall(r"[.0-9]+", split)]
     values += [0.0] * (len(PART_NAMES) - len(values))
     total = sum(values)

@@ -90,4 +90,3 @@ def require_startable(rp: ResolvedPlan, st: ResolvedStage, backend: Backend) -> 
     if errors:
         first = errors[0]
         raise StageError(first.message, where=first.where, fix=first.fix)
-
