@@ -177,11 +177,41 @@ def verify_published(directory: Path) -> Card:
     return card
 
 
+def _refuse_other_targets(directory: Path, card: Card, tokenizer_dir: Path, save_dir: Path) -> None:
+    """A rerun keeps what an earlier run installed; what is there must then be this base's, or the run
+    directory belongs to another run (another tokenizer, another base) and nothing is written into it."""
+    fix = "give the demo a new --dir (this one holds another run), or remove it"
+    manifest = tokenizer_dir / "manifest.toml"
+    if manifest.is_file():
+        model = tokenizer_dir / "tokenizer.model"
+        same = manifest.read_bytes() == (directory / TOKENIZER_MANIFEST).read_bytes() and (
+            model.is_file() and md5_file(model) == card.tokenizer_md5
+        )
+        if not same:
+            raise TokenizerError(
+                f"the run directory's tokenizer is not {card.name}'s (its manifest or tokenizer.model differ)",
+                where=str(tokenizer_dir),
+                fix=fix,
+            )
+    if (save_dir / TRACKER).is_file():
+        try:
+            differences = card_differences(card, save_dir)
+        except CheckpointError as err:
+            differences = [err.what]
+        if differences:
+            raise CheckpointError(
+                f"the run directory's base is not {card.name}: {'; '.join(differences[:3])}",
+                where=str(save_dir),
+                fix=fix,
+            )
+
+
 def install_published(directory: Path, tokenizer_dir: Path, save_dir: Path) -> tuple[Card, bool]:
     """Verify the published base, copy its tokenizer to `tokenizer_dir` (with the manifest as
     manifest.toml) and adopt its archive into `save_dir`; (card, whether anything was written). A
     target that exists is kept (a rerun resumes), so the verification is what protects it."""
     card = verify_published(directory)
+    _refuse_other_targets(directory, card, tokenizer_dir, save_dir)
     wrote = False
     if not (tokenizer_dir / "manifest.toml").is_file():
         staging = tokenizer_dir.with_name(tokenizer_dir.name + ".tmp")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import shutil
@@ -48,7 +49,7 @@ from longctx.demo.published import (
     install_published,
     read_card,
 )
-from longctx.errors import StageError
+from longctx.errors import LongctxError, StageError
 from longctx.eval.data import HeldOut
 from longctx.eval.engine import CheckpointRef, evaluate_checkpoints
 from longctx.eval.load import checkpoint_info, load_model
@@ -58,11 +59,14 @@ from longctx.mcore.checkpoint import save_checkpoint
 from longctx.mcore.parallel import eval_parallel
 from longctx.mcore.stored_layout import BUFFER_PREFIX, StoredLayout
 from longctx.objective import Objective
+from longctx.stage.lock import run_lock
 from longctx.tokenizer import fingerprint, load_manifest, load_tokenizer, train_sentencepiece, write_manifest
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
+from longctx.util.confined_read import read_text
 from longctx.util.fs import atomic_write_text
 from longctx.util.hashing import md5_file
 from longctx.util.machine import cpu_model
+from longctx.util.shipped import resource_dir
 
 Echo = Callable[[str], None]
 # tokenizer.json and the HF side files; the manifest travels beside the directory
@@ -105,6 +109,7 @@ class BaseRecipe:
     save_interval: int = 500
     processes: int = 2
     eval_keys: int = 20  # per length and depth
+    publish_bar: float = 0.9  # greedy exact match at its own window a published base must reach
 
 
 # The masked-diffusion base: the autoregressive base adapted to the MDM objective (its weights, its
@@ -405,11 +410,79 @@ def _step(echo: Echo, name: str) -> Iterator[list[str]]:
     echo(f"    {'; '.join(said)} [{time.monotonic() - t0:.1f} s]")
 
 
+RECIPE_FILE = "recipe.json"
+# what a rerun may change and still resume the same base: how far it trains and how it runs
+RESUMABLE = frozenset({"iterations", "save_interval", "processes", "eval_keys"})
+
+
+def _recipe_record(r: BaseRecipe) -> dict[str, object]:
+    """The recipe's identity: every field but those a rerun may change (RESUMABLE)."""
+    return {
+        f.name: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v)
+        for f in dataclasses.fields(r)
+        if f.name not in RESUMABLE
+        for v in [getattr(r, f.name)]
+    }
+
+
+def claim_work_dir(work: Path, r: BaseRecipe) -> None:
+    """The work directory is this recipe's: new or empty (then its recipe is recorded), or holding the
+    record of the same recipe (a rerun resumes). Anything else is refused before anything is written:
+    another run's checkpoint would be kept, measured and published as this base."""
+    if work.resolve().is_relative_to(resource_dir().resolve()):
+        raise StageError("the work directory is inside the installed package", where=str(work),
+                         fix="give --dir a directory of your own (the base is published into the package)")  # fmt: skip
+    record = work / RECIPE_FILE
+    want = _recipe_record(r)
+    if record.is_file():
+        try:
+            text = read_text(record, work, "the recipe record", error=StageError, max_bytes=1 << 16)
+            have = json.loads(text or "null")
+        except (LongctxError, ValueError):
+            have = None
+        if have != want:
+            diff = sorted(k for k in want if not isinstance(have, dict) or have.get(k) != want[k])
+            raise StageError(
+                f"the work directory was made for another recipe (differs in: {', '.join(diff) or 'its record'})",
+                where=str(record),
+                fix="give --dir a new directory, or remove this one",
+            )
+        return
+    if work.exists() and any(work.iterdir()):
+        raise StageError(
+            "the work directory holds something else (no record of a --train-base recipe in it): its "
+            "checkpoint or data would be taken as this base's",
+            where=str(work),
+            fix="give --dir a new or empty directory",
+        )
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(record, json.dumps(want, indent=1, sort_keys=True) + "\n")
+
+
+def require_publishable(r: BaseRecipe, retrieval: list[Retrieval]) -> None:
+    """A base is published only when it retrieves at its own window (the recipe's publish_bar)."""
+    own = next((x for x in retrieval if x.length == r.seq_length), None)
+    if own is None or own.exact < r.publish_bar:
+        got = "not measured" if own is None else f"{100 * own.exact:.0f} % of {own.keys} keys"
+        raise StageError(
+            f"the base retrieves {got} at its window of {r.seq_length} tokens, below the "
+            f"{100 * r.publish_bar:.0f} % a published base must reach: nothing was published",
+            where="longctx demo --train-base",
+            fix="the work directory keeps the checkpoint; train longer (the recipe's iterations) or fix the recipe",
+        )
+
+
 def train_base(work: Path, out_dir: Path, *, recipe: BaseRecipe | None = None, echo: Echo = print) -> Card:
-    """Every step of the module docstring; a rerun keeps what exists and resumes the training."""
+    """Every step of the module docstring; a rerun keeps what exists and resumes the training. The work
+    directory is claimed for the recipe and locked for the whole run."""
     r = recipe or BaseRecipe()
     work = work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    claim_work_dir(work, r)
+    with run_lock(work, "train-base"):
+        return _train_base_locked(work, out_dir, r, echo)
+
+
+def _train_base_locked(work: Path, out_dir: Path, r: BaseRecipe, echo: Echo) -> Card:
     with _step(echo, "tokenizer") as say:
         say.append(_tokenizer(work, r))
     with _step(echo, "corpus and data") as say:
@@ -421,6 +494,7 @@ def train_base(work: Path, out_dir: Path, *, recipe: BaseRecipe | None = None, e
     with _step(echo, "retrieval (greedy exact match)") as say:
         retrieval = measure(work, r)
         say.append(", ".join(f"{x.length}: {100 * x.exact:.0f} % of {x.keys}" for x in retrieval))
+    require_publishable(r, retrieval)
     with _step(echo, "publish") as say:
         card = publish(work, out_dir, r, wall, retrieval)
         say.append(f"→ {out_dir}")

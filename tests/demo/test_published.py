@@ -200,3 +200,20 @@ def test_a_swapped_tokenizer_model_with_repinned_md5s_is_refused(copy: Path, tmp
     ):
         install_published(copy, tok, save)
     assert not tok.exists() and not save.exists()
+
+
+def test_a_run_directory_of_another_base_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A rerun keeps what is installed; another base's or tokenizer's files there are not "already done"."""
+    tok, save = _targets(tmp_path)
+    install_published(AR, tok, save)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+    with pytest.raises(CheckpointError, match="the run directory's base is not longctx-demo-mdm-base") as err:
+        install_published(family_dir("mdm"), tok, save)
+    assert "family: the card says 'mdm', the archive 'ar'" in err.value.what and "new --dir" in (
+        err.value.fix or ""
+    )
+    (tok / "tokenizer.model").write_bytes((tok / "tokenizer.model").read_bytes() + b"\n")
+    with pytest.raises(TokenizerError, match="the run directory's tokenizer is not longctx-demo-ar-base's"):
+        install_published(AR, tok, save)
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+    assert set(after) == set(before)

@@ -20,8 +20,9 @@ from tests.train.helpers import saved_tensors
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
+    # four iterations retrieve nothing: the bar is off for this test of the layout (PUBLISHED bases keep 0.9)
     recipe = BaseRecipe(train_docs=60, heldout_docs=40, iterations=4, save_interval=2, global_batch=4,
-                        warmup=1, eval_keys=1)  # fmt: skip
+                        warmup=1, eval_keys=1, publish_bar=0.0)  # fmt: skip
     work, out = tmp_path / "work", tmp_path / "published"
     lines: list[str] = []
     card = train_base(work, out, recipe=recipe, echo=lines.append)
@@ -47,7 +48,7 @@ def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) 
     """The masked-diffusion recipe trains under the MDM objective and publishes the model as Ermine's
     predecessor stores its MDMs; the archive reads back as an MDM and adopts as any user's would."""
     recipe = dataclasses.replace(RECIPES["mdm"], train_docs=60, heldout_docs=40, iterations=2,
-                                 save_interval=2, global_batch=4, warmup=1, eval_keys=1)  # fmt: skip
+                                 save_interval=2, global_batch=4, warmup=1, eval_keys=1, publish_bar=0.0)  # fmt: skip
     out = tmp_path / "published"
     card = train_base(tmp_path / "work", out, recipe=recipe, echo=[].append)
     assert card.family == "mdm" and card.mask_id == 513 and card.output_vocab_size == 513
@@ -77,3 +78,63 @@ def test_only_published_families_have_a_recipe() -> None:
     assert recipe_for("mdm").objective.kind == "mdm" and recipe_for("ar").objective.kind == "ar"
     with pytest.raises(StageError, match="no published demo base for the 'udm' family"):
         recipe_for("udm")
+
+
+def test_the_published_recipes_keep_the_bar() -> None:
+    assert all(r.publish_bar == 0.9 for r in RECIPES.values())
+
+
+def test_a_base_below_its_bar_is_not_published() -> None:
+    from longctx.demo.published import Retrieval
+    from longctx.demo.train_base import require_publishable
+
+    r = RECIPES["ar"]
+    require_publishable(r, [Retrieval(length=256, keys=100, exact=0.95)])
+    with pytest.raises(
+        StageError, match=r"retrieves 0 % of 100 keys at its window of 256 tokens, below the 90 %"
+    ):
+        require_publishable(
+            r, [Retrieval(length=256, keys=100, exact=0.0), Retrieval(length=1024, keys=100, exact=1.0)]
+        )
+    with pytest.raises(StageError, match="not measured"):
+        require_publishable(r, [Retrieval(length=1024, keys=100, exact=1.0)])
+
+
+def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:
+    from longctx.demo.train_base import RECIPE_FILE, claim_work_dir
+
+    other = tmp_path / "other-run"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("5000\n")
+    with pytest.raises(StageError, match="holds something else"):
+        claim_work_dir(other, RECIPES["ar"])
+    assert not (other / RECIPE_FILE).exists()
+    work = tmp_path / "work"
+    claim_work_dir(work, RECIPES["ar"])
+    claim_work_dir(work, dataclasses.replace(RECIPES["ar"], iterations=9000))  # trains further: the same base
+    with pytest.raises(StageError, match="another recipe \\(differs in: adapt_from, family, name"):
+        claim_work_dir(work, RECIPES["mdm"])
+    from longctx.util.shipped import resource_dir
+
+    with pytest.raises(StageError, match="inside the installed package"):
+        claim_work_dir(resource_dir("demo", "ar"), RECIPES["ar"])
+
+
+def test_train_base_cli_refuses_a_directory_of_another_run(tmp_path: Path) -> None:
+    from tests.bad_input.harness import refused
+
+    other = tmp_path / "other-run"
+    (other / "data").mkdir(parents=True)
+    (other / "data" / "base_text_document.idx").write_bytes(b"MMIDIDX")
+    refused(["demo", "--train-base", "--dir", other], [tmp_path], needle="holds something else")
+
+
+def test_train_base_takes_the_run_lock(tmp_path: Path) -> None:
+    from longctx.demo.train_base import claim_work_dir
+    from longctx.stage.lock import run_lock
+
+    work = tmp_path / "work"
+    claim_work_dir(work, RECIPES["ar"])
+    with run_lock(work, "train-base"), pytest.raises(StageError, match="lock"):
+        train_base(work, tmp_path / "out", recipe=RECIPES["ar"], echo=[].append)
+    assert not (tmp_path / "out").exists()
