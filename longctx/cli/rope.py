@@ -337,6 +337,10 @@ def _print_check(result: RopeCheck) -> None:
     console.print(f"base {the_base:,} at {n:,}: [{style}]{result.verdict}[/]", highlight=False)
 
 
+# the first bytes of a figure matplotlib writes: an existing file that starts so is an earlier plot
+_FIGURE_MAGIC = {".png": b"\x89PNG", ".svg": b"<?xml", ".pdf": b"%PDF"}
+
+
 @app.command("plot")
 @cli_errors
 def plot_cmd(
@@ -349,6 +353,7 @@ def plot_cmd(
     max_position: str | None = typer.Option(
         None, "--max-position", help="Right end of the x axis (default 1.1 × longest length)."
     ),
+    force: bool = typer.Option(False, "--force", help="replace an existing file that is not a figure"),
     json_out: Json = False,
 ) -> None:
     """Draw the cos-sum Σcos(m·θ_i) for chosen bases, with the target lengths marked.
@@ -358,7 +363,12 @@ def plot_cmd(
     Example: longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png
     """
     from longctx.rope.plot import plot_cos_sum
+    from longctx.util.confine import check_output_file
 
+    magic = _FIGURE_MAGIC.get(out.suffix.lower())
+    if magic is not None:  # another suffix is refused by the plot itself
+        check_output_file(out, option="--out", kind=f"{out.suffix[1:].upper()} figure", suffix=out.suffix.lower(),
+                          magic=magic, force=force)  # fmt: skip
     base_list = [parse_base(t, option="--bases") for t in bases.split(",") if t.strip()]
     dim, hd, _, _ = _model_inputs(
         checkpoint, rotary_dim, head_dim, None, None,

@@ -433,3 +433,19 @@ def test_adopt_with_copy_onto_a_full_disk_says_so_and_leaves_no_directory(
     msg = refused(["ckpt", "adopt", src, "--into", into, "--allow-copy"], [small_tmpfs, fresh_run],
                   needle="no space left")  # fmt: skip
     assert "cannot hard-link" not in msg and not (small_tmpfs / "new").exists()
+
+
+def test_rope_plot_out_never_lands_on_a_file_it_must_not_write(tmp_path: Path, repo_root: Path) -> None:
+    """`rope plot --out` follows the same rule as `stage curves --out`: no tracked file, no package file,
+    no existing file that is not a figure (without --force)."""
+    from longctx.util.shipped import resource_dir
+
+    plan_like = tmp_path / "plan.png"
+    plan_like.write_text('name = "x"\n')
+    args = ["rope", "plot", "--bases", "10000", "--rotary-dim", "16", "--lengths", "256"]
+    for target, needle in [
+        (plan_like, "is not a PNG figure"),
+        (repo_root / "docs" / "niah-demo.png", "git tracks"),
+        (resource_dir("demo") / "x.pdf", "inside the installed longctx package"),
+    ]:
+        refused([*args, "--out", target], [tmp_path, target.parent], needle=needle)
