@@ -22,7 +22,7 @@ from longctx.errors import LongctxError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
-from longctx.slurm.chain import stage_tokens_per_second
+from longctx.slurm.chain import job_id_of, stage_tokens_per_second
 from longctx.slurm.render import log_dir
 from longctx.slurm.settings import job_settings
 from longctx.stage import ledger
@@ -195,13 +195,16 @@ def _jobs_from_ledger(records: list[dict[str, Any]]) -> tuple[list[JobRow], dict
     for r in records:
         ev = r.get("event")
         if ev == "submit":
-            jid = str(r["slurm_job_id"])
+            jid = job_id_of(r)
+            if jid is None:
+                continue
             rows[jid] = JobRow(jid, str(r.get("kind", "chain")), r.get("position"), "SUBMITTED", "ledger",
                                stage=r.get("stage"))  # fmt: skip
         elif ev in ("chain-cancel", "cancel"):
             why = (f"cancelled by job {r.get('job_id')}: {r.get('reason')}" if ev == "chain-cancel"
                    else "cancelled by `slurm cancel`")  # fmt: skip
-            cancelled_by_us.update((str(j), why) for j in r.get("slurm_job_ids", []))
+            ids = r.get("slurm_job_ids")
+            cancelled_by_us.update((str(j), why) for j in (ids if isinstance(ids, list) else []))
     launches: dict[str, dict[str, Any]] = {}
     for r in records:
         jid = str(r.get("job_id")) if r.get("job_id") is not None else None

@@ -449,3 +449,24 @@ def test_rope_plot_out_never_lands_on_a_file_it_must_not_write(tmp_path: Path, r
         (resource_dir("demo") / "x.pdf", "inside the installed longctx package"),
     ]:
         refused([*args, "--out", target], [tmp_path, target.parent], needle=needle)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"event": "submit", "kind": "chain"}', '{"event": "submit", "kind": "chain", "slurm_job_id": [1]}',
+     '{"event": "submit", "kind": "chain", "slurm_job_id": "$(rm -rf x)"}',
+     '{"event": "chain-cancel", "slurm_job_ids": "123"}'],
+)  # fmt: skip
+def test_slurm_status_reads_past_a_submit_record_without_a_job(
+    line: str, fresh_run: Path, plan: Path, tmp_path: Path
+) -> None:
+    """A submit record that names no Slurm job (damaged, or written by hand) is no job: no traceback."""
+    from longctx.slurm.chain import submitted
+
+    ledger_path(fresh_run).write_text(line + "\n")
+    if "[1]" not in line and '"123"' not in line:  # a mistyped field is the ledger reader's refusal
+        assert submitted(fresh_run) == []
+    r = runner.invoke(app, ["slurm", "status", str(plan), "--json"])
+    assert "Traceback" not in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.output
+    json.loads(r.stdout)  # one JSON document, whatever the exit
