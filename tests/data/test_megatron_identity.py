@@ -21,6 +21,7 @@ from longctx.data import read_index
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.demo.run import DemoConfig, _tokenizer
 from longctx.tokenizer import EncodingSpec, load_tokenizer
+from tests.fixtures.processes import starts_processes
 
 HF, SP, GPT2 = "HuggingFaceTokenizer", "GPTSentencePieceTokenizer", "GPT2BPETokenizer"
 
@@ -77,6 +78,7 @@ def demo_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+@starts_processes  # longctx's tokenizer workers and Megatron-LM's preprocess_data.py
 def identity_runs(
     megatron_lm: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[Path, Path, Path, Path]]:
