@@ -184,6 +184,9 @@ def test_data_tokenize_follows_the_megatron_version(
     ("options", "said", "where"),
     [
         (["--megatron-version", "latest"], "cannot read a Megatron-LM version from 'latest'", "--megatron-version"),
+        (["--megatron-version", "99.0.0"], "Megatron-LM 99.0.0 is newer than any release longctx knows",
+         "--megatron-version"),
+        (["--megatron-version", "9" * 5000], "cannot read a Megatron-LM version", "--megatron-version"),
         (["--megatron-version", "0.19", "--tokenizer-type", HF_TYPE, "--legacy-tokenizer"],
          "--legacy-tokenizer does not exist in Megatron-LM 0.19.0", "Megatron-LM 0.19.0"),
     ],
