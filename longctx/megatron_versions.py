@@ -242,7 +242,7 @@ def packed_documents(version: str | Version, cp: int, reset_position_ids: bool) 
             f"Megatron-LM {label} cannot mask attention between packed documents: its pretraining batches carry "
             "no document boundaries (only --sft datasets produce cu_seqlens) and --reset-attention-mask only "
             "edits a dense mask that TransformerEngine ignores for causal attention",
-            f"{local}, use Megatron-LM >= 0.19 ([megatron].version), or set packing = \"concat\"",
+            f'{local}, use Megatron-LM >= 0.19 ([megatron].version), or set packing = "concat"',
         )
     if cp > 1:
         return DocumentsVerdict(
@@ -251,7 +251,7 @@ def packed_documents(version: str | Version, cp: int, reset_position_ids: bool) 
             f"at CP {cp} it cuts each packed row as a whole into {2 * cp} chunks, while its THD attention under "
             "CP reads each rank's tokens as per-document chunks, so attention and RoPE would pair other "
             "tokens than the plan's documents (NVIDIA/Megatron-LM issue 6156, open)",
-            f"{local}, set cp = 1 for this stage on Megatron-LM, or set packing = \"concat\"",
+            f'{local}, set cp = 1 for this stage on Megatron-LM, or set packing = "concat"',
         )
     if not reset_position_ids:
         return DocumentsVerdict(
