@@ -1,18 +1,28 @@
 """Document boundaries inside packed sequences: attention stays within each document.
 
-`cu_seqlens` holds the boundaries of the documents in the *full* sequence (before zigzag sharding),
+`cu_seqlens` holds the boundaries of the documents in the *full* sequence (before any CP split),
 the same on every CP rank: `[0, e_1, …, S]`, or `[0, …, S, …, 2S, …, b·S]` for the samples of a
 batch concatenated (each sample its own documents, every multiple of S a boundary). A repeated
 boundary is an empty document and is dropped.
 
-How blocks are cut. A rank's shard is chunks r and 2·CP−1−r, concatenated in sequence order, so the
-map from local rows to global positions is increasing: the local rows of one document are one
-contiguous range, on the query side and on the key side alike. Every block of the ring and the
-all-gather plans is either diagonal (the same global positions for queries and keys, causal in local
-order) or fully visible (every key before every query, or no causal mask). Restricted to one
-document it stays what it was — a diagonal block over the document's rows, or a full rectangle — so
-each block becomes one kernel call per document it touches, and a block no document spans on both
-sides is skipped. No kernel needs a mask of its own.
+Which positions a rank holds. Each rank's rows are a `Layout`: increasing runs of global positions.
+Under the zigzag split (`split="zigzag"`, dense-balanced) they are chunks r and 2·CP−1−r of 2·CP;
+under the document-balanced split (`split="balanced"`, `split.balanced_runs`, per sample group) they
+are the pieces of documents that split gives the rank — long documents cut into 2·CP pieces (rank r
+taking pieces r and 2·CP−1−r) for causal attention or CP pieces bidirectionally, short ones whole —
+held in sequence order. Either way the map from local rows to global positions is increasing, so
+the local rows of one document are one contiguous range, on the query side and on the key side
+alike.
+
+How blocks are cut (`cut_block`). The ring and all-gather plans are blocks of local query rows
+against key rows of some rank's layout (or of the gathered sequence in order). Within one document
+a block's visible pairs — same document and, causally, key position ≤ query position — are a few
+diagonal sub-blocks (the same positions on both sides, causal in local order) and full rectangles
+(every key before every query, or no causal mask): keys are grouped by the first query that sees
+them, which for increasing layouts is one contiguous range of rows. So each block becomes kernel
+calls on plain diagonal or unmasked blocks, one or a few per document it touches; a block no
+document spans on both sides is skipped. No kernel needs a mask of its own, whichever split cut the
+shards.
 """
 
 from __future__ import annotations

@@ -24,6 +24,14 @@ machine ranks that wait for each other lose wall time to the scheduler); per-ran
 memory held from forward to backward, each against the full run; and the per-rank block-FLOP
 balance (max/min) of the zigzag split versus a contiguous split, counted from the blocks each rank
 actually computes. The ring's K/V piece size (keys per message, `ring_piece`) is reported per case.
+
+Packed documents (`run_document_bench`, `--documents`): windows stitched from documents of a mix —
+FRACTION<LENGTH, the long-tail tiers, or the document lengths of real indexed data sets read from
+their `.idx` (`read_data_mix`) — with causal attention within documents on the zigzag and the
+document-balanced split: FLOPs per rank from the blocks each rank executes, each split's slowest rank
+timed rank by rank in this process, and with `--processes` (`measure_document_processes`) ring
+attention fwd+bwd of both splits in CP real processes over gloo, the two alternating iteration by
+iteration in the same processes on the same tensors.
 """
 
 from __future__ import annotations
@@ -469,6 +477,53 @@ class SplitFigures:
 
 
 @dataclass(frozen=True)
+class ProcessSplitTimes:
+    """One split's fwd+bwd of ring attention within documents, timed in CP real processes (gloo)."""
+
+    split: str
+    rank_times_s: list[list[float]]  # per rank, the wall time of each timed iteration
+    rank_cpu_s: list[list[float]]  # the same iterations' process CPU time
+
+    @property
+    def rank_medians_s(self) -> list[float]:
+        return [statistics.median(t) for t in self.rank_times_s]
+
+    @property
+    def slowest_s(self) -> float:
+        """The slowest rank's median: what a training step waits for."""
+        return max(self.rank_medians_s)
+
+    @property
+    def slowest_cpu_s(self) -> float:
+        """The largest median CPU time of a rank: its compute alone, blind to waiting (for peers, or
+        for a core on a busy machine)."""
+        return max(statistics.median(t) for t in self.rank_cpu_s)
+
+
+@dataclass(frozen=True)
+class DocumentProcessCase:
+    """Both splits of the same window timed side by side in the same CP processes, alternating."""
+
+    cp: int
+    threads: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    zigzag: ProcessSplitTimes
+    balanced: ProcessSplitTimes
+
+    @property
+    def ratio(self) -> float:
+        """Balanced over zigzag, slowest-rank medians (< 1: the balanced split is faster)."""
+        return self.balanced.slowest_s / self.zigzag.slowest_s
+
+    @property
+    def cpu_ratio(self) -> float:
+        """The same ratio on the busiest rank's CPU time."""
+        return self.balanced.slowest_cpu_s / self.zigzag.slowest_cpu_s
+
+
+@dataclass(frozen=True)
 class DocumentBenchCase:
     """Attention within documents vs dense causal on one window, zigzag vs the balanced split."""
 
@@ -479,6 +534,7 @@ class DocumentBenchCase:
     t_dense_s: float | None  # its slowest rank, timed the same way
     zigzag: SplitFigures
     balanced: SplitFigures
+    processes: DocumentProcessCase | None = None  # timed in CP real processes (`--processes`)
 
     @property
     def speedup(self) -> float | None:
@@ -524,6 +580,76 @@ def long_tail_lengths(seq_len: int, seed: int = 0) -> list[int]:
             room -= n
     rng.shuffle(lengths)
     return lengths
+
+
+@dataclass(frozen=True)
+class DataMix:
+    """The document lengths of real data sets, read from their Megatron `.idx` files only."""
+
+    path: str
+    prefixes: tuple[str, ...]
+    lengths: Any  # numpy int64 array: every document's tokens, times `scale`
+    scale: int = 1
+
+    def window(self, seq_len: int, seed: int = 0) -> list[int]:
+        """A window of `seq_len` tokens as a packing dataset cuts one from a shuffled stream of these
+        documents: it starts at a uniformly random token of the stream, so in a document drawn with
+        probability proportional to its length, at a uniform offset in it; the documents after it
+        are drawn uniformly (with replacement), the last one cut by the window's end."""
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        lengths = self.lengths
+        first = int(rng.choice(lengths, p=lengths / lengths.sum()))
+        out = [min(first - int(rng.integers(first)), seq_len)]
+        while sum(out) < seq_len:
+            out.append(min(int(lengths[rng.integers(len(lengths))]), seq_len - sum(out)))
+        return out
+
+    def token_shares(self, edges: tuple[int, ...] = (4096, 16384)) -> list[float]:
+        """Share of all tokens in documents below each edge, between edges and above the last."""
+        import numpy as np
+
+        bins = np.searchsorted(np.asarray(edges), self.lengths, side="right")
+        tokens = np.bincount(bins, weights=self.lengths, minlength=len(edges) + 1)
+        return [float(t) for t in tokens / tokens.sum()]
+
+
+def read_data_mix(text: str) -> DataMix:
+    """`from:PATH` or `from:PATH*N`: PATH an indexed dataset's prefix (`PATH.idx`) or a directory,
+    every `.idx` under it; `*N` multiplies every length by N (for data whose lengths were scaled
+    down, as the test artifact's are 16 ×). The documents of all prefixes are pooled, as the data
+    check's histogram pools them (a Megatron blend packs each prefix's windows from its own documents:
+    give one prefix for one data set's windows)."""
+    import numpy as np
+
+    from longctx.data.index_scan import read_index_only
+
+    spec = text.strip().removeprefix("from:")
+    path, _, factor = spec.rpartition("*") if "*" in spec else (spec, "", "1")
+    fix = "give --documents from:PREFIX (PREFIX.idx exists) or from:DIRECTORY (holding .idx files), e.g. from:data/en*16"
+    if not factor.isdigit() or int(factor) < 1:
+        raise AttentionError(f"document mix {text!r}: the scale after * must be a positive integer", fix=fix)
+    if os.path.isdir(path):
+        found = sorted(
+            os.path.join(root, f)[: -len(".idx")]
+            for root, _, files in os.walk(path)
+            for f in files
+            if f.endswith(".idx")
+        )
+    else:
+        found = [path] if os.path.exists(path + ".idx") else []
+    if not found:
+        raise AttentionError(f"document mix {text!r}: no indexed dataset at {path}", fix=fix)
+    parts = []
+    for prefix in found:
+        info, _ = read_index_only(prefix)
+        parts += list(info.iter_document_lengths())
+    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    lengths = lengths[lengths > 0].astype(np.int64) * int(factor)
+    if not len(lengths):
+        raise AttentionError(f"document mix {text!r}: the data sets under {path} hold no document", fix=fix)
+    return DataMix(path, tuple(found), lengths, int(factor))
 
 
 def parse_document_mix(text: str) -> tuple[float, int]:
@@ -602,6 +728,94 @@ def _split_figures(
     )
 
 
+# the order of the two splits in even and odd iterations of `measure_document_processes`
+SPLIT_ORDER = (("zigzag", "balanced"), ("balanced", "zigzag"))
+
+
+def _document_worker(
+    rank: int, world: int, init_file: str, seq_len: int, bounds: tuple[int, ...], heads: int, kv_heads: int,
+    head_dim: int, threads: int, warmup: int, repeats: int, out: Any,
+) -> None:  # fmt: skip
+    """One CP rank of `measure_document_processes` (spawned by `run_ranks`)."""
+    guarded(
+        rank,
+        out,
+        lambda: _time_document_splits(
+            rank, world, init_file, seq_len, bounds, heads, kv_heads, head_dim, threads, warmup, repeats
+        ),
+    )
+
+
+def _time_document_splits(
+    rank: int, world: int, init_file: str, seq_len: int, bounds: tuple[int, ...], heads: int, kv_heads: int,
+    head_dim: int, threads: int, warmup: int, repeats: int,
+) -> dict[str, tuple[list[float], list[float]]]:  # fmt: skip
+    import torch  # see _measure_rank
+    import torch.distributed as dist
+
+    from longctx.attention import ring_attention, zigzag_split
+    from longctx.attention.documents import balanced_split
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    gen = torch.Generator().manual_seed(0)  # the same full sequence on every rank, then cut
+    full = {
+        name: torch.randn(1, seq_len, h, head_dim, generator=gen)
+        for name, h in (("q", heads), ("k", kv_heads), ("v", kv_heads), ("dout", heads))
+    }
+    cu = torch.tensor(bounds)
+    shards = {
+        "zigzag": {n: zigzag_split(x, rank, world).contiguous() for n, x in full.items()},
+        "balanced": {n: balanced_split(x, cu, rank, world, causal=True) for n, x in full.items()},
+    }
+    for split in shards.values():
+        for n in ("q", "k", "v"):
+            split[n].requires_grad_()
+    del full
+    times: dict[str, tuple[list[float], list[float]]] = {s: ([], []) for s in shards}
+    for i in range(warmup + repeats):
+        # the two splits alternate, and which goes first too: a shared machine's drift hits both alike
+        for split in SPLIT_ORDER[i % 2]:
+            x = shards[split]
+            dist.barrier(group)
+            t0, c0 = time.perf_counter(), time.process_time()
+            o = ring_attention(x["q"], x["k"], x["v"], group=group, causal=True, cu_seqlens=cu, split=split)
+            o.backward(x["dout"])
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+            x["q"].grad = x["k"].grad = x["v"].grad = None
+            if i >= warmup:
+                times[split][0].append(elapsed)
+                times[split][1].append(cpu)
+    dist.barrier(group)
+    dist.destroy_process_group()
+    return times
+
+
+def measure_document_processes(
+    seq_len: int, bounds: tuple[int, ...], *, cp: int, heads: int, kv_heads: int, head_dim: int, threads: int,
+    warmup: int, repeats: int, timeout_s: float = 1800.0,
+) -> DocumentProcessCase:  # fmt: skip
+    """Ring attention fwd+bwd within the documents `bounds` of one window, in `cp` fresh processes over
+    gloo: the zigzag and the balanced split of the same tensors, iterations alternating between them
+    (each after a barrier; the first `warmup` of each left out), every rank's wall and CPU time."""
+    check_zigzag_len(seq_len, cp)
+
+    def error(message: str) -> AttentionError:
+        return AttentionError(
+            f"document attention benchmark failed at S = {seq_len}, CP = {cp}: {message}",
+            where="longctx bench attention --documents --processes",
+        )
+
+    args = (seq_len, tuple(bounds), heads, kv_heads, head_dim, threads, warmup, repeats)
+    ranks = run_ranks(_document_worker, args, cp, timeout_s=timeout_s, error=error)
+
+    def split(name: str) -> ProcessSplitTimes:
+        return ProcessSplitTimes(name, [r[name][0] for r in ranks], [r[name][1] for r in ranks])
+
+    return DocumentProcessCase(cp, threads, heads, kv_heads, head_dim, split("zigzag"), split("balanced"))
+
+
 def run_document_bench(
     seq_lens: tuple[int, ...],
     *,
@@ -613,15 +827,23 @@ def run_document_bench(
     head_dim: int,
     repeats: int,
     time_max_len: int,
+    processes: bool = False,
+    threads: int = 1,
+    warmup: int = 1,
+    window: Callable[[int], list[int]] | None = None,
 ) -> list[DocumentBenchCase]:
-    """Per length, on a window packed at the mix (`short_fraction` < 0: `long_tail_lengths`): causal
-    attention within documents on the zigzag and the balanced split at `cp`, FLOPs counted from the
-    blocks each rank executes, and where S ≤ `time_max_len` the fwd+bwd compute of each split's
-    slowest rank timed rank by rank in this process, with dense causal attention on zigzag alongside."""
+    """Per length, on a window packed at the mix (`short_fraction` < 0: `long_tail_lengths`; `window`,
+    when given, makes the window's document lengths instead): causal attention within documents on the
+    zigzag and the balanced split at `cp`, FLOPs counted from the blocks each rank executes, and where
+    S ≤ `time_max_len` the fwd+bwd compute of each split's slowest rank timed rank by rank in this
+    process, with dense causal attention on zigzag alongside; with `processes`, also both splits timed
+    in `cp` real processes (`measure_document_processes`, `threads` each)."""
     cases = []
     for s in seq_lens:
         check_zigzag_len(s, cp)
-        if short_fraction < 0:
+        if window is not None:
+            lengths = window(s)
+        elif short_fraction < 0:
             lengths = long_tail_lengths(s)
         else:
             lengths = document_lengths(s, short_fraction, short_max)
@@ -629,6 +851,12 @@ def run_document_bench(
         timed = s <= time_max_len
         kw = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, repeats=repeats, timed=timed)
         dense = _split_figures("zigzag", s, cp, None, **kw)  # type: ignore[arg-type]
+        measured = None
+        if processes and timed:
+            measured = measure_document_processes(
+                s, bounds, cp=cp, heads=heads, kv_heads=kv_heads, head_dim=head_dim, threads=threads,
+                warmup=warmup, repeats=repeats,
+            )  # fmt: skip
         cases.append(
             DocumentBenchCase(
                 seq_len=s,
@@ -638,6 +866,7 @@ def run_document_bench(
                 t_dense_s=dense.t_slowest_s,
                 zigzag=_split_figures("zigzag", s, cp, bounds, **kw),  # type: ignore[arg-type]
                 balanced=_split_figures("balanced", s, cp, bounds, **kw),  # type: ignore[arg-type]
+                processes=measured,
             )
         )
     return cases

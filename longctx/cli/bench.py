@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import statistics
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -79,10 +81,18 @@ def attention_cmd(
         None,
         "--documents",
         help="Packed documents instead: FRACTION<LENGTH of the window's tokens in short documents, e.g. '10%<4K', "
-        "or long-tail (the 16K stage's tier mix of stages/baby_9b_dense.toml).",
+        "long-tail (the 16K stage's tier mix of stages/baby_9b_dense.toml), or from:PATH[*N] (the document "
+        "lengths of the indexed data set PATH, or of every .idx under the directory PATH, read from the "
+        "index only; *N scales them).",
     ),
     time_max_len: int = typer.Option(
         16384, "--time-max-len", min=1, help="With --documents: time fwd+bwd (1 process) up to this length."
+    ),
+    processes: bool = typer.Option(
+        False,
+        "--processes",
+        help="With --documents: also time ring attention fwd+bwd of both splits in CP real processes (gloo), "
+        "up to --time-max-len.",
     ),
     json_out: Json = False,
 ) -> None:
@@ -104,8 +114,9 @@ def attention_cmd(
     lens = positive_sizes(seq_lens, "--seq-lens") or []
     if documents is not None:
         _documents_bench(
-            documents, lens, cp, heads, kv_heads or heads, head_dim, repeats, time_max_len, json_out
-        )
+            documents, lens, cp, heads, kv_heads or heads, head_dim, repeats, time_max_len, json_out,
+            processes=processes, threads=threads or max(1, (os.cpu_count() or 1) // cp), warmup=warmup,
+        )  # fmt: skip
         return
     spec = AttentionBenchSpec(
         seq_lens=tuple(lens),
@@ -179,20 +190,59 @@ def _documents_bench(
     repeats: int,
     time_max_len: int,
     json_out: bool,
+    *,
+    processes: bool = False,
+    threads: int = 1,
+    warmup: int = 1,
 ) -> None:
     from dataclasses import asdict
 
-    from longctx.bench.attention import parse_document_mix, run_document_bench
+    from longctx.bench.attention import parse_document_mix, read_data_mix, run_document_bench
+    from longctx.bench.memory import machine
 
-    fraction, short_max = parse_document_mix(mix)
+    data = read_data_mix(mix) if mix.strip().startswith("from:") else None
+    fraction, short_max = (-1.0, 0) if data else parse_document_mix(mix)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cases = run_document_bench(
         tuple(lens), cp=cp, short_fraction=fraction, short_max=short_max, heads=heads, kv_heads=kv_heads,
-        head_dim=head_dim, repeats=repeats, time_max_len=time_max_len,
+        head_dim=head_dim, repeats=repeats, time_max_len=time_max_len, processes=processes, threads=threads,
+        warmup=warmup, window=data.window if data else None,
     )  # fmt: skip
+    if data:
+        below, between, above = data.token_shares()
+        data_line = (
+            f"data {data.path} ({len(data.prefixes)} prefix(es), lengths × {data.scale}): "
+            f"{len(data.lengths):,} documents, {int(data.lengths.sum()):,} tokens; tokens in documents "
+            f"< 4K {below:.0%}, 4K–16K {between:.0%}, ≥ 16K {above:.0%} (pooled; each window packed from "
+            "documents drawn from these lengths)"
+        )
     if json_out:
-        print_json({"mix": mix, "cp": cp, "cases": [asdict(c) for c in cases]})
+        cases_json = [
+            {**asdict(c), **({"processes": _process_json(c.processes)} if c.processes else {})} for c in cases
+        ]
+        shares = (
+            dict(zip(("below_4k", "4k_16k", "from_16k"), data.token_shares(), strict=True)) if data else None
+        )
+        print_json(
+            {
+                "mix": mix,
+                "cp": cp,
+                "cases": cases_json,
+                "data": None
+                if data is None
+                else {
+                    "path": data.path,
+                    "prefixes": len(data.prefixes),
+                    "scale": data.scale,
+                    "documents": len(data.lengths),
+                    "tokens": int(data.lengths.sum()),
+                    "token_shares": shares,
+                },
+                "machine": machine(),
+                "load_avg_1m_before": load_before,
+            }
+        )
         return
-    from longctx.bench.memory import machine
 
     table = Table(
         title=f"causal attention within documents, {mix} of each window, CP={cp} ring: zigzag vs balanced split"
@@ -212,6 +262,8 @@ def _documents_bench(
                 f"{f.busiest_idlest:.3f}", f"{f.flops / c.flops_dense:.3f}", str(f.kernel_calls), t(f.t_slowest_s), t(vs),
             )  # fmt: skip
     console.print(table)
+    if data:
+        console.print(data_line, highlight=False, soft_wrap=True)
     speed = ", ".join(f"{c.seq_len}: {c.speedup:.2f}×" for c in cases if c.speedup is not None)
     console.print(
         "slowest/mean and busiest/idlest: FLOPs per rank from the blocks each rank executes (1.0 = even); "
@@ -219,6 +271,52 @@ def _documents_bench(
         f"slowest rank, timed rank by rank in this process (kernels only, median of {repeats}), against dense "
         f"causal attention on the zigzag split timed the same way; balanced vs zigzag slowest rank: {speed or '-'}\n"
         + _machine_line(machine()),
+        highlight=False,
+        soft_wrap=True,
+    )
+    timed = [c for c in cases if c.processes is not None]
+    if timed:
+        _document_process_table(mix, timed, repeats, warmup, machine(), load_before)
+
+
+def _process_json(p: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    splits = {s.split: {**asdict(s), "rank_medians_s": s.rank_medians_s, "slowest_s": s.slowest_s,
+                        "slowest_cpu_s": s.slowest_cpu_s} for s in (p.zigzag, p.balanced)}  # fmt: skip
+    return {**asdict(p), **splits, "ratio": p.ratio, "cpu_ratio": p.cpu_ratio}
+
+
+def _document_process_table(
+    mix: str, cases: list[Any], repeats: int, warmup: int, m: dict, load_before: float | None
+) -> None:
+    p0 = cases[0].processes
+    table = Table(
+        title=f"ring attention fwd+bwd within documents, {mix}, CP={p0.cp} real processes (gloo), "
+        f"h={p0.heads}/{p0.kv_heads} d={p0.head_dim} fp32, {p0.threads} thread(s)/process: balanced vs zigzag"
+    )
+    for col in ("S", "split", "median s per rank", "slowest rank s", "balanced / zigzag", "cpu s per rank",
+                "cpu balanced / zigzag"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for c in cases:
+        p = c.processes
+        for f in (p.zigzag, p.balanced):
+            cpu = [statistics.median(t) for t in f.rank_cpu_s]
+            last = f is p.balanced
+            table.add_row(
+                str(c.seq_len), f.split, " ".join(f"{x:.3f}" for x in f.rank_medians_s), f"{f.slowest_s:.3f}",
+                f"{p.ratio:.3f}" if last else "", " ".join(f"{x:.3f}" for x in cpu),
+                f"{p.cpu_ratio:.3f}" if last else "",
+            )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"each split: median of {repeats} iterations per rank after {warmup} warm-up, the two splits alternating "
+        "in the same processes on the same tensors (a barrier before each); slowest rank: the largest median; "
+        "balanced / zigzag < 1: the balanced split's step is faster; cpu: the same on process CPU time (compute "
+        "alone: on a busy machine wall time also holds the wait for a core)\n"
+        + _machine_line(m)
+        + f" at the end, {load_before:.2f} before; "
+        f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else m['cpus']} CPUs usable",
         highlight=False,
         soft_wrap=True,
     )

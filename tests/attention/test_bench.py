@@ -180,3 +180,66 @@ def test_balanced_split_evens_document_work_at_cp8(mix):
     for c in cases:
         assert c.balanced.slowest_mean <= 1.05 and c.balanced.busiest_idlest <= 1.1, c
         assert c.balanced.flops == c.zigzag.flops  # the same pairs, only placed differently
+
+
+def test_documents_from_data_read_the_index_only(oellm_artifact, tmp_path):
+    """`--documents from:DIR*16`: the document lengths of every .idx under DIR (the artifact's chunks,
+    their .bin files left behind: only the index is read), scaled back up 16 ×; each window is packed
+    from documents of those lengths, and the balanced split evens the work at CP 8."""
+    import shutil
+
+    import numpy as np
+
+    from longctx.bench.attention import read_data_mix
+    from longctx.data.indexed import read_index
+
+    prefixes = sorted(p.with_suffix("") for p in oellm_artifact.rglob("*.idx"))
+    idx_only = tmp_path / "idx"
+    idx_only.mkdir()
+    for p in prefixes:
+        shutil.copy(f"{p}.idx", idx_only / f"{p.name}.idx")
+    mix = read_data_mix(f"from:{idx_only}*16")
+    assert len(mix.prefixes) == len(prefixes) == 11 and mix.scale == 16
+    lengths = np.concatenate([read_index(p).document_lengths() for p in prefixes])
+    assert sorted(mix.lengths.tolist()) == sorted((16 * lengths).tolist())
+    for seq_len in (16384, 65536):
+        window = mix.window(seq_len, seed=3)
+        assert sum(window) == seq_len and all(0 < n <= 16 * lengths.max() for n in window)
+    # one prefix alone is one data set's lengths, unscaled
+    one = read_data_mix(f"from:{prefixes[0]}")
+    assert one.lengths.tolist() == read_index(prefixes[0]).document_lengths().tolist()
+
+    r = runner.invoke(app, ["bench", "attention", "--documents", f"from:{idx_only}*16", "--seq-lens", "16K,64K",
+                            "--cp", "8", "--time-max-len", "1", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["data"]["documents"] == len(lengths) and out["data"]["scale"] == 16
+    assert sum(out["data"]["token_shares"].values()) == pytest.approx(1.0)
+    for case in out["cases"]:
+        assert case["documents"] > 1
+        assert case["balanced"]["slowest_mean"] <= min(1.05, case["zigzag"]["slowest_mean"])
+
+
+def test_documents_from_a_missing_data_set_exit_2(tmp_path):
+    r = runner.invoke(
+        app, ["bench", "attention", "--documents", f"from:{tmp_path}/none", "--seq-lens", "16K"]
+    )
+    assert r.exit_code == 2 and "no indexed dataset" in r.output
+    r = runner.invoke(app, ["bench", "attention", "--documents", f"from:{tmp_path}*0", "--seq-lens", "16K"])
+    assert r.exit_code == 2 and "positive integer" in r.output
+
+
+def test_document_processes_time_both_splits_in_real_ranks():
+    """`--processes`: ring attention within documents in CP spawned processes, both splits of the same
+    window alternating; every rank's times come back, and the ratio is of the slowest ranks."""
+    r = runner.invoke(app, ["bench", "attention", "--documents", "25%<256", "--seq-lens", "1K", "--cp", "2",
+                            "--processes", "--threads", "1", "--heads", "1", "--head-dim", "8", "--repeats", "2",
+                            "--warmup", "0", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    (case,) = json.loads(r.stdout)["cases"]
+    p = case["processes"]
+    assert (p["cp"], p["threads"], p["heads"], p["head_dim"]) == (2, 1, 1, 8)
+    for split in ("zigzag", "balanced"):
+        assert [len(t) for t in p[split]["rank_times_s"]] == [2, 2]
+        assert p[split]["slowest_s"] == max(p[split]["rank_medians_s"]) > 0
+    assert p["ratio"] == pytest.approx(p["balanced"]["slowest_s"] / p["zigzag"]["slowest_s"])
