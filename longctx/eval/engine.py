@@ -48,6 +48,7 @@ from longctx.eval.stats import paired_delta_interval
 from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
 from longctx.objective import Objective
 from longctx.tokenizer.load import LoadedTokenizer
+from longctx.util.confine import check_output_dir
 from longctx.util.fs import atomic_write_json, atomic_write_text
 from longctx.util.progress import progress_bar
 
@@ -439,6 +440,7 @@ def evaluate_checkpoints(
 
 def write_outputs(report: EvalReport, out_dir: Path) -> EvalReport:
     """report.json, niah.png, loss_by_position.png, summary.md under `out_dir` (atomically)."""
+    check_output_dir(out_dir, option="--out", what="the evaluation's report and plots")
     report.out_dir = str(out_dir)
     if not is_main_process():
         return report

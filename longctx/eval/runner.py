@@ -44,7 +44,7 @@ from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.plan.stage_data import plan_tokenizer
 from longctx.tokenizer.load import LoadedTokenizer
-from longctx.util.confine import refuse_write_into
+from longctx.util.confine import check_output_dir, refuse_write_into
 
 # what runs after each local stage; `eval summary` and the demo use the same, so they re-use those results
 STAGE_SETTINGS = EvalSettings()
@@ -155,6 +155,8 @@ def summarize_plan(
 ) -> EvalReport:
     """Base + every stage with a finished checkpoint, at every stage's length (or `lengths`);
     `base` overrides the plan's base checkpoint path."""
+    if out_dir is not None:  # before anything is evaluated
+        check_output_dir(Path(out_dir), option="--out", what="the evaluation's report and plots")
     notes: list[str] = []
     refs = _ladder_refs(rp, len(rp.stages) - 1, notes, base)
     if not refs:
@@ -218,6 +220,7 @@ def evaluate_path(
     Default lengths: the base's and the stages' (up to `stage`) that fit the checkpoint's trained
     window (all of them with `extrapolate`). The plan's base model is the short-context reference."""
     if out_dir is not None:
+        check_output_dir(Path(out_dir), option="--out", what="the evaluation's report and plots")
         refuse_write_into(Path(out_dir), Path(checkpoint), "--out")
     st = rp.stage(stage) if stage is not None else rp.stages[-1]
     upto = st.index if stage is not None else None

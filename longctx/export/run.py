@@ -40,6 +40,7 @@ from longctx.plan.derive import ResolvedPlan, resolve_plan
 from longctx.plan.load import load_plan
 from longctx.plan.stage_data import plan_tokenizer
 from longctx.tokenizer import LoadedTokenizer, TokenizerManifest, load_manifest
+from longctx.util.confine import check_output_dir
 from longctx.util.fs import atomic_write_json
 from longctx.util.progress import progress_bar
 
@@ -113,6 +114,7 @@ def _transformers_version() -> str:
 
 
 def _check_out(out: Path) -> None:
+    check_output_dir(out, option="--out", what="the exported model")
     if out.exists() and not out.is_dir():
         raise ExportError(
             "the output path is a file", where=str(out), fix="give a new or empty directory as --out"

@@ -24,7 +24,7 @@ from longctx.plan.memory import GiB
 from longctx.slurm.profiles import Profile
 from longctx.slurm.quote import env_name, fill, sbatch_word, sh, sh_words, slurm_filename
 from longctx.slurm.settings import JobSettings, job_settings
-from longctx.util.confine import refuse_write_into
+from longctx.util.confine import check_output_dir, refuse_write_into
 from longctx.util.fs import atomic_write_text
 
 CHAIN_SCRIPT = "chain.sbatch"
@@ -80,6 +80,7 @@ class Rendered:
     def write(self) -> list[Path]:
         """Write the scripts into `out_dir`; refused inside any of `inputs` (the plan's tokenizer, base
         checkpoint, plan file), or where a directory cannot be made. A failure leaves no script behind."""
+        check_output_dir(self.out_dir, option="--out", what="the Slurm scripts")
         for source in self.inputs:
             refuse_write_into(self.out_dir, source, "--out")
         if self.out_dir.exists() and not self.out_dir.is_dir():

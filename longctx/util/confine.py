@@ -114,3 +114,30 @@ def _starts_with(path: Path, magic: bytes) -> bool:
             return fh.read(len(magic)) == magic
     except OSError:
         return False
+
+
+def check_output_dir(target: Path, *, option: str, what: str) -> Path:
+    """A directory a command writes its outputs into (`what`, e.g. "the evaluation's report and plots"):
+    never inside the installed package or a `.git` directory, never a path that exists as something other
+    than a directory. OutputError names the reason before anything is written."""
+    target = Path(os.path.abspath(target))
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise _refuse(
+            target, option, f"cannot inspect it ({err.strerror})", "choose another directory"
+        ) from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise _refuse(target, option, "it exists and is not a directory", f"name a directory for {what}")
+    real = Path(os.path.realpath(target))
+    package = Path(os.path.realpath(Path(longctx.__file__).parent))
+    if is_within(real, package):
+        raise _refuse(target, option, f"it lies inside the installed longctx package ({package})",
+                      f"write {what} outside the package, e.g. into the run directory")  # fmt: skip
+    if ".git" in real.parts:
+        raise _refuse(
+            target, option, "it lies inside a git repository's .git directory", f"write {what} elsewhere"
+        )
+    return target

@@ -470,3 +470,30 @@ def test_slurm_status_reads_past_a_submit_record_without_a_job(
     assert "Traceback" not in r.output, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit), r.output
     json.loads(r.stdout)  # one JSON document, whatever the exit
+
+
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [(["slurm", "render"], "the Slurm scripts"), (["eval", "summary"], "the evaluation's report and plots")],
+)
+def test_an_output_directory_inside_the_package_or_a_file_is_refused(
+    args: list[str], what: str, fresh_run: Path, plan: Path, tmp_path: Path
+) -> None:
+    from longctx.util.shipped import resource_dir
+
+    package_dir = resource_dir("demo", "new-outputs")
+    refused([*args, plan, "--out", package_dir], [fresh_run, tmp_path, resource_dir("demo")],
+            needle="inside the installed longctx package")  # fmt: skip
+    assert not package_dir.exists()
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    refused([*args, plan, "--out", a_file], [fresh_run, tmp_path], needle="exists and is not a directory")
+
+
+def test_export_out_inside_the_package_is_refused() -> None:
+    from longctx.errors import OutputError
+    from longctx.export.run import _check_out
+    from longctx.util.shipped import resource_dir
+
+    with pytest.raises(OutputError, match="inside the installed longctx package"):
+        _check_out(resource_dir("demo", "hf"))
