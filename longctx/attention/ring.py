@@ -367,6 +367,36 @@ def ring_forward(
     return out_acc.to(q.dtype), lse_acc
 
 
+def _own_backward(
+    plan: _Plan,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    blk: BlockKernel,
+    scale: float,
+    acc: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The own chunk's gradients, in the accumulation dtype: they start the sums (and are the whole of
+    them for its local pairs)."""
+    if len(plan.own) == 1 and _whole(*plan.own[0], q, k):
+        b_dq, b_dk, b_dv = blk.backward(dout, q, k, v, out, lse, plan.own[0][1].causal, scale)
+        return tuple(g.to(acc).contiguous() for g in (b_dq, b_dk, b_dv))  # type: ignore[return-value]
+    dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
+    for rows, sub in plan.own:
+        qs, ks = sub.q, sub.k
+        b_dq, b_dk, b_dv = blk.backward(
+            dout[rows, qs], q[rows, qs], k[rows, ks], v[rows, ks], out[rows, qs], lse[rows, :, qs],
+            sub.causal, scale,
+        )  # fmt: skip
+        dq[rows, qs] += b_dq
+        dk[rows, ks] += b_dk
+        dv[rows, ks] += b_dv
+    return dq, dk, dv
+
+
 def ring_backward(
     dout: Tensor,
     q: Tensor,
@@ -393,22 +423,7 @@ def ring_backward(
         exchange = PeerExchange(group)  # type: ignore[arg-type]
         kv = _KVStream(exchange, k.contiguous(), v.contiguous(), plan.slots)
         kv.post(0)
-    # the own chunk's gradients start the sums (and are the whole of them for its local pairs)
-    if len(plan.own) == 1 and _whole(*plan.own[0], q, k):
-        b_dq, b_dk, b_dv = blk.backward(dout, q, k, v, out, lse, plan.own[0][1].causal, scale)
-        dq, dk, dv = (g.to(acc).contiguous() for g in (b_dq, b_dk, b_dv))
-        del b_dq, b_dk, b_dv
-    else:
-        dq, dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
-        for rows, sub in plan.own:
-            qs, ks = sub.q, sub.k
-            b_dq, b_dk, b_dv = blk.backward(
-                dout[rows, qs], q[rows, qs], k[rows, ks], v[rows, ks], out[rows, qs], lse[rows, :, qs],
-                sub.causal, scale,
-            )  # fmt: skip
-            dq[rows, qs] += b_dq
-            dk[rows, ks] += b_dk
-            dv[rows, ks] += b_dv
+    dq, dk, dv = _own_backward(plan, dout, q, k, v, out, lse, blk, scale, acc)
     tile = ring_query_tile(piece)
     returning: _GradReturn | None = None  # the previous slot's sums, still travelling
     for s, slot in enumerate(plan.slots):
