@@ -435,6 +435,7 @@ def test_adopt_with_copy_onto_a_full_disk_says_so_and_leaves_no_directory(
     assert "cannot hard-link" not in msg and not (small_tmpfs / "new").exists()
 
 
+@pytest.mark.processes  # the tracked-file rule asks `git ls-files`
 def test_rope_plot_out_never_lands_on_a_file_it_must_not_write(tmp_path: Path, repo_root: Path) -> None:
     """`rope plot --out` follows the same rule as `stage curves --out`: no tracked file, no package file,
     no existing file that is not a figure (without --force)."""
