@@ -182,8 +182,8 @@ def validate(
         )
         for name, rep in data_reports.items():
             for f in rep.all_findings():
-                # the supply line (sequences needed vs what the blend holds) is shown even when fine
-                if f.level != "info" or f.code == "supply":
+                # the supply line (sequences needed vs what the blend holds) and the distance coverage are shown even when fine
+                if f.level != "info" or f.code in ("supply", "distance-coverage"):
                     f.where = f"stage {name}: {f.where or ''}".rstrip(": ")
                     findings.append(f)
     if strict:

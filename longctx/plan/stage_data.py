@@ -8,6 +8,7 @@ from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_ble
 from longctx.data.check import DataReport, check_datasets
 from longctx.errors import StageError
 from longctx.plan import paths
+from longctx.plan.coverage_check import coverage_findings
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.split_check import Backend, split_findings
 from longctx.plan.stage_artifact import StageDataReport, stage_data_report, stage_tier_blend
@@ -65,7 +66,9 @@ def check_plan_data(
     for st in rp.stages:
         if st.data is not None and st.data.tier_mix is not None:
             # an artifact: checked once per stage at its length, with how many sequences the blend supplies
-            out[st.name] = stage_data_report(rp, st, tokenizer=tokenizer, scan=scan, strict=strict)
+            report = stage_data_report(rp, st, tokenizer=tokenizer, scan=scan, strict=strict)
+            report.findings.extend(coverage_findings(rp, st, stage_blend(rp, st)))
+            out[st.name] = report
             continue
         blend = stage_blend(rp, st)
         report = check_datasets(
@@ -77,6 +80,7 @@ def check_plan_data(
             scan=scan,
         )
         report.findings.extend(split_findings(rp, st, blend, backend=None))
+        report.findings.extend(coverage_findings(rp, st, blend))
         out[st.name] = report
     return out
 

@@ -1,0 +1,61 @@
+"""A stage's distance coverage (longctx.data.coverage) as `plan check --check-data` reports it: the share
+of training tokens that see the top of the window, and a warning when no training window reaches it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from longctx.data.blend import Blend
+from longctx.data.coverage import TOP_FRACTION, distance_coverage
+from longctx.data.indexed import read_index
+from longctx.errors import LongctxError
+from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.report import Findings
+
+
+def coverage_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend) -> Findings:
+    out = Findings()
+    if st.data is None or not blend.entries:
+        return out
+    try:
+        infos = [read_index(e.prefix) for e in blend.entries]
+    except LongctxError:
+        return out  # an unreadable dataset is the data check's finding
+    weights = [
+        e.weight if e.weight is not None else float(i.tokens)
+        for e, i in zip(blend.entries, infos, strict=True)
+    ]
+    cov = distance_coverage(
+        [i.document_lengths() for i in infos], weights, st.seq_length,
+        packing=st.data.packing, causal=rp.objective.causal,
+    )  # fmt: skip
+    if st.data.packing != "documents":
+        out.info(
+            "distance-coverage",
+            f"stage {st.name}: attention across documents: every window trains the distances 0 … "
+            f"{st.seq_length - 1:,}, whatever the documents' lengths ({100 * cov.top_share:.1f} % of the tokens "
+            f"see one ≥ {cov.top_edge:,}; how much of it is one document is the data check's `supply`)",
+        )
+        return out
+    top, edge = cov.top_share, cov.top_edge
+    said = (
+        f"stage {st.name}: attention within documents: {100 * top:.3f} % of the training tokens see a distance "
+        f"≥ {edge:,} (the top 1/{TOP_FRACTION} of the {st.seq_length:,}-token window), "
+        f"{100 * cov.share_at(st.seq_length // 2):.1f} % one ≥ {st.seq_length // 2:,}; the longest document piece "
+        f"in {cov.windows:,} sampled windows is {cov.longest_piece:,} tokens"
+    )
+    if cov.longest_piece < edge:
+        out.warning(
+            "distance-coverage",
+            said
+            + ": no training window shows the model the distances an evaluation at the full window reads",
+            where=", ".join(Path(e.prefix).name for e in blend.entries),
+            fix="add documents longer than the window to the blend (or raise their weight), or evaluate this "
+            f"stage at lengths up to {cov.longest_piece:,}",
+        )
+    else:
+        out.info("distance-coverage", said)
+    return out
+
+
+__all__ = ["coverage_findings"]
