@@ -144,9 +144,16 @@ def legend_lines(report: EvalReport, width: int = TERMINAL_COLUMNS) -> list[str]
     return textwrap.wrap(_legend(report, terminal=True), width=width)
 
 
+def settings_line(report: EvalReport) -> str:
+    """`settings: 20 keys per cell × 5 depths (…), … — the [eval] of plan tiny`."""
+    origin = f" — {report.settings_origin}" if report.settings_origin else ""
+    return f"settings: {report.settings.describe()}{origin}"
+
+
 def print_tables(report: EvalReport, con: Console) -> None:
     for table in report_tables(report):
         con.print(table)
+    con.print(settings_line(report), highlight=False, markup=False, soft_wrap=True)
     for line in legend_lines(report):
         con.print(line, highlight=False, markup=False, soft_wrap=True)
 
@@ -169,7 +176,7 @@ def markdown_table(report: EvalReport) -> str:
                  _short(row),
                  *([_packed(row)] if packed else [])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", _legend(report), "", f"method: {report.method}"]
+    lines += ["", settings_line(report), "", _legend(report), "", f"method: {report.method}"]
     lines += [f"- note: {n}" for n in report.notes]
     if report.plots:
         lines += [""] + [f"- {k}: {v}" for k, v in report.plots.items()]

@@ -201,6 +201,8 @@ class EvalReport(BaseModel):
     plan: str | None
     stage: str | None
     settings: EvalSettings
+    # where the settings come from: the plan's [eval], and the fields options overrode
+    settings_origin: str | None = None
     method: str
     lengths: list[int]
     checkpoints: list[CheckpointEval]
@@ -212,6 +214,13 @@ class EvalReport(BaseModel):
     effective_threshold: float = (
         EFFECTIVE_THRESHOLD  # greedy accuracy every depth keeps up to the effective length
     )
+
+    def identity(self) -> str:
+        """What makes two reports comparable: the measured settings, the lengths and the held-out data
+        (not the checkpoints: a later summary of the same plan replaces an earlier one)."""
+        return self.settings.fingerprint(
+            self.lengths, self.heldout.get("prefixes"), self.heldout.get("split")
+        )
 
     def table(self) -> list[dict[str, Any]]:
         """One row per checkpoint: per length the headline passkey accuracy, greedy accuracy, mean
