@@ -106,6 +106,16 @@ class PasskeyResult(BaseModel):
         """Depths whose headline interval reaches chance: their accuracy tells nothing apart from guessing."""
         return [c.depth for c in self.cells if spans(c.headline()[1], self.chance)]
 
+    def greedy_depths_at_chance(self) -> list[float]:
+        """Depths whose greedy interval reaches the greedy chance (10^-digits): no key retrieved."""
+        digits = max((len(i.key) for i in self.items), default=1)
+        return [c.depth for c in self.cells if spans(c.greedy_interval, chance_greedy(digits))]
+
+    def loglik_depths_at_chance(self) -> list[float]:
+        """Depths whose log-likelihood interval reaches 1/(distractors + 1)."""
+        return [c.depth for c in self.cells
+                if c.loglik_interval is not None and spans(c.loglik_interval, chance_loglik(self.distractors))]  # fmt: skip
+
     @classmethod
     def from_items(
         cls, length: int, distractors: int, scores: Sequence[ItemScore], natural: float
