@@ -32,14 +32,6 @@ app = typer.Typer(
 # `longctx --help` and the other commands do not need.
 
 
-def _defaults() -> dict:
-    # pydantic only (no torch): the CLI's defaults are the library's, so `eval summary` re-uses the
-    # results measured after each stage
-    from longctx.eval.settings import EvalSettings
-
-    return EvalSettings().model_dump()
-
-
 PLAN = typer.Option(..., "--plan", help=f"{PLAN_HELP}: tokenizer, data, base, stage lengths")
 # `eval summary PLAN`; `--plan PLAN` is the old spelling, kept (hidden) for scripts
 SummaryPlan = Annotated[Path | None, typer.Argument(help=PLAN_HELP, show_default=False)]
@@ -47,32 +39,41 @@ SummaryPlanOption = Annotated[Path | None, typer.Option("--plan", hidden=True, h
 LENGTHS = typer.Option(
     None, "--lengths", help="context lengths, e.g. 1K,4K (default: the plan's stage lengths)"
 )
-DEPTHS = typer.Option(None, "--depths", help="needle depths as fractions, e.g. 0,0.25,0.5,0.75,1")
-_D = _defaults()
-KEYS = typer.Option(_D["keys_per_cell"], "--keys", help="pass keys per (length, depth) cell")
-DISTRACTORS = typer.Option(
-    _D["distractors"],
-    "--distractors",
-    help="distractor keys per item for the log-likelihood method (0: greedy only)",
+# Every evaluation setting defaults to the plan's [eval] table (docs/evaluation.md), so `eval summary`
+# after the demo or after `stage run` measures what they measured and re-uses their cached results;
+# an option given overrides that one field.
+_PLANS = "default: the plan's [eval]"
+DEPTHS = typer.Option(
+    None, "--depths", help=f"needle depths as fractions, e.g. 0,0.25,0.5,0.75,1 ({_PLANS}.depths)"
 )
-DIGITS = typer.Option(_D["key_digits"], "--key-digits", help="digits per pass key")
+KEYS = typer.Option(None, "--keys", help=f"pass keys per (length, depth) cell ({_PLANS}.keys_per_cell)")
+DISTRACTORS = typer.Option(
+    None,
+    "--distractors",
+    help=f"distractor keys per item for the log-likelihood method, 0: greedy only ({_PLANS}.distractors)",
+)
+DIGITS = typer.Option(None, "--key-digits", help=f"digits per pass key ({_PLANS}.key_digits)")
 FILLER = typer.Option(
-    "synthetic", "--filler", help="synthetic (the demo corpus' sentences) or heldout (held-out tokens)"
+    None,
+    "--filler",
+    help=f"synthetic (the demo corpus' sentences) or heldout (held-out tokens) ({_PLANS}.filler)",
 )
 LOSS_DOCS = typer.Option(
-    _D["loss_docs"], "--loss-docs", help="held-out documents per length for loss by position"
+    None, "--loss-docs", help=f"held-out documents per length for loss by position ({_PLANS}.loss_docs)"
 )
 SHORT_DOCS = typer.Option(
-    16, "--short-docs", help="short held-out documents for the short-context loss (0: skip)"
+    None,
+    "--short-docs",
+    help=f"short held-out documents for the short-context loss, 0: skip ({_PLANS}.short_docs)",
 )
 PACKED = typer.Option(
-    _D["packed_windows"],
+    None,
     "--packed-windows",
     help="windows per length packed from several held-out documents, scored with attention across and "
-    "within documents (0: skip)",
+    f"within documents, 0: skip ({_PLANS}.packed_windows)",
 )
-SEED = typer.Option(_D["seed"], "--seed", help="seed of keys, names and filler")
-BATCH = typer.Option(_D["batch_size"], "--batch-size", help="sequences per forward")
+SEED = typer.Option(None, "--seed", help=f"seed of keys, names and filler ({_PLANS}.seed)")
+BATCH = typer.Option(None, "--batch-size", help=f"sequences per forward ({_PLANS}.batch_size)")
 DATA = typer.Option(
     None, "--data", help="unseen data prefix for the losses (repeatable; default: the plan's held-out split)"
 )
@@ -97,26 +98,16 @@ def _depths(text: str | None) -> list[float] | None:
         raise typer.BadParameter(f"depths must be numbers in [0, 1], got {text!r}") from None
 
 
-def _settings(depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch, packed_windows):
-    from pydantic import ValidationError
+def _settings(
+    rp, depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch, packed_windows
+):
+    """The plan's [eval] settings, each option given (not None) overriding its field."""
+    from longctx.eval.runner import plan_settings
 
-    from longctx.errors import EvalError
-    from longctx.eval.grid import check_depths
-    from longctx.eval.settings import EvalSettings
-
-    kw = dict(keys_per_cell=keys, distractors=distractors, key_digits=digits, filler=filler, loss_docs=loss_docs,
-              short_docs=short_docs, seed=seed, batch_size=batch, packed_windows=packed_windows)  # fmt: skip
-    parsed = _depths(depths)
-    if parsed is not None:
-        kw["depths"] = check_depths(parsed)
-    try:
-        return EvalSettings(**kw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(x) for x in first["loc"])
-        raise EvalError(
-            f"bad evaluation setting {field}: {first['msg']}", fix="see longctx eval run --help"
-        ) from None
+    return plan_settings(
+        rp, depths=_depths(depths), keys_per_cell=keys, distractors=distractors, key_digits=digits, filler=filler,
+        loss_docs=loss_docs, short_docs=short_docs, seed=seed, batch_size=batch, packed_windows=packed_windows,
+    )  # fmt: skip
 
 
 def _resolved(plan: Path, run_dir: Path | None):
@@ -192,15 +183,15 @@ def run(
     ),
     lengths: str | None = LENGTHS,
     depths: str | None = DEPTHS,
-    keys: int = KEYS,
-    distractors: int = DISTRACTORS,
-    key_digits: int = DIGITS,
-    filler: str = FILLER,
-    loss_docs: int = LOSS_DOCS,
-    short_docs: int = SHORT_DOCS,
-    packed_windows: int = PACKED,
-    seed: int = SEED,
-    batch_size: int = BATCH,
+    keys: int | None = KEYS,
+    distractors: int | None = DISTRACTORS,
+    key_digits: int | None = DIGITS,
+    filler: str | None = FILLER,
+    loss_docs: int | None = LOSS_DOCS,
+    short_docs: int | None = SHORT_DOCS,
+    packed_windows: int | None = PACKED,
+    seed: int | None = SEED,
+    batch_size: int | None = BATCH,
     rotary_base: int | None = typer.Option(
         None, "--rotary-base", help="evaluate with this RoPE base instead of the saved one"
     ),
@@ -225,12 +216,22 @@ def run(
     length beyond the window, length not divisible by 2·CP, tokenizer mismatch)."""
     from longctx.eval.runner import evaluate_path
 
-    settings = _settings(
-        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size, packed_windows
-    )
     _threads(threads)
     ranks = _cp(cp)  # a bad WORLD_SIZE is refused before anything is loaded
     rp = _resolved(plan, run_dir)
+    settings = _settings(
+        rp,
+        depths,
+        keys,
+        distractors,
+        key_digits,
+        filler,
+        loss_docs,
+        short_docs,
+        seed,
+        batch_size,
+        packed_windows,
+    )
     report = evaluate_path(
         rp, checkpoint, stage=stage, lengths=parse_int_list(lengths), settings=settings, rotary_base=rotary_base,
         extrapolate=extrapolate, base_reference=base_ref, data=data or None, out_dir=out, cp=ranks,
@@ -245,15 +246,15 @@ def summary(
     plan: SummaryPlan = None,
     lengths: str | None = LENGTHS,
     depths: str | None = DEPTHS,
-    keys: int = KEYS,
-    distractors: int = DISTRACTORS,
-    key_digits: int = DIGITS,
-    filler: str = FILLER,
-    loss_docs: int = LOSS_DOCS,
-    short_docs: int = SHORT_DOCS,
-    packed_windows: int = PACKED,
-    seed: int = SEED,
-    batch_size: int = BATCH,
+    keys: int | None = KEYS,
+    distractors: int | None = DISTRACTORS,
+    key_digits: int | None = DIGITS,
+    filler: str | None = FILLER,
+    loss_docs: int | None = LOSS_DOCS,
+    short_docs: int | None = SHORT_DOCS,
+    packed_windows: int | None = PACKED,
+    seed: int | None = SEED,
+    batch_size: int | None = BATCH,
     data: list[str] | None = DATA,
     cp: int | None = CP,
     threads: int | None = THREADS,
@@ -267,15 +268,28 @@ def summary(
     earlier stages beyond their windows): the table of passkey accuracy, long-position loss and
     short-context loss, one NIAH panel per checkpoint, one loss-by-position line per checkpoint.
 
-    Re-uses results measured after each stage (<run_dir>/eval/cache); writes <run_dir>/eval/summary/."""
+    Measures what the plan's [eval] says (what the stages and the demo measured), each option given
+    overriding one field; re-uses their results (<run_dir>/eval/cache) and writes <run_dir>/eval/summary/.
+    A summary there made with other settings is kept as <run_dir>/eval/summary-<digest>/, and a note
+    says what changed."""
     from longctx.eval.runner import summarize_plan
 
     the_plan = _summary_plan(plan, plan_option)
-    settings = _settings(
-        depths, keys, distractors, key_digits, filler, loss_docs, short_docs, seed, batch_size, packed_windows
-    )
     _threads(threads)
     rp = _resolved(the_plan, run_dir)
+    settings = _settings(
+        rp,
+        depths,
+        keys,
+        distractors,
+        key_digits,
+        filler,
+        loss_docs,
+        short_docs,
+        seed,
+        batch_size,
+        packed_windows,
+    )
     report = summarize_plan(rp, lengths=parse_int_list(lengths), settings=settings, out_dir=out, data=data or None,
                             cp=_cp(cp), use_cache=not no_cache)  # fmt: skip
     _show(report, json_out)

@@ -109,6 +109,7 @@ def _report(rp) -> dict:
         "arch": rp.arch.model_dump(),
         "objective": {**rp.objective.model_dump(), "causal": rp.objective.causal},
         "stages": [s.summary() for s in rp.stages],
+        "eval": rp.eval.model_dump(),
         "findings": rp.findings,
         "ok": rp.findings.ok,
     }
@@ -128,6 +129,7 @@ def show(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
         console.print(plan_table(rp))
         console.print(memory_table(rp))
         console.print(f"objective: {escape(rp.objective.describe())}", soft_wrap=True, highlight=False)
+        console.print(f"evaluation ([eval]): {escape(rp.eval.describe())}", soft_wrap=True, highlight=False)
         for s in rp.stages:
             console.print(
                 f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}",

@@ -11,7 +11,7 @@ Steps (each skipped when its output already exists, so a second `demo` in the sa
  5. pretrain  — only without a published base: a tiny model pretrained at the base length;
  6. stages    — the plan through the stage state machine and the local backend (the last stage with
                 CP = 2); one stage is interrupted with SIGTERM once it has saved, then resumed;
- 7. eval      — every checkpoint evaluated (passkey grid, loss by position);
+ 7. eval      — every checkpoint evaluated (passkey grid, loss by position) with the plan's [eval] settings;
  8. summary   — a table and the paths of everything written.
 """
 
@@ -34,7 +34,7 @@ from longctx.data.tokenize import tokenize_jsonl
 from longctx.demo.corpus import documents, write_jsonl
 from longctx.demo.published import family_dir, install_published
 from longctx.errors import LongctxError, StageError
-from longctx.eval.runner import STAGE_SETTINGS, demo_summary
+from longctx.eval.runner import demo_summary
 from longctx.launch.local import LocalLauncher
 from longctx.mcore.parallel import visible_device_count
 from longctx.plan import paths
@@ -100,7 +100,6 @@ class DemoConfig:
     base_iters: int = 150
     processes: int = 2
     interrupt_stage: str | None = "4k"  # SIGTERM once it has saved, then resume
-    eval_keys: int = 20  # per length and depth in the final evaluation
 
     @classmethod
     def small(cls, plan: Path, interrupt_stage: str | None = None) -> DemoConfig:
@@ -113,7 +112,6 @@ class DemoConfig:
             base_global_batch=8,
             base_iters=12,
             interrupt_stage=interrupt_stage,
-            eval_keys=2,
         )
 
     @classmethod
@@ -142,8 +140,7 @@ class DemoConfig:
             return cls.small(plan, interrupt_stage=interrupt)
         cfg = cls(plan=plan or plans_dir() / FAMILY_PLANS[family], published=family)
         if family not in PUBLISHED:  # the uniform-state family pretrains its own base on one corpus
-            cfg = dataclasses.replace(cfg, published=None, corpora=(Corpus("corpus", 1600, 150, 6000, 1),),
-                                      eval_keys=2)  # fmt: skip
+            cfg = dataclasses.replace(cfg, published=None, corpora=(Corpus("corpus", 1600, 150, 6000, 1),))
         if interrupt is not None:
             return dataclasses.replace(cfg, interrupt_stage=interrupt)
         return cfg
@@ -468,9 +465,9 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
 
     def evaluate() -> tuple[str, bool]:
         nonlocal evaluation
-        settings = STAGE_SETTINGS.model_copy(update={"keys_per_cell": cfg.eval_keys})
-        evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints", settings=settings)
-        return f"base and every stage evaluated → {evaluation['out_dir']}", False
+        # what the plan's [eval] says: `eval summary PLAN` afterwards prints the same table from the cache
+        evaluation = demo_summary(rp, base=run_dir / "base" / "checkpoints")
+        return f"base and every stage evaluated ({rp.eval.describe()}) → {evaluation['out_dir']}", False
 
     _timed(steps, "evaluation", echo, evaluate)
     return DemoReport(

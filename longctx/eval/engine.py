@@ -438,12 +438,53 @@ def evaluate_checkpoints(
     )  # fmt: skip
 
 
+def _earlier(out_dir: Path) -> EvalReport | None:
+    """The report an earlier evaluation left in `out_dir`, if it reads as one."""
+    try:
+        return EvalReport.model_validate_json((out_dir / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def keep_other_settings(report: EvalReport, out_dir: Path) -> str | None:
+    """When `out_dir` holds a report made with other settings (or lengths, or held-out data), move it
+    to `<out_dir>-<its digest>` instead of overwriting it; a note saying what changed and where the
+    earlier one is, or None when there was nothing else there."""
+    if not (out_dir / "report.json").exists():
+        return None
+    old = _earlier(out_dir)
+    if old is not None and old.identity() == report.identity():
+        return None  # the same measurement, newer: replaced
+    digest = old.identity()[:8] if old is not None else "unreadable"
+    kept = out_dir.with_name(f"{out_dir.name}-{digest}")
+    n = 1
+    while kept.exists():  # nothing kept is ever replaced
+        n += 1
+        kept = out_dir.with_name(f"{out_dir.name}-{digest}-{n}")
+    out_dir.rename(kept)
+    if old is None:
+        return f"{out_dir} held a report this version cannot read; kept as {kept}"
+    changes = report.settings.changes_from(old.settings)
+    if old.lengths != report.lengths:
+        changes.append(f"lengths {','.join(map(str, old.lengths))} → {','.join(map(str, report.lengths))}")
+    if old.heldout.get("prefixes") != report.heldout.get("prefixes") or old.heldout.get(
+        "split"
+    ) != report.heldout.get("split"):
+        changes.append("held-out data")
+    what = "; ".join(changes) or "another version of the evaluation"
+    return f"the earlier report in {out_dir} was made with other settings ({what}); kept as {kept}"
+
+
 def write_outputs(report: EvalReport, out_dir: Path) -> EvalReport:
-    """report.json, niah.png, loss_by_position.png, summary.md under `out_dir` (atomically)."""
+    """report.json, niah.png, loss_by_position.png, summary.md under `out_dir` (atomically). An earlier
+    report there made with other settings is kept beside it (`keep_other_settings`), with a note."""
     check_output_dir(out_dir, option="--out", what="the evaluation's report and plots")
     report.out_dir = str(out_dir)
     if not is_main_process():
         return report
+    note = keep_other_settings(report, out_dir)
+    if note is not None:
+        report.notes.append(note)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots: dict[str, str] = {}
     if any(ce.results for ce in report.checkpoints):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -30,10 +31,50 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_niah(report: EvalReport, path: Path) -> Path:
-    """One panel per checkpoint: needle depth (rows) × length (columns), colour = passkey accuracy.
+@dataclasses.dataclass
+class NiahPanel:
+    """What one checkpoint's heatmap panel shows: `colour[i, j]` (depth i, length j) is the greedy
+    exact-match accuracy, the headline measure (the effective length is read from it); `text` is each
+    cell's label (greedy, the log-likelihood accuracy when distractors were scored, the margin);
+    `hatched` the cells whose greedy 95 % interval reaches chance (no key retrieved: the colour tells
+    nothing apart from guessing); `~` before `ll` where the log-likelihood interval reaches chance.
+    NaN / "" where nothing was measured."""
 
-    Each cell shows the headline accuracy, the greedy accuracy and the mean margin; lengths beyond a
+    colour: np.ndarray
+    text: list[list[str]]
+    hatched: list[tuple[int, int]]
+
+
+def niah_panel(ce: CheckpointEval, depths: list[float], lengths: list[int]) -> NiahPanel:
+    colour = np.full((len(depths), len(lengths)), np.nan)
+    text = [["" for _ in lengths] for _ in depths]
+    hatched: list[tuple[int, int]] = []
+    for j, n in enumerate(lengths):
+        r = ce.at(n)
+        if r is None:
+            continue
+        greedy_chance, loglik_chance = (
+            r.passkey.greedy_depths_at_chance(),
+            r.passkey.loglik_depths_at_chance(),
+        )
+        for c in r.passkey.cells:
+            i = depths.index(c.depth)
+            colour[i, j] = c.greedy_accuracy
+            margin = c.loglik_margin if c.loglik_margin is not None else c.token_margin
+            if c.depth in greedy_chance:
+                hatched.append((i, j))
+            ll = ""
+            if c.loglik_accuracy is not None:
+                ll = f"{'~' if c.depth in loglik_chance else ''}ll {c.loglik_accuracy:.0%}  "
+            text[i][j] = f"g {c.greedy_hits}/{c.keys}\n{ll}{margin:+.1f}"
+    return NiahPanel(colour, text, hatched)
+
+
+def plot_niah(report: EvalReport, path: Path) -> Path:
+    """One panel per checkpoint: needle depth (rows) × length (columns), colour = greedy exact-match
+    accuracy (`niah_panel`), the measure the effective length is read from.
+
+    Each cell shows the greedy count, the mean margin and the log-likelihood accuracy; lengths beyond a
     checkpoint's trained window are marked with '*'."""
     plt = _plt()
     evals = [ce for ce in report.checkpoints if ce.results]
@@ -41,33 +82,17 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
     lengths = report.lengths
     fig, axes = plt.subplots(1, len(evals), figsize=(1.2 + 1.25 * len(lengths) * len(evals) + 0.6 * len(evals), 1.2 + 0.62 * len(depths)),
                              squeeze=False)  # fmt: skip
-    headline = "log-likelihood vs distractors" if report.settings.distractors else "greedy"
     image = None
     for ax, ce in zip(axes[0], evals, strict=True):
-        grid = np.full((len(depths), len(lengths)), np.nan)
-        for j, n in enumerate(lengths):
-            r = ce.at(n)
-            if r is None:
-                continue
-            for c in r.passkey.cells:
-                i = depths.index(c.depth)
-                acc = c.loglik_accuracy if c.loglik_accuracy is not None else c.greedy_accuracy
-                grid[i, j] = acc
-                margin = c.loglik_margin if c.loglik_margin is not None else c.token_margin
-                at_chance = c.depth in r.passkey.depths_at_chance
-                if at_chance:  # hatched: the interval reaches chance, the colour means nothing
-                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
-                                               edgecolor="0.45", linewidth=0))  # fmt: skip
-                ax.text(
-                    j,
-                    i,
-                    f"{'~' if at_chance else ''}{acc:.0%}\ng {c.greedy_hits}/{c.keys}  {margin:+.1f}",
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="black",
-                )
-        image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+        panel = niah_panel(ce, depths, lengths)
+        for i, j in panel.hatched:  # hatched: the interval reaches chance, the colour means nothing
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
+                                       edgecolor="0.45", linewidth=0))  # fmt: skip
+        for i, row in enumerate(panel.text):
+            for j, label in enumerate(row):
+                if label:
+                    ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
+        image = ax.imshow(panel.colour, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_xticks(range(len(lengths)))
         ax.set_xticklabels([human_length(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "")
                             for n in lengths])  # fmt: skip
@@ -79,9 +104,11 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
         ax.set_title(f"{ce.label}: effective {eff}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
     axes[0][0].set_ylabel("needle depth")
     if image is not None:
-        fig.colorbar(image, ax=list(axes[0]), fraction=0.04, pad=0.02, label="passkey accuracy")
-    fig.suptitle(f"passkey retrieval ({headline}; g = greedy exact keys, ± = margin in nats; * beyond trained "
-                 f"window)\nhatched ~ = 95 % interval reaches chance; effective = greedy ≥ "
+        fig.colorbar(image, ax=list(axes[0]), fraction=0.04, pad=0.02, label="greedy exact-match accuracy")
+    ll = (f"; ll = log-likelihood vs {report.settings.distractors} distractors"
+          if report.settings.distractors else "")  # fmt: skip
+    fig.suptitle(f"passkey retrieval (colour = greedy exact match; g = greedy exact keys, ± = margin in nats{ll}; "
+                 f"* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood interval does; effective = greedy ≥ "
                  f"{report.effective_threshold:.0%} at every depth up to that length",
                  fontsize=9, y=1.0 + 0.35 / fig.get_figheight())  # fmt: skip
     return _save(fig, path)

@@ -12,17 +12,22 @@ from longctx.eval.results import EvalReport
 from longctx.util.table import TERMINAL_COLUMNS, narrow_table
 from longctx.util.units import human_length
 
+# the NIAH heatmap (longctx.eval.plots.plot_niah) is coloured by the headline measure
+HEATMAP_LEGEND = (
+    "niah.png: colour = greedy exact-match accuracy, the log-likelihood accuracy in each cell's text"
+)
+
 
 def _cell(report: EvalReport, value: dict | None) -> str:
+    """`~9/10 87% +1.20 │ 3.456*`: greedy exact keys / keys (the headline), the log-likelihood accuracy
+    when distractors were scored, the margin, then the long-position loss (or a diffusion model's ELBO)."""
     if value is None:
         return "—"
     star = "*" if value["extrapolated"] else ""
     chance = "~" if value["depths_at_chance"] else ""
-    acc = f"{chance}{value['passkey']:.0%}"
+    acc = f"{chance}{value['greedy_hits']}/{value['keys']}"
     if report.settings.distractors:
-        acc += f" (g {value['greedy_hits']}/{value['keys']})"
-    else:
-        acc = f"{chance}{value['greedy_hits']}/{value['keys']}"
+        acc += f" ({value['passkey']:.0%} ll)"
     if value["long_loss"] is not None:
         return f"{acc} {value['margin']:+.2f} │ {value['long_loss']:.3f}{star}"
     # a diffusion model: the window's ELBO with the widest clean context instead of the long-position loss
@@ -61,11 +66,11 @@ def _legend(report: EvalReport, *, terminal: bool = False) -> str:
     method = f"log-likelihood vs {n} distractors" if n else "greedy"
     if terminal:
         return _terminal_legend(report, method)
-    text = (f"cells: passkey accuracy ({method}; g = greedy exact keys / keys) and margin in nats │ mean "
+    text = (f"cells: greedy exact keys / keys (ll = accuracy by {method}) and margin in nats │ mean "
             "loss at positions ≥ length/2; ~ = the 95 % interval of some depth reaches chance; "
             "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
             f"keeps greedy ≥ {report.effective_threshold:.0%}; short = loss on short held-out documents "
-            "(change vs base [95 % interval over the documents])")  # fmt: skip
+            f"(change vs base [95 % interval over the documents]); {HEATMAP_LEGEND}")  # fmt: skip
     if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
         text += ("; elbo = diffusion models (passkey by infilling the restated key): the bound of a window "
                  "(nats per token) with the widest clean context around it")  # fmt: skip
@@ -144,9 +149,16 @@ def legend_lines(report: EvalReport, width: int = TERMINAL_COLUMNS) -> list[str]
     return textwrap.wrap(_legend(report, terminal=True), width=width)
 
 
+def settings_line(report: EvalReport) -> str:
+    """`settings: 20 keys per cell × 5 depths (…), … — the [eval] of plan tiny`."""
+    origin = f" — {report.settings_origin}" if report.settings_origin else ""
+    return f"settings: {report.settings.describe()}{origin}"
+
+
 def print_tables(report: EvalReport, con: Console) -> None:
     for table in report_tables(report):
         con.print(table)
+    con.print(settings_line(report), highlight=False, markup=False, soft_wrap=True)
     for line in legend_lines(report):
         con.print(line, highlight=False, markup=False, soft_wrap=True)
 
@@ -169,7 +181,7 @@ def markdown_table(report: EvalReport) -> str:
                  _short(row),
                  *([_packed(row)] if packed else [])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", _legend(report), "", f"method: {report.method}"]
+    lines += ["", settings_line(report), "", _legend(report), "", f"method: {report.method}"]
     lines += [f"- note: {n}" for n in report.notes]
     if report.plots:
         lines += [""] + [f"- {k}: {v}" for k, v in report.plots.items()]
@@ -182,7 +194,7 @@ def _terminal_legend(report: EvalReport, method: str) -> str:
             "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
             f"keeps greedy ≥ {report.effective_threshold:.0%}. loss: mean loss at positions ≥ length/2. "
             "short: loss on short held-out documents and its change vs the base [95 % interval over the "
-            "documents]. Margins and every interval: --json.")  # fmt: skip
+            f"documents]. Margins and every interval: --json. {HEATMAP_LEGEND}.")  # fmt: skip
     if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
         text += (
             " elbo (diffusion, passkey by infilling): a window's bound in nats/token, widest clean context."

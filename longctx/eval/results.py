@@ -106,6 +106,16 @@ class PasskeyResult(BaseModel):
         """Depths whose headline interval reaches chance: their accuracy tells nothing apart from guessing."""
         return [c.depth for c in self.cells if spans(c.headline()[1], self.chance)]
 
+    def greedy_depths_at_chance(self) -> list[float]:
+        """Depths whose greedy interval reaches the greedy chance (10^-digits): no key retrieved."""
+        digits = max((len(i.key) for i in self.items), default=1)
+        return [c.depth for c in self.cells if spans(c.greedy_interval, chance_greedy(digits))]
+
+    def loglik_depths_at_chance(self) -> list[float]:
+        """Depths whose log-likelihood interval reaches 1/(distractors + 1)."""
+        return [c.depth for c in self.cells
+                if c.loglik_interval is not None and spans(c.loglik_interval, chance_loglik(self.distractors))]  # fmt: skip
+
     @classmethod
     def from_items(
         cls, length: int, distractors: int, scores: Sequence[ItemScore], natural: float
@@ -201,6 +211,8 @@ class EvalReport(BaseModel):
     plan: str | None
     stage: str | None
     settings: EvalSettings
+    # where the settings come from: the plan's [eval], and the fields options overrode
+    settings_origin: str | None = None
     method: str
     lengths: list[int]
     checkpoints: list[CheckpointEval]
@@ -212,6 +224,13 @@ class EvalReport(BaseModel):
     effective_threshold: float = (
         EFFECTIVE_THRESHOLD  # greedy accuracy every depth keeps up to the effective length
     )
+
+    def identity(self) -> str:
+        """What makes two reports comparable: the measured settings, the lengths and the held-out data
+        (not the checkpoints: a later summary of the same plan replaces an earlier one)."""
+        return self.settings.fingerprint(
+            self.lengths, self.heldout.get("prefixes"), self.heldout.get("split")
+        )
 
     def table(self) -> list[dict[str, Any]]:
         """One row per checkpoint: per length the headline passkey accuracy, greedy accuracy, mean

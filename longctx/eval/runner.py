@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from longctx.checkpoint.layout import read_tracker
@@ -46,12 +47,8 @@ from longctx.plan.stage_data import plan_tokenizer
 from longctx.tokenizer.load import LoadedTokenizer
 from longctx.util.confine import check_output_dir, refuse_write_into
 
-# what runs after each local stage; `eval summary` and the demo use the same, so they re-use those results
-STAGE_SETTINGS = EvalSettings()
-
 __all__ = [
     "BASE_LABEL",
-    "STAGE_SETTINGS",
     "CheckpointRef",
     "ResultCache",
     "check_length",
@@ -61,6 +58,7 @@ __all__ = [
     "evaluate_finished_stage",
     "evaluate_path",
     "plan_lengths",
+    "plan_settings",
     "render_summary",
     "summarize_plan",
     "write_outputs",
@@ -71,6 +69,28 @@ def plan_lengths(rp: ResolvedPlan, upto: int | None = None) -> list[int]:
     """The base's length and each stage's (up to stage index `upto`)."""
     stages = rp.stages if upto is None else rp.stages[: upto + 1]
     return sorted({int(rp.plan.base.seq_length), *(int(s.seq_length) for s in stages)})
+
+
+def plan_settings(rp: ResolvedPlan, **overrides: object) -> EvalSettings:
+    """The plan's `[eval]` settings with `overrides` (the fields an option gave; None = not given).
+    Raises EvalError naming the field for a bad value."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return EvalSettings.model_validate({**rp.eval.model_dump(), **given})
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or "settings"
+        msg = first["msg"].removeprefix("Value error, ")
+        raise EvalError(f"bad evaluation setting {field}: {msg}",
+                        where=f"[eval].{field} of plan {rp.plan.name}, or the option that overrides it",
+                        fix="give a value the plan's [eval] table accepts (docs/evaluation.md)") from None  # fmt: skip
+
+
+def settings_origin(rp: ResolvedPlan, settings: EvalSettings) -> str:
+    """Where `settings` come from: the plan's [eval] table, and what differs from it."""
+    where = f"the [eval] of plan {rp.plan.name}"
+    changes = settings.changes_from(rp.eval)
+    return where if not changes else f"{where}, overridden: {'; '.join(changes)}"
 
 
 def _plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
@@ -130,12 +150,14 @@ def evaluate_finished_stage(
     notes: list[str] = []
     refs = _ladder_refs(rp, st.index, notes)
     log = _stderr_log if echo else None
+    settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
         refs, lengths=plan_lengths(rp, st.index), tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
-        settings=settings or STAGE_SETTINGS, short_length=int(rp.plan.base.seq_length), cache_dir=_run_dir_cache(rp),
+        settings=settings, short_length=int(rp.plan.base.seq_length), cache_dir=_run_dir_cache(rp),
         plan=rp.plan.name, stage=stage_name, log=log,
     )  # fmt: skip
     report.notes = notes + report.notes
+    report.settings_origin = settings_origin(rp, settings)
     write_outputs(report, paths.stage_dir(rp.plan, stage_name) / "eval")
     if echo and is_main_process():
         print_report(report, stderr=True)
@@ -163,24 +185,28 @@ def summarize_plan(
         raise EvalError("no checkpoint of this plan is on disk yet", where=str(rp.run_dir),
                         fix="run the stages first (longctx stage run --until-done)")  # fmt: skip
     last = rp.stages[-1]
+    settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
         refs, lengths=list(lengths) if lengths else plan_lengths(rp), tokenizer=_plan_tokenizer(rp),
         heldout=heldout_for_stage(rp, last, data), settings=settings, short_length=int(rp.plan.base.seq_length),
         cp=cp, cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.plan.name, stage=None,
     )  # fmt: skip
     report.notes = notes + report.notes
+    report.settings_origin = settings_origin(rp, settings)
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / "summary")
 
 
 def demo_summary(
     rp: ResolvedPlan, *, base: Path | None = None, settings: EvalSettings | None = None
 ) -> dict[str, Any]:
-    """The demo's evaluation step: `summarize_plan` with the per-stage settings (so everything the
-    stages measured is re-used), as a JSON-able dict with the table, plots and a Markdown rendering."""
-    report = summarize_plan(rp, settings=settings or STAGE_SETTINGS, base=base)
+    """The demo's evaluation step: `summarize_plan` with the plan's [eval] settings (what `eval summary`
+    uses too, and the stages' evaluations, so each re-uses what the others measured), as a JSON-able dict
+    with the table, plots and a Markdown rendering."""
+    report = summarize_plan(rp, settings=settings, base=base)
     return {
         "lengths": report.lengths,
         "method": report.method,
+        "settings": report.settings.model_dump(mode="json"),
         "table": report.table(),
         "plots": report.plots,
         "out_dir": report.out_dir,
@@ -249,11 +275,13 @@ def evaluate_path(
         refs.append(CheckpointRef(BASE_LABEL, base, passkey=False))
     refs.append(CheckpointRef(label, Path(checkpoint), rotary_base=rotary_base, allow_extrapolation=extrapolate,
                               expected_rotary_base=expected))  # fmt: skip
+    settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
         refs, lengths=lens, tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st, data),
         settings=settings, short_length=int(rp.plan.base.seq_length), cp=cp,
         cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.plan.name, stage=stage,
     )  # fmt: skip
+    report.settings_origin = settings_origin(rp, settings)
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / label)
 
 

@@ -27,7 +27,7 @@ from longctx.plan.objective import (
     resolve_objective,
     vocab_rows,
 )
-from longctx.plan.schema import DataSpec, LRSpec, Plan, StageSpec
+from longctx.plan.schema import DataSpec, EvalSpec, LRSpec, Plan, StageSpec
 from longctx.report import Findings
 from longctx.rope import choose_base
 from longctx.rope.megatron import megatron_rope_flags
@@ -133,6 +133,9 @@ class ResolvedPlan:
     stages: list[ResolvedStage]
     findings: Findings
     objective: Objective = dataclasses.field(default_factory=Objective)  # the plan's, [MASK] id decided
+    # what every evaluation of this plan measures (its [eval] table, defaults filled in): the evaluation
+    # after each local stage, `eval run`, `eval summary` and the demo; their options override single fields
+    eval: EvalSpec = dataclasses.field(default_factory=EvalSpec)
 
     @property
     def run_dir(self) -> Path:
@@ -348,7 +351,7 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
         _check_documents_on_megatron(plan, st, findings)
         prev_base, prev_len = st.rotary_base, st.seq_length
         stages.append(st)
-    return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings, objective)
+    return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings, objective, plan.eval)
 
 
 def _check_documents_on_megatron(plan: Plan, st: ResolvedStage, findings: Findings) -> None:

@@ -251,6 +251,81 @@ class WandbSpec(_Strict):
     save_dir: str | None = None  # ${RUN_DIR}/… like the plan's other paths; a "<stage>" subdirectory each
 
 
+DEFAULT_EVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+class EvalSpec(_Strict):
+    """`[eval]`: what the evaluation of this plan measures. `stage run` (after each local stage), `eval
+    run`, `eval summary` and the demo use these values unless an option overrides one; every field but
+    `batch_size` changes the numbers (and the cache key of the results).
+
+    The defaults are cheap enough for the CPU demo's evaluation after each stage (about 35 forwards per
+    checkpoint and length, and two sequences scored twice for the packed windows)."""
+
+    # needle depths, fractions of the context in [0, 1] (0 = the needle at the start)
+    depths: list[float] = Field(default_factory=lambda: list(DEFAULT_EVAL_DEPTHS), min_length=1)
+    # pass keys per (length, depth) cell; bounded so a typo cannot queue billions of forwards
+    keys_per_cell: StrictInt = Field(default=2, ge=1, le=10_000)
+    # distractor keys per item for the log-likelihood choice (0: greedy exact match only)
+    distractors: StrictInt = Field(default=2, ge=0, le=100)
+    key_digits: StrictInt = Field(default=5, ge=1, le=30)
+    # the haystack: "synthetic" (the demo corpus' sentences) or "heldout" (the plan's held-out tokens)
+    filler: Literal["synthetic", "heldout"] = "synthetic"
+    seed: StrictInt = Field(default=1234, ge=0)
+    # held-out documents per length for the loss by position
+    loss_docs: StrictInt = Field(default=3, ge=1)
+    buckets: Literal["log", "fixed"] = "log"
+    bucket_first: StrictInt = Field(default=16, ge=2)
+    short_docs: StrictInt = Field(default=16, ge=0)  # 0: no short-context loss
+    # windows per length packed from several held-out documents, scored across and within documents
+    packed_windows: StrictInt = Field(default=2, ge=0)  # 0: none
+    # diffusion models: the ELBO of a window this long by the clean context around it, at these noise levels
+    elbo_window: StrictInt = Field(default=64, ge=2)
+    elbo_levels: list[float] = Field(default_factory=lambda: [0.125, 0.375, 0.625, 0.875], min_length=1)
+    # sequences per forward: memory only, the numbers stay the same
+    batch_size: StrictInt = Field(default=4, ge=1)
+
+    @field_validator("depths")
+    @classmethod
+    def _depths(cls, v: list[float]) -> list[float]:
+        bad = [d for d in v if not 0.0 <= d <= 1.0]
+        if bad:
+            raise ValueError(f"needle depths must be fractions in [0, 1]; got {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"needle depths repeat: {v}")
+        return v
+
+    @field_validator("elbo_levels")
+    @classmethod
+    def _levels(cls, v: list[float]) -> list[float]:
+        bad = [t for t in v if not 0.0 < t <= 1.0]
+        if bad:
+            raise ValueError(f"noise levels are in (0, 1], got {bad}")
+        return v
+
+    def measured(self) -> dict[str, Any]:
+        """The fields that change the numbers (all but batch_size)."""
+        return self.model_dump(exclude={"batch_size"})
+
+    def changes_from(self, other: EvalSpec) -> list[str]:
+        """`keys_per_cell 2 → 20` for each measured field that differs from `other`'s."""
+        mine, theirs = self.measured(), other.measured()
+        return [f"{k} {_text(theirs[k])} → {_text(mine[k])}" for k in mine if mine[k] != theirs.get(k)]
+
+    def describe(self) -> str:
+        """One line: `20 keys per cell × 5 depths (0–100 %), 2 distractors, 5-digit keys, …`."""
+        depths = ", ".join(f"{d:.0%}" for d in self.depths)
+        return (f"{self.keys_per_cell} keys per cell × {len(self.depths)} depths ({depths}), "
+                f"{self.distractors} distractors, {self.key_digits}-digit keys, {self.filler} filler, "
+                f"seed {self.seed}")  # fmt: skip
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in value)
+    return str(value)
+
+
 class Plan(_Strict):
     name: str
     description: str = ""
@@ -264,6 +339,7 @@ class Plan(_Strict):
     megatron: MegatronSpec = MegatronSpec()
     local: LocalSpec = LocalSpec()
     wandb: WandbSpec | None = None  # W&B logging (optional; TensorBoard events are always written)
+    eval: EvalSpec = EvalSpec()  # what the evaluation measures (docs/evaluation.md)
     slurm: dict[str, Any] = Field(default_factory=dict)
     defaults: StageDefaults = StageDefaults()
     stages: list[StageSpec] = Field(min_length=1)

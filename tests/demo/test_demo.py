@@ -56,6 +56,42 @@ def test_small_demo_then_resume(tmp_path: Path) -> None:
     assert [r["launches"] for r in again.stages] == [r["launches"] for r in report.stages]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
+def test_eval_summary_after_the_small_demo_prints_the_demos_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo evaluates with its plan's [eval]; `eval summary PLAN` afterwards measures the same, so it
+    loads no model (every result from the demo's cache) and prints the demo's table."""
+    run_dir = tmp_path / "demo"
+    plan = write_plan(tmp_path / "plan.toml", run_dir, extra="\n[eval]\nkeys_per_cell = 3\n")
+    report = run_demo(run_dir, DemoConfig.small(plan), echo=[].append)
+    ev = report.evaluation
+    assert ev is not None and ev["settings"]["keys_per_cell"] == 3
+    demo_table = (run_dir / "eval" / "summary" / "summary.md").read_text()
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("eval summary loaded a model: the demo's results were not re-used")
+
+    monkeypatch.setattr("longctx.eval.engine.load_model", no_model)
+    res = CliRunner().invoke(app, ["eval", "summary", str(plan), "--run-dir", str(run_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["settings"] == ev["settings"] and data["settings_origin"] == "the [eval] of plan test-tiny"
+    lengths = {str(n) for n in data["lengths"]}
+    assert all(set(ce["cached"]) >= lengths for ce in data["checkpoints"])
+    assert {
+        c["keys"] for ce in data["checkpoints"] for r in ce["results"] for c in r["passkey"]["cells"]
+    } == {3}
+    assert not any(p.name.startswith("summary-") for p in (run_dir / "eval").iterdir())  # nothing replaced
+    # the same table, written to the same place (the plots' and the notes' lines aside)
+    table = (run_dir / "eval" / "summary" / "summary.md").read_text()
+    assert table.split("\nmethod:")[0] == demo_table.split("\nmethod:")[0]
+    text = CliRunner().invoke(app, ["eval", "summary", str(plan), "--run-dir", str(run_dir)])
+    assert text.exit_code == 0 and "settings: 3 keys per cell × 5 depths" in text.stdout
+    assert "3/15" in text.stdout or "/15" in text.stdout  # 3 keys × 5 depths per length
+
+
 def test_demo_cli_help_and_json_shape() -> None:
     r = CliRunner().invoke(app, ["demo", "--help"])
     assert r.exit_code == 0 and "stages/tiny.toml" in r.output and "--small" in r.output
@@ -97,6 +133,6 @@ def test_demo_family_picks_its_plan() -> None:
 
 def test_the_published_mdm_demo_has_no_small_variant() -> None:
     mdm = DemoConfig.from_options(family="mdm")
-    assert mdm.published == "mdm" and mdm.eval_keys == 20 and mdm.plan.name == "tiny_mdm.toml"
+    assert mdm.published == "mdm" and mdm.plan.name == "tiny_mdm.toml"
     r = CliRunner().invoke(app, ["demo", "--family", "mdm", "--small", "--dir", "/nonexistent/x"])
     assert r.exit_code == 2 and "the mdm demo has no small plan" in r.output

@@ -47,6 +47,8 @@ def _plan(path: Path, run_dir: Path, family: str) -> Path:
         [local]
         eval_after_stage = false
         threads_per_process = 1
+        [eval]
+        keys_per_cell = 1
         [defaults]
         nodes = 1
         log_interval = 1
@@ -87,7 +89,6 @@ def test_demo_adopts_the_published_base_and_extends_it(tmp_path: Path, family: s
         published=family,
         corpora=(Corpus("short", 300, 80, 170, 11), Corpus("long", 60, 700, 1400, 12)),
         interrupt_stage=None,
-        eval_keys=1,
     )
     lines: list[str] = []
     report = run_demo(run_dir, cfg, echo=lines.append)

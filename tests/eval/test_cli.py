@@ -57,6 +57,59 @@ def test_summary(eval_run_copy: EvalRun) -> None:
     assert (eval_run_copy.run_dir / "eval" / "summary" / "niah.png").is_file()
 
 
+PLAN_EVAL = """
+[eval]
+keys_per_cell = 1
+depths = [0.0, 1.0]
+distractors = 1
+loss_docs = 1
+short_docs = 2
+packed_windows = 0
+"""
+
+
+def test_the_plans_eval_settings_are_the_default_and_an_option_overrides_one(
+    eval_run_copy: EvalRun, tmp_path: Path
+) -> None:
+    plan, run_dir = eval_run_copy.plan, eval_run_copy.run_dir
+    plan.write_text(plan.read_text() + PLAN_EVAL)
+    res = cli("summary", plan, "--lengths", S1_LEN)
+    assert res.exit_code == 0, res.output
+    # the table says what it measured and where the settings come from
+    assert "settings: 1 keys per cell × 2 depths (0%, 100%), 1 distractors" in res.stdout, res.stdout
+    assert "the [eval] of plan evaltiny" in res.stdout and "overridden" not in res.stdout
+    first = json.loads((run_dir / "eval" / "summary" / "report.json").read_text())
+    assert first["settings"]["keys_per_cell"] == 1
+    assert {
+        c["keys"] for ce in first["checkpoints"] for r in ce["results"] for c in r["passkey"]["cells"]
+    } == {1}
+
+    # an option overrides its field only; the plan's summary is kept, and the note says what changed
+    res = cli("summary", plan, "--lengths", S1_LEN, "--keys", "2", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["settings"]["keys_per_cell"] == 2 and data["settings"]["depths"] == [0.0, 1.0]
+    assert data["settings_origin"] == "the [eval] of plan evaltiny, overridden: keys_per_cell 1 → 2"
+    kept = sorted(p for p in (run_dir / "eval").iterdir() if p.name.startswith("summary-"))
+    assert len(kept) == 1
+    assert json.loads((kept[0] / "report.json").read_text())["settings"]["keys_per_cell"] == 1
+    assert any(f"keys_per_cell 1 → 2); kept as {kept[0]}" in n for n in data["notes"]), data["notes"]
+    assert "kept as" in (run_dir / "eval" / "summary" / "summary.md").read_text()
+
+    # the same settings again: every result from the cache, the summary replaced in place, nothing more kept
+    res = cli("summary", plan, "--lengths", S1_LEN, "--keys", "2", "--json")
+    data = json.loads(res.stdout)
+    assert all(set(ce["cached"]) == {str(S1_LEN), "short"} for ce in data["checkpoints"]), data["checkpoints"]
+    assert not any("kept as" in n for n in data["notes"])
+    assert len([p for p in (run_dir / "eval").iterdir() if p.name.startswith("summary-")]) == 1
+
+    # `eval run` takes the plan's settings too
+    res = cli("run", eval_run_copy.stage("s1"), "--plan", plan, "--lengths", S1_LEN, "--no-base", "--json",
+              "--out", tmp_path / "one")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["settings"]["keys_per_cell"] == 1
+
+
 def test_summary_plan_spellings(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
     # `eval summary PLAN`, and the old `--plan PLAN` (hidden, kept for scripts), reach the same plan
