@@ -338,6 +338,16 @@ def _real_megatron_enum(module: str, name: str, stub_megatron: bool | None) -> t
     return None
 
 
+@functools.cache
+def enums_pickled_by_name() -> bool:
+    """Whether this interpreter pickles an enum member by name (`getattr(EnumClass, "NAME")`, a global
+    enum's member as `module.NAME`), as 3.11.0 to 3.11.4 do. torch's `weights_only` loader, which
+    megatron-core uses for common.pt, refuses those pickles, so Megatron-LM running under such a Python
+    cannot load the checkpoints it saves (longctx reads them through its own allow-list)."""
+    data = pickle.dumps(signal.SIGTERM, protocol=2)
+    return b"Signals" not in data
+
+
 def _refusal(what: str, where: str | None) -> CheckpointError:
     return CheckpointError(
         f"refusing to unpickle: the pickle asks for {what}, which is not on the checkpoint reader's "
@@ -450,6 +460,7 @@ def safe_torch_load(
 __all__ = [
     "MegatronStub",
     "SafeUnpickler",
+    "enums_pickled_by_name",
     "gc_paused",
     "resolve_global",
     "safe_pickle_module",

@@ -27,6 +27,7 @@ from megatron.core.dist_checkpointing.validation import StrictHandling
 from megatron.core.transformer.module import MegatronModule
 
 from longctx.checkpoint.layout import TRACKER, iter_dir_name
+from longctx.checkpoint.unpickle import safe_torch_load
 from longctx.errors import CheckpointError
 from longctx.util.fs import atomic_write_text
 
@@ -126,6 +127,26 @@ class _NoCommonPt(TorchCommonLoadStrategy):
         return {}
 
 
+class _SafeCommonPt(TorchCommonLoadStrategy):
+    """common.pt through longctx's allow-list reader instead of torch's `weights_only` one: early 3.11
+    releases (Debian 12's 3.11.2) pickle an enum member as `getattr(EnumClass, "NAME")` and
+    `signal.SIGTERM` as a global, which `weights_only` refuses, so a save written there would not load."""
+
+    def load_common(self, checkpoint_dir: Any) -> dict[str, Any]:
+        path = Path(checkpoint_dir) / "common.pt"
+        return safe_torch_load(path.read_bytes(), where=str(path), stub_megatron=False)
+
+
+def common_strategy(checkpoint_dir: str | Path) -> TorchCommonLoadStrategy:
+    """How megatron-core's loader reads a save's common state, whichever Python pickled it."""
+    return _SafeCommonPt() if (Path(checkpoint_dir) / "common.pt").is_file() else _NoCommonPt()
+
+
+def load_common_state(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """`dist_checkpointing.load_common_state_dict`, read by `common_strategy`."""
+    return common_strategy(checkpoint_dir).load_common(checkpoint_dir)
+
+
 def load_model_weights(
     model: MegatronModule,
     checkpoint_dir: str | Path,
@@ -136,12 +157,11 @@ def load_model_weights(
     """Load only the model weights of a torch_dist checkpoint directory (iter_N) into `model`
     (`model_state`: its sharded state dict under the checkpoint's keys, when they are not GPTModel's)."""
     directory = Path(checkpoint_dir)
-    extra = {} if (directory / "common.pt").is_file() else {"common_strategy": _NoCommonPt()}
     state = dist_checkpointing.load(
         {"model": dict(model_state) if model_state is not None else model.sharded_state_dict()},
         str(directory),
         strict=StrictHandling.ASSUME_OK_UNEXPECTED,
-        **extra,
+        common_strategy=common_strategy(directory),
     )
     model_sd = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
     missing, unexpected = model.load_state_dict(model_sd, strict=False)

@@ -20,6 +20,8 @@ from megatron.core.dist_checkpointing.validation import StrictHandling
 from megatron.core.transformer.module import MegatronModule
 from torch.distributed.checkpoint import FileSystemReader
 
+from longctx.mcore.checkpoint import common_strategy
+
 Block = Literal["decoder", "encoder"]
 BUFFER_PREFIX = "subtokenizer."
 
@@ -68,8 +70,9 @@ def read_layout(checkpoint_dir: str | Path) -> StoredLayout:
     buffers: dict[str, torch.Tensor] = {}
     if wanted:
         loaded = dist_checkpointing.load(
-            wanted, str(checkpoint_dir), strict=StrictHandling.ASSUME_OK_UNEXPECTED
-        )
+            wanted, str(checkpoint_dir), strict=StrictHandling.ASSUME_OK_UNEXPECTED,
+            common_strategy=common_strategy(checkpoint_dir),
+        )  # fmt: skip
         buffers = {k: loaded[k].detach().clone() for k in wanted}
     return StoredLayout(block, buffers)
 

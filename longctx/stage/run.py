@@ -28,6 +28,7 @@ from typing import Literal
 
 from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.checkpoint.layout import TRACKER, complete_iterations, iter_dir_name, partial_saves, read_tracker
+from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.errors import CheckpointError, LongctxError, StageError
 from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan import paths
@@ -437,6 +438,7 @@ def launch_plan(
         argv = [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)]
         env = {"OMP_NUM_THREADS": str(spec.threads_per_process)}
         return LaunchPlan(step, st, backend, argv, nproc, env, binding, log, spec_path, spec)
+    refuse_python_megatron_cannot_resume()
     if check_megatron:
         script = megatron_lm_script(rp)
     else:
@@ -472,6 +474,22 @@ def launch_plan(
         env["OMP_NUM_THREADS"] = str(threads)
     return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu,
                       schedule_override=override)  # fmt: skip
+
+
+def refuse_python_megatron_cannot_resume() -> None:
+    """Megatron-LM under a Python that pickles enum members by name (3.11.0-3.11.4) writes a common.pt
+    that its own loader (torch's `weights_only`) refuses: the first resume of every stage would fail,
+    after the queue wait on a cluster. Refused before the launch."""
+    if enums_pickled_by_name():
+        version = ".".join(map(str, sys.version_info[:3]))
+        raise StageError(
+            f"Megatron-LM cannot run under this Python ({version}, {sys.executable}): it pickles enum members "
+            "by name, which megatron-core's checkpoint loader (torch weights_only) refuses, so no stage could "
+            "resume from its own saves",
+            where=sys.executable,
+            fix="run the Megatron-LM backend with Python >= 3.11.5 (or 3.12+) in the job's environment; the "
+            "local backend and longctx's readers work under this one",
+        )
 
 
 def refuse_contradicting_base(rp: ResolvedPlan, st: ResolvedStage) -> None:

@@ -29,7 +29,7 @@ from longctx.attention.megatron_adapter import document_params
 from longctx.checkpoint.layout import read_tracker
 from longctx.diffusion.loss import mdm_token_loss, udm_token_loss
 from longctx.errors import LongctxError, TrainError
-from longctx.mcore.checkpoint import save_checkpoint
+from longctx.mcore.checkpoint import common_strategy, load_common_state, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
 from longctx.mcore.positions import rope_from_position_ids
@@ -141,7 +141,7 @@ class Trainer:
     def _resume(self, ckpt: Path) -> None:
         """Model, optimizer, counters, LR schedule and random state of checkpoint `ckpt` — saved by this
         backend or by Megatron-LM (see `longctx.train.optim` for the optimizer layouts it reads)."""
-        common = dist_checkpointing.load_common_state_dict(str(ckpt))
+        common = load_common_state(ckpt)
         layout = optim.layout_of(common, str(ckpt))
         self.layout = read_layout(ckpt)
         model_sd = self.layout.model_state(self.model)
@@ -151,7 +151,7 @@ class Trainer:
             "optimizer": optim.template(self.optimizer, model_sd, layout, self.model_params),
             "rng_state": rng_sharded_object(self.spec.seed),
         }
-        state = dist_checkpointing.load(template, str(ckpt))
+        state = dist_checkpointing.load(template, str(ckpt), common_strategy=common_strategy(ckpt))
         model_state = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
         self.model.load_state_dict(model_state, strict=False)
         if self.main.mixed:

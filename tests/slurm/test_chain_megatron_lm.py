@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.errors import SlurmError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
@@ -44,6 +45,14 @@ from longctx.slurm.status import chain_status
 from longctx.stage import ledger
 from longctx.stage.state import next_step, plan_state
 from tests.fixtures.slurm import CHAIN_PLAN, open_launch
+
+# Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
+# longctx refuses to launch it there (tests/stage/test_megatron_python.py)
+pytestmark = pytest.mark.skipif(
+    enums_pickled_by_name(),
+    reason="this Python pickles enum members by name: longctx refuses Megatron-LM launches",
+)
+
 
 A_ITERS, B_ITERS, SAVE = 60, 10, 20  # global batch 2
 TIME_MIN, SIGNAL_LEAD_S = 5, 60

@@ -31,6 +31,7 @@ from typer.testing import CliRunner
 
 from longctx.checkpoint import inspect_checkpoint, verify_checkpoint
 from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.cli.main import app
 from longctx.launch.local import LocalLauncher
 from longctx.plan.derive import resolve_plan
@@ -38,6 +39,14 @@ from longctx.plan.load import load_plan
 from longctx.stage import ledger
 from longctx.stage.run import LaunchPlan, execute, prepare_launch
 from tests.fixtures.slurm import copy_save_at, write_chain_plan
+
+# Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
+# longctx refuses to launch it there (tests/stage/test_megatron_python.py)
+pytestmark = pytest.mark.skipif(
+    enums_pickled_by_name(),
+    reason="this Python pickles enum members by name: longctx refuses Megatron-LM launches",
+)
+
 
 K, N = 4, 8
 LOSS_TOL = 3e-3

@@ -12,11 +12,20 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.cli.main import app
 from longctx.stage import ledger
 from tests.fixtures.run import write_plan
+
+# Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
+# longctx refuses to launch it there (tests/stage/test_megatron_python.py)
+pytestmark = pytest.mark.skipif(
+    enums_pickled_by_name(),
+    reason="this Python pickles enum members by name: longctx refuses Megatron-LM launches",
+)
 
 
 def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypatch) -> None:

@@ -25,10 +25,19 @@ from typer.testing import CliRunner
 
 from longctx.checkpoint import inspect_checkpoint, verify_checkpoint
 from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.cli.main import app
 from longctx.stage import ledger
 from longctx.stage.megatron_args import cpu_flags
 from tests.fixtures.slurm import CHAIN_PLAN
+
+# Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
+# longctx refuses to launch it there (tests/stage/test_megatron_python.py)
+pytestmark = pytest.mark.skipif(
+    enums_pickled_by_name(),
+    reason="this Python pickles enum members by name: longctx refuses Megatron-LM launches",
+)
+
 
 A_ITERS, B_ITERS = 12, 2  # global batch 2: tokens = iterations × 2 × seq
 # the preflight checks the stage's GPU argv against the plan's cluster profile (the "local" one has no

@@ -16,11 +16,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.cli.main import app
 from longctx.stage import ledger
 from tests.fixtures.slurm import CHAIN_PLAN
+
+# Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
+# longctx refuses to launch it there (tests/stage/test_megatron_python.py)
+pytestmark = pytest.mark.skipif(
+    enums_pickled_by_name(),
+    reason="this Python pickles enum members by name: longctx refuses Megatron-LM launches",
+)
 
 ITERS = 2  # global batch 2 of 128 tokens
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.cli.main import app
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
@@ -25,6 +26,14 @@ from longctx.stage.megatron_args import OVERRIDE_SCHEDULER_FLAG
 from longctx.stage.run import local_spec
 from longctx.train.schedule import LRScheduler
 from tests.fixtures.slurm import copy_save_at, write_chain_plan
+
+# Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
+# longctx refuses to launch it there (tests/stage/test_megatron_python.py)
+pytestmark = pytest.mark.skipif(
+    enums_pickled_by_name(),
+    reason="this Python pickles enum members by name: longctx refuses Megatron-LM launches",
+)
+
 
 K, N = 4, 8
 MLM = ["--backend", "megatron-lm", "--no-preflight"]
