@@ -217,3 +217,17 @@ def test_a_run_directory_of_another_base_is_refused_before_anything_is_written(t
         install_published(AR, tok, save)
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
     assert set(after) == set(before)
+
+
+def test_demo_on_a_run_directory_of_another_tokenizer_writes_nothing(tmp_path: Path) -> None:
+    """`longctx demo --dir` on another run's directory is refused at its first step, before any data."""
+    from tests.bad_input.harness import refused
+
+    run = tmp_path / "run"
+    install_published(AR, run / "tokenizer", run / "base" / "checkpoints")
+    with (run / "tokenizer" / "manifest.toml").open("a") as fh:
+        fh.write("# another run's manifest\n")
+    refused(
+        ["demo", "--dir", run], [run], needle="the run directory's tokenizer is not longctx-demo-ar-base's"
+    )
+    assert not (run / "data").exists()
