@@ -127,7 +127,7 @@ def check_output_dir(target: Path, *, option: str, what: str) -> Path:
         st = None
     except OSError as err:
         raise _refuse(
-            target, option, f"cannot inspect it ({err.strerror})", "choose another directory"
+            target, option, f"cannot write there ({err.strerror})", "choose another directory"
         ) from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise _refuse(target, option, "it exists and is not a directory", f"name a directory for {what}")
