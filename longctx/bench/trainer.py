@@ -342,7 +342,7 @@ def build_base(rp: ResolvedPlan, root: Path, env: dict[str, str]) -> Path:
         "padded_vocab_size": st.padded_vocab_size, "make_vocab_size_divisible_by": rp.make_vocab_size_divisible_by,
         "tokenizer": {"path": str(tok_dir), "md5": tok.md5, "vocab_size": tok.vocab_size, "eod_id": tok.eod_id,
                       "pad_id": tok.pad_id},
-        "data": [[None, p] for p in (st.data.prefixes or [])] if st.data else [],
+        "data": [[None, str(p)] for p in (st.data.prefixes or ())] if st.data else [],
         "split": SPLIT, "data_cache_path": str(root / "base" / "cache"), "micro_batch_size": 1,
         "global_batch_size": 1, "train_iters": 1,
         "lr": {"lr": 1e-4, "min_lr": 1e-5, "decay_iters": 1}, "bf16": False,
