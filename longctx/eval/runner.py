@@ -40,7 +40,6 @@ from longctx.eval.render import markdown_table, print_report, print_tables
 from longctx.eval.results import EvalReport
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import is_main_process
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.plan.stage_data import plan_tokenizer
 from longctx.tokenizer.load import LoadedTokenizer
@@ -70,7 +69,7 @@ __all__ = [
 def plan_lengths(rp: ResolvedPlan, upto: int | None = None) -> list[int]:
     """The base's length and each stage's (up to stage index `upto`)."""
     stages = rp.stages if upto is None else rp.stages[: upto + 1]
-    return sorted({int(rp.plan.base.seq_length), *(int(s.seq_length) for s in stages)})
+    return sorted({int(rp.base.seq_length), *(int(s.seq_length) for s in stages)})
 
 
 def _plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
@@ -79,9 +78,7 @@ def _plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
 
 
 def _base_path(rp: ResolvedPlan) -> Path | None:
-    if rp.plan.base.path is None:
-        return None
-    return paths.resolve(rp.plan.base.path, rp.plan, field="base.path")
+    return rp.base.path
 
 
 def _has_checkpoint(save_dir: Path) -> bool:
@@ -99,9 +96,9 @@ def _ladder_refs(
     base = base or _base_path(rp)
     if base is not None and base.exists():
         refs.append(CheckpointRef(BASE_LABEL, base, allow_extrapolation=True,
-                                  expected_rotary_base=int(rp.plan.base.rotary_base)))  # fmt: skip
+                                  expected_rotary_base=int(rp.base.rotary_base)))  # fmt: skip
     else:
-        notes.append(f"the base checkpoint ({base or rp.plan.base.hub_id}) is not on disk; not evaluated")
+        notes.append(f"the base checkpoint ({base or rp.base.hub_id}) is not on disk; not evaluated")
     for st in rp.stages[: upto + 1]:
         if _has_checkpoint(st.save_dir):
             refs.append(CheckpointRef(st.name, st.save_dir, allow_extrapolation=True,
@@ -132,11 +129,11 @@ def evaluate_finished_stage(
     log = _stderr_log if echo else None
     report = evaluate_checkpoints(
         refs, lengths=plan_lengths(rp, st.index), tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
-        settings=settings or STAGE_SETTINGS, short_length=int(rp.plan.base.seq_length), cache_dir=_run_dir_cache(rp),
-        plan=rp.plan.name, stage=stage_name, log=log,
+        settings=settings or STAGE_SETTINGS, short_length=int(rp.base.seq_length), cache_dir=_run_dir_cache(rp),
+        plan=rp.name, stage=stage_name, log=log,
     )  # fmt: skip
     report.notes = notes + report.notes
-    write_outputs(report, paths.stage_dir(rp.plan, stage_name) / "eval")
+    write_outputs(report, st.stage_dir / "eval")
     if echo and is_main_process():
         print_report(report, stderr=True)
     return report
@@ -165,8 +162,8 @@ def summarize_plan(
     last = rp.stages[-1]
     report = evaluate_checkpoints(
         refs, lengths=list(lengths) if lengths else plan_lengths(rp), tokenizer=_plan_tokenizer(rp),
-        heldout=heldout_for_stage(rp, last, data), settings=settings, short_length=int(rp.plan.base.seq_length),
-        cp=cp, cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.plan.name, stage=None,
+        heldout=heldout_for_stage(rp, last, data), settings=settings, short_length=int(rp.base.seq_length),
+        cp=cp, cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.name, stage=None,
     )  # fmt: skip
     report.notes = notes + report.notes
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / "summary")
@@ -251,8 +248,8 @@ def evaluate_path(
                               expected_rotary_base=expected))  # fmt: skip
     report = evaluate_checkpoints(
         refs, lengths=lens, tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st, data),
-        settings=settings, short_length=int(rp.plan.base.seq_length), cp=cp,
-        cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.plan.name, stage=stage,
+        settings=settings, short_length=int(rp.base.seq_length), cp=cp,
+        cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.name, stage=stage,
     )  # fmt: skip
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / label)
 
