@@ -195,3 +195,87 @@ def test_no_folder_cycle() -> None:
 )
 def test_rules_say_what_the_readme_says(src: str, dst: str, ok: bool) -> None:
     assert (dst in ALLOWED[src]) is ok
+
+
+# -- a plan is resolved once, in longctx/plan ----------------------------------------------------------------
+# Everything downstream receives the values of a ResolvedPlan (docs/architecture.md, "Data flows one way"):
+# only longctx/plan resolves a plan's path strings, and nothing else reads the raw plan behind a ResolvedPlan.
+
+PATHS_MODULE = "longctx.plan.paths"
+
+
+def _outside_plan(module: str) -> bool:
+    return not (module == "longctx.plan" or module.startswith("longctx.plan."))
+
+
+def test_only_plan_resolves_paths() -> None:
+    bad = sorted(m for m, ts in GRAPH.items() if _outside_plan(m) and PATHS_MODULE in ts)
+    assert not bad, (
+        f"{PATHS_MODULE} imported outside longctx/plan (take the resolved path from ResolvedPlan / "
+        "ResolvedStage instead):\n" + "\n".join(bad)
+    )
+
+
+def _plan_fields() -> set[str]:
+    from longctx.plan.schema import Plan
+
+    return set(Plan.model_fields) | {"plan_path", "stage"}
+
+
+def _resolved_names(tree: ast.AST) -> set[str]:
+    """`rp`, `resolved`, and every parameter annotated as a ResolvedPlan."""
+    names = {"rp", "resolved"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation and "ResolvedPlan" in ast.unparse(node.annotation):
+            names.add(node.arg)
+    return names
+
+
+def raw_plan_reads(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of each read of the raw plan: `rp.plan`, `x.rp.plan`, `resolved.plan` (or any
+    name annotated ResolvedPlan), and `….plan.<a Plan field>` (`lp.rp.plan.tokenizer`, `self.plan.base`)."""
+    tree = ast.parse(source)
+    names, fields = _resolved_names(tree), _plan_fields()
+    found: dict[int, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        if node.attr == "plan":
+            v = node.value
+            if (isinstance(v, ast.Name) and v.id in names) or (
+                isinstance(v, ast.Attribute) and v.attr in names
+            ):
+                found.setdefault(node.lineno, ast.unparse(node))
+        elif node.attr in fields and isinstance(node.value, ast.Attribute) and node.value.attr == "plan":
+            found.setdefault(node.lineno, ast.unparse(node))
+    return sorted(found.items())
+
+
+def test_nothing_downstream_reads_the_raw_plan() -> None:
+    bad = [
+        f"{path.relative_to(ROOT.parent)}:{line}: {expr}"
+        for m, path in sorted(MODULES.items())
+        if _outside_plan(m)
+        for line, expr in raw_plan_reads(path.read_text())
+    ]
+    assert not bad, (
+        "the raw plan read outside longctx/plan (ResolvedPlan carries the value: rp.name, rp.run_dir, "
+        "rp.tokenizer, rp.base, rp.megatron, rp.cluster, rp.local, …):\n" + "\n".join(bad)
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "read"),
+    [
+        ("x = rp.plan.tokenizer.path", True),
+        ("x = resolved.plan", True),
+        ("x = self.rp.plan", True),
+        ("def f(r: ResolvedPlan):\n    return r.plan", True),
+        ("x = inp.plan.base", True),
+        ("x = rp.run_dir", False),
+        ("x = inp.plan.tensors", False),  # an export plan, not the raw plan
+        ("x = cfg.plan", False),
+    ],
+)
+def test_raw_plan_reads_are_recognised(line: str, read: bool) -> None:
+    assert bool(raw_plan_reads(line)) is read

@@ -39,9 +39,7 @@ from typing import Any, Literal
 
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.errors import PlanError, StageError
-from longctx.plan import paths
-from longctx.plan.derive import ResolvedPlan, resolve_plan
-from longctx.plan.load import load_plan
+from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.tokenizer import (
     fingerprint,
     load_tokenizer,
@@ -333,16 +331,16 @@ def build_base(rp: ResolvedPlan, root: Path, env: dict[str, str]) -> Path:
     """The base checkpoint: one iteration of the local trainer (`python -m longctx.train`) from random
     weights at the stage's length, fp32, one process."""
     st = rp.stages[0]
-    tok_dir = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
+    tok_dir = rp.tokenizer.path
     tok = load_tokenizer(tok_dir)
     save = root / "base" / "checkpoints"
     spec = {  # longctx.train.spec.TrainSpec, with its defaults where they serve
         "stage": "base", "arch": rp.arch.model_dump(), "seq_length": st.seq_length,
-        "max_position_embeddings": st.max_position_embeddings, "rotary_base": rp.plan.base.rotary_base,
+        "max_position_embeddings": st.max_position_embeddings, "rotary_base": rp.base.rotary_base,
         "padded_vocab_size": st.padded_vocab_size, "make_vocab_size_divisible_by": rp.make_vocab_size_divisible_by,
         "tokenizer": {"path": str(tok_dir), "md5": tok.md5, "vocab_size": tok.vocab_size, "eod_id": tok.eod_id,
                       "pad_id": tok.pad_id},
-        "data": [[None, p] for p in (st.data.prefixes or [])] if st.data else [],
+        "data": [[None, str(p)] for p in (st.data.prefixes or ())] if st.data else [],
         "split": SPLIT, "data_cache_path": str(root / "base" / "cache"), "micro_batch_size": 1,
         "global_batch_size": 1, "train_iters": 1,
         "lr": {"lr": 1e-4, "min_lr": 1e-5, "decay_iters": 1}, "bf16": False,
@@ -379,11 +377,11 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _stage_logs(rp: ResolvedPlan) -> list[Path]:
-    return sorted((paths.stage_dir(rp.plan, STAGE) / "logs").glob("*.log"))
+    return sorted((rp.stage(STAGE).stage_dir / "logs").glob("*.log"))
 
 
 def _metrics_file(rp: ResolvedPlan) -> Path:
-    return paths.stage_dir(rp.plan, STAGE) / "metrics.jsonl"
+    return rp.stage(STAGE).stage_dir / "metrics.jsonl"
 
 
 def local_tokens_per_s(metrics: Path) -> list[float]:
@@ -432,7 +430,7 @@ def run_backend(
     advance: Advance | None = None,
 ) -> BackendRun:
     """One `longctx stage run` of the bench stage on `backend`; its per-iteration tokens/s."""
-    rp = resolve_plan(load_plan(plan, run_dir=run_dir))
+    rp = open_plan(plan, run_dir)
     cmd = stage_run_command(plan, run_dir, backend)
     out_path = run_dir.parent / f"stage-run-{backend}.out"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -571,7 +569,7 @@ def run_trainer_bench(
         step(1)
         plan = root / "plan.toml"
         plan.write_text(plan_text(s, inputs=inputs, run_dir=root / "run-local"), encoding="utf-8")
-        build_base(resolve_plan(load_plan(plan)), inputs, env)
+        build_base(open_plan(plan), inputs, env)
         step(1)
         local = run_backend("local", s, plan, root / "run-local", env, advance=advance)
         mlm = run_backend("megatron-lm", s, plan, root / "run-megatron-lm", env, advance=advance)

@@ -67,8 +67,7 @@ def _print_blends(rp) -> None:
 
 
 def plan_table(rp) -> Table:
-    plan = rp.plan
-    t = narrow_table(f"{plan.name}: {plan.description}" if plan.description else plan.name)
+    t = narrow_table(f"{rp.name}: {rp.description}" if rp.description else rp.name)
     # short headers keep eleven columns inside 100; `plan show --json` has every number in full
     for col in ("stage", "length", "RoPE base", "method", "TP/CP/PP/DP", "nodes", "batch", "iters", "tokens",
                 "GiB/GPU", "fits?"):  # fmt: skip
@@ -103,7 +102,7 @@ def _uses_artifact(rp) -> bool:
 
 def _report(rp) -> dict:
     return {
-        "plan": rp.plan.name,
+        "plan": rp.name,
         "run_dir": str(rp.run_dir),
         "vocab_size": rp.vocab_size,
         "arch": rp.arch.model_dump(),
@@ -172,10 +171,9 @@ def validate(
         _check_paths(rp, findings)
     data_reports = {}
     if check_data and findings.ok:
-        from longctx.plan import paths
         from longctx.plan.stage_data import check_plan_data
 
-        tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
+        tok = rp.tokenizer.path
         data_reports = check_plan_data(
             rp,
             tokenizer=tok if tok.exists() else None,
@@ -198,7 +196,7 @@ def validate(
         console.print(plan_table(rp))
         print_findings(findings)
         if findings.ok:
-            console.print(f"[green]plan {rp.plan.name} is valid[/] ({len(rp.stages)} stages)")
+            console.print(f"[green]plan {rp.name} is valid[/] ({len(rp.stages)} stages)")
     exit_for(findings)
 
 

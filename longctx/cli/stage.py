@@ -36,10 +36,9 @@ Force = force(
 
 
 def _resolved(plan: Path, run_dir: Path | None):
-    from longctx.plan.derive import resolve_plan
-    from longctx.plan.load import load_plan
+    from longctx.plan.derive import open_plan
 
-    return resolve_plan(load_plan(plan, run_dir=run_dir))
+    return open_plan(plan, run_dir)
 
 
 def _facts(rp, profile: str | None):
@@ -48,7 +47,7 @@ def _facts(rp, profile: str | None):
     from longctx.slurm.profiles import load_profile
 
     return preflight_facts(
-        load_profile(profile or rp.plan.cluster.profile), gpu_memory_gib=rp.plan.cluster.gpu_memory_gib
+        load_profile(profile or rp.cluster.profile), gpu_memory_gib=rp.cluster.gpu_memory_gib
     )
 
 
@@ -127,7 +126,7 @@ def _tokens_per_s(p) -> str:
 def _status_table(rp, states, step, pace) -> Table:
     from longctx.util.table import narrow_table
 
-    t = narrow_table(f"{rp.plan.name}: {step.reason}")
+    t = narrow_table(f"{rp.name}: {step.reason}")
     for c in ("stage", "status", "iteration", "tracker", "last save", "tokens/s", "ETA stage", "ETA plan"):
         t.add_column(c, justify="right" if c not in ("stage", "status") else "left")
     for s, p in zip(states, pace, strict=True):
@@ -157,7 +156,7 @@ def _status_notes(states, pace) -> list[str]:
 def _state_json(rp, states, step, pace=()) -> dict:
     by_stage = {p.stage: p for p in pace}
     return {
-        "plan": rp.plan.name,
+        "plan": rp.name,
         "run_dir": str(rp.run_dir),
         "next": {"action": step.action, "stage": step.stage, "reason": step.reason,
                  "load": str(step.load) if step.load else None, "start_iteration": step.start_iteration},
@@ -244,13 +243,13 @@ def curves(
     rp = _resolved(plan, run_dir)
     png_path = _curves_out(rp, out, force)
     with stdout_to_stderr(json_out):
-        console.print(f"reading the training record of {rp.plan.name} in {rp.run_dir} …")
+        console.print(f"reading the training record of {rp.name} in {rp.run_dir} …")
         result = read_plan_curves(rp)
         for problem in result.problems:
             err_console.print(f"warning: {printable(problem)}", markup=False, highlight=False, soft_wrap=True)
         if not result.readable:
             raise StageError(
-                f"no training curves readable for plan {rp.plan.name!r}",
+                f"no training curves readable for plan {rp.name!r}",
                 where=str(rp.run_dir),
                 fix="run a stage first (`longctx stage run`); each stage writes tensorboard/ events and "
                 "metrics.jsonl (local) or logs (megatron-lm) under stages/<name>/",
@@ -263,11 +262,10 @@ def curves(
 
 def _curves_out(rp, out: Path | None, force: bool) -> Path:
     """The PNG `stage curves` writes, checked against what it must never overwrite."""
-    from longctx.plan import paths
     from longctx.util.confine import check_output_file
 
-    inputs = [p for p in (rp.plan.plan_path, rp.stages[0].load_from) if p is not None]
-    inputs += [paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")]
+    inputs = [p for p in (rp.source, rp.stages[0].load_from) if p is not None]
+    inputs += [rp.tokenizer.path]
     inputs += [st.save_dir for st in rp.stages]
     return check_output_file(
         out if out is not None else Path(rp.run_dir) / "curves.png", option="--out", kind="PNG figure",

@@ -37,9 +37,7 @@ from longctx.errors import LongctxError, StageError
 from longctx.eval.runner import demo_summary
 from longctx.launch.local import LocalLauncher
 from longctx.mcore.parallel import visible_device_count
-from longctx.plan import paths
-from longctx.plan.derive import ResolvedPlan, resolve_plan
-from longctx.plan.load import load_plan
+from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.plan.stage_data import stage_blend
 from longctx.stage import ledger
 from longctx.stage.run import LaunchOutcome
@@ -47,7 +45,6 @@ from longctx.stage.state import NextStep, plan_state
 from longctx.stage.until_done import UntilDone, run_until_done
 from longctx.tokenizer import (
     fingerprint,
-    load_manifest,
     load_tokenizer,
     train_sentencepiece,
     verify_tokenizer,
@@ -249,13 +246,13 @@ def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
 def _checks(run_dir: Path, rp: ResolvedPlan) -> tuple[str, bool]:
     rep = verify_tokenizer(
         run_dir / "tokenizer",
-        load_manifest(paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest")),
+        rp.tokenizer.manifest,
     )
     if not rep.ok:
         raise StageError(
             "the demo tokenizer does not match its manifest", fix="delete the demo directory and rerun"
         )
-    lengths = [rp.plan.base.seq_length] + [s.seq_length for s in rp.stages]
+    lengths = [rp.base.seq_length] + [s.seq_length for s in rp.stages]
     for st in rp.stages:  # each stage's data at its own length and budget (blends differ by stage)
         data = check_datasets(
             stage_blend(rp, st),
@@ -279,7 +276,7 @@ def _base(
         return f"{save} (iteration {t.iteration})", True
     tok = load_tokenizer(run_dir / "tokenizer")
     # the base model is what the plan says it is: its length, rotary base, objective and vocabulary rows
-    seq, rotary_base = rp.plan.base.seq_length, rp.plan.base.rotary_base
+    seq, rotary_base = rp.base.seq_length, rp.base.rotary_base
     first = rp.stages[0]
     spec = TrainSpec(
         stage="base", arch=rp.arch, seq_length=seq, max_position_embeddings=seq, rotary_base=rotary_base,
@@ -335,7 +332,7 @@ class _Stages:
         self.env = dict(os.environ, LONGCTX_NO_PROGRESS="1", **devices)
 
     def resolve(self) -> ResolvedPlan:
-        return resolve_plan(load_plan(self.cfg.plan, run_dir=self.run_dir))
+        return open_plan(self.cfg.plan, self.run_dir)
 
     def run(self) -> dict[str, Any] | None:
         result = run_until_done(self.resolve, self.launch)
@@ -409,14 +406,14 @@ def _run_stages(run_dir: Path, cfg: DemoConfig, echo: Echo, devices: dict[str, s
 
 
 def paths_stage_logs(rp: ResolvedPlan, stage: str) -> Path:
-    return paths.stage_dir(rp.plan, stage) / "logs"
+    return rp.stage(stage).stage_dir / "logs"
 
 
 def _stage_rows(rp: ResolvedPlan, run_dir: Path) -> list[dict[str, Any]]:
     rows = []
     records = ledger.read(run_dir)
     for st, s in zip(rp.stages, plan_state(rp), strict=True):
-        metrics_file = paths.stage_dir(rp.plan, st.name) / "metrics.jsonl"
+        metrics_file = st.stage_dir / "metrics.jsonl"
         metrics = (
             [json.loads(x) for x in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
         )
@@ -445,7 +442,7 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
         _timed(steps, "tokenizer", echo, lambda: _tokenizer(run_dir, cfg))
     _timed(steps, "corpus", echo, lambda: _corpus(run_dir, cfg))
     _timed(steps, "data", echo, lambda: _data(run_dir, cfg))
-    rp = resolve_plan(load_plan(cfg.plan, run_dir=run_dir))
+    rp = open_plan(cfg.plan, run_dir)
     _timed(steps, "checks", echo, lambda: _checks(run_dir, rp))
     devices, line = device_choice(
         visible_device_count(), max([cfg.processes, *(st.world for st in rp.stages)])

@@ -41,7 +41,6 @@ from longctx.eval.render import markdown_table, print_report, print_tables
 from longctx.eval.results import EvalReport
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import is_main_process
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.plan.stage_data import plan_tokenizer
 from longctx.tokenizer.load import LoadedTokenizer
@@ -68,7 +67,7 @@ __all__ = [
 def plan_lengths(rp: ResolvedPlan, upto: int | None = None) -> list[int]:
     """The base's length and each stage's (up to stage index `upto`)."""
     stages = rp.stages if upto is None else rp.stages[: upto + 1]
-    return sorted({int(rp.plan.base.seq_length), *(int(s.seq_length) for s in stages)})
+    return sorted({int(rp.base.seq_length), *(int(s.seq_length) for s in stages)})
 
 
 def plan_settings(rp: ResolvedPlan, **overrides: object) -> EvalSettings:
@@ -82,13 +81,13 @@ def plan_settings(rp: ResolvedPlan, **overrides: object) -> EvalSettings:
         field = ".".join(str(x) for x in first["loc"]) or "settings"
         msg = first["msg"].removeprefix("Value error, ")
         raise EvalError(f"bad evaluation setting {field}: {msg}",
-                        where=f"[eval].{field} of plan {rp.plan.name}, or the option that overrides it",
+                        where=f"[eval].{field} of plan {rp.name}, or the option that overrides it",
                         fix="give a value the plan's [eval] table accepts (docs/evaluation.md)") from None  # fmt: skip
 
 
 def settings_origin(rp: ResolvedPlan, settings: EvalSettings) -> str:
     """Where `settings` come from: the plan's [eval] table, and what differs from it."""
-    where = f"the [eval] of plan {rp.plan.name}"
+    where = f"the [eval] of plan {rp.name}"
     changes = settings.changes_from(rp.eval)
     return where if not changes else f"{where}, overridden: {'; '.join(changes)}"
 
@@ -99,9 +98,7 @@ def _plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
 
 
 def _base_path(rp: ResolvedPlan) -> Path | None:
-    if rp.plan.base.path is None:
-        return None
-    return paths.resolve(rp.plan.base.path, rp.plan, field="base.path")
+    return rp.base.path
 
 
 def _has_checkpoint(save_dir: Path) -> bool:
@@ -119,9 +116,9 @@ def _ladder_refs(
     base = base or _base_path(rp)
     if base is not None and base.exists():
         refs.append(CheckpointRef(BASE_LABEL, base, allow_extrapolation=True,
-                                  expected_rotary_base=int(rp.plan.base.rotary_base)))  # fmt: skip
+                                  expected_rotary_base=int(rp.base.rotary_base)))  # fmt: skip
     else:
-        notes.append(f"the base checkpoint ({base or rp.plan.base.hub_id}) is not on disk; not evaluated")
+        notes.append(f"the base checkpoint ({base or rp.base.hub_id}) is not on disk; not evaluated")
     for st in rp.stages[: upto + 1]:
         if _has_checkpoint(st.save_dir):
             refs.append(CheckpointRef(st.name, st.save_dir, allow_extrapolation=True,
@@ -153,12 +150,12 @@ def evaluate_finished_stage(
     settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
         refs, lengths=plan_lengths(rp, st.index), tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
-        settings=settings, short_length=int(rp.plan.base.seq_length), cache_dir=_run_dir_cache(rp),
-        plan=rp.plan.name, stage=stage_name, log=log,
+        settings=settings, short_length=int(rp.base.seq_length), cache_dir=_run_dir_cache(rp),
+        plan=rp.name, stage=stage_name, log=log,
     )  # fmt: skip
     report.notes = notes + report.notes
     report.settings_origin = settings_origin(rp, settings)
-    write_outputs(report, paths.stage_dir(rp.plan, stage_name) / "eval")
+    write_outputs(report, st.stage_dir / "eval")
     if echo and is_main_process():
         print_report(report, stderr=True)
     return report
@@ -188,8 +185,8 @@ def summarize_plan(
     settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
         refs, lengths=list(lengths) if lengths else plan_lengths(rp), tokenizer=_plan_tokenizer(rp),
-        heldout=heldout_for_stage(rp, last, data), settings=settings, short_length=int(rp.plan.base.seq_length),
-        cp=cp, cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.plan.name, stage=None,
+        heldout=heldout_for_stage(rp, last, data), settings=settings, short_length=int(rp.base.seq_length),
+        cp=cp, cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.name, stage=None,
     )  # fmt: skip
     report.notes = notes + report.notes
     report.settings_origin = settings_origin(rp, settings)
@@ -278,8 +275,8 @@ def evaluate_path(
     settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
         refs, lengths=lens, tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st, data),
-        settings=settings, short_length=int(rp.plan.base.seq_length), cp=cp,
-        cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.plan.name, stage=stage,
+        settings=settings, short_length=int(rp.base.seq_length), cp=cp,
+        cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.name, stage=stage,
     )  # fmt: skip
     report.settings_origin = settings_origin(rp, settings)
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / label)

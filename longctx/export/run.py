@@ -35,11 +35,9 @@ from longctx.export.reader import DcpReader
 from longctx.export.stage import StageChoice, choose_stage
 from longctx.export.tokenizer import TokenizerExport, check_identity, export_tokenizer
 from longctx.export.writer import SafetensorsWriter
-from longctx.plan import paths
-from longctx.plan.derive import ResolvedPlan, resolve_plan
-from longctx.plan.load import load_plan
+from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.plan.stage_data import plan_tokenizer
-from longctx.tokenizer import LoadedTokenizer, TokenizerManifest, load_manifest
+from longctx.tokenizer import LoadedTokenizer, TokenizerManifest
 from longctx.util.confine import check_output_dir
 from longctx.util.fs import atomic_write_json
 from longctx.util.progress import progress_bar
@@ -190,12 +188,12 @@ def _inputs(
     checkpoint: Path, plan_path: Path, stage: str | None, dtype: str, run_dir: Path | None
 ) -> _Inputs:
     notes: list[str] = []
-    rp = resolve_plan(load_plan(plan_path, run_dir=run_dir))
+    rp = open_plan(plan_path, run_dir)
     if rp.objective.kind != "ar":
         raise ExportError(
             f"the plan trains {rp.objective.describe()}; a transformers causal LM (Qwen3/Llama) would compute "
             "another model (causal attention, next-token logits) from these weights",
-            where=str(rp.plan.plan_path or rp.plan.name),
+            where=rp.where,
             fix="export only autoregressive plans; evaluate diffusion models with `longctx eval run`",
         )
     report, directory = _checkpoint(checkpoint)
@@ -205,7 +203,7 @@ def _inputs(
     refuse_diffusion(report.index.tensors if report.index else (), args, where)
     arch, family = _arch(report, rp, args, where, notes)
     choice = choose_stage(rp, directory, args, stage)
-    manifest = load_manifest(paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest"))
+    manifest = rp.tokenizer.manifest
     tok = plan_tokenizer(rp)  # encoding as the plan's Megatron tokenizer type does
     check_identity(tok, manifest, saved_md5=args.get("longctx_tokenizer_md5"), where=where)
     check_encoding(tok, manifest)
@@ -245,7 +243,7 @@ def _provenance(inp: _Inputs, tok: TokenizerExport, checkpoint: Path) -> dict[st
         "checkpoint": str(inp.directory),
         "requested": str(checkpoint),
         "iteration": inp.report.iteration,
-        "plan": str(inp.rp.plan.plan_path or inp.rp.plan.name),
+        "plan": inp.rp.where,
         "stage": dataclasses.asdict(inp.stage),
         "architecture": inp.arch.model_dump(),
         "padded_vocab_size": inp.report.padded_vocab_size,
@@ -305,7 +303,7 @@ def export_hf(
     files = sorted(p.name for p in out_dir.iterdir())
     return ExportReport(
         out=str(out_dir), architecture=HF_ARCHITECTURE[inp.family], family=inp.family, checkpoint=str(inp.directory),
-        iteration=inp.report.iteration, plan=str(inp.rp.plan.plan_path or inp.rp.plan.name), stage=inp.stage.name,
+        iteration=inp.report.iteration, plan=inp.rp.where, stage=inp.stage.name,
         stage_source=inp.stage.source, rotary_base=inp.stage.rotary_base,
         max_position_embeddings=inp.stage.max_position_embeddings, rope_parameters=cfg["rope_parameters"],
         vocab_size=inp.tokenizer.vocab_size,

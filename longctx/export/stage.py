@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import ExportError
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.rope.scaling import RopeScaling
 
@@ -41,7 +40,7 @@ def _names(rp: ResolvedPlan) -> list[str]:
 
 def _by_name(rp: ResolvedPlan, name: str, source: str) -> StageChoice:
     if name == BASE:
-        base = rp.plan.base
+        base = rp.base
         return StageChoice(BASE, int(base.rotary_base), int(base.seq_length), int(base.seq_length), source)
     for st in rp.stages:
         if st.name == name:
@@ -50,8 +49,8 @@ def _by_name(rp: ResolvedPlan, name: str, source: str) -> StageChoice:
                 st.rope_scaling,
             )  # fmt: skip
     raise ExportError(
-        f"plan {rp.plan.name!r} has no stage {name!r}",
-        where=str(rp.plan.plan_path or rp.plan.name),
+        f"plan {rp.name!r} has no stage {name!r}",
+        where=rp.where,
         fix=f"use one of: {', '.join(_names(rp))}",
     )
 
@@ -68,9 +67,7 @@ def _from_path(rp: ResolvedPlan, checkpoint: Path) -> str | None:
     for st in rp.stages:
         if _inside(checkpoint, st.save_dir):
             return st.name
-    if rp.plan.base.path and _inside(
-        checkpoint, paths.resolve(rp.plan.base.path, rp.plan, field="base.path")
-    ):
+    if rp.base.path is not None and _inside(checkpoint, rp.base.path):
         return BASE
     return None
 
@@ -87,7 +84,7 @@ def choose_stage(
         choice = _by_name(rp, found, "checkpoint path")
     else:
         raise ExportError(
-            f"cannot tell which stage of plan {rp.plan.name!r} this checkpoint is: its args name no stage of "
+            f"cannot tell which stage of plan {rp.name!r} this checkpoint is: its args name no stage of "
             "the plan and it is not in a stage's save dir",
             where=str(checkpoint),
             fix=f"pass --stage with one of: {', '.join(_names(rp))}",

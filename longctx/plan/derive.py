@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from longctx.objective import Objective
 from longctx.plan import memory, paths
 from longctx.plan.entry import check_entry_script, check_family_args
 from longctx.plan.flags import check_user_flags
+from longctx.plan.load import load_plan
 from longctx.plan.objective import (
     check_against_base,
     check_schedule,
@@ -27,13 +29,28 @@ from longctx.plan.objective import (
     resolve_objective,
     vocab_rows,
 )
-from longctx.plan.schema import DataSpec, EvalSpec, LRSpec, Plan, StageSpec
+from longctx.plan.schema import ClusterSpec, DataSpec, EvalSpec, LocalSpec, LRSpec, Plan, StageSpec
+from longctx.plan.values import (
+    BaseValues,
+    MegatronValues,
+    StageData,
+    StageWandb,
+    TokenizerValues,
+    WandbValues,
+    resolve_base,
+    resolve_data,
+    resolve_megatron,
+    resolve_tokenizer,
+    resolve_wandb,
+    slurm_table,
+    stage_wandb,
+)
 from longctx.report import Findings
 from longctx.rope import choose_base
 from longctx.rope.megatron import megatron_rope_flags
 from longctx.rope.methods import BaseChoice
 from longctx.rope.scaling import RopeScaling
-from longctx.tokenizer.manifest import load_manifest
+from longctx.tokenizer.manifest import TokenizerManifest, load_manifest
 
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 # the scalings a stage may carry beyond its base: export writes YaRN's rope_parameters, evaluation and the
@@ -77,14 +94,16 @@ class ResolvedStage:
     eval_iters: int
     log_interval: int
     exit_duration_in_mins: int | None
-    data: DataSpec | None
+    data: StageData | None  # the stage's data (or [defaults.data]), paths absolute
     extra_args: list[str]
     seed: int
     padded_vocab_size: int
     memory: memory.MemoryEstimate
     smallest_fitting_cp: int | None
-    save_dir: Path
+    save_dir: Path  # Megatron's --save/--load directory: <stage_dir>/checkpoints
     load_from: Path | None  # the previous stage's save dir, or the base checkpoint
+    stage_dir: Path  # <run_dir>/stages/<name>: logs, metrics, tensorboard, eval
+    wandb: StageWandb | None = None  # the stage's W&B run (None: no [wandb])
     output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
     rope_scaling: RopeScaling | None = None  # YaRN on top of rotary_base (Megatron-LM ≥ 0.19 only)
 
@@ -124,26 +143,82 @@ def scaling_summary(scaling: RopeScaling | None) -> dict[str, Any] | None:
     return {k: v for k, v in dataclasses.asdict(scaling).items() if v is not None}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ResolvedPlan:
+    """A plan resolved once: every value a launch, a chain, an evaluation or an export needs, paths absolute.
+
+    Downstream of `longctx.plan` nothing reads `plan` (the raw schema) or resolves a path again: they take
+    these fields (tests/test_architecture.py holds the rule)."""
+
     plan: Plan
+    """The raw plan, for `longctx.plan` itself only (validation, the stage data of a tier mix)."""
+
+    name: str
+    """The plan's name."""
+
+    description: str
+    """The plan's one-line description ("" when none)."""
+
+    source: Path | None
+    """The plan file it was read from (None for a plan built in memory)."""
+
+    run_dir: Path
+    """The run directory (run_dir, or --run-dir / $LONGCTX_RUN_DIR), absolute: ledger, stages, cache, eval."""
+
+    tokenizer: TokenizerValues
+    """The tokenizer, its manifest and the Megatron tokenizer type."""
+
+    base: BaseValues
+    """The base checkpoint: path, hub id, pretraining length and rotary base."""
+
+    megatron: MegatronValues
+    """The Megatron-LM release, its facts, checkout, entry script and flag lists."""
+
+    cluster: ClusterSpec
+    """The cluster: profile name, GPUs per node, GPU memory, margin, max nodes (no paths)."""
+
+    local: LocalSpec
+    """The local backend's settings (threads, attention, CP communication, precision; no paths)."""
+
+    slurm: dict[str, Any]
+    """The plan's [slurm] table, unparsed (longctx.slurm.settings parses it against a profile)."""
+
+    wandb: WandbValues | None
+    """W&B logging (None: TensorBoard only)."""
+
     arch: ModelArch
+    """The model's architecture ([model], or read from the base checkpoint)."""
+
     vocab_size: int
+    """The tokenizer's vocabulary size (the manifest's)."""
+
     make_vocab_size_divisible_by: int
+    """Megatron's --make-vocab-size-divisible-by (the manifest's, else 128)."""
+
     stages: list[ResolvedStage]
+    """The stages in order, every number derived."""
+
     findings: Findings
-    objective: Objective = dataclasses.field(default_factory=Objective)  # the plan's, [MASK] id decided
-    # what every evaluation of this plan measures (its [eval] table, defaults filled in): the evaluation
-    # after each local stage, `eval run`, `eval summary` and the demo; their options override single fields
-    eval: EvalSpec = dataclasses.field(default_factory=EvalSpec)
+    """What validation found (errors make `resolve_plan` raise)."""
+
+    objective: Objective
+    """The plan's training objective, [MASK] id decided."""
+    eval: EvalSpec
+    """What every evaluation of this plan measures (its [eval] table, defaults filled in): the evaluation
+    after each local stage, `eval run`, `eval summary` and the demo; their options override single fields."""
 
     @property
-    def run_dir(self) -> Path:
-        return paths.run_dir(self.plan)
+    def where(self) -> str:
+        """How messages name the plan: its file, else its name."""
+        return str(self.source or self.name)
 
     def stage(self, name: str) -> ResolvedStage:
         self.plan.stage(name)  # raises the helpful error for unknown names
         return next(s for s in self.stages if s.name == name)
+
+    def check_base_family(self, family: FamilyReport, findings: Findings) -> None:
+        """The plan's objective against the family the base checkpoint was trained as (`check_base_family`)."""
+        check_base_family(self.plan, family, self.vocab_size, findings)
 
 
 def _where(plan: Plan, stage_index: int | None = None, field: str | None = None) -> str:
@@ -213,17 +288,16 @@ def check_base_family(plan: Plan, family: FamilyReport, vocab: int, findings: Fi
     check_against_base(obj, family, vocab_rows(obj, vocab, 1, 1), _where(plan, field="base.path"), findings)
 
 
-def _tokenizer_vocab(plan: Plan, findings: Findings) -> tuple[int, int]:
+def _tokenizer_manifest(plan: Plan) -> tuple[Path, TokenizerManifest]:
     manifest_path = paths.resolve(plan.tokenizer.manifest, plan, field="tokenizer.manifest")
     try:
-        manifest = load_manifest(manifest_path)
+        return manifest_path, load_manifest(manifest_path)
     except LongctxError as err:
         raise PlanError(
             f"tokenizer manifest cannot be read: {err.what}",
             where=_where(plan, field="tokenizer.manifest"),
             fix=err.fix or "point tokenizer.manifest at a tokenization/*.toml file",
         ) from None
-    return manifest.vocab_size, manifest.make_vocab_size_divisible_by or 128
 
 
 def _rope_window(plan: Plan, length: int) -> int:
@@ -335,7 +409,8 @@ def resolve_plan(plan: Plan) -> ResolvedPlan:
 def validate_plan(plan: Plan) -> ResolvedPlan:
     findings = Findings()
     _check_megatron_flags(plan, findings)
-    vocab, divisible_by = _tokenizer_vocab(plan, findings)
+    manifest_path, manifest = _tokenizer_manifest(plan)
+    vocab, divisible_by = manifest.vocab_size, manifest.make_vocab_size_divisible_by or 128
     arch = _arch(plan, vocab, findings)
     objective = resolve_objective(plan.objective, vocab)
     check_schedule(plan.objective, _where(plan, field="objective"), findings)
@@ -351,7 +426,13 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
         _check_documents_on_megatron(plan, st, findings)
         prev_base, prev_len = st.rotary_base, st.seq_length
         stages.append(st)
-    return ResolvedPlan(plan, arch, vocab, divisible_by, stages, findings, objective, plan.eval)
+    return ResolvedPlan(
+        plan=plan, name=plan.name, description=plan.description, source=plan.plan_path,
+        run_dir=paths.run_dir(plan), tokenizer=resolve_tokenizer(plan, manifest_path, manifest),
+        base=resolve_base(plan), megatron=resolve_megatron(plan), cluster=plan.cluster, local=plan.local,
+        slurm=slurm_table(plan), wandb=resolve_wandb(plan), arch=arch, vocab_size=vocab,
+        make_vocab_size_divisible_by=divisible_by, stages=stages, findings=findings, objective=objective, eval=plan.eval,
+    )  # fmt: skip
 
 
 def _check_documents_on_megatron(plan: Plan, st: ResolvedStage, findings: Findings) -> None:
@@ -821,7 +902,7 @@ def _schedule(ctx: _StageContext, seq: int, gbs: int) -> _Schedule:
     return _Schedule(tokens_per_iter, iters, lr, warmup, wsd, save_interval)
 
 
-def _data(ctx: _StageContext) -> DataSpec | None:
+def _data(ctx: _StageContext) -> StageData | None:
     data: DataSpec | None = ctx.merged("data", None)
     if data is None:
         ctx.findings.error(
@@ -830,7 +911,7 @@ def _data(ctx: _StageContext) -> DataSpec | None:
             where=ctx.where("data"),
             fix="set [stages.data] or [defaults.data]",
         )
-    return data
+    return resolve_data(ctx.plan, ctx.spec.name, data)
 
 
 def _extra_args(ctx: _StageContext) -> list[str]:
@@ -897,5 +978,13 @@ def _resolve_stage(
         exit_duration_in_mins=ctx.merged("exit_duration_in_mins", None),
         data=data, extra_args=extra, seed=ctx.merged("seed", 1234), padded_vocab_size=padded,
         memory=est, smallest_fitting_cp=smallest, save_dir=paths.stage_save_dir(plan, spec.name),
-        load_from=load_from, output_vocab_size=out_rows, rope_scaling=rope.scaling,
+        load_from=load_from, stage_dir=paths.stage_dir(plan, spec.name),
+        wandb=stage_wandb(resolve_wandb(plan), spec.name, paths.stage_dir(plan, spec.name)),
+        output_vocab_size=out_rows, rope_scaling=rope.scaling,
     )  # fmt: skip
+
+
+def open_plan(path: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None = None) -> ResolvedPlan:
+    """Load a plan (a file, or the name of a shipped plan) and resolve it: the one way in for commands.
+    `run_dir` (or $LONGCTX_RUN_DIR) replaces the plan's run_dir. Raises PlanError when it does not validate."""
+    return resolve_plan(load_plan(path, run_dir=run_dir))

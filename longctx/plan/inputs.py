@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.report import Findings
 
 
 def check_paths(rp: ResolvedPlan, findings: Findings) -> None:
-    plan = rp.plan
-    tok = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
+    tok = rp.tokenizer.path
     if not tok.exists():
         findings.error(
             "tokenizer-missing",
@@ -17,8 +15,8 @@ def check_paths(rp: ResolvedPlan, findings: Findings) -> None:
             where="tokenizer.path",
             fix="point tokenizer.path at the tokenizer directory or tokenizer.model",
         )
-    if plan.base.path:
-        base = paths.resolve(plan.base.path, plan, field="base.path")
+    if rp.base.path is not None:
+        base = rp.base.path
         if not base.exists():
             findings.error(
                 "base-missing",

@@ -23,7 +23,6 @@ from longctx.data.artifact.tiers import (
 )
 from longctx.data.blend import Blend
 from longctx.errors import DatasetError
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.schema import TierMix
 from longctx.report import Findings
@@ -35,20 +34,20 @@ from longctx.util.fs import atomic_write_text
 def _tier_mix(rp: ResolvedPlan, st: ResolvedStage) -> TierMix:
     d = st.data
     if d is None or d.tier_mix is None:
-        raise DatasetError(f"stage {st.name!r} has no tier mix", where=str(rp.plan.plan_path or rp.plan.name))
+        raise DatasetError(f"stage {st.name!r} has no tier mix", where=rp.where)
     return d.tier_mix
 
 
 def stage_artifact(rp: ResolvedPlan, st: ResolvedStage) -> Artifact:
     """The stage's artifact, opened; a clear DatasetError (with the fetch command) when it is absent."""
     tm = _tier_mix(rp, st)
-    root = paths.resolve(tm.artifact, rp.plan, field=f"stages[{st.name}].data.tier_mix.artifact")
+    root = st.data.artifact  # resolved with the tier mix (`_tier_mix` refused a stage without one)
     if not root.is_dir():
         env = re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", tm.artifact)
         point = f"export {env[0]}=DIR" if env else "set the tier mix's artifact path"
         raise DatasetError(
             f"stage {st.name}: the tier mix's artifact is not here: {root}",
-            where=str(rp.plan.plan_path or rp.plan.name),
+            where=rp.where,
             fix=fetch_hint(None, list(tm.tiers), tm.languages, root=root, run=tm.run)
             + " (--manifests-only is enough for `stage args` and planning); "
             + f"or, if it is downloaded elsewhere, {point}",
@@ -75,7 +74,7 @@ def stage_blend_file(rp: ResolvedPlan, st: ResolvedStage) -> Path:
     (tiers, language weights, artifact, whether the data files are here). Both are written atomically,
     and only when their content changes."""
     tb = stage_tier_blend_info(rp, st)
-    out_dir = paths.stage_dir(rp.plan, st.name)
+    out_dir = st.stage_dir
     args_path = out_dir / DATA_ARGS_FILE
     info_path = out_dir / DATA_ARGS_INFO
     info = {"stage": st.name, **tb.summary()}
@@ -164,11 +163,11 @@ def stage_data_report(
         for s in rp.stages
         if s.data is not None
         and s.data.tier_mix is not None
-        and paths.resolve(s.data.tier_mix.artifact, rp.plan, field="data.tier_mix.artifact") == art.root
+        and s.data.artifact == art.root
         and s.data.tier_mix.run == tm.run
     ]
     lengths = sorted(set(same) | {st.seq_length})
-    manifest = paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest")
+    manifest = rp.tokenizer.manifest_path
     key = (str(art.root), art.run, tuple(tiers), tuple(langs or ()), str(tokenizer), scan, tuple(lengths))
     report = _ARTIFACT_CHECKS.get(key)
     if report is None:

@@ -7,30 +7,26 @@ import os
 from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend, read_data_args
 from longctx.data.check import DataReport, check_datasets
 from longctx.errors import StageError
-from longctx.plan import paths
 from longctx.plan.coverage_check import coverage_findings
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.split_check import Backend, split_findings
 from longctx.plan.stage_artifact import StageDataReport, stage_data_report, stage_tier_blend
-from longctx.tokenizer import EncodingSpec, TokenizerManifest, declared_spec, load_manifest
+from longctx.tokenizer import EncodingSpec
 from longctx.tokenizer.load import LoadedTokenizer, load_tokenizer
 
 
 def stage_blend(rp: ResolvedPlan, st: ResolvedStage) -> Blend:
     """The blend a stage trains on (paths absolute, existence not checked)."""
-    plan, d = rp.plan, st.data
+    d = st.data
     if d is None:
         return parse_blend([], source=f"stage {st.name}")
     if d.blend_file is not None:
-        path = paths.resolve(d.blend_file, plan, field="data.blend_file")
-        return read_data_args(path, check_exists=False)
+        return read_data_args(d.blend_file, check_exists=False)
     if d.blend is not None:
-        entries = [BlendEntry(str(paths.resolve(p, plan, field="data.blend")), float(w)) for w, p in d.blend]
+        entries = [BlendEntry(str(p), w) for w, p in d.blend]
         return Blend(entries, True, f"stage {st.name} data.blend")
     if d.prefixes is not None:
-        return blend_from_prefixes(
-            [paths.resolve(p, plan, field="data.prefixes") for p in d.prefixes], check_exists=False
-        )
+        return blend_from_prefixes(list(d.prefixes), check_exists=False)
     return stage_tier_blend(rp, st)
 
 
@@ -38,17 +34,12 @@ def plan_encoding_spec(rp: ResolvedPlan) -> EncodingSpec | None:
     """How the plan's tokenizer encodes: `tokenizer.megatron_type` (else the manifest's type), with the
     options of the manifest's pinned encoding, else the defaults of the plan's Megatron-LM release; None
     when neither is known (the layout's type applies)."""
-    manifest: TokenizerManifest | None = None
-    path = paths.resolve(rp.plan.tokenizer.manifest, rp.plan, field="tokenizer.manifest")
-    if path.is_file():
-        manifest = load_manifest(path)
-    return declared_spec(rp.plan.tokenizer.megatron_type, manifest, rp.plan.megatron.version)
+    return rp.tokenizer.encoding()
 
 
 def plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
     """The plan's tokenizer, encoding as the plan declares (see `plan_encoding_spec`)."""
-    path = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
-    return load_tokenizer(path, spec=plan_encoding_spec(rp))
+    return load_tokenizer(rp.tokenizer.path, spec=plan_encoding_spec(rp))
 
 
 def check_plan_data(

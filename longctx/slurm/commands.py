@@ -302,7 +302,7 @@ def preflight_chain(rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str,
     pending = [s.name for s in plan_state(rp) if s.status != "done"]
     if not pending:
         return None
-    facts = preflight_facts(profile, gpu_memory_gib=rp.plan.cluster.gpu_memory_gib, environ=environ)
+    facts = preflight_facts(profile, gpu_memory_gib=rp.cluster.gpu_memory_gib, environ=environ)
     if facts.gpu_arch is not None:
         report = preflight_plan(rp, facts, stages=pending, rotary=rotary)
     else:
@@ -315,4 +315,4 @@ def preflight_chain(rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str,
             job = stage_job(rp, rp.stage(name), rotary=rotary)
             jobs.append(dataclasses.replace(job, argv=[*job.argv, *cpu_flags(rp.stage(name).cp)]))
         report = run_preflight(megatron_lm_script(rp), jobs, facts)
-    return require_passed(report, where=str(rp.plan.plan_path))
+    return require_passed(report, where=str(rp.source))

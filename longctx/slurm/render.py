@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from longctx.checkpoint.layout import iter_dir_name
 from longctx.errors import SlurmError
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.plan.eval_memory import BATCHES, eval_cp
 from longctx.plan.memory import GiB
@@ -156,8 +155,8 @@ def render(
                                      name=f"{settings.job_name}-eval-{st.name}", signal=False)  # fmt: skip
             final = st.save_dir / iter_dir_name(st.train_iters)
             est, batch = eval_cp(rp.arch, st.padded_vocab_size, st.seq_length, max_cp=settings.gpus_per_node,
-                                 gpu_memory_gib=rp.plan.cluster.gpu_memory_gib,
-                                 margin=rp.plan.cluster.memory_margin, where=f"{where}: stage {st.name}")  # fmt: skip
+                                 gpu_memory_gib=rp.cluster.gpu_memory_gib,
+                                 margin=rp.cluster.memory_margin, where=f"{where}: stage {st.name}")  # fmt: skip
             launch, note = eval_launch(command, est.cp)
             if note and note not in notes:
                 notes.append(note)
@@ -193,12 +192,11 @@ def eval_launch(command: list[str], cp: int) -> tuple[list[str], str | None]:
 
 def plan_inputs(rp: ResolvedPlan) -> list[Path]:
     """The plan file, its tokenizer and its base checkpoint: inputs no output may land in."""
-    plan = rp.plan
-    found = [paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")]
-    if plan.base.path:
-        found.append(paths.resolve(plan.base.path, plan, field="base.path"))
-    if plan.plan_path is not None:
-        found.append(Path(plan.plan_path))
+    found = [rp.tokenizer.path]
+    if rp.base.path is not None:
+        found.append(rp.base.path)
+    if rp.source is not None:
+        found.append(Path(rp.source))
     return found
 
 

@@ -16,7 +16,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longctx.errors import SlurmError
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.slurm.profiles import Backend, ContainerSpec, LauncherName, Profile, QosLimits, load_profile
 from longctx.slurm.timefmt import SignalSpec, format_seconds, parse_signal, parse_time
@@ -158,10 +157,9 @@ def job_settings(
     profile: str | Profile | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> JobSettings:
-    plan = rp.plan
-    where = str(plan.plan_path or plan.name)
-    base = profile if isinstance(profile, Profile) else load_profile(profile or plan.cluster.profile)
-    from_plan = parse_plan_slurm(dict(plan.slurm), f"{where}: slurm")
+    where = rp.where
+    base = profile if isinstance(profile, Profile) else load_profile(profile or rp.cluster.profile)
+    from_plan = parse_plan_slurm(dict(rp.slurm), f"{where}: slurm")
     eff, job_name, megatron = _merge(base, from_plan, f"{where}: slurm")
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}
     job_preflight = from_plan.job_preflight
@@ -171,8 +169,8 @@ def job_settings(
         job_name, megatron = job_name2 or job_name, megatron2 or megatron
         if from_cli.job_preflight is not None:
             job_preflight = from_cli.job_preflight
-    if megatron is None and plan.megatron.path:
-        megatron = str(paths.resolve(plan.megatron.path, plan, field="megatron.path"))
+    if megatron is None and rp.megatron.path is not None:
+        megatron = str(rp.megatron.path)
     warnings: list[str] = []
 
     if eff.backend == "megatron-lm" and not megatron and not os.environ.get(MEGATRON_ENV):
@@ -193,7 +191,7 @@ def job_settings(
             + ", ".join(f"{k} {v}" for k, v in nodes_by_stage.items())
             + f"): every chain job allocates {nodes} nodes, the largest"
         )
-    gpn = plan.cluster.gpus_per_node
+    gpn = rp.cluster.gpus_per_node
     if eff.gpus_per_node and gpn != eff.gpus_per_node:
         raise SlurmError(
             f"the plan says {gpn} GPUs per node, profile {eff.name!r} has {eff.gpus_per_node}",
@@ -210,9 +208,9 @@ def job_settings(
         _check_qos(eff, eff.eval_nodes, eval_s, where, job="eval job")
 
     return JobSettings(
-        profile=eff, plan_name=plan.name, plan_path=Path(plan.plan_path or where).resolve(), run_dir=rp.run_dir,
-        job_name=job_name or f"longctx-{plan.name}", nodes=nodes, gpus_per_node=gpn, time_seconds=time_s,
-        signal=sig, eval_time_seconds=eval_s, megatron_lm=megatron or plan.megatron.path, warnings=tuple(warnings),
+        profile=eff, plan_name=rp.name, plan_path=Path(rp.source or where).resolve(), run_dir=rp.run_dir,
+        job_name=job_name or f"longctx-{rp.name}", nodes=nodes, gpus_per_node=gpn, time_seconds=time_s,
+        signal=sig, eval_time_seconds=eval_s, megatron_lm=megatron, warnings=tuple(warnings),
         job_preflight=True if job_preflight is None else job_preflight,
     )  # fmt: skip
 

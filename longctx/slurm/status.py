@@ -19,7 +19,6 @@ from typing import Any
 
 from longctx.checkpoint.layout import iter_dir_name
 from longctx.errors import LongctxError
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
 from longctx.slurm.chain import job_id_of, stage_tokens_per_second
@@ -132,7 +131,7 @@ def _ledger_rate(records: list[dict[str, Any]], stage: str) -> float | None:
 
 
 def _metrics_rate(rp: ResolvedPlan, st: ResolvedStage) -> float | None:
-    path = paths.stage_dir(rp.plan, st.name) / "metrics.jsonl"
+    path = st.stage_dir / "metrics.jsonl"
     lines = collections.deque(
         (line for _, line in run_file_lines(path, rp.run_dir, "metrics file", max_bytes=METRICS_BYTES)),
         maxlen=METRICS_WINDOW,
@@ -298,7 +297,7 @@ def chain_status(rp: ResolvedPlan, *, profile: str | None = None, query_slurm: b
     pending = [r.job_id for r in rows if r.state == "PENDING"]
     eta = stages[-1].eta_seconds if stages else None
     return ChainStatus(
-        plan=rp.plan.name, run_dir=str(run_dir), next_action=step.action, next_stage=step.stage,
+        plan=rp.name, run_dir=str(run_dir), next_action=step.action, next_stage=step.stage,
         next_reason=step.reason, stages=stages, jobs=rows, running=running, pending=pending, eta_seconds=eta,
         last_failure=_last_failure(rows, records, run_dir, cancelled), job_source=source, slurm=slurm_ok,
     )  # fmt: skip

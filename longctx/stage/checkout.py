@@ -6,7 +6,6 @@ from pathlib import Path
 
 from longctx.errors import StageError
 from longctx.megatron_versions import parse_version
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.stage.megatron_source import checkout_version
 
@@ -17,10 +16,8 @@ MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
 def plan_checkout(rp: ResolvedPlan) -> Path | None:
     """The plan's [megatron].path when it names a directory here (a plan written for a cluster is still
     rendered on a machine without its checkout)."""
-    if not rp.plan.megatron.path:
-        return None
-    root = paths.resolve(rp.plan.megatron.path, rp.plan, field="megatron.path")
-    return root if root.is_dir() else None
+    root = rp.megatron.path
+    return root if root is not None and root.is_dir() else None
 
 
 def require_checkout_version(rp: ResolvedPlan, root: Path | None = None) -> None:
@@ -31,12 +28,12 @@ def require_checkout_version(rp: ResolvedPlan, root: Path | None = None) -> None
     if root is None:
         return
     found, source = checkout_version(root)
-    declared = rp.plan.megatron.version
+    declared = rp.megatron.version
     if parse_version(found)[:2] != parse_version(declared)[:2]:
         raise StageError(
             f"the plan says Megatron-LM {declared} ([megatron] version) but the checkout {root} is {found} "
             f"(read from {source}); flags, tokenizer defaults and checkpoint layout differ between them",
-            where=f"{rp.plan.plan_path or rp.plan.name}: [megatron].version",
+            where=f"{rp.where}: [megatron].version",
             fix=f'set [megatron] version = "{found}", or point [megatron].path / ${MEGATRON_ENV} at a '
             f"{declared} checkout",
         )

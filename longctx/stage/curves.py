@@ -27,7 +27,6 @@ from typing import Any
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from longctx.errors import StageError
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.stage import ledger
 from longctx.stage.run_files import (
@@ -343,8 +342,8 @@ def _launch_marks(
             mark, launch = open_launch.pop(stage)
             end = min(max(int(rec.get("end_iteration") or mark.start_iteration), 0), c.target_iterations)
             mark.end_iteration, mark.end_tokens = end, c.tokens_at(end)
-            log = stage_log(paths.stage_dir(rp.plan, stage), launch.get("log"))
-            mark.ended = _ended(rec, log, paths.run_dir(rp.plan), end >= c.target_iterations, problems)
+            log = stage_log(rp.stage(stage).stage_dir, launch.get("log"))
+            mark.ended = _ended(rec, log, rp.run_dir, end >= c.target_iterations, problems)
     return marks
 
 
@@ -368,7 +367,7 @@ def _ended(end: dict[str, Any], log: Path | None, run_dir: Path, finished: bool,
 
 def read_plan_curves(rp: ResolvedPlan) -> PlanCurves:
     """Every stage's curves and every launch of the run directory; problems are collected, not raised."""
-    run_dir = paths.run_dir(rp.plan)
+    run_dir = rp.run_dir
     problems: list[str] = []
     # a ledger that is no file of the run stops the command; a damaged one is named and skipped
     check_run_input(ledger.ledger_path(run_dir), run_dir, "ledger", max_bytes=LEDGER_BYTES)
@@ -384,13 +383,13 @@ def read_plan_curves(rp: ResolvedPlan) -> PlanCurves:
         _read_stage(rp, rp.stage(c.stage), c, records, problems)
     by_name = {c.stage: c for c in curves}
     marks = _launch_marks(rp, records, by_name, problems)
-    return PlanCurves(rp.plan.name, str(run_dir), curves, marks, problems)
+    return PlanCurves(rp.name, str(run_dir), curves, marks, problems)
 
 
 def _read_stage(
     rp: ResolvedPlan, st: ResolvedStage, c: StageCurve, records: list[dict[str, Any]], problems: list[str]
 ) -> None:
-    root, run_dir = paths.stage_dir(rp.plan, st.name), paths.run_dir(rp.plan)
+    root, run_dir = st.stage_dir, rp.run_dir
     launched = [r.get("log") for r in records if r.get("event") == "launch" and r.get("stage") == st.name]
     logs: list[tuple[str, Path]] = []
     for recorded in filter(None, launched):

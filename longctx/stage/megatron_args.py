@@ -15,17 +15,19 @@ import dataclasses
 from pathlib import Path, PurePath
 
 from longctx.errors import StageError
-from longctx.megatron_versions import RELEASES, facts, first_version, packed_documents, removed_version
-from longctx.plan import paths
+from longctx.megatron_versions import (
+    RELEASES,
+    MegatronFacts,
+    first_version,
+    packed_documents,
+    removed_version,
+)
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
-from longctx.plan.schema import Plan
 from longctx.plan.stage_artifact import stage_blend_file
 from longctx.rope.megatron import check_conflicting_flags, rope_flags
 from longctx.stage.checkout import require_checkout_version
-from longctx.stage.wandb_settings import stage_wandb
-from longctx.tokenizer.encoding import declared_spec, version_flags
-from longctx.tokenizer.manifest import load_manifest
+from longctx.tokenizer.encoding import version_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,49 +54,37 @@ def _num(x: float) -> str:
 
 
 def tokenizer_flags(rp: ResolvedPlan) -> list[Flag]:
-    plan = rp.plan
-    manifest = load_manifest(paths.resolve(plan.tokenizer.manifest, plan, field="tokenizer.manifest"))
-    kind = plan.tokenizer.megatron_type or manifest.megatron_tokenizer_type
-    tok = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
+    kind, tok = rp.tokenizer.kind, rp.tokenizer.path
     flags = [_f("--tokenizer-type", kind)]
     if kind == "GPT2BPETokenizer":
         flags += [_f("--vocab-file", tok / "vocab.json"), _f("--merge-file", tok / "merges.txt")]
     else:
         flags.append(_f("--tokenizer-model", tok))
     # the switches that make this Megatron-LM encode as the plan declares (HF defaults differ by release)
-    spec = declared_spec(plan.tokenizer.megatron_type, manifest, plan.megatron.version)
+    spec = rp.tokenizer.encoding()
     if spec is not None and spec.tokenizer_type == kind:
-        flags += [_f(w) for w in version_flags(spec, plan.megatron.version)[2:]]
+        flags += [_f(w) for w in version_flags(spec, rp.megatron.version)[2:]]
     flags.append(_f("--make-vocab-size-divisible-by", rp.make_vocab_size_divisible_by))
     return flags
 
 
 def data_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
-    plan = rp.plan
     d = st.data
     if d is None:
-        raise StageError(
-            f"stage {st.name!r} has no data", where=str(plan.plan_path), fix="set [defaults.data]"
-        )
+        raise StageError(f"stage {st.name!r} has no data", where=str(rp.source), fix="set [defaults.data]")
     flags: list[Flag]
     if d.blend_file is not None:
-        flags = [_f("--data-args-path", paths.resolve(d.blend_file, plan, field="data.blend_file"))]
+        flags = [_f("--data-args-path", d.blend_file)]
     elif d.blend is not None:
         words: list[str] = []
         for w, p in d.blend:
-            words += [_num(w), str(paths.resolve(p, plan, field="data.blend"))]
+            words += [_num(w), str(p)]
         flags = [Flag("--data-path", tuple(words))]
     elif d.prefixes is not None:
-        flags = [
-            Flag("--data-path", tuple(str(paths.resolve(p, plan, field="data.prefixes")) for p in d.prefixes))
-        ]
+        flags = [Flag("--data-path", tuple(str(p) for p in d.prefixes))]
     else:
         flags = [_f("--data-args-path", stage_blend_file(rp, st))]
-    cache = (
-        paths.resolve(d.cache_dir, plan, field="data.cache_dir")
-        if d.cache_dir
-        else paths.run_dir(plan) / "cache"
-    )
+    cache = d.cache_dir if d.cache_dir is not None else rp.run_dir / "cache"
     flags += [_f("--split", d.split), _f("--data-cache-path", cache)]
     return flags
 
@@ -106,11 +96,11 @@ def packing_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     d = st.data
     if d is None or d.packing != "documents":
         return []
-    verdict = packed_documents(rp.plan.megatron.version, st.cp, d.reset_position_ids)
+    verdict = packed_documents(rp.megatron.version, st.cp, d.reset_position_ids)
     if not verdict.ok:
         raise StageError(
             f'stage {st.name!r}: packing = "documents" cannot run on Megatron-LM as planned: {verdict.what}',
-            where=str(rp.plan.plan_path),
+            where=str(rp.source),
             fix=verdict.fix,
         )
     return [_f("--dataloader-inter-document-masking"), _f("--reset-position-ids")]
@@ -156,13 +146,13 @@ def family_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     """The entry script's own flags ([megatron].family_args) with the stage's values filled in."""
     rows = (st.padded_vocab_size, st.output_vocab_size)
     values = family_values(rp.objective, rp.vocab_size, rows)
-    return _pairs(render_family_args(list(rp.plan.megatron.family_args), values))
+    return _pairs(render_family_args(list(rp.megatron.family_args), values))
 
 
 def launch_notes(rp: ResolvedPlan, st: ResolvedStage) -> list[str]:
     """What `stage args` says beside the flags: a fork's entry script, and what longctx cannot check from
     outside a diffusion fork (its noise under CP)."""
-    meg = rp.plan.megatron
+    meg = rp.megatron
     notes = []
     if PurePath(meg.entry_script).name != UPSTREAM_SCRIPT:
         notes.append(f"the launch runs the fork's entry script {meg.entry_script}, with "
@@ -185,7 +175,7 @@ def _model_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
         rope_flags(
             st.rotary_base,
             st.rope_scaling,
-            rp.plan.megatron.version,
+            rp.megatron.version,
             full_rotary=rp.arch.rotary_percent == 1.0,
         )
     )
@@ -276,7 +266,7 @@ def _parallel_flags(st: ResolvedStage) -> list[Flag]:
     return flags
 
 
-def _checkpoint_flags(st: ResolvedStage, prev: Path, version: str) -> list[Flag]:
+def _checkpoint_flags(st: ResolvedStage, prev: Path, known: MegatronFacts) -> list[Flag]:
     """Save, load and start from (see the module docstring), and how a job exits to be relaunched."""
     flags = [
         _f("--ckpt-format", "torch_dist"),
@@ -289,7 +279,7 @@ def _checkpoint_flags(st: ResolvedStage, prev: Path, version: str) -> list[Flag]
     if st.exit_duration_in_mins:
         flags.append(_f("--exit-duration-in-mins", st.exit_duration_in_mins))
     flags.append(_f("--exit-signal-handler"))
-    if facts(version).has_flag("--exit-signal"):
+    if known.has_flag("--exit-signal"):
         flags.append(_f("--exit-signal", "SIGTERM"))
     return flags
 
@@ -308,9 +298,9 @@ def _logging_flags(st: ResolvedStage, stage_root: Path) -> list[Flag]:
     return flags
 
 
-def wandb_flags(plan: Plan, stage: str) -> list[Flag]:
-    """The plan's [wandb] table as Megatron-LM's flags (none without it)."""
-    w = stage_wandb(plan, stage)
+def wandb_flags(st: ResolvedStage) -> list[Flag]:
+    """The stage's W&B run (the plan's [wandb] table) as Megatron-LM's flags (none without it)."""
+    w = st.wandb
     if w is None:
         return []
     return [
@@ -322,22 +312,20 @@ def wandb_flags(plan: Plan, stage: str) -> list[Flag]:
 
 def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     """All flags of a stage's pretrain_gpt.py launch, in a stable, documented order."""
-    plan = rp.plan
-    version = plan.megatron.version
+    meg = rp.megatron
     prev = st.load_from
-    meg = plan.megatron
     if not trains_objective(meg.entry_script, list(meg.family_args), rp.objective):
         raise StageError(
             f"{UPSTREAM_SCRIPT} trains the autoregressive objective; the plan's objective is "
             f"{rp.objective.describe()}",
-            where=f"{plan.plan_path or plan.name}: [megatron].entry_script",
+            where=f"{rp.where}: [megatron].entry_script",
             fix="name the diffusion fork's entry script and its flags in [megatron] (entry_script = "
             '"pretrain_mask_diff.py", family_args = [...]), or train with --backend local (CPU or one GPU)',
         )
     if prev is None:
         raise StageError(
             f"stage {st.name!r} has nothing to start from",
-            where=str(plan.plan_path),
+            where=str(rp.source),
             fix="set base.path (run `longctx ckpt fetch/adopt` first for hub checkpoints)",
         )
     require_checkout_version(rp)
@@ -349,20 +337,19 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     flags += [_f("--seed", st.seed)]
     flags += data_flags(rp, st)
     flags += packing_flags(rp, st)
-    flags += _checkpoint_flags(st, prev, version)
-    flags += _logging_flags(st, paths.stage_dir(plan, st.name))
-    flags += wandb_flags(plan, st.name)
-    flags += _pairs(list(plan.megatron.performance_args))
+    flags += _checkpoint_flags(st, prev, meg.facts)
+    flags += _logging_flags(st, st.stage_dir)
+    flags += wandb_flags(st)
+    flags += _pairs(list(meg.performance_args))
     flags += _pairs(list(st.extra_args))
-    _refuse_unhonoured(flags, version, plan.plan_path)
+    _refuse_unhonoured(flags, meg.version, meg.facts, rp.source)
     check_conflicting_flags([f.name for f in flags])
     return flags
 
 
-def _refuse_unhonoured(flags: list[Flag], version: str, where: Path | None) -> None:
+def _refuse_unhonoured(flags: list[Flag], version: str, known: MegatronFacts, where: Path | None) -> None:
     """Refuse a flag the version's parser lacks (added later, or removed) or its GPT model ignores (a RoPE
-    flag whose value only reaches GPT from a later release), as the release table says."""
-    known = facts(version)
+    flag whose value only reaches GPT from a later release), as the release table (`known`) says."""
     for f in flags:
         if known.has_flag(f.name) is False:
             added, removed = first_version(f.name), removed_version(f.name)
@@ -394,7 +381,7 @@ def argv(
 ) -> list[str]:
     """The stage's argv after `script` (default: the plan's entry script); `override_scheduler` (only when
     asked) appends OVERRIDE_SCHEDULER_FLAG."""
-    words = [script or rp.plan.megatron.entry_script]
+    words = [script or rp.megatron.entry_script]
     for f in stage_flags(rp, st):
         words += f.words()
     if override_scheduler:

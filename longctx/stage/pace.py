@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longctx.errors import StageError
-from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan
 from longctx.stage import ledger
 from longctx.stage.curves import PlanCurves, StageCurve, read_plan_curves
@@ -118,7 +117,7 @@ def _eta(tokens: int, rate: float | None) -> float | None:
 def stage_pace(rp: ResolvedPlan, states: list[StageState]) -> list[StagePace]:
     """`plan_pace` from what is on disk (the curves `stage curves` draws and the ledger)."""
     try:
-        records = ledger.read(paths.run_dir(rp.plan))
+        records = ledger.read(rp.run_dir)
     except StageError:  # `stage curves` names the unreadable ledger; the pace then comes from the logs
         records = []
     return plan_pace(rp, states, read_plan_curves(rp), records)

@@ -31,10 +31,8 @@ from longctx.checkpoint.layout import TRACKER, complete_iterations, iter_dir_nam
 from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.errors import CheckpointError, LongctxError, StageError
 from longctx.launch.local import SIGNALS_RECEIVED, Launcher
-from longctx.plan import paths
-from longctx.plan.derive import ResolvedPlan, ResolvedStage, check_base_family, scaling_summary
+from longctx.plan.derive import ResolvedPlan, ResolvedStage, scaling_summary
 from longctx.plan.entry import UPSTREAM_SCRIPT
-from longctx.plan.schema import Plan
 from longctx.plan.stage_data import require_startable, stage_blend
 from longctx.report import Findings
 from longctx.stage import ledger
@@ -256,7 +254,7 @@ def checkpoint_identity(save_dir: Path, repair: Repair | None = None) -> str:
 
 
 def binding_for(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None = None) -> ledger.Binding:
-    tok = paths.resolve(rp.plan.tokenizer.path, rp.plan, field="tokenizer.path")
+    tok = rp.tokenizer.path
     base = checkpoint_content(st.load_from, load_repair) if st.load_from is not None else "none"
     return ledger.Binding(
         tokenizer_md5=tokenizer_md5(tok),
@@ -287,60 +285,59 @@ def schedule_for(st: ResolvedStage) -> dict[str, object]:
 # -- backends ---------------------------------------------------------------------------------------
 
 
-def _refuse_for_local(plan: Plan, st: ResolvedStage) -> None:
+def _refuse_for_local(rp: ResolvedPlan, st: ResolvedStage) -> None:
     """What the local backend cannot train: TP or PP, several nodes, a RoPE scaling, documents without
     longctx's attention."""
     if st.tp != 1 or st.pp != 1:
         raise StageError(
             f"the local backend runs TP = PP = 1, stage {st.name} asks TP {st.tp}, PP {st.pp}",
-            where=str(plan.plan_path),
+            where=str(rp.source),
             fix="use the megatron-lm backend, or TP = PP = 1 in the plan",
         )
     if st.nodes != 1:
         raise StageError(
             f"the local backend runs on one host, stage {st.name} asks {st.nodes} nodes",
-            where=str(plan.plan_path),
+            where=str(rp.source),
             fix="set nodes = 1 for local runs",
         )
     if st.rope_scaling is not None:
         raise StageError(
             f"stage {st.name}: the local backend trains plain RoPE only, and this stage applies "
             f"{st.rope_scaling.type} (factor {st.rope_scaling.factor:g}) on top of base {st.rotary_base:,}",
-            where=f"{plan.plan_path or plan.name}: stage {st.name} rope",
+            where=f"{rp.where}: stage {st.name} rope",
             fix="run the stage with --backend megatron-lm (Megatron-LM ≥ 0.19 trains YaRN), or give it a base "
             "method (fixed, abf, men, men-safe, liu, ntk)",
         )
     packing = st.data.packing if st.data else "concat"
-    if packing == "documents" and plan.local.attention != "longctx":
+    if packing == "documents" and rp.local.attention != "longctx":
         raise StageError(
             f'stage {st.name}: packing = "documents" on the local backend needs longctx\'s attention, '
-            f"[local] attention is {plan.local.attention!r}",
-            where=str(plan.plan_path),
+            f"[local] attention is {rp.local.attention!r}",
+            where=str(rp.source),
             fix='set [local] attention = "longctx" (it takes the document boundaries), or packing = "concat"',
         )
 
 
 def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
     """The TrainSpec of a stage for the local backend, and its process count."""
-    plan = rp.plan
-    _refuse_for_local(plan, st)
+    _refuse_for_local(rp, st)
     packing = st.data.packing if st.data else "concat"
     nproc = st.world
-    tok_path = paths.resolve(plan.tokenizer.path, plan, field="tokenizer.path")
+    tok_path = rp.tokenizer.path
     tok = load_tokenizer(tok_path)
     blend = stage_blend(rp, st)
-    threads = plan.local.threads_per_process or max(1, (os.cpu_count() or 1) // nproc)
-    stage_root = paths.stage_dir(plan, st.name)
+    threads = rp.local.threads_per_process or max(1, (os.cpu_count() or 1) // nproc)
+    stage_root = st.stage_dir
     spec = TrainSpec(
         stage=st.name, arch=rp.arch, seq_length=st.seq_length, max_position_embeddings=st.max_position_embeddings,
         rotary_base=st.rotary_base, padded_vocab_size=st.padded_vocab_size, output_vocab_size=st.output_vocab_size,
         make_vocab_size_divisible_by=rp.make_vocab_size_divisible_by, objective=rp.objective,
         tokenizer=TokenizerInfo(path=str(tok_path), md5=tok.md5, vocab_size=tok.vocab_size, eod_id=tok.eod_id,
                                 pad_id=tok.pad_id,
-                                megatron_type=plan.tokenizer.megatron_type or "HuggingFaceTokenizer"),
+                                megatron_type=rp.tokenizer.megatron_type or "HuggingFaceTokenizer"),
         data=[(e.weight, e.prefix) for e in blend.entries],
         split=st.data.split if st.data else "99,1,0",
-        data_cache_path=str(paths.run_dir(plan) / "cache"),
+        data_cache_path=str(rp.run_dir / "cache"),
         packing=packing, reset_position_ids=bool(st.data and st.data.reset_position_ids),
         seed=st.seed, micro_batch_size=st.micro_batch_size, global_batch_size=st.global_batch_size,
         train_iters=st.train_iters,
@@ -349,15 +346,15 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
                       wsd_decay_style=st.lr.wsd_decay_style, weight_decay=st.lr.weight_decay,
                       adam_beta1=st.lr.adam_beta1, adam_beta2=st.lr.adam_beta2, adam_eps=st.lr.adam_eps,
                       clip_grad=st.lr.clip_grad),
-        tensor_parallel=1, context_parallel=st.cp, attention=plan.local.attention, cp_comm=plan.local.cp_comm,
-        bf16=plan.local.bf16,
+        tensor_parallel=1, context_parallel=st.cp, attention=rp.local.attention, cp_comm=rp.local.cp_comm,
+        bf16=rp.local.bf16,
         recompute="none" if st.recompute == "selective" else st.recompute,
         recompute_method=st.recompute_method or "uniform", recompute_num_layers=st.recompute_num_layers or 1,
         save=str(st.save_dir), pretrained=str(st.load_from) if st.load_from else None,
         save_interval=st.save_interval, exit_duration_in_mins=st.exit_duration_in_mins,
         log_interval=st.log_interval, threads_per_process=threads,
         metrics_file=str(stage_root / "metrics.jsonl"), tensorboard_dir=str(stage_root / "tensorboard"),
-        wandb=stage_wandb(plan, st.name),
+        wandb=stage_wandb(st),
     )  # fmt: skip
     return spec, nproc
 
@@ -365,13 +362,13 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
 def megatron_lm_script(rp: ResolvedPlan | None = None) -> Path:
     """The plan's entry script ([megatron].entry_script, pretrain_gpt.py unless a fork's) in the Megatron-LM
     checkout: $LONGCTX_MEGATRON_LM, else the plan's [megatron].path. An absolute entry script is used as is."""
-    name = rp.plan.megatron.entry_script if rp is not None else UPSTREAM_SCRIPT
+    name = rp.megatron.entry_script if rp is not None else UPSTREAM_SCRIPT
     if Path(name).is_absolute():
         root = str(Path(name).parent)
     else:
         root = os.environ.get(MEGATRON_ENV) or ""
-        if not root and rp is not None and rp.plan.megatron.path:
-            root = str(paths.resolve(rp.plan.megatron.path, rp.plan, field="megatron.path"))
+        if not root and rp is not None and rp.megatron.path is not None:
+            root = str(rp.megatron.path)
     if not root:
         raise StageError(
             f"the megatron-lm backend needs a Megatron-LM checkout: ${MEGATRON_ENV} is not set",
@@ -422,7 +419,7 @@ def launch_plan(
     the one its checkpoints carry is refused (StageError); with `force` the argv gets
     --override-opt_param-scheduler and `schedule_override` says what changed."""
     st = rp.stage(step.stage or "")
-    stage_root = paths.stage_dir(rp.plan, st.name)
+    stage_root = st.stage_dir
     log = (
         stage_root
         / "logs"
@@ -442,13 +439,13 @@ def launch_plan(
     if check_megatron:
         script = megatron_lm_script(rp)
     else:
-        script = Path(os.environ.get(MEGATRON_ENV) or rp.plan.megatron.path or "Megatron-LM") / (
-            rp.plan.megatron.entry_script
+        script = (
+            Path(os.environ.get(MEGATRON_ENV) or rp.megatron.path or "Megatron-LM") / rp.megatron.entry_script
         )
     override: dict[str, tuple[object, object]] | None = None
     if step.action == "resume" or (st.save_dir / TRACKER).exists():
         saved = checkpoint_schedule(st.save_dir)
-        run_dir = paths.run_dir(rp.plan)
+        run_dir = rp.run_dir
         override = ledger.check_schedule(run_dir, st.name, binding.schedule, force=force, saved=saved) or None
         _refuse_kept_rates(st.name, override)
     # one process per GPU with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*): the
@@ -468,9 +465,7 @@ def launch_plan(
     if cpu:
         # no CUDA here: the same argv through the runner that shims Megatron-LM for the CPU, plus the CPU
         # flags (LaunchPlan.command); one share of the cores per process
-        threads = rp.plan.local.threads_per_process or max(
-            1, (os.cpu_count() or 1) // max(1, st.gpus_per_node)
-        )
+        threads = rp.local.threads_per_process or max(1, (os.cpu_count() or 1) // max(1, st.gpus_per_node))
         env["OMP_NUM_THREADS"] = str(threads)
     return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu,
                       schedule_override=override)  # fmt: skip
@@ -505,7 +500,7 @@ def refuse_contradicting_base(rp: ResolvedPlan, st: ResolvedStage) -> None:
     except LongctxError:
         return  # not a readable checkpoint: the trainer's load says why
     findings = Findings()
-    check_base_family(rp.plan, family, rp.vocab_size, findings)
+    rp.check_base_family(family, findings)
     if not findings.ok:
         first = findings.errors[0]
         raise StageError(first.message, where=first.where, fix=first.fix)
@@ -535,7 +530,7 @@ def _refuse_kept_rates(stage: str, override: dict[str, tuple[object, object]] | 
 
 def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:
     """Launch `lp` holding the run directory's lock (a second launcher is refused, nothing written)."""
-    run_dir = paths.run_dir(rp.plan)
+    run_dir = rp.run_dir
     with run_lock(run_dir, lp.stage.name) as stale:
         return _execute_locked(rp, lp, launcher, run_dir, force=force, stale=stale)
 
@@ -616,7 +611,7 @@ def _refuse_moved_on(rp: ResolvedPlan, lp: LaunchPlan) -> None:
         raise StageError(
             f"the run moved on while this launch was being prepared: planned {planned[0]} of stage "
             f"{planned[1]!r} at iteration {planned[2]}, now {now.action} of {now.stage!r} at {now.start_iteration}",
-            where=str(paths.run_dir(rp.plan)),
+            where=str(rp.run_dir),
             fix="run `longctx stage run` again; it plans from the disk as it is now",
         )
 

@@ -159,7 +159,7 @@ def base_ready(rp: ResolvedPlan) -> str | None:
         )
     if not (base / t.dir_name).is_dir():
         return f"the base tracker names {t.dir_name}, which is not in {base}"
-    want = rp.plan.base.iteration
+    want = rp.base.iteration
     if want is not None and not t.release and t.iteration != want:
         return f"the base tracker names iteration {t.iteration}, the plan says base.iteration = {want}"
     return None

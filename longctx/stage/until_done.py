@@ -130,7 +130,7 @@ def evaluates_after(rp: ResolvedPlan, outcome: LaunchOutcome, *, backend: Backen
         outcome.status == "done"
         and backend == "local"
         and enabled
-        and rp.plan.local.eval_after_stage
+        and rp.local.eval_after_stage
         and autoregressive
     )
 

@@ -15,7 +15,7 @@ import pytest
 
 from longctx.errors import PlanError, StageError
 from longctx.megatron_versions import first_version
-from longctx.plan.derive import resolve_plan
+from longctx.plan.derive import resolve_plan, validate_plan
 from longctx.plan.load import load_plan
 from longctx.stage.megatron_args import render_lines, stage_flags
 
@@ -106,7 +106,7 @@ def test_flags_a_version_does_not_honour_are_refused(baby) -> None:
     rp, _ = baby
     st = rp.stage("16k")
     old = rp.plan.model_copy(update={"megatron": rp.plan.megatron.model_copy(update={"version": "0.15.0"})})
-    rp_old = type(rp)(old, rp.arch, rp.vocab_size, rp.make_vocab_size_divisible_by, rp.stages, rp.findings)
+    rp_old = validate_plan(old)
     assert "--exit-signal" not in {f.name for f in stage_flags(rp_old, st)}  # omitted below 0.16
     assert first_version("--exit-signal") == (0, 16, 0)
     st_bad = type(st)(**{**st.__dict__, "extra_args": ["--dataloader-inter-document-masking"]})

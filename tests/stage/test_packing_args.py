@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pydantic import ValidationError
 
 from longctx.errors import StageError
+from longctx.plan.derive import validate_plan
 from longctx.plan.schema import DataSpec
 from longctx.stage.megatron_args import stage_flags
 from tests.stage.test_megatron_args import baby  # noqa: F401  (the fixture)
@@ -13,10 +16,10 @@ from tests.stage.test_megatron_args import baby  # noqa: F401  (the fixture)
 
 def _documents(rp, stage: str, version: str, reset: bool = True):
     st = rp.stage(stage)
-    data = st.data.model_copy(update={"packing": "documents", "reset_position_ids": reset})
-    st = type(st)(**{**st.__dict__, "data": data})
+    data = dataclasses.replace(st.data, packing="documents", reset_position_ids=reset)
+    st = dataclasses.replace(st, data=data)
     plan = rp.plan.model_copy(update={"megatron": rp.plan.megatron.model_copy(update={"version": version})})
-    return type(rp)(plan, rp.arch, rp.vocab_size, rp.make_vocab_size_divisible_by, rp.stages, rp.findings), st
+    return validate_plan(plan), st
 
 
 def test_documents_are_refused_where_megatron_lm_has_no_boundaries(baby) -> None:  # noqa: F811

@@ -8,7 +8,6 @@ real parser, which does run here.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import subprocess
@@ -21,7 +20,7 @@ from typer.testing import CliRunner
 from longctx.cli.main import app
 from longctx.errors import StageError
 from longctx.megatron_versions import RELEASES, facts
-from longctx.plan.derive import ResolvedPlan, resolve_plan
+from longctx.plan.derive import ResolvedPlan, resolve_plan, validate_plan
 from longctx.plan.load import load_plan
 from longctx.stage.megatron_args import family_flags, stage_flags
 from longctx.stage.megatron_source import FlagInfo, checkout_version, parser_flags
@@ -71,7 +70,7 @@ def plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Resolved
 def _on(rp: ResolvedPlan, version: str, **megatron: object) -> ResolvedPlan:
     """The same resolved plan with [megatron] changed (version, path)."""
     meg = rp.plan.megatron.model_copy(update={"version": version, **megatron})
-    return dataclasses.replace(rp, plan=rp.plan.model_copy(update={"megatron": meg}))
+    return validate_plan(rp.plan.model_copy(update={"megatron": meg}))  # resolved again, findings kept
 
 
 def test_source_reader_agrees_with_the_real_0_16_parser(parsers) -> None:

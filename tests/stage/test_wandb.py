@@ -30,7 +30,7 @@ def test_wandb_table_becomes_megatron_lms_flags(baby) -> None:  # noqa: F811
     assert flags["--wandb-exp-name"] == ("try1-64k",)
     assert flags["--wandb-save-dir"] == (save,)
     # the local trainer gets the same settings
-    assert stage_wandb(plan, "64k") == WandbSettings(
+    assert stage_wandb(rp.stage("64k")) == WandbSettings(
         project="baby-longctx", exp_name="try1-64k", save_dir=save
     )
 
@@ -39,7 +39,8 @@ def test_wandb_save_dir_takes_the_run_dir(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("LONGCTX_BABY_RUN_DIR", str(tmp_path / "run"))
     plan = load_plan(REPO / "stages" / "baby_9b_dense.toml")
     plan = plan.model_copy(update={"wandb": WandbSpec(project="p", exp_name="e", save_dir="${RUN_DIR}/wb")})
-    assert stage_wandb(plan, "16k").save_dir == str(tmp_path / "run" / "wb" / "16k")
+    rp = resolve_plan(plan)
+    assert stage_wandb(rp.stage("16k")).save_dir == str(tmp_path / "run" / "wb" / "16k")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
