@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -33,6 +33,29 @@ from longctx.report import Findings
 
 Overwrite = force("Overwrite an existing prefix.")
 ReplaceSidecar = force("Replace an existing sidecar.")
+
+# the options of `data check` that apply to an artifact directory
+ArtifactRun = Annotated[
+    str | None, typer.Option("--run", help="Artifact: the streamed run to check (runs/RUN).")
+]
+ArtifactLanguages = Annotated[
+    str | None, typer.Option("--languages", help="Artifact: only these languages, e.g. en,de.")
+]
+ArtifactTiers = Annotated[
+    str | None, typer.Option("--tiers", help="Artifact: only these tiers, e.g. 16k_plus,4_16k.")
+]
+IndexOnly = Annotated[
+    bool,
+    typer.Option(
+        "--index-only", help="Artifact: read the .idx files only (+ a token spot check); seconds, not hours."
+    ),
+]
+ArtifactManifest = Annotated[
+    Path | None,
+    typer.Option(
+        "--tokenizer-manifest", help="Artifact: tokenization/*.toml naming the tokenizer (for build_info)."
+    ),
+]
 
 app = typer.Typer(
     help=(
@@ -177,23 +200,11 @@ def check_cmd(
     workers: int | None = typer.Option(
         None, "--workers", "-w", min=1, help="Scan threads (default: CPUs, at most 8)."
     ),
-    run: str | None = typer.Option(None, "--run", help="Artifact: the streamed run to check (runs/RUN)."),
-    languages: str | None = typer.Option(
-        None, "--languages", help="Artifact: only these languages, e.g. en,de."
-    ),
-    tiers: str | None = typer.Option(
-        None, "--tiers", help="Artifact: only these tiers, e.g. 16k_plus,4_16k."
-    ),
-    index_only: bool = typer.Option(
-        False,
-        "--index-only",
-        help="Artifact: read the .idx files only (+ a token spot check); seconds, not hours.",
-    ),
-    tokenizer_manifest: Path | None = typer.Option(
-        None,
-        "--tokenizer-manifest",
-        help="Artifact: tokenization/*.toml naming the tokenizer (for build_info).",
-    ),
+    run: ArtifactRun = None,
+    languages: ArtifactLanguages = None,
+    tiers: ArtifactTiers = None,
+    index_only: IndexOnly = False,
+    tokenizer_manifest: ArtifactManifest = None,
     tokenizer_type: TokenizerType = None,
     legacy_tokenizer: LegacyTokenizer = False,
     hf_use_fast: HfUseFast = False,
