@@ -279,3 +279,19 @@ def test_nothing_downstream_reads_the_raw_plan() -> None:
 )
 def test_raw_plan_reads_are_recognised(line: str, read: bool) -> None:
     assert bool(raw_plan_reads(line)) is read
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_over_80_lines() -> None:
+    """Every function of longctx/, the CLI included, reads on one screen: a longer one holds more than one
+    step (the CLI: parse, call one library function, render)."""
+    long = [
+        f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(sorted(long))

@@ -14,7 +14,8 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -26,6 +27,9 @@ from longctx.errors import LongctxError
 from longctx.report import Findings, to_jsonable
 from longctx.util.oserrors import file_system_error
 from longctx.util.printable import printable
+
+if TYPE_CHECKING:
+    from longctx.plan.derive import ResolvedPlan
 
 # Logs and pipes get a wide console so tables stay readable; terminals keep their own width.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -158,6 +162,14 @@ def _dup_stdout_fd() -> int | None:
     except OSError:
         return None
     return saved
+
+
+def resolved_plan(plan: Path, run_dir: Path | None = None) -> ResolvedPlan:
+    """The plan a command names (a file or a shipped plan's name), loaded and resolved once."""
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+
+    return resolve_plan(load_plan(plan, run_dir=run_dir))
 
 
 def fields_of(obj: Any) -> dict[str, Any]:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
-import statistics
-from typing import Any
 
 import typer
-from rich.table import Table
 
+from longctx.bench.render import (
+    print_ckpt,
+    print_data_check,
+    print_index_check,
+    print_memory,
+    print_rope_bench,
+    print_throughput,
+    print_tokenize,
+    print_trainer,
+)
 from longctx.cli._common import (
     cli_errors,
     console,
@@ -37,17 +44,6 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
 )
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f}"
-
-
-def _machine_line(m: dict) -> str:
-    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
-    return (
-        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}{gpu}, load avg {m['load_avg_1m']}"
-    )
 
 
 @app.command("attention")
@@ -108,218 +104,42 @@ def attention_cmd(
 
     Example: longctx bench attention --seq-lens 8K,16K --threads 1 --repeats 3
     """
-    from longctx.bench.attention import TARGETS, AttentionBenchSpec, run_attention_bench, validate_spec
+    from longctx.bench.attention import AttentionBenchSpec, run_attention_bench, validate_spec
+    from longctx.bench.render_attention import print_attention
     from longctx.util.progress import progress_bar
 
     lens = positive_sizes(seq_lens, "--seq-lens") or []
+    threads = threads or max(1, (os.cpu_count() or 1) // cp)
     if documents is not None:
-        _documents_bench(
-            documents, lens, cp, heads, kv_heads or heads, head_dim, repeats, time_max_len, json_out,
-            processes=processes, threads=threads or max(1, (os.cpu_count() or 1) // cp), warmup=warmup,
-        )  # fmt: skip
+        _documents_bench(documents, lens, cp, heads, kv_heads or heads, head_dim, repeats, time_max_len, json_out,
+                         processes=processes, threads=threads, warmup=warmup)  # fmt: skip
         return
     spec = AttentionBenchSpec(
-        seq_lens=tuple(lens),
-        cp=cp,
-        batch=batch,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        threads=threads or max(1, (os.cpu_count() or 1) // cp),
-        repeats=repeats,
-        warmup=warmup,
-        dtype=dtype,
-        variant=variant,
-        piece=piece,
-        causal=causal,
-    )
+        seq_lens=tuple(lens), cp=cp, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, threads=threads,
+        repeats=repeats, warmup=warmup, dtype=dtype, variant=variant, piece=piece, causal=causal,
+    )  # fmt: skip
     validate_spec(spec)
     with progress_bar("attention bench", total=len(lens), unit="lengths") as advance:
         report = run_attention_bench(spec, advance=advance)
     if json_out:
         print_json(report.to_dict())
-        return
-    table = Table(
-        title=(
-            f"{spec.variant} attention fwd+bwd, CP={spec.cp} vs 1 process, "
-            f"{'causal' if spec.causal else 'non-causal'}, {spec.dtype}, b={spec.batch} "
-            f"h={spec.heads}/{spec.n_kv_heads} d={spec.head_dim}, {spec.threads} thread(s)/process"
-        )
-    )
-    columns = ("S", "piece", "t_full s", "t_cp s", "spread full/cp", "efficiency", "cpu eff", "peak full MiB", "peak/rank MiB", "peak ratio",
-               "held ratio", "balance zigzag", "balance contiguous")  # fmt: skip
-    for col in columns:
-        table.add_column(col, justify="right")
-    for c in report.cases:
-        table.add_row(
-            str(c.seq_len),
-            "-" if c.piece is None else str(c.piece),
-            f"{c.t_full_s:.3f}",
-            f"{c.t_cp_s:.3f}",
-            f"{c.spread_full:.2f}/{c.spread_cp:.2f}",
-            f"{c.efficiency:.3f}",
-            f"{c.cpu_efficiency:.3f}",
-            _mib(c.mem_full_bytes),
-            _mib(c.mem_cp_bytes),
-            f"{c.memory_ratio:.3f}",
-            f"{c.held_ratio:.3f}",
-            f"{c.balance_zigzag:.4f}",
-            f"{c.balance_contiguous:.3f}",
-        )
-    console.print(table)
-    console.print(
-        f"targets: efficiency ≥ {TARGETS['efficiency']}, memory ratio ≤ {TARGETS['memory_ratio']}, "
-        f"balance ≤ {TARGETS['balance']}\n"
-        "peak: largest per-rank peak during fwd+bwd (inputs, ring buffers, gradients) vs the full run; "
-        "held: what forward leaves resident for backward (inputs, output, LSE), which is what stacks up "
-        "over layers in a model; cpu eff: efficiency on process CPU time (compute overhead only); "
-        f"times: medians of {spec.repeats} iterations, spread (max − min) / median\n"
-        f"memory method: {report.memory_method} · load avg {report.host.get('load_avg_1m')}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    else:
+        print_attention(spec, report, console)
 
 
-def _documents_bench(
-    mix: str,
-    lens: list[int],
-    cp: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    repeats: int,
-    time_max_len: int,
-    json_out: bool,
-    *,
-    processes: bool = False,
-    threads: int = 1,
-    warmup: int = 1,
-) -> None:
-    from dataclasses import asdict
+def _documents_bench(mix: str, lens: list[int], cp: int, heads: int, kv_heads: int, head_dim: int, repeats: int,
+                     time_max_len: int, json_out: bool, *, processes: bool, threads: int, warmup: int) -> None:  # fmt: skip
+    from longctx.bench.documents_run import DocumentsOptions, run_documents
+    from longctx.bench.render_attention import print_documents
 
-    from longctx.bench.attention import parse_document_mix, read_data_mix, run_document_bench
-    from longctx.bench.memory import machine
-
-    data = read_data_mix(mix) if mix.strip().startswith("from:") else None
-    fraction, short_max = (-1.0, 0) if data else parse_document_mix(mix)
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    cases = run_document_bench(
-        tuple(lens), cp=cp, short_fraction=fraction, short_max=short_max, heads=heads, kv_heads=kv_heads,
-        head_dim=head_dim, repeats=repeats, time_max_len=time_max_len, processes=processes, threads=threads,
-        warmup=warmup, window=data.window if data else None,
-    )  # fmt: skip
-    if data:
-        below, between, above = data.token_shares()
-        data_line = (
-            f"data {data.path} ({len(data.prefixes)} prefix(es), lengths × {data.scale}): "
-            f"{len(data.lengths):,} documents, {int(data.lengths.sum()):,} tokens; tokens in documents "
-            f"< 4K {below:.0%}, 4K–16K {between:.0%}, ≥ 16K {above:.0%} (pooled; each window packed from "
-            "documents drawn from these lengths)"
-        )
+    run = run_documents(DocumentsOptions(
+        mix, tuple(lens), cp=cp, heads=heads, kv_heads=kv_heads, head_dim=head_dim, repeats=repeats,
+        time_max_len=time_max_len, processes=processes, threads=threads, warmup=warmup,
+    ))  # fmt: skip
     if json_out:
-        cases_json = [
-            {**asdict(c), **({"processes": _process_json(c.processes)} if c.processes else {})} for c in cases
-        ]
-        shares = (
-            dict(zip(("below_4k", "4k_16k", "from_16k"), data.token_shares(), strict=True)) if data else None
-        )
-        print_json(
-            {
-                "mix": mix,
-                "cp": cp,
-                "cases": cases_json,
-                "data": None
-                if data is None
-                else {
-                    "path": data.path,
-                    "prefixes": len(data.prefixes),
-                    "scale": data.scale,
-                    "documents": len(data.lengths),
-                    "tokens": int(data.lengths.sum()),
-                    "token_shares": shares,
-                },
-                "machine": machine(),
-                "load_avg_1m_before": load_before,
-            }
-        )
-        return
-
-    table = Table(
-        title=f"causal attention within documents, {mix} of each window, CP={cp} ring: zigzag vs balanced split"
-    )
-    for col in ("S", "docs", "short tok", "split", "slowest/mean", "busiest/idlest", "FLOPs/dense", "calls/rank",
-                "t slowest s", "t / dense zigzag"):  # fmt: skip
-        table.add_column(col, justify="right")
-
-    def t(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f}"
-
-    for c in cases:
-        for f in (c.zigzag, c.balanced):
-            vs = None if f.t_slowest_s is None or c.t_dense_s is None else f.t_slowest_s / c.t_dense_s
-            table.add_row(
-                str(c.seq_len), str(c.documents), str(c.short_tokens), f.split, f"{f.slowest_mean:.3f}",
-                f"{f.busiest_idlest:.3f}", f"{f.flops / c.flops_dense:.3f}", str(f.kernel_calls), t(f.t_slowest_s), t(vs),
-            )  # fmt: skip
-    console.print(table)
-    if data:
-        console.print(data_line, highlight=False, soft_wrap=True)
-    speed = ", ".join(f"{c.seq_len}: {c.speedup:.2f}×" for c in cases if c.speedup is not None)
-    console.print(
-        "slowest/mean and busiest/idlest: FLOPs per rank from the blocks each rank executes (1.0 = even); "
-        "FLOPs/dense: all ranks' FLOPs against dense causal attention; t slowest: fwd+bwd compute of the "
-        f"slowest rank, timed rank by rank in this process (kernels only, median of {repeats}), against dense "
-        f"causal attention on the zigzag split timed the same way; balanced vs zigzag slowest rank: {speed or '-'}\n"
-        + _machine_line(machine()),
-        highlight=False,
-        soft_wrap=True,
-    )
-    timed = [c for c in cases if c.processes is not None]
-    if timed:
-        _document_process_table(mix, timed, repeats, warmup, machine(), load_before)
-
-
-def _process_json(p: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    splits = {s.split: {**asdict(s), "rank_medians_s": s.rank_medians_s, "slowest_s": s.slowest_s,
-                        "slowest_cpu_s": s.slowest_cpu_s} for s in (p.zigzag, p.balanced)}  # fmt: skip
-    return {**asdict(p), **splits, "ratio": p.ratio, "cpu_ratio": p.cpu_ratio}
-
-
-def _document_process_table(
-    mix: str, cases: list[Any], repeats: int, warmup: int, m: dict, load_before: float | None
-) -> None:
-    p0 = cases[0].processes
-    table = Table(
-        title=f"ring attention fwd+bwd within documents, {mix}, CP={p0.cp} real processes (gloo), "
-        f"h={p0.heads}/{p0.kv_heads} d={p0.head_dim} fp32, {p0.threads} thread(s)/process: balanced vs zigzag"
-    )
-    for col in ("S", "split", "median s per rank", "slowest rank s", "balanced / zigzag", "cpu s per rank",
-                "cpu balanced / zigzag"):  # fmt: skip
-        table.add_column(col, justify="right")
-    for c in cases:
-        p = c.processes
-        for f in (p.zigzag, p.balanced):
-            cpu = [statistics.median(t) for t in f.rank_cpu_s]
-            last = f is p.balanced
-            table.add_row(
-                str(c.seq_len), f.split, " ".join(f"{x:.3f}" for x in f.rank_medians_s), f"{f.slowest_s:.3f}",
-                f"{p.ratio:.3f}" if last else "", " ".join(f"{x:.3f}" for x in cpu),
-                f"{p.cpu_ratio:.3f}" if last else "",
-            )  # fmt: skip
-    console.print(table)
-    console.print(
-        f"each split: median of {repeats} iterations per rank after {warmup} warm-up, the two splits alternating "
-        "in the same processes on the same tensors (a barrier before each); slowest rank: the largest median; "
-        "balanced / zigzag < 1: the balanced split's step is faster; cpu: the same on process CPU time (compute "
-        "alone: on a busy machine wall time also holds the wait for a core)\n"
-        + _machine_line(m)
-        + f" at the end, {load_before:.2f} before; "
-        f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else m['cpus']} CPUs usable",
-        highlight=False,
-        soft_wrap=True,
-    )
+        print_json(run.to_dict())
+    else:
+        print_documents(run, console)
 
 
 @app.command("data-check")
@@ -354,27 +174,8 @@ def data_check_cmd(
         )  # fmt: skip
     if json_out:
         print_json(r)
-        return
-    table = Table(
-        title=f"data check vs raw read: {r.bin_bytes / 2**30:.2f} GiB int32, {r.documents:,} documents"
-    )
-    for col in ("what", "GB/s", "detail"):
-        table.add_column(col)
-    raw_detail = ", ".join(f"{b >> 10} KiB blocks: {v:.2f}" for b, v in r.raw_by_block.items())
-    table.add_row("raw sequential read", f"{r.raw_gbps:.2f}", f"best of {repeats}; {raw_detail}")
-    table.add_row(
-        "data check (full)",
-        f"{r.check_gbps:.2f}",
-        f"{r.check_seconds:.3f} s; {r.workers} thread(s), {r.block_bytes >> 10} KiB blocks",
-    )
-    table.add_row("token scan alone", f"{r.scan_gbps:.2f}", "")
-    console.print(table)
-    status = "[green]meets[/]" if r.ratio >= r.target_ratio else "[yellow]below[/]"
-    console.print(
-        f"ratio check/raw = {r.ratio:.2f} ({status} target {r.target_ratio}) · check ok: {r.check_ok} · "
-        f"{r.host['cpus']} CPUs, load avg {r.host['load_avg_1m']}" + (f" · kept {r.path}" if keep else ""),
-        highlight=False,
-    )
+    else:
+        print_data_check(r, console, repeats=repeats, keep=keep)
 
 
 @app.command("ckpt")
@@ -402,35 +203,8 @@ def ckpt_cmd(
     r = run_ckpt_bench(n_files=files, repeats=repeats, keep=keep, dp=dp)
     if json_out:
         print_json(r.to_dict())
-        return
-    table = Table(
-        title=(
-            f"ckpt inspect + verify: {r.files} shard files, {r.storage_items:,} stored items, "
-            f"{r.logical_bytes / 2**30:.1f} GiB logical ({r.disk_bytes / 2**20:.1f} MiB on disk)"
-        )
-    )
-    for col in ("what", "seconds", "vs baseline"):
-        table.add_column(col)
-    base = r.baseline_unpickle_s
-    rows = [
-        ("baseline: pickle.load(.metadata)", base),
-        ("inspect (cold)", r.inspect_s),
-        ("verify after inspect", r.verify_s),
-        ("inspect + verify", r.total_s),
-        ("verify alone (cold)", r.verify_cold_s),
-    ]
-    for name, sec in rows:
-        table.add_row(name, f"{sec:.3f}", f"{sec / base:.2f}×" if base else "-")
-    console.print(table)
-    status = "[green]meets[/]" if r.total_s < 1.0 else "[yellow]misses[/]"
-    console.print(
-        f"inspect + verify {r.total_s:.3f} s ({status} target < 1 s) · .distcp files opened: {r.shard_opens} "
-        f"(other files opened: {', '.join(r.other_opens)}) · shard atimes changed: {r.atime_changed} · "
-        f"verify ok: {r.verify_ok} · fixture build {r.build_s:.1f} s · load avg {os.getloadavg()[0]:.1f}",
-        highlight=False,
-    )
-    inferred = ", ".join(f"{k}={v}" for k, v in r.inferred.items())
-    console.print(f"inferred: {inferred}" + (f" · kept {r.path}" if r.path else ""), highlight=False)
+    else:
+        print_ckpt(r, console)
 
 
 @app.command("index-check")
@@ -468,32 +242,8 @@ def index_check_cmd(
         )  # fmt: skip
     if json_out:
         print_json(r)
-        return
-    table = Table(
-        title=f"data check ARTIFACT: {r.prefixes:,} prefixes, {r.documents:,} documents, "
-        f"{r.bin_bytes / 2**20:.1f} MiB .bin, {r.idx_bytes / 2**20:.2f} MiB .idx"
-    )
-    for col in ("what", "seconds", "rate", "detail"):
-        table.add_column(col)
-    table.add_row("index-only check", f"{r.index_seconds:.3f}", f"{r.prefixes_per_second:,.0f} prefixes/s",
-                  f"ok: {r.index_ok}; lengths {lengths}")  # fmt: skip
-    table.add_row("raw sequential read", f"{r.bin_bytes / r.raw_gbps / 1e9:.3f}", f"{r.raw_gbps:.2f} GB/s",
-                  "every .bin, open + read")  # fmt: skip
-    table.add_row("full check", f"{r.full_seconds:.3f}", f"{r.full_gbps:.2f} GB/s", f"ok: {r.full_ok}")
-    if r.big:
-        table.add_row(
-            "one big file: raw", "", f"{r.big['raw_gbps']:.2f} GB/s", f"{r.big['bin_bytes'] / 2**30:.2f} GiB"
-        )
-        table.add_row(
-            "one big file: check", "", f"{r.big['check_gbps']:.2f} GB/s", f"ratio {r.big['ratio']:.2f}"
-        )
-    console.print(table)
-    console.print(
-        f"full check / raw read = {r.ratio:.2f} · {r.workers} thread(s) · {r.host['cpus']} CPUs, load avg "
-        f"{r.host['load_avg_1m']} · created in {r.create_seconds:.1f} s"
-        + (f" · kept {r.path}" if keep else ""),
-        highlight=False,
-    )
+    else:
+        print_index_check(r, console, lengths=lengths, keep=keep)
 
 
 @app.command("rope")
@@ -521,19 +271,8 @@ def rope_cmd(
     )
     if json_out:
         print_json({**fields_of(result), "speedup": result.speedup})
-        return
-    console.print(
-        f"suggest, {len(result.lengths)} lengths up to {max(result.lengths):,} (empty cache): "
-        f"{result.suggest_s:.2f} s",
-        highlight=False,
-    )
-    for n, s in result.search_s.items():
-        console.print(f"  exact search {n:>9,}: {s:.3f} s", highlight=False)
-    console.print(
-        f"plain search at {result.baseline_length:,}: {result.baseline_s:.2f} s vs {result.fast_at_baseline_s:.3f} s "
-        f"→ {result.speedup:.0f}× faster, same answer: {result.same_answer}",
-        highlight=False,
-    )
+    else:
+        print_rope_bench(result, console)
 
 
 @app.command("trainer")
@@ -603,45 +342,8 @@ def trainer_cmd(
         r = run_trainer_bench(settings, megatron_lm=checkout, work_dir=work_dir, advance=advance)
     if json_out:
         print_json(r.to_dict())
-        return
-    s = r.settings
-    table = Table(
-        title=(
-            f"trainer tokens/s on the CPU: {s['num_layers']} layers, hidden {s['hidden_size']}, "
-            f"heads {s['num_attention_heads']}/{s['num_query_groups']}, seq {s['seq_length']}, "
-            f"micro/global batch {s['micro_batch_size']}/{s['global_batch_size']}, "
-            f"{s['processes']} process(es) × {s['threads']} thread(s)"
-        )
-    )
-    for col in ("backend", "tokens/s (median)", "s/iteration", "measured", "min–max tokens/s", "launch s"):
-        table.add_column(col, justify="right")
-    for run in (r.local, r.megatron_lm):
-        measured = run.iteration_tokens_per_s[settings.warmup :]
-        table.add_row(
-            run.backend,
-            f"{run.tokens_per_s:,.0f}",
-            f"{run.seconds_per_iteration:.3f}",
-            f"{run.measured_iterations} of {len(run.iteration_tokens_per_s)}",
-            f"{min(measured):,.0f}–{max(measured):,.0f}",
-            f"{run.launch_seconds:.1f}",
-        )
-    console.print(table)
-    status = "[green]meets[/]" if r.ratio >= r.target_ratio else "[yellow]below[/]"
-    m = r.machine
-    console.print(
-        f"ratio local / Megatron-LM = {r.ratio:.2f} ({status} target ≥ {r.target_ratio}) · "
-        f"local backend {'bf16' if settings.local_bf16 else 'fp32'}, Megatron-LM bf16\n"
-        f"machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), "
-        f"{m['torch_threads_per_process']} torch thread(s) × {m['processes']} process(es), torch {m['torch']}, "
-        f"megatron-core {m['megatron_core']}, load avg {m['load_avg_1m']}\n"
-        f"Megatron-LM: {r.megatron_lm_checkout} · launch s: the whole `stage run` (start-up and the final save)"
-        + (f" · kept {r.work_dir}" if r.work_dir else ""),
-        highlight=False,
-        soft_wrap=True,
-    )
-    console.print("what differs:", highlight=False)
-    for line in r.differences:
-        console.print(f"  - {line}", highlight=False, soft_wrap=True)
+    else:
+        print_trainer(r, console, warmup=settings.warmup, local_bf16=settings.local_bf16)
 
 
 @app.command("memory")
@@ -676,29 +378,8 @@ def memory_cmd(
         report = run_memory_bench(cases, iterations=iterations, threads=threads, advance=advance)
     if json_out:
         print_json(report.to_dict())
-        return
-    table = Table(title=f"memory per process, predicted vs measured ({report.device_model})")
-    for col in ("configuration", "procs", "weights+grads+optim MiB", "activations MiB", "logits MiB",
-                "predicted MiB", "measured MiB", "ratio", "s/iteration"):  # fmt: skip
-        table.add_column(col, justify="right")
-    for r in report.rows:
-        p = r.predicted
-        table.add_row(
-            r.case.label, str(r.case.world), _mib(int(p["weights"] + p["grads"] + p["optimizer"])),
-            _mib(int(p["activations"])), _mib(int(p["logits"])), _mib(int(r.predicted_bytes)),
-            _mib(r.measured_bytes), f"[{'green' if r.within else 'yellow'}]{r.ratio:.3f}[/]",
-            f"{r.seconds_per_iteration:.2f}",
-        )  # fmt: skip
-    console.print(table)
-    console.print(
-        f"within ±{report.tolerance:.0%}: {sum(r.within for r in report.rows)} of {len(report.rows)}; "
-        f"largest deviation {report.worst:.1%}\n"
-        "base: 4 layers, hidden 256, 8 heads, SwiGLU 768, vocab 512, fp32; measured: the largest steady "
-        f"peak of the configuration's processes ({report.rows[0].ranks[0].memory_method if report.rows else '-'})\n"
-        + _machine_line(report.machine),
-        highlight=False,
-        soft_wrap=True,
-    )
+    else:
+        print_memory(report, console)
 
 
 @app.command("throughput")
@@ -749,24 +430,8 @@ def throughput_cmd(
         )
     if json_out:
         print_json(report.to_dict())
-        return
-    table = Table(title=f"local backend training throughput ({'bf16' if bf16 else 'fp32'})")
-    for col in ("model", "S", "CP", "threads/proc", "tokens/s", "s/iteration", "MFU (matmul peak)", "MFU (datasheet)",
-                "loss first→last"):  # fmt: skip
-        table.add_column(col, justify="right")
-    for r in report.rows:
-        table.add_row(
-            r.model, str(r.seq_length), str(r.cp), str(r.threads), f"{r.tokens_per_s:,.0f}",
-            f"{r.seconds_per_iteration:.3f}", f"{r.mfu:.3f}",
-            "-" if r.mfu_datasheet is None else f"{r.mfu_datasheet:.3f}",
-            f"{r.loss_first:.3f}→{r.loss_last:.3f}",
-        )  # fmt: skip
-    console.print(table)
-    console.print(
-        _machine_line(report.machine) + " · tokens/s: the global batch over the median step after the first",
-        highlight=False,
-        soft_wrap=True,
-    )
+    else:
+        print_throughput(report, console, bf16=bf16)
 
 
 @app.command("tokenize")
@@ -815,32 +480,5 @@ def tokenize_cmd(
         )  # fmt: skip
     if json_out:
         print_json(r.to_dict())
-        return
-    table = Table(
-        title=(
-            f"tokenize {r.documents:,} documents, {r.tokens:,} tokens ({r.input_bytes / 2**20:.1f} MiB), "
-            f"{r.workers} worker(s) each: {r.encoding}"
-        )
-    )
-    for col in ("tool", "tokens/s (fastest run)", "seconds of each run", "tokens per CPU-second"):
-        table.add_column(col, justify="right")
-    for tool, seconds, runs, cpu in (
-        ("longctx data tokenize", r.longctx_seconds, r.longctx_runs, r.longctx_cpu_seconds),
-        ("Megatron-LM preprocess_data.py", r.megatron_seconds, r.megatron_runs, r.megatron_cpu_seconds),
-    ):
-        table.add_row(
-            tool, f"{r.tokens / seconds:,.0f}", ", ".join(f"{s:.2f}" for s in runs), f"{r.tokens / cpu:,.0f}"
-        )
-    console.print(table)
-    status = "[green]meets[/]" if r.ratio >= r.target_ratio else "[yellow]below[/]"
-    same = "[green]byte-identical[/]" if r.identical else "[bold red]DIFFERENT[/]"
-    m = r.machine
-    console.print(
-        f"ratio longctx / Megatron-LM = {r.ratio:.2f} ({status} target ≥ {r.target_ratio}; per CPU-second "
-        f"{r.cpu_ratio:.2f}) · outputs {same}\n"
-        f"machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), load avg {m['load_avg_1m']}, "
-        f"transformers {m['transformers']}, sentencepiece {m['sentencepiece']}, tokenizers {m['tokenizers']}\n"
-        f"Megatron-LM: {r.megatron_lm_checkout}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    else:
+        print_tokenize(r, console)

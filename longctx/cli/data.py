@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from longctx.cli._common import (
     cli_errors,
@@ -17,6 +16,7 @@ from longctx.cli._common import (
     parse_size,
     print_findings,
     print_json,
+    resolved_plan,
 )
 from longctx.cli._params import Json, force
 from longctx.cli.tokenizer import (
@@ -33,6 +33,29 @@ from longctx.report import Findings
 
 Overwrite = force("Overwrite an existing prefix.")
 ReplaceSidecar = force("Replace an existing sidecar.")
+
+# the options of `data check` that apply to an artifact directory
+ArtifactRun = Annotated[
+    str | None, typer.Option("--run", help="Artifact: the streamed run to check (runs/RUN).")
+]
+ArtifactLanguages = Annotated[
+    str | None, typer.Option("--languages", help="Artifact: only these languages, e.g. en,de.")
+]
+ArtifactTiers = Annotated[
+    str | None, typer.Option("--tiers", help="Artifact: only these tiers, e.g. 16k_plus,4_16k.")
+]
+IndexOnly = Annotated[
+    bool,
+    typer.Option(
+        "--index-only", help="Artifact: read the .idx files only (+ a token spot check); seconds, not hours."
+    ),
+]
+ArtifactManifest = Annotated[
+    Path | None,
+    typer.Option(
+        "--tokenizer-manifest", help="Artifact: tokenization/*.toml naming the tokenizer (for build_info)."
+    ),
+]
 
 app = typer.Typer(
     help=(
@@ -147,35 +170,6 @@ def _parse_budgets(values: list[str] | None) -> dict[str, int]:
     return out
 
 
-def _needs_from_plan(path: Path) -> tuple[list[int], dict[str, int]]:
-    """Stage lengths and token budgets of a plan (the plan module is optional at this layer)."""
-    try:
-        from longctx.plan.load import load_plan
-    except ImportError:
-        raise DatasetError(
-            "--plan needs the plan module (longctx.plan.load_plan), which this installation lacks",
-            where=str(path),
-            fix="pass the stage lengths and budgets directly: --lengths 16K,64K --budget stage2=20B",
-        ) from None
-    plan = load_plan(path)
-    if hasattr(plan, "data_needs"):
-        lengths, budgets = plan.data_needs()
-        return list(lengths), dict(budgets)
-    lengths, budgets = [], {}
-    for stage in getattr(plan, "stages", []):
-        length = getattr(stage, "seq_length", None)
-        tokens = getattr(stage, "tokens", None) or getattr(stage, "train_tokens", None)
-        if length is None or tokens is None:
-            raise DatasetError(
-                "cannot read stage lengths and token budgets from this plan",
-                where=str(path),
-                fix="pass --lengths and --budget instead",
-            )
-        lengths.append(int(length))
-        budgets[str(getattr(stage, "name", f"stage{len(budgets) + 1}"))] = int(tokens)
-    return lengths, budgets
-
-
 @app.command("check")
 @cli_errors
 def check_cmd(
@@ -206,23 +200,11 @@ def check_cmd(
     workers: int | None = typer.Option(
         None, "--workers", "-w", min=1, help="Scan threads (default: CPUs, at most 8)."
     ),
-    run: str | None = typer.Option(None, "--run", help="Artifact: the streamed run to check (runs/RUN)."),
-    languages: str | None = typer.Option(
-        None, "--languages", help="Artifact: only these languages, e.g. en,de."
-    ),
-    tiers: str | None = typer.Option(
-        None, "--tiers", help="Artifact: only these tiers, e.g. 16k_plus,4_16k."
-    ),
-    index_only: bool = typer.Option(
-        False,
-        "--index-only",
-        help="Artifact: read the .idx files only (+ a token spot check); seconds, not hours.",
-    ),
-    tokenizer_manifest: Path | None = typer.Option(
-        None,
-        "--tokenizer-manifest",
-        help="Artifact: tokenization/*.toml naming the tokenizer (for build_info).",
-    ),
+    run: ArtifactRun = None,
+    languages: ArtifactLanguages = None,
+    tiers: ArtifactTiers = None,
+    index_only: IndexOnly = False,
+    tokenizer_manifest: ArtifactManifest = None,
     tokenizer_type: TokenizerType = None,
     legacy_tokenizer: LegacyTokenizer = False,
     hf_use_fast: HfUseFast = False,
@@ -242,71 +224,29 @@ def check_cmd(
 
     Example: longctx data check --data-args-path mix.txt -t /models/tokenizer-256k --lengths 64K --budget s64k=20B
     """
-    from longctx.cli.data_artifact import check_artifact_cmd, names
-    from longctx.data import check_datasets, read_data_args
-    from longctx.data.artifact.layout import looks_like_artifact
+    from longctx.cli.data_artifact import names, print_artifact_report
+    from longctx.data.artifact.check import ArtifactReport
+    from longctx.data.check_request import DataCheckRequest, run_data_check
 
-    if (
-        prefixes
-        and len(prefixes) == 1
-        and data_path is None
-        and data_args_path is None
-        and looks_like_artifact(prefixes[0])
-    ):
-        stage_lengths = parse_int_list(lengths) or []
-        if plan is not None:
-            stage_lengths = sorted(set(stage_lengths) | set(_needs_from_plan(plan)[0]))
-        check_artifact_cmd(
-            prefixes[0], run=run, languages=names(languages), tiers=names(tiers), tokenizer=tokenizer,
-            manifest=tokenizer_manifest, vocab_size=vocab_size, eod_id=eod_id, lengths=stage_lengths,
-            index_only=index_only, workers=workers, strict=strict, json_out=json_out,
-        )  # fmt: skip
-        return
-    if index_only or run or languages or tiers:
-        raise DatasetError(
-            "--index-only, --run, --languages and --tiers apply to an artifact directory",
-            fix="pass one artifact directory (with mix/, manifests/ or runs/), or use --no-scan for prefixes",
-        )
-    sources = sum(x is not None and x != [] for x in (prefixes or None, data_path, data_args_path))
-    if sources != 1:
-        raise DatasetError(
-            "give the datasets one way",
-            fix="pass PREFIX arguments, or --data-path 'W P …', or --data-args-path FILE (exactly one)",
-        )
-    datasets: Any
-    if data_args_path is not None:
-        datasets = read_data_args(data_args_path, check_exists=False)
-    elif data_path is not None:
-        datasets = data_path
-    else:
-        datasets = list(prefixes)
-    stage_lengths = parse_int_list(lengths) or []
-    budgets = _parse_budgets(budget)
+    request = DataCheckRequest(
+        prefixes=tuple(prefixes or ()), data_path=data_path, data_args_path=data_args_path, tokenizer=tokenizer,
+        spec=encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens),
+        lengths=parse_int_list(lengths) or [], budgets=_parse_budgets(budget), vocab_size=vocab_size, eod_id=eod_id,
+        strict=strict, scan=not no_scan, workers=workers, run=run, languages=names(languages), tiers=names(tiers),
+        index_only=index_only, tokenizer_manifest=tokenizer_manifest,
+    )  # fmt: skip
     if plan is not None:
-        plan_lengths, plan_budgets = _needs_from_plan(plan)
-        stage_lengths = sorted(set(stage_lengths) | set(plan_lengths))
-        budgets = {**plan_budgets, **budgets}
-    spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens)
-    if spec is not None and tokenizer is None:
-        raise DatasetError(
-            "--tokenizer-type needs --tokenizer", fix="pass --tokenizer PATH (the model's tokenizer)"
-        )
-    tok: Any = tokenizer
-    if spec is not None:
-        from longctx.tokenizer import load_tokenizer
+        from longctx.plan.stage_data import data_needs
 
-        tok = load_tokenizer(tokenizer, spec=spec)  # type: ignore[arg-type]
-    report = check_datasets(
-        datasets,
-        tokenizer=tok,
-        vocab_size=vocab_size,
-        eod_id=eod_id,
-        lengths=stage_lengths,
-        budgets=budgets,
-        strict=strict,
-        workers=workers,
-        scan=not no_scan,
-    )
+        request = request.with_needs(*data_needs(resolved_plan(plan)))
+    report = run_data_check(request)
+    if isinstance(report, ArtifactReport):
+        if json_out:
+            print_json({"ok": report.ok, **vars(report), "prefixes_per_second": report.prefixes_per_second})
+        else:
+            print_artifact_report(report)
+        exit_for(report.findings)
+        return
     if json_out:
         print_json({"ok": report.ok, **vars(report)})
     else:
@@ -315,101 +255,16 @@ def check_cmd(
 
 
 def render_report(report: Any) -> None:
-    from longctx.data.stats import label
+    from longctx.data.render import blend_table, prefix_table, status_line
 
     for p in report.prefixes:
-        table = Table(title=escape(p.prefix), show_header=False, title_justify="left")
-        table.add_column("fact", style="bold")
-        table.add_column("value", overflow="fold")
-        if p.weight is not None or p.share is not None:
-            w = f"{p.weight:g}" if p.weight is not None else "by size"
-            table.add_row("weight", f"{w} (share {p.share:.3f})" if p.share is not None else w)
-        if p.index:
-            ix = p.index
-            table.add_row(
-                "format", f"{ix['dtype']}, {ix['documents']:,} documents, {ix['sequences']:,} sequences"
-            )
-            table.add_row("tokens", f"{ix['tokens']:,} ({_size(ix['bin_bytes'])} .bin)")
-        if p.scan is not None:
-            s = p.scan
-            vocab = f" (vocab {report.vocab_size})" if report.vocab_size is not None else ""
-            table.add_row("max token id", f"{s.max_id}{vocab}")
-            if report.eod_id is not None and p.index:
-                ended = p.index["documents"] - s.documents_without_eod
-                table.add_row(
-                    "EOD",
-                    f"{s.eod_count:,} EOD tokens; {ended:,}/{p.index['documents']:,} documents end with it",
-                )
-            rate = s.bytes_scanned / s.seconds / 1e9 if s.seconds else 0.0
-            table.add_row(
-                "scan", f"{_size(s.bytes_scanned)} in {s.seconds:.2f} s ({rate:.2f} GB/s over all datasets)"
-            )
-        if p.lengths is not None and p.lengths.documents:
-            ls = p.lengths
-            pct = ", ".join(f"p{k} {v:,}" for k, v in (ls.percentiles or {}).items())
-            table.add_row(
-                "doc length",
-                f"min {ls.min_length:,}, {pct + ', ' if pct else ''}max {ls.max_length:,}, mean {ls.mean_length:,.0f}",
-            )
-            bins = [
-                f"{'<' + label(b.hi) if b.lo == 0 else label(b.lo) + ('–' + label(b.hi) if b.hi else '+')}: "
-                f"{b.tokens / ls.tokens:.0%}"
-                for b in ls.histogram
-                if b.documents
-            ]
-            table.add_row("tokens by doc length", ", ".join(bins))
-            for cov in ls.coverage:
-                table.add_row(
-                    f"≥ {label(cov.length)}",
-                    f"{cov.token_share:.1%} of tokens in {cov.documents_at_least:,} docs; "
-                    f"{cov.single_document_samples:,} single-doc / {cov.packed_samples:,} packed samples",
-                )
-        for stage, epochs in p.epochs.items():
-            style = "yellow" if epochs > 1 else ""
-            table.add_row(f"epochs {stage}", f"[{style}]{epochs:.2f}[/]" if style else f"{epochs:.2f}")
-        if p.sidecar:
-            enc = p.sidecar["tokenizer"].get("encoding")
-            how = f", encoded as {enc['tokenizer_type']}" if enc else ""
-            table.add_row(
-                "sidecar",
-                f"tokenizer md5 {p.sidecar['tokenizer']['md5']}{escape(how)} ({p.sidecar['origin']})",
-            )
-        console.print(table)
+        console.print(prefix_table(report, p))
         _print_problems(p.findings)
-    if len(report.prefixes) > 1 or report.findings:
-        summary = Table(title="blend", title_justify="left")
-        for col in (
-            "prefix",
-            "weight",
-            "share",
-            "tokens",
-            *[f"epochs {s}" for s in report.budgets],
-            "status",
-        ):
-            summary.add_column(col)
-        for p in report.prefixes:
-            n_err = len(p.findings.errors)
-            summary.add_row(
-                escape(p.prefix),
-                f"{p.weight:g}" if p.weight is not None else "size",
-                f"{p.share:.3f}" if p.share is not None else "-",
-                f"{p.index['tokens']:,}" if p.index else "-",
-                *[f"{p.epochs[s]:.2f}" if s in p.epochs else "-" for s in report.budgets],
-                "[green]ok[/]" if n_err == 0 else f"[red]{n_err} error(s)[/]",
-            )
+    summary = blend_table(report)
+    if summary is not None:
         console.print(summary)
         _print_problems(report.findings, show_info=True)
-    errors = len(report.all_findings().errors)
-    console.print(
-        f"data check: {'[green]OK[/]' if errors == 0 else f'[bold red]{errors} error(s)[/]'}", highlight=False
-    )
-
-
-def _size(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
+    console.print(status_line(len(report.all_findings().errors)), highlight=False)
 
 
 def _print_problems(findings: Findings, *, show_info: bool = False) -> None:

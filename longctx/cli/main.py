@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 import typer
 
 from longctx import __version__
-from longctx.cli._common import JsonUsageGroup
+from longctx.cli._common import EXIT_ERROR, JsonUsageGroup, err_console
 from longctx.util.quiet import quiet_megatron_notices
 
 quiet_megatron_notices()
@@ -44,27 +45,31 @@ SUBAPPS: list[tuple[str, str]] = [
 
 def _register() -> None:
     for module_name, name in SUBAPPS:
-        module = _load(module_name)
-        if module is None:
-            continue
-        sub = module.app
+        sub = _load(module_name).app
         if isinstance(sub, typer.Typer):
             app.add_typer(sub, name=name)
         else:  # a single command module exposes a plain function
             app.command(name=name)(sub)
     demo = _load("demo")
-    if demo is not None:
-        app.command(name="demo", help=demo.HELP)(demo.demo)
+    app.command(name="demo", help=demo.HELP)(demo.demo)
 
 
-def _load(module_name: str):
+def _load(module_name: str) -> ModuleType:
+    """A sub-app's module; one that fails to import stops the CLI with the module and the exception (exit 2):
+    a missing sub-app is a broken installation, not a command to leave out. Sub-apps import only typer,
+    rich and the light parts of longctx at module level (optional extras inside their commands), so
+    `longctx --help` works without the extras."""
     full = f"longctx.cli.{module_name}"
     try:
         return importlib.import_module(full)
-    except ModuleNotFoundError as err:
-        if err.name == full:  # a sub-app that is not part of this build
-            return None
-        raise
+    except Exception as err:  # any import failure is reported the same way
+        err_console.print(
+            f"error: the `longctx {module_name}` commands cannot be loaded: {type(err).__name__}: {err}\n"
+            f"  where: {full}\n"
+            "  fix: reinstall longctx (pip install -e .) or repair the module the error names",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        raise SystemExit(EXIT_ERROR) from err
 
 
 def _version(value: bool) -> None:

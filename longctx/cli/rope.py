@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich import box
 from rich.table import Table
 
 from longctx.cli._common import (
@@ -121,20 +120,6 @@ def _model_inputs(
     return facts.rotary_dim, facts.head_dim, facts.pretrain_base, facts.pretrain_length
 
 
-def _fmt_base(value: float | None) -> str:
-    if value is None:
-        return "–"
-    if float(value).is_integer():
-        return f"{int(value):,}"
-    return f"{value:,.1f}"
-
-
-def _fmt_pos(value: int | None, cap: int | None = None) -> str:
-    if value is None:
-        return f"none < {cap:,}" if cap else "none"
-    return f"{value:,}"
-
-
 _CHECKPOINT_OPT = typer.Option(
     None,
     "--from-checkpoint",
@@ -177,6 +162,7 @@ def suggest_cmd(
     Example: longctx rope suggest --rotary-dim 128 --base 100000 --from-length 4096 --lengths 16384,65536,131072
     """
     from longctx.rope import BASE_METHODS, SCALING_METHODS, suggest
+    from longctx.rope.render import suggest_header, suggest_lines, suggest_table
 
     targets = _sizes(lengths, "--lengths") or []
     dim, hd, b, n = _model_inputs(
@@ -197,50 +183,10 @@ def suggest_cmd(
     if json_out:
         print_json(result)
         return
-    dims = f"rotary dim {dim}" + (f" of head dim {hd}" if hd else "")
-    console.print(
-        f"[bold]RoPE base per stage[/] — {dims}, pretrained at {n:,} tokens with base {_fmt_base(b)}",
-        highlight=False,
-    )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    for col in ("length", "method", "base", "×bound", "first<0", "min B<L", "Liu limit"):
-        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
-    for row in result.lengths:
-        for i, c in enumerate(row.choices):
-            d = c.diagnostics
-            assert d is not None
-            star = c.scaling is None and c.base == row.recommended and c.method == row.recommended_by
-            base_text = _fmt_base(c.base)
-            if not d.passes_bound:
-                base_text = f"[yellow]{base_text}![/]"
-            table.add_row(
-                f"{row.length:,}" if i == 0 else "",
-                c.method + (" ★" if star else ""),
-                base_text,
-                f"{c.base / row.men_bound:.2f}" if c.scaling is None else "–",
-                _fmt_pos(d.first_failing_position, d.search_cap) if d.first_failing_position else "none",
-                f"{d.min_cos_sum:+.2f}",
-                _fmt_base(round(d.liu_limit_after_tuning)) if d.liu_limit_after_tuning else "–",
-            )
-        table.add_section()
-    console.print(table)
-    for row in result.lengths:
-        paper = f", paper {_fmt_base(row.men_paper)}" if row.men_paper else ""
-        fit = f", fit {_fmt_base(round(row.men_fit))}" if row.men_fit else ""
-        console.print(
-            f"{row.length:>9,}: recommended [bold green]--rotary-base {row.recommended}[/] "
-            f"(by {row.recommended_by}; Men's bound: exact {row.men_bound:,}{paper}{fit})",
-            highlight=False,
-        )
-    console.print(
-        "[dim]×bound: base / Men's exact bound; first<0: first m with Σcos(m·θ_i) < 0 (searched to 4 × length); "
-        "min B<L: minimum of that sum below the length (of "
-        f"{result.lengths[0].choices[0].diagnostics.cos_sum_at_zero:g} at m = 0); "  # type: ignore[union-attr]
-        "Liu limit: extrapolation limit after training at the length (2π·base^(d_extra/d) above Liu's critical "
-        "base, else the length); [yellow]![/] below the bound.[/]",
-        highlight=False,
-    )
-    console.print(f"[dim]rule: {result.rule}[/]", highlight=False)
+    console.print(suggest_header(result, dim, hd, n, b), highlight=False)  # type: ignore[arg-type]
+    console.print(suggest_table(result))
+    for line in suggest_lines(result):
+        console.print(line, highlight=False)
     if explain:
         for row in result.lengths:
             console.print(f"\n[bold]{row.length:,}[/]", highlight=False)
@@ -301,40 +247,12 @@ def check_cmd(
 
 
 def _print_check(result: RopeCheck) -> None:
-    diag, the_base, n, dim, hd = (
-        result.diagnostics,
-        result.base,
-        result.length,
-        result.rotary_dim,
-        result.head_dim,
-    )
-    table = Table(show_header=False)
-    table.add_column("item")
-    table.add_column("value", justify="right")
-    dims = f"{dim}" + (f" (head dim {hd})" if hd else "")
-    rows: list[tuple[str, str]] = [
-        ("base", _fmt_base(the_base)),
-        ("rotary dim", dims),
-        ("length", f"{n:,}"),
-        ("first failing position", _fmt_pos(diag.first_failing_position, diag.search_cap)),
-        ("min cos-sum below length (at m)", f"{diag.min_cos_sum:+.4f} ({diag.min_cos_sum_position:,}) of {diag.cos_sum_at_zero:g}"),
-        ("Men's bound, exact search", f"{diag.men_bound:,}"),
-        ("Men's bound, paper table / fit", f"{_fmt_base(diag.men_paper)} / {_fmt_base(round(diag.men_fit)) if diag.men_fit else '–'}"),
-        ("base / exact bound", f"{diag.margin:.2f}"),
-    ]  # fmt: skip
-    if diag.liu_d_extra is not None:
-        rows += [
-            ("Liu d_extra", str(diag.liu_d_extra)),
-            ("Liu critical base β0 at this length", _fmt_base(diag.liu_critical_base)),
-            ("Liu extrapolation bound T_extra", _fmt_base(round(diag.liu_extrapolation_bound or 0))),
-            ("Liu limit after training at this length", _fmt_base(round(diag.liu_limit_after_tuning or 0))),
-        ]
-    for k, v in rows:
-        table.add_row(k, v)
-    console.print(table)
+    from longctx.rope.render import check_table
+
+    console.print(check_table(result))
     print_findings(result.findings)
     style = "green" if result.passes else "bold red"
-    console.print(f"base {the_base:,} at {n:,}: [{style}]{result.verdict}[/]", highlight=False)
+    console.print(f"base {result.base:,} at {result.length:,}: [{style}]{result.verdict}[/]", highlight=False)
 
 
 # the first bytes of a figure matplotlib writes: an existing file that starts so is an earlier plot
@@ -363,6 +281,7 @@ def plot_cmd(
     Example: longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png
     """
     from longctx.rope.plot import plot_cos_sum
+    from longctx.rope.render import fmt_pos
     from longctx.util.confine import check_output_file
 
     magic = _FIGURE_MAGIC.get(out.suffix.lower())
@@ -388,7 +307,7 @@ def plot_cmd(
     for b in base_list:
         first = result.first_failing_position[b]
         console.print(
-            f"base {b:>13,}: first failing position {_fmt_pos(first, result.max_position)}, "
+            f"base {b:>13,}: first failing position {fmt_pos(first, result.max_position)}, "
             f"min {result.min_cos_sum[b]:+.3f}",
             highlight=False,
         )
@@ -463,6 +382,7 @@ def choose_cmd(
     Example: longctx rope choose men-safe --rotary-dim 128 --base 100000 --from-length 4K --length 128K --megatron 0.16.1
     """
     from longctx.rope import choose_base, megatron_rope_flags
+    from longctx.rope.render import fmt_pos
 
     dim, hd, b, n = _model_inputs(
         checkpoint, rotary_dim, head_dim, base, from_length,
@@ -486,7 +406,7 @@ def choose_cmd(
     d = choice.diagnostics
     if d is not None:
         console.print(
-            f"first failing position {_fmt_pos(d.first_failing_position, d.search_cap)}, min cos-sum below "
+            f"first failing position {fmt_pos(d.first_failing_position, d.search_cap)}, min cos-sum below "
             f"{d.length:,}: {d.min_cos_sum:+.3f}; Men's exact bound {d.men_bound:,}",
             highlight=False,
         )

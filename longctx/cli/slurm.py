@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from longctx.cli._common import cli_errors, console, err_console, print_json
+from longctx.cli._common import cli_errors, console, err_console, print_json, resolved_plan
 from longctx.cli._params import Json, Plan, RunDir, force
 from longctx.util.table import narrow_table
 
@@ -49,17 +49,10 @@ LONGCTX_CMD = typer.Option(
 Force = force("queue a chain even if jobs of this plan are still queued")
 
 
-def _resolved(plan: Path, run_dir: Path | None):
-    from longctx.plan.derive import resolve_plan
-    from longctx.plan.load import load_plan
-
-    return resolve_plan(load_plan(plan, run_dir=run_dir))
-
-
 def _render(plan, run_dir, profile, out, time, signal, qos, partition, account, backend, longctx_cmd):
     from longctx.slurm.render import render
 
-    rp = _resolved(plan, run_dir)
+    rp = resolved_plan(plan, run_dir)
     overrides: dict[str, Any] = {"time": time, "signal": signal, "qos": qos, "partition": partition,
                                  "account": account, "backend": backend}  # fmt: skip
     try:
@@ -187,7 +180,7 @@ def status_cmd(
     """
     from longctx.slurm.status import chain_status
 
-    st = chain_status(_resolved(plan, run_dir), profile=profile)
+    st = chain_status(resolved_plan(plan, run_dir), profile=profile)
     if json_out:
         print_json(st)
         return
@@ -250,7 +243,7 @@ def cancel_cmd(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> No
     """
     from longctx.slurm.chain import cancel
 
-    ids = cancel(_resolved(plan, run_dir))
+    ids = cancel(resolved_plan(plan, run_dir))
     if json_out:
         print_json({"cancelled": ids})
         return
@@ -269,7 +262,7 @@ def job_end_cmd(
     cancel the jobs queued behind when the plan is complete (or cannot go on)."""
     from longctx.slurm.chain import job_end
 
-    out = job_end(_resolved(plan, run_dir), exit_code, scripts_dir=scripts_dir)
+    out = job_end(resolved_plan(plan, run_dir), exit_code, scripts_dir=scripts_dir)
     if json_out:
         print_json(out)
         return

@@ -329,64 +329,61 @@ def run(
     is checked first by the checkout's Megatron-LM with the plan's cluster profile's device facts
     (`stage args --check`; skip with --no-preflight). With --json the
     progress lines and the trainer's output go to stderr and stdout gets the launches' outcomes."""
-    from longctx.errors import StageError
-    from longctx.stage.run import execute, launch_plan
-    from longctx.stage.until_done import evaluate_finished, evaluates_after, preflight_launch, run_until_done
+    from longctx.stage.run_policy import RunOptions, run_steps
 
-    if backend not in ("local", "megatron-lm"):
-        raise StageError(f"unknown backend {backend!r}", fix="use --backend local or --backend megatron-lm")
+    options = RunOptions(backend, dry_run=dry_run, force=force, until_done=until_done, eval_after=eval_after,
+                         preflight=preflight)  # fmt: skip
+    with stdout_to_stderr(json_out):
+        steps = run_steps(lambda: _resolved(plan, run_dir), options, launcher=lambda: _launcher(launcher),
+                          facts=lambda rp: _facts(rp, None), report=_RunPrinter())  # fmt: skip
+        result = steps.result
+        if result.done:
+            console.print(f"[green]{result.reason}[/]: nothing to run")
+    if json_out:
+        launches = [_planned_launch(lp) for lp in steps.planned]
+        print_json(
+            {"dry_run": True, "done": result.done, "launches": launches} if dry_run else result.outcomes
+        )
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
-    planned: list[dict[str, Any]] = []  # --dry-run: what each step would launch
 
-    def launch(rp, step):
-        lp = launch_plan(rp, step, backend, check_megatron=not dry_run, force=force)  # type: ignore[arg-type]
+class _RunPrinter:
+    """`stage run`'s progress lines: what each step launches and how it ended."""
+
+    def launching(self, lp) -> None:
         console.print(
             f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}{_repair_text(lp.step, ' — ', '')}"
         )
         if lp.schedule_override:
             changed = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in lp.schedule_override.items())
-            err_console.print(f"warning: --force: {lp.stage.name} resumes with another LR schedule ({changed}): "
-                              "--override-opt_param-scheduler", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
-        if dry_run:
-            console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
-            planned.append(_planned_launch(lp))
-            return None
-        if preflight and backend == "megatron-lm":
-            report = preflight_launch(lp, _facts(rp, None))
-            if report is not None:
-                console.print(f"preflight: Megatron-LM accepts {lp.stage.name} ({report.seconds:.0f} s)")
-        outcome = execute(rp, lp, _launcher(launcher), force=force)
+            _err(f"warning: --force: {lp.stage.name} resumes with another LR schedule ({changed}): "
+                 "--override-opt_param-scheduler")  # fmt: skip
+
+    def planned(self, lp) -> None:
+        console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
+
+    def preflight_passed(self, lp, report) -> None:
+        console.print(f"preflight: Megatron-LM accepts {lp.stage.name} ({report.seconds:.0f} s)")
+
+    def finished(self, outcome) -> None:
         console.print(
             f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "
             f"{outcome.end_iteration} ({outcome.status}), {outcome.seconds:.0f} s"
         )
         if outcome.no_progress:
-            label = "error" if outcome.verdict == "failed" else "warning"
-            err_console.print(
-                f"{label}: {printable(outcome.no_progress)}", markup=False, highlight=False, soft_wrap=True
-            )
+            _err(f"{'error' if outcome.verdict == 'failed' else 'warning'}: {printable(outcome.no_progress)}")
         if outcome.storage:
-            err_console.print(f"error: {outcome.storage}", markup=False, highlight=False, soft_wrap=True)
+            _err(f"error: {outcome.storage}")
         for d in outcome.discarded:
-            err_console.print(
-                f"removed the unfinished save {d}", markup=False, highlight=False, soft_wrap=True
-            )
-        if evaluates_after(rp, outcome, backend=backend, enabled=eval_after):  # type: ignore[arg-type]
-            warning = evaluate_finished(rp, outcome.stage)
-            if warning:
-                err_console.print(warning, markup=False, highlight=False, soft_wrap=True)
-        return outcome
+            _err(f"removed the unfinished save {d}")
 
-    with stdout_to_stderr(json_out):
-        result = run_until_done(lambda: _resolved(plan, run_dir), launch, until_done=until_done)
-        if result.done:
-            console.print(f"[green]{result.reason}[/]: nothing to run")
-    if json_out:
-        print_json(
-            {"dry_run": True, "done": result.done, "launches": planned} if dry_run else result.outcomes
-        )
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
+    def warning(self, text: str) -> None:
+        _err(text)
+
+
+def _err(line: str) -> None:
+    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _repair_text(step, before: str, after: str) -> str:

@@ -42,6 +42,12 @@ def plan_tokenizer(rp: ResolvedPlan) -> LoadedTokenizer:
     return load_tokenizer(rp.tokenizer.path, spec=plan_encoding_spec(rp))
 
 
+def data_needs(rp: ResolvedPlan) -> tuple[list[int], dict[str, int]]:
+    """What the plan asks of its data: every stage's sequence length, and by stage name the tokens it
+    trains on (iterations × tokens per iteration), the length and budget `check_plan_data` checks it against."""
+    return [st.seq_length for st in rp.stages], {st.name: st.tokens_realized for st in rp.stages}
+
+
 def check_plan_data(
     rp: ResolvedPlan,
     *,
@@ -66,7 +72,7 @@ def check_plan_data(
             blend,
             tokenizer=tokenizer,
             lengths=[st.seq_length],
-            budgets={st.name: st.tokens_realized},
+            budgets={st.name: st.tokens_realized},  # this stage's share of `data_needs`
             strict=strict,
             scan=scan,
         )

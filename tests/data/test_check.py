@@ -263,9 +263,14 @@ def test_without_tokenizer_uses_the_sidecar(oellm_like_dataset: str) -> None:
 
 
 def test_plan_option(oellm_like_dataset: str, oellm_like_hf_dir: Path, repo_root: Path) -> None:
-    from longctx.cli.data import _needs_from_plan
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+    from longctx.plan.stage_data import data_needs
 
-    lengths, budgets = _needs_from_plan(repo_root / "stages" / "tiny.toml")
-    assert lengths and budgets and all(n > 0 for n in lengths)
+    rp = resolve_plan(load_plan(repo_root / "stages" / "tiny.toml"))
+    lengths, budgets = data_needs(rp)
+    assert lengths == [st.seq_length for st in rp.stages]
+    assert budgets == {st.name: st.tokens_realized for st in rp.stages}
+    assert all(n > 0 for n in budgets.values())
     res = cli(oellm_like_dataset, "-t", oellm_like_hf_dir, "--plan", repo_root / "stages" / "tiny.toml")
     assert res.exit_code == 0, res.output

@@ -1,0 +1,119 @@
+"""What `longctx stage run` does with each step: plan the launch, then (unless a dry run) check a megatron-lm
+argv with the checkout's Megatron-LM, run it, and evaluate a stage it finished.
+
+    steps = run_steps(resolve, RunOptions(backend="local", until_done=True),
+                      launcher=LocalLauncher, facts=lambda rp: facts, report=printer)
+    steps.result.exit_code   # 0, or the failed launch's (see `run_until_done`)
+    steps.planned            # --dry-run: the launch plans, nothing run
+
+The policy decides; `report` hears what happened, step by step, and renders it (the CLI prints it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+from longctx.errors import StageError
+from longctx.launch.local import Launcher
+from longctx.plan.derive import ResolvedPlan
+from longctx.stage.preflight import DeviceFacts, PreflightReport
+from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan, execute, launch_plan
+from longctx.stage.state import NextStep
+from longctx.stage.until_done import (
+    Resolve,
+    UntilDone,
+    evaluate_finished,
+    evaluates_after,
+    preflight_launch,
+    run_until_done,
+)
+
+BACKENDS: tuple[Backend, ...] = ("local", "megatron-lm")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """The switches of `stage run`."""
+
+    backend: str = "local"
+    """local (the embedded trainer) or megatron-lm."""
+    dry_run: bool = False
+    """Plan each launch and report it; run nothing."""
+    force: bool = False
+    """Launch although inputs differ from the ledger, resume across a changed LR schedule."""
+    until_done: bool = False
+    """Keep launching steps until the plan is done (else one step)."""
+    eval_after: bool = True
+    """Evaluate each stage a local launch finishes."""
+    preflight: bool = True
+    """Put a megatron-lm launch's argv through the checkout's Megatron-LM first."""
+
+
+class StepReport(Protocol):
+    """Who hears what each step does (the CLI prints it)."""
+
+    def launching(self, lp: LaunchPlan) -> None:
+        """A launch is planned (and, unless a dry run, about to start)."""
+
+    def planned(self, lp: LaunchPlan) -> None:
+        """A dry run: the launch that would start."""
+
+    def preflight_passed(self, lp: LaunchPlan, report: PreflightReport) -> None:
+        """Megatron-LM accepted the launch's argv."""
+
+    def finished(self, outcome: LaunchOutcome) -> None:
+        """The launch ended (any way)."""
+
+    def warning(self, text: str) -> None:
+        """Something went wrong that does not fail the step (an evaluation)."""
+
+
+@dataclasses.dataclass
+class StageRun:
+    """Why the steps stopped, and with --dry-run what each would have launched."""
+
+    result: UntilDone
+    planned: list[LaunchPlan]
+
+
+def run_steps(
+    resolve: Resolve,
+    options: RunOptions,
+    *,
+    launcher: Callable[[], Launcher],
+    facts: Callable[[ResolvedPlan], DeviceFacts],
+    report: StepReport,
+) -> StageRun:
+    """Launch the plan's next step (every step with `until_done`), deciding from disk before each one.
+
+    `launcher()` is called for each launch that runs; `facts(rp)` gives the target's devices for the
+    preflight of a megatron-lm launch."""
+    if options.backend not in BACKENDS:
+        raise StageError(
+            f"unknown backend {options.backend!r}", fix="use --backend local or --backend megatron-lm"
+        )
+    backend: Backend = options.backend  # type: ignore[assignment]
+    planned: list[LaunchPlan] = []
+
+    def launch(rp: ResolvedPlan, step: NextStep) -> LaunchOutcome | None:
+        lp = launch_plan(rp, step, backend, check_megatron=not options.dry_run, force=options.force)
+        report.launching(lp)
+        if options.dry_run:
+            report.planned(lp)
+            planned.append(lp)
+            return None
+        if options.preflight and backend == "megatron-lm":
+            checked = preflight_launch(lp, facts(rp))
+            if checked is not None:
+                report.preflight_passed(lp, checked)
+        outcome = execute(rp, lp, launcher(), force=options.force)
+        report.finished(outcome)
+        if evaluates_after(rp, outcome, backend=backend, enabled=options.eval_after):
+            warning = evaluate_finished(rp, outcome.stage)
+            if warning:
+                report.warning(warning)
+        return outcome
+
+    return StageRun(run_until_done(resolve, launch, until_done=options.until_done), planned)
