@@ -22,6 +22,14 @@ from longctx.stage.run import LaunchOutcome, no_progress_message, relevant_log_l
 from longctx.stage.until_done import UntilDone, after_step
 from tests.fixtures.run import BASE_ITERS, stamp_schedule, write_plan
 
+
+@pytest.fixture(autouse=True)
+def _any_python_may_plan_megatron(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests plan Megatron-LM launches; whether this Python may run Megatron-LM at all is
+    tests/stage/test_megatron_python.py's question."""
+    monkeypatch.setattr("longctx.stage.run.enums_pickled_by_name", lambda: False)
+
+
 RNG = (
     "Unable to load rng state from checkpoint {ckpt}. Specify --no-load-rng or --finetune to prevent "
     "attempting to load the rng state, exiting ..."

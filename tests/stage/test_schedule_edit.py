@@ -21,6 +21,14 @@ from longctx.stage.megatron_args import OVERRIDE_SCHEDULER_FLAG, argv
 from longctx.stage.run import LaunchPlan, execute, prepare_launch, schedule_for
 from tests.fixtures.run import BASE_ITERS, stamp_schedule, write_plan
 
+
+@pytest.fixture(autouse=True)
+def _any_python_may_plan_megatron(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests plan Megatron-LM launches; whether this Python may run Megatron-LM at all is
+    tests/stage/test_megatron_python.py's question."""
+    monkeypatch.setattr("longctx.stage.run.enums_pickled_by_name", lambda: False)
+
+
 MLM = ["--backend", "megatron-lm", "--no-preflight"]
 
 
