@@ -81,14 +81,7 @@ def check_output_file(
     if st is not None and not stat.S_ISREG(st.st_mode):
         what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
         raise _refuse(target, option, f"it is {what}", f"choose a new file name for the {kind}")
-    real = Path(os.path.realpath(target))
-    package = Path(os.path.realpath(Path(longctx.__file__).parent))
-    if is_within(real, package):
-        raise _refuse(target, option, f"it lies inside the installed longctx package ({package})",
-                      f"write the {kind} outside the package, e.g. into the run directory")  # fmt: skip
-    if ".git" in real.parts:
-        raise _refuse(target, option, "it lies inside a git repository's .git directory",
-                      f"write the {kind} elsewhere")  # fmt: skip
+    real = _refuse_protected(target, option, f"the {kind}")
     for source in inputs:
         if is_within(real, source):
             raise _refuse(target, option, f"it would land on the input {source}, which this command reads",
@@ -131,6 +124,12 @@ def check_output_dir(target: Path, *, option: str, what: str) -> Path:
         ) from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise _refuse(target, option, "it exists and is not a directory", f"name a directory for {what}")
+    _refuse_protected(target, option, what)
+    return target
+
+
+def _refuse_protected(target: Path, option: str, what: str) -> Path:
+    """The target's real path, unless it lies inside the installed package or a `.git` directory."""
     real = Path(os.path.realpath(target))
     package = Path(os.path.realpath(Path(longctx.__file__).parent))
     if is_within(real, package):
@@ -140,4 +139,4 @@ def check_output_dir(target: Path, *, option: str, what: str) -> Path:
         raise _refuse(
             target, option, "it lies inside a git repository's .git directory", f"write {what} elsewhere"
         )
-    return target
+    return real
