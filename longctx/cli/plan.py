@@ -10,6 +10,7 @@ from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
 from longctx.cli._params import Json, Plan, RunDir
+from longctx.plan.sweep import describe as describe_sweep
 from longctx.util.table import narrow_table
 from longctx.util.units import human_length
 
@@ -128,12 +129,15 @@ def show(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
         console.print(plan_table(rp))
         console.print(memory_table(rp))
         console.print(f"objective: {escape(rp.objective.describe())}", soft_wrap=True, highlight=False)
-        console.print(f"evaluation ([eval]): {escape(rp.eval.describe())}", soft_wrap=True, highlight=False)
+        console.print(f"evaluation (\\[eval]): {escape(rp.eval.describe())}", soft_wrap=True, highlight=False)
         for s in rp.stages:
             console.print(
                 f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}",
                 soft_wrap=True,
             )
+            if s.sweep is not None:
+                for line in describe_sweep(s.sweep, s.branches[0].tokens_realized):
+                    console.print(escape(line), soft_wrap=True, highlight=False)
         _print_blends(rp)
         print_findings(rp.findings)
     exit_for(rp.findings)

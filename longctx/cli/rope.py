@@ -18,8 +18,9 @@ from longctx.cli._common import (
     positive_sizes,
     print_findings,
     print_json,
+    stdout_to_stderr,
 )
-from longctx.cli._params import Json
+from longctx.cli._params import Json, Plan, RunDir
 from longctx.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -413,6 +414,81 @@ def choose_cmd(
     print_findings(choice.findings)
     if flags is not None:
         console.print("megatron flags: " + " ".join(flags), highlight=False, soft_wrap=True)
+
+
+@app.command("sweep")
+@cli_errors
+def sweep_cmd(
+    plan: Plan,
+    stage: str | None = typer.Option(
+        None, "--stage", help="the stage (default: the first with a pending sweep)"
+    ),
+    run_dir: RunDir = None,
+    backend: str = typer.Option("local", "--backend", help="local (embedded trainer) or megatron-lm"),
+    launcher: str = typer.Option(
+        "local", "--launcher", help="local (this host) or srun (inside a Slurm job)"
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="show the sweep and its cost; run nothing"),
+    preflight: bool = typer.Option(
+        True, "--preflight/--no-preflight", help="megatron-lm: check each argv first"
+    ),
+    json_out: Json = False,
+) -> None:
+    """Choose a stage's RoPE base from evidence: train a short branch at each candidate base from the stage's
+    starting weights (resumable, one after another), evaluate each at the stage's length, choose by the
+    worst depth, and record the candidates, the evidence and the choice (the stage then runs with it).
+
+    The plan asks for it per stage: rope = { sweep = ["men", "men-safe", 16_000_000], tokens = 500_000 }.
+    `stage run --until-done` runs the same steps inside the chain; on Slurm, `slurm submit` runs the branches
+    as a job array. The cost (tokens, share of the stage, time at the measured pace) is shown first.
+
+    Example: longctx rope sweep stages/tiny.toml --stage 4k
+    """
+    from longctx.cli.stage import _facts, _launcher, _resolved, _RunPrinter
+    from longctx.stage.run_policy import RunOptions, run_steps
+    from longctx.stage.sweep import sweep_cost, sweep_stage
+
+    rp = _resolved(plan, run_dir)
+    st = sweep_stage(rp, stage)
+    cost = sweep_cost(rp, st)
+    if dry_run or not json_out:
+        _print_sweep(rp, st, cost, json_out=json_out and dry_run)
+    if dry_run:
+        return
+    options = RunOptions(backend, until_done=True, preflight=preflight, sweep_of=st.name)
+    with stdout_to_stderr(json_out):
+        steps = run_steps(lambda: _resolved(plan, run_dir), options, launcher=lambda: _launcher(launcher),
+                          facts=lambda r: _facts(r, None), report=_RunPrinter())  # fmt: skip
+    after = _resolved(plan, run_dir).stage(st.name)
+    if not json_out and steps.result.stop == "reached":
+        console.print(steps.result.reason, highlight=False, soft_wrap=True, markup=False)
+    if json_out:
+        print_json({"stage": st.name, "cost": cost.as_dict(), "stop": steps.result.stop,
+                    "reason": steps.result.reason, "outcomes": steps.result.outcomes,
+                    "sweep": after.sweep.summary() if after.sweep else None})  # fmt: skip
+    if steps.result.exit_code:
+        raise typer.Exit(steps.result.exit_code)
+
+
+def _print_sweep(rp, st, cost, *, json_out: bool) -> None:
+    from longctx.plan.sweep import describe
+
+    if json_out:
+        print_json({"stage": st.name, "cost": cost.as_dict(), "sweep": st.sweep.summary(), "dry_run": True})
+        return
+    for line in describe(st.sweep, st.branches[0].tokens_realized):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    if cost.seconds is not None:
+        console.print(f"time at the stage's estimated pace: branches {_minutes(cost.seconds)}, the stage "
+                      f"{_minutes(cost.stage_seconds or 0)}", highlight=False)  # fmt: skip
+    else:
+        console.print(
+            "time: no pace measured yet (the first launch of this plan measures one)", highlight=False
+        )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _register_bench_alias() -> None:

@@ -167,6 +167,21 @@ def _state_json(rp, states, step, pace=()) -> dict:
     }  # fmt: skip
 
 
+def _sweep_notes(rp, sweeps: dict) -> list[str]:
+    """Each swept stage: its RoPE base and why, the cost, and every branch's progress and evidence."""
+    from longctx.plan.sweep import describe
+
+    notes = []
+    for name, info in sweeps.items():
+        st = rp.stage(name)
+        notes.append(f"{name}: rotary base {st.rotary_base:,} — {st.rope_explanation}")
+        notes += describe(st.sweep, st.branches[0].tokens_realized)
+        notes += [
+            f"  branch {b['branch']}: {b['status']} {b['iteration']}/{b['target']}" for b in info["branches"]
+        ]
+    return notes
+
+
 def _pace_json(p) -> dict | None:
     if p is None:
         return None
@@ -183,17 +198,19 @@ def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     jumped far above its value before (a restart from the wrong save). --json has the detail."""
     from longctx.stage.pace import stage_pace
     from longctx.stage.state import next_step, plan_state
+    from longctx.stage.sweep import sweep_status
 
     rp = _resolved(plan, run_dir)
     states = plan_state(rp)
     step = next_step(rp, states)
     pace = stage_pace(rp, states)
     lock = _lock_json(rp)
+    sweeps = {st.name: sweep_status(st) for st in rp.stages if st.sweep is not None}
     if json_out:
-        print_json({**_state_json(rp, states, step, pace), "lock": lock})
+        print_json({**_state_json(rp, states, step, pace), "sweeps": sweeps, "lock": lock})
     else:
         console.print(_status_table(rp, states, step, pace))
-        for note in _status_notes(states, pace):
+        for note in _status_notes(states, pace) + _sweep_notes(rp, sweeps):
             console.print(printable(note), markup=False, highlight=False, soft_wrap=True)
         if lock is not None:
             stale = f" (stale: {lock['stale']})" if lock["stale"] else ""
@@ -380,6 +397,14 @@ class _RunPrinter:
 
     def warning(self, text: str) -> None:
         _err(text)
+
+    def chose(self, stage: str, choice) -> None:
+        if choice is None:
+            console.print(
+                f"[bold]choose[/] {stage}: would evaluate the sweep's branches and choose the RoPE base"
+            )
+            return
+        console.print(f"[bold]chose[/] {stage}: RoPE {choice.reason}", highlight=False, soft_wrap=True)
 
 
 def _err(line: str) -> None:

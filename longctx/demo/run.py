@@ -41,7 +41,8 @@ from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.plan.stage_data import stage_blend
 from longctx.stage import ledger
 from longctx.stage.run import LaunchOutcome
-from longctx.stage.state import NextStep, plan_state
+from longctx.stage.state import NextStep, plan_state, stage_state
+from longctx.stage.sweep import record_choice
 from longctx.stage.until_done import UntilDone, run_until_done
 from longctx.tokenizer import (
     fingerprint,
@@ -335,9 +336,11 @@ class _Stages:
         return open_plan(self.cfg.plan, self.run_dir)
 
     def run(self) -> dict[str, Any] | None:
-        result = run_until_done(self.resolve, self.launch)
+        result = run_until_done(self.resolve, self.launch, choose=self.choose)
         if result.stop == "failed" and self._was_interrupted(result):
-            result = run_until_done(self.resolve, self.launch)  # the SIGTERM's exit code: resume
+            result = run_until_done(
+                self.resolve, self.launch, choose=self.choose
+            )  # the SIGTERM's exit code: resume
         if result.stop == "failed":
             last = result.outcomes[-1]
             raise StageError(
@@ -347,6 +350,20 @@ class _Stages:
         if not result.done:
             raise StageError(f"the demo's stages did not finish: {result.reason}")
         return self.interrupted
+
+    def choose(self, rp: ResolvedPlan, step: NextStep) -> bool:
+        """A RoPE sweep's branches are done: evaluate them at the stage's length and record the choice."""
+        st = rp.stage(step.stage or "")
+        t0 = time.monotonic()
+        choice = record_choice(rp, st)
+        for e in choice.evidence:
+            self.echo(
+                f"    {st.name} branch base {e['base']:,}: greedy {e['greedy_hits']} of {e['keys']} per depth "
+                f"at {e['length']:,}"
+                + (f", far-end loss {e['far_loss']:.4f}" if e["far_loss"] is not None else "")
+            )
+        self.echo(f"    {st.name}: RoPE {choice.reason} [{time.monotonic() - t0:.1f} s]")
+        return True
 
     def _was_interrupted(self, result: UntilDone) -> bool:
         """The failed launch is the one the demo sent SIGTERM to (its exit code is not a failure)."""
@@ -362,7 +379,7 @@ class _Stages:
         if want_interrupt:
             self._interrupt_after_first_save(proc, st.name, st.save_dir / TRACKER)
         code = proc.wait()
-        after = plan_state(self.resolve())[st.index]
+        after = stage_state(self.resolve().stage(st.name))
         outcome = LaunchOutcome(
             st.name,
             step.action,
@@ -458,6 +475,7 @@ def run_demo(run_dir: Path, cfg: DemoConfig | None = None, *, echo: Echo = print
         return f"{len(rp.stages)} stages done", False
 
     _timed(steps, "stages", echo, stages)
+    rp = open_plan(cfg.plan, run_dir)  # again: a RoPE sweep's choice is part of the plan from now on
     evaluation = None
 
     def evaluate() -> tuple[str, bool]:

@@ -30,6 +30,7 @@ from longctx.plan.objective import (
     vocab_rows,
 )
 from longctx.plan.schema import ClusterSpec, DataSpec, EvalSpec, LocalSpec, LRSpec, Plan, StageSpec
+from longctx.plan.sweep import SWEEP_DIR, ResolvedSweep, resolve_sweep
 from longctx.plan.values import (
     BaseValues,
     MegatronValues,
@@ -106,6 +107,10 @@ class ResolvedStage:
     wandb: StageWandb | None = None  # the stage's W&B run (None: no [wandb])
     output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
     rope_scaling: RopeScaling | None = None  # YaRN on top of rotary_base (Megatron-LM ≥ 0.19 only)
+    # a RoPE sweep (`longctx.plan.sweep`): its candidates and choice, and one branch stage per candidate
+    sweep: ResolvedSweep | None = None
+    branches: tuple[ResolvedStage, ...] = ()
+    branch_of: str | None = None  # a branch: the stage it sweeps for
 
     @property
     def world(self) -> int:
@@ -122,6 +127,7 @@ class ResolvedStage:
             "rotary_base": self.rotary_base,
             "rope_method": self.rope_method,
             "rope_scaling": scaling_summary(self.rope_scaling),
+            "rope_sweep": self.sweep.summary() if self.sweep else None,
             "tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp,
             "nodes": self.nodes,
             "global_batch_size": self.global_batch_size,
@@ -213,6 +219,11 @@ class ResolvedPlan:
         return str(self.source or self.name)
 
     def stage(self, name: str) -> ResolvedStage:
+        """A stage, or a sweep branch by its name (`<stage>.rope-<base>`)."""
+        for st in self.stages:
+            for branch in st.branches:
+                if branch.name == name:
+                    return branch
         self.plan.stage(name)  # raises the helpful error for unknown names
         return next(s for s in self.stages if s.name == name)
 
@@ -315,6 +326,7 @@ class _Rope:
     method: str
     explanation: str
     scaling: RopeScaling | None = None
+    sweep: ResolvedSweep | None = None
 
 
 def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findings) -> _Rope:
@@ -334,6 +346,8 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
                 findings.append(dataclasses.replace(f, where=_where(plan, i, "rope.base")))
         return _Rope(stage.rope.base, "fixed", f"explicit base {stage.rope.base:,}")
 
+    if stage.rope.sweep is not None:
+        return _sweep_rope(plan, i, stage, arch)
     try:
         choice = choose_base(
             stage.rope.method or "",
@@ -357,6 +371,34 @@ def _rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch, findings: Findi
     if not plan.objective.causal:
         why += " (bidirectional attention: windows read as 2·L)"
     return _Rope(choice.base, choice.method, why, choice.scaling)
+
+
+def _sweep_rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch) -> _Rope:
+    """A swept stage's RoPE: the chosen base once `rope sweep` chose it, else the smallest candidate
+    (pending: the stage does not launch before its branches are evaluated)."""
+
+    def method_base(method: str, params: dict[str, Any]) -> int:
+        choice = choose_base(
+            method, rotary_dim=arch.rotary_dim, head_dim=arch.head_dim, pretrain_base=plan.base.rotary_base,
+            pretrain_length=_rope_window(plan, plan.base.seq_length),
+            target_length=_rope_window(plan, stage.seq_length), with_diagnostics=False, **params,
+        )  # fmt: skip
+        if choice.scaling is not None:
+            raise RopeError(
+                f"{method} scales RoPE beyond its base", fix="sweep base methods or explicit bases"
+            )
+        return choice.base
+
+    sweep = resolve_sweep(
+        stage.name, stage.rope, stage_tokens=stage.tokens, directory=paths.stage_dir(plan, stage.name) / SWEEP_DIR,
+        run_dir=paths.run_dir(plan), method_base=method_base, where=_where(plan, i, "rope.sweep"),
+    )  # fmt: skip
+    bases = ", ".join(f"{b:,}" for b in sweep.bases)
+    if sweep.chosen is not None:
+        why = f"chosen by rope sweep among {bases}: {sweep.chosen.reason}"
+        return _Rope(sweep.chosen.base, "sweep", why, sweep=sweep)
+    why = f"rope sweep pending among {bases} ({sweep.branch_tokens:,} tokens per branch)"
+    return _Rope(min(sweep.bases), "sweep (pending)", why, sweep=sweep)
 
 
 def _check_scaling(plan: Plan, i: int, choice: BaseChoice, findings: Findings) -> None:
@@ -963,7 +1005,7 @@ def _resolve_stage(
     _check_not_shorter_than_base(ctx, s.seq)
     load_from = _load_from(plan, i)
     gbs, mbs = sizing.gbs, s.mbs
-    return ResolvedStage(
+    main = ResolvedStage(
         index=i, name=spec.name, spec=spec, seq_length=s.seq, max_position_embeddings=s.max_pos,
         rotary_base=int(rope.base), rope_method=rope.method, rope_explanation=rope.explanation,
         tp=s.tp, pp=s.pp, cp=cp, dp=dp, nodes=nodes, gpus_per_node=s.gpn, sequence_parallel=s.sp,
@@ -980,8 +1022,34 @@ def _resolve_stage(
         memory=est, smallest_fitting_cp=smallest, save_dir=paths.stage_save_dir(plan, spec.name),
         load_from=load_from, stage_dir=paths.stage_dir(plan, spec.name),
         wandb=stage_wandb(resolve_wandb(plan), spec.name, paths.stage_dir(plan, spec.name)),
-        output_vocab_size=out_rows, rope_scaling=rope.scaling,
+        output_vocab_size=out_rows, rope_scaling=rope.scaling, sweep=rope.sweep,
     )  # fmt: skip
+    if rope.sweep is None:
+        return main
+    return dataclasses.replace(main, branches=_branches(ctx, main, rope.sweep))
+
+
+def _branches(ctx: _StageContext, main: ResolvedStage, sweep: ResolvedSweep) -> tuple[ResolvedStage, ...]:
+    """One branch stage per sweep candidate: the stage at its candidate base, shortened to the sweep's
+    tokens (its LR schedule fitted to them), saved under the sweep's directory."""
+    local = Findings()
+    short = dataclasses.replace(ctx, spec=ctx.spec.model_copy(update={"tokens": sweep.branch_tokens}),
+                                findings=local)  # fmt: skip
+    sched = _schedule(short, main.seq_length, main.global_batch_size)
+    for f in local.errors:
+        ctx.findings.append(dataclasses.replace(f, message=f"sweep branches: {f.message}",
+                                                where=ctx.where("rope.tokens")))  # fmt: skip
+    out = []
+    for cand in sweep.candidates:
+        home = sweep.branch_dir(cand)
+        out.append(dataclasses.replace(
+            main, name=sweep.branch_name(cand), rotary_base=cand.base, rope_method="sweep branch",
+            rope_explanation="; ".join(cand.sources), train_iters=sched.iters, tokens_planned=sweep.branch_tokens,
+            tokens_realized=sched.iters * sched.tokens_per_iter, lr=sched.lr, warmup_iters=sched.warmup,
+            wsd_decay_iters=sched.wsd, save_interval=min(sched.save_interval, sched.iters), save_dir=home / "checkpoints",
+            stage_dir=home, wandb=None, sweep=None, branches=(), branch_of=main.name,
+        ))  # fmt: skip
+    return tuple(out)
 
 
 def open_plan(path: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None = None) -> ResolvedPlan:

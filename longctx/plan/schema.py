@@ -35,17 +35,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+class SweepMethod(_Strict):
+    """A sweep candidate given as a method with parameters (`{ method = "men-safe", params = {…} }`)."""
+
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+# a sweep's candidates: an explicit base, a method's name (its default parameters), or a method table
+SweepCandidate = StrictInt | str | SweepMethod
+# branches beyond this are a typo, or a grid search no cluster budget allows
+MAX_SWEEP_CANDIDATES = 12
+
+
 class RopeSpec(_Strict):
-    """Either an explicit integer base or a method of `longctx.rope` with its parameters."""
+    """Exactly one of: an explicit integer base, a method of `longctx.rope` with its parameters, or a
+    sweep — short branches at each candidate base, the stage then runs with the base their evaluation
+    chose (`longctx.plan.sweep`)."""
 
     base: StrictInt | None = Field(default=None, gt=0, le=MAX_BASE)
     method: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
+    sweep: list[SweepCandidate] | None = Field(default=None, min_length=2, max_length=MAX_SWEEP_CANDIDATES)
+    # the tokens each sweep branch trains (the branches together: len(sweep) × tokens)
+    tokens: StrictInt | None = Field(default=None, gt=0, le=MAX_STAGE_TOKENS)
 
     @model_validator(mode="after")
     def _one(self) -> RopeSpec:
-        if (self.base is None) == (self.method is None):
-            raise ValueError("give exactly one of `base` (an integer) or `method` (a longctx.rope method)")
+        given = [k for k in ("base", "method", "sweep") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of `base` (an integer), `method` (a longctx.rope method) or `sweep` "
+                f"(candidate bases or methods, with `tokens` per branch); got {given or 'none'}"
+            )
+        if (self.sweep is None) != (self.tokens is None):
+            raise ValueError("`tokens` (each branch's tokens) goes with `sweep`, and a sweep needs it")
+        if self.sweep is not None and self.params:
+            raise ValueError(
+                "a sweep's method candidates take their parameters as { method = …, params = {…} }"
+            )
         return self
 
 

@@ -41,7 +41,7 @@ from longctx.stage.megatron_args import argv as megatron_argv
 from longctx.stage.megatron_args import attention_backend_env, cpu_flags
 from longctx.stage.run_files import check_run_file
 from longctx.stage.saved_schedule import checkpoint_schedule
-from longctx.stage.state import NextStep, Repair, next_step, plan_state, require_runnable
+from longctx.stage.state import NextStep, Repair, next_step, plan_state, require_runnable, stage_state
 from longctx.stage.wandb_settings import stage_wandb
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
@@ -574,7 +574,7 @@ def _execute_locked(
     # asked before the unfinished saves are removed: they are what filled the disk
     storage = storage_problem(lp.stage.save_dir) if code != 0 else None
     discarded = _discard_partial_saves(lp.stage.save_dir, partial_before) if code != 0 else []
-    after = plan_state(rp)[lp.stage.index]
+    after = stage_state(lp.stage)
     outcome = LaunchOutcome(
         lp.stage.name,
         lp.step.action,

@@ -18,9 +18,11 @@ from typing import Protocol
 from longctx.errors import StageError
 from longctx.launch.local import Launcher
 from longctx.plan.derive import ResolvedPlan
+from longctx.plan.sweep import SweepChoice
 from longctx.stage.preflight import DeviceFacts, PreflightReport
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan, execute, launch_plan
 from longctx.stage.state import NextStep
+from longctx.stage.sweep import record_choice
 from longctx.stage.until_done import (
     Resolve,
     UntilDone,
@@ -49,6 +51,8 @@ class RunOptions:
     """Evaluate each stage a local launch finishes."""
     preflight: bool = True
     """Put a megatron-lm launch's argv through the checkout's Megatron-LM first."""
+    sweep_of: str | None = None
+    """Run only this stage's RoPE sweep (its branches, then the choice) and stop once it has chosen."""
 
 
 class StepReport(Protocol):
@@ -68,6 +72,9 @@ class StepReport(Protocol):
 
     def warning(self, text: str) -> None:
         """Something went wrong that does not fail the step (an evaluation)."""
+
+    def chose(self, stage: str, choice: SweepChoice | None) -> None:
+        """A sweep's branches were evaluated and its base chosen (None: a dry run, nothing evaluated)."""
 
 
 @dataclasses.dataclass
@@ -116,4 +123,41 @@ def run_steps(
                 report.warning(warning)
         return outcome
 
-    return StageRun(run_until_done(resolve, launch, until_done=options.until_done), planned)
+    def choose(rp: ResolvedPlan, step: NextStep) -> bool:
+        if options.dry_run:
+            report.chose(step.stage or "", None)
+            return False
+        report.chose(step.stage or "", record_choice(rp, rp.stage(step.stage or "")))
+        return True
+
+    until = sweep_until(options.sweep_of) if options.sweep_of else None
+    result = run_until_done(resolve, launch, until_done=options.until_done, choose=choose, until=until)
+    return StageRun(result, planned)
+
+
+def sweep_until(stage: str) -> Callable[[ResolvedPlan, NextStep], str | None]:
+    """`rope sweep`'s stop: the stage has its choice (reached), or the next step belongs to another stage
+    (StageError: its branches load what the stages before it finish)."""
+
+    def until(rp: ResolvedPlan, step: NextStep) -> str | None:
+        st = rp.stage(stage)
+        if st.sweep is None:
+            raise StageError(f"stage {stage} has no RoPE sweep", where=rp.where,
+                             fix="give it rope = { sweep = [...], tokens = N }, or name a stage that has one")  # fmt: skip
+        if not st.sweep.pending:
+            return f"stage {stage}: RoPE {st.sweep.chosen.reason if st.sweep.chosen else ''}"
+        if step.stage in {b.name for b in st.branches} or (step.action == "choose" and step.stage == stage):
+            return None
+        if step.stage == stage:
+            raise StageError(f"stage {stage} has started without a choice on disk: its sweep is over",
+                             where=str(st.sweep.choice_path), fix="`longctx stage status PLAN` shows the stage")  # fmt: skip
+        raise StageError(
+            f"stage {stage}'s sweep branches start from what the stages before it finish, and the next "
+            f"step is {step.action} of {step.stage}",
+            where=rp.where,
+            fix="run the stages before it first: `longctx stage run PLAN --until-done` runs them, then the "
+            "sweep, then the stage",
+        )
+        return None
+
+    return until

@@ -27,7 +27,7 @@ from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.util.fs import atomic_write_text
 
 Status = Literal["pending", "in-progress", "done"]
-Action = Literal["first-launch", "resume", "all-done", "blocked"]
+Action = Literal["first-launch", "resume", "choose", "all-done", "blocked"]
 
 
 @dataclasses.dataclass
@@ -165,11 +165,44 @@ def base_ready(rp: ResolvedPlan) -> str | None:
     return None
 
 
+def _sweep_step(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None) -> NextStep | None:
+    """A pending sweep's next step: its first unfinished branch, else the choice (None: no sweep pending).
+    A branch loads what its stage would load; `blocked` when that is the base and it is not ready."""
+    if st.sweep is None or not st.sweep.pending:
+        return None
+    for branch in st.branches:
+        b = stage_state(branch)
+        if b.status == "done":
+            continue
+        if b.status == "in-progress":
+            return NextStep("resume", branch.name,
+                            f"sweep branch {branch.name} resumes at iteration {b.iteration}/{b.target_iterations}",
+                            load=branch.save_dir / iter_dir_name(b.iteration), start_iteration=b.iteration,
+                            repair=b.repair)  # fmt: skip
+        why = base_ready(rp) if st.index == 0 else None
+        if why:
+            return NextStep("blocked", branch.name, why, load=branch.load_from)
+        origin = (
+            "the base checkpoint"
+            if st.index == 0
+            else f"stage {rp.stages[st.index - 1].name}'s final weights"
+        )
+        return NextStep("first-launch", branch.name,
+                        f"sweep branch {branch.name} (RoPE base {branch.rotary_base:,}) starts from {origin}",
+                        load=branch.load_from, repair=b.repair, load_repair=load_repair)  # fmt: skip
+    return NextStep("choose", st.name, f"stage {st.name}: all {len(st.branches)} sweep branches are done; "
+                    "evaluate them and choose its RoPE base")  # fmt: skip
+
+
 def next_step(rp: ResolvedPlan, states: list[StageState] | None = None) -> NextStep:
     states = states if states is not None else plan_state(rp)
     for st, s in zip(rp.stages, states, strict=True):
         if s.status == "done":
             continue
+        if s.status == "pending":
+            swept = _sweep_step(rp, st, states[st.index - 1].repair if st.index else None)
+            if swept is not None:
+                return swept
         if s.status == "in-progress":
             return NextStep(
                 "resume",

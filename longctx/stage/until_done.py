@@ -28,9 +28,13 @@ from longctx.stage.preflight import DeviceFacts, PreflightReport, StageJob, requ
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan
 from longctx.stage.state import NextStep, next_step, plan_state, require_runnable
 
-Stop = Literal["all-done", "dry-run", "failed", "interrupted", "one-step"]
+Stop = Literal["all-done", "dry-run", "failed", "interrupted", "one-step", "reached"]
 Resolve = Callable[[], ResolvedPlan]
 LaunchStep = Callable[[ResolvedPlan, NextStep], LaunchOutcome | None]
+# a `choose` step (a RoPE sweep's branches are done): evaluate them and record the choice; False: a dry run
+ChooseStep = Callable[[ResolvedPlan, NextStep], bool]
+# before each step: why to stop there (None: take it), e.g. `rope sweep` stops once its stage has chosen
+Until = Callable[[ResolvedPlan, NextStep], str | None]
 
 
 @dataclasses.dataclass
@@ -77,15 +81,35 @@ def after_step(outcome: LaunchOutcome, *, until_done: bool) -> tuple[Stop, str] 
     return None
 
 
-def run_until_done(resolve: Resolve, launch: LaunchStep, *, until_done: bool = True) -> UntilDone:
-    """Launch the next step until the plan is done (or, without `until_done`, one step)."""
+def run_until_done(
+    resolve: Resolve,
+    launch: LaunchStep,
+    *,
+    until_done: bool = True,
+    choose: ChooseStep | None = None,
+    until: Until | None = None,
+) -> UntilDone:
+    """Launch the next step until the plan is done (or, without `until_done`, one step; or until `until`
+    says so: stop `reached`). A sweep's choice is a step too: `choose` makes it (without one, the loop
+    stops there, as after one step)."""
     outcomes: list[LaunchOutcome] = []
     while True:
         rp = resolve()
         step = next_step(rp, plan_state(rp))
+        reached = until(rp, step) if until is not None else None
+        if reached is not None:
+            return UntilDone("reached", reached, outcomes)
         if step.action == "all-done":
             return UntilDone("all-done", step.reason, outcomes)
         require_runnable(step)
+        if step.action == "choose":
+            if choose is None:
+                return UntilDone("one-step", step.reason, outcomes)
+            if not choose(rp, step):
+                return UntilDone("dry-run", step.reason, outcomes)
+            if not until_done:
+                return UntilDone("one-step", f"stage {step.stage}: RoPE base chosen", outcomes)
+            continue
         outcome = launch(rp, step)
         if outcome is None:
             return UntilDone("dry-run", step.reason, outcomes)
@@ -126,8 +150,10 @@ def evaluates_after(rp: ResolvedPlan, outcome: LaunchOutcome, *, backend: Backen
     on a cluster the chain job submits the eval job instead. The evaluation scores next-token
     predictions, so a diffusion objective's stages are not evaluated by it."""
     autoregressive = rp.objective.kind == "ar"
+    branch = rp.stage(outcome.stage).branch_of is not None  # a sweep's choice evaluates its branches
     return (
         outcome.status == "done"
+        and not branch
         and backend == "local"
         and enabled
         and rp.local.eval_after_stage
