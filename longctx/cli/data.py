@@ -235,11 +235,18 @@ def check_cmd(
         strict=strict, scan=not no_scan, workers=workers, run=run, languages=names(languages), tiers=names(tiers),
         index_only=index_only, tokenizer_manifest=tokenizer_manifest,
     )  # fmt: skip
+    rp = None
     if plan is not None:
         from longctx.plan.stage_data import data_needs
 
-        request = request.with_needs(*data_needs(resolved_plan(plan)))
+        rp = resolved_plan(plan)
+        request = request.with_needs(*data_needs(rp))
     report = run_data_check(request)
+    if rp is not None and not isinstance(report, ArtifactReport) and report.prefixes:
+        from longctx.plan.coverage_check import datasets_coverage_findings
+
+        # which distances each stage's windows would train, from these datasets' document lengths
+        report.findings.extend(datasets_coverage_findings(rp, [p.prefix for p in report.prefixes]))
     if isinstance(report, ArtifactReport):
         if json_out:
             print_json({"ok": report.ok, **vars(report), "prefixes_per_second": report.prefixes_per_second})
@@ -264,6 +271,9 @@ def render_report(report: Any) -> None:
     if summary is not None:
         console.print(summary)
         _print_problems(report.findings, show_info=True)
+    else:  # one dataset: its problems, and what each stage's windows would train from it
+        _print_problems(Findings(f for f in report.findings if f.level != "info" or f.code == "distance-coverage"),
+                        show_info=True)  # fmt: skip
     console.print(status_line(len(report.all_findings().errors)), highlight=False)
 
 

@@ -432,6 +432,13 @@ def sweep_cmd(
     preflight: bool = typer.Option(
         True, "--preflight/--no-preflight", help="megatron-lm: check each argv first"
     ),
+    branch_index: int | None = typer.Option(
+        None,
+        "--branch-index",
+        min=0,
+        help="train only this branch (0 = the smallest base) until done, and choose nothing: a task of a "
+        "Slurm job array ($SLURM_ARRAY_TASK_ID)",
+    ),
     json_out: Json = False,
 ) -> None:
     """Choose a stage's RoPE base from evidence: train a short branch at each candidate base from the stage's
@@ -455,7 +462,9 @@ def sweep_cmd(
         _print_sweep(rp, st, cost, json_out=json_out and dry_run)
     if dry_run:
         return
-    options = RunOptions(backend, until_done=True, preflight=preflight, sweep_of=st.name)
+    branch = _branch_name(st, branch_index)
+    options = RunOptions(backend, until_done=True, preflight=preflight, sweep_of=None if branch else st.name,
+                         branch=branch)  # fmt: skip
     with stdout_to_stderr(json_out):
         steps = run_steps(lambda: _resolved(plan, run_dir), options, launcher=lambda: _launcher(launcher),
                           facts=lambda r: _facts(r, None), report=_RunPrinter())  # fmt: skip
@@ -485,6 +494,17 @@ def _print_sweep(rp, st, cost, *, json_out: bool) -> None:
         console.print(
             "time: no pace measured yet (the first launch of this plan measures one)", highlight=False
         )
+
+
+def _branch_name(st, index: int | None) -> str | None:
+    if index is None:
+        return None
+    if index >= len(st.branches):
+        from longctx.errors import StageError
+
+        raise StageError(f"--branch-index {index}: stage {st.name}'s sweep has {len(st.branches)} branches",
+                         fix=f"give 0 … {len(st.branches) - 1}")  # fmt: skip
+    return st.branches[index].name
 
 
 def _minutes(seconds: float) -> str:

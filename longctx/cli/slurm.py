@@ -272,6 +272,11 @@ def job_end_cmd(
         console.print(f"longctx: cancelled the queued jobs {', '.join(out.cancelled)}", highlight=False)
     for stage, jid in out.eval_jobs.items():
         console.print(f"longctx: queued eval job {jid} for stage {stage}", highlight=False)
+    if out.sweep is not None:
+        sw = out.sweep
+        console.print(f"longctx: queued stage {sw.stage}'s RoPE sweep: job array {sw.array_job or '—'} (tasks "
+                      f"{','.join(map(str, sw.tasks)) or 'none'}), choose job {sw.choose_job}"
+                      + (f"; chain job {sw.waiting} now waits for it" if sw.waiting else ""), highlight=False)  # fmt: skip
 
 
 @app.command("profiles")

@@ -338,6 +338,12 @@ def run(
         "--preflight/--no-preflight",
         help="megatron-lm backend: put each launch's argv through the checkout's Megatron-LM first (default)",
     ),
+    sweep_branches: str = typer.Option(
+        "inline",
+        "--sweep-branches",
+        help="a RoPE sweep's branches: inline (trained here, one after another) or array (stop there: a "
+        "Slurm chain's job-end submits them as a job array)",
+    ),
     json_out: Json = False,
 ) -> None:
     """Run the next step of the plan: first launch, resume, or nothing when all stages are done (exit 0).
@@ -346,10 +352,13 @@ def run(
     is checked first by the checkout's Megatron-LM with the plan's cluster profile's device facts
     (`stage args --check`; skip with --no-preflight). With --json the
     progress lines and the trainer's output go to stderr and stdout gets the launches' outcomes."""
+    from longctx.errors import StageError
     from longctx.stage.run_policy import RunOptions, run_steps
 
+    if sweep_branches not in ("inline", "array"):
+        raise StageError(f"--sweep-branches {sweep_branches!r}", fix="give --sweep-branches inline or array")
     options = RunOptions(backend, dry_run=dry_run, force=force, until_done=until_done, eval_after=eval_after,
-                         preflight=preflight)  # fmt: skip
+                         preflight=preflight, branches_elsewhere=sweep_branches == "array")  # fmt: skip
     with stdout_to_stderr(json_out):
         steps = run_steps(lambda: _resolved(plan, run_dir), options, launcher=lambda: _launcher(launcher),
                           facts=lambda rp: _facts(rp, None), report=_RunPrinter())  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from longctx.data.blend import Blend
+from longctx.data.blend import Blend, BlendEntry
 from longctx.data.coverage import TOP_FRACTION, distance_coverage
 from longctx.data.indexed import read_index
 from longctx.errors import LongctxError
@@ -44,18 +44,29 @@ def coverage_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend) -> Find
         f"{100 * cov.share_at(st.seq_length // 2):.1f} % one ≥ {st.seq_length // 2:,}; the longest document piece "
         f"in {cov.windows:,} sampled windows is {cov.longest_piece:,} tokens"
     )
+    where = ", ".join(Path(e.prefix).name for e in blend.entries)
+    fix = ("add documents longer than the window to the blend (or raise their weight), or evaluate this "
+           f"stage at lengths up to {cov.longest_piece:,}")  # fmt: skip
+    seen = top * st.tokens_realized
     if cov.longest_piece < edge:
-        out.warning(
-            "distance-coverage",
-            said
-            + ": no training window shows the model the distances an evaluation at the full window reads",
-            where=", ".join(Path(e.prefix).name for e in blend.entries),
-            fix="add documents longer than the window to the blend (or raise their weight), or evaluate this "
-            f"stage at lengths up to {cov.longest_piece:,}",
-        )
+        out.warning("distance-coverage", said + ": no training window shows the model the distances an "
+                    "evaluation at the full window reads", where=where, fix=fix)  # fmt: skip
+    elif seen < st.seq_length:
+        out.warning("distance-coverage", said + f": over the stage's {st.tokens_realized:,} tokens about "
+                    f"{seen:,.0f} see those distances, less than one window holds", where=where, fix=fix)  # fmt: skip
     else:
-        out.info("distance-coverage", said)
+        out.info("distance-coverage", said + f"; about {seen:,.0f} of the stage's tokens see them")
     return out
 
 
-__all__ = ["coverage_findings"]
+def datasets_coverage_findings(rp: ResolvedPlan, prefixes: list[str]) -> Findings:
+    """`data check PREFIX … --plan PLAN`: the coverage every stage of the plan would get from these datasets
+    (size-weighted), with each stage's own packing and the plan's attention."""
+    blend = Blend([BlendEntry(p, None) for p in prefixes], weighted=False, source="data check")
+    out = Findings()
+    for st in rp.stages:
+        out.extend(coverage_findings(rp, st, blend))
+    return out
+
+
+__all__ = ["coverage_findings", "datasets_coverage_findings"]

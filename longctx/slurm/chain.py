@@ -29,11 +29,13 @@ from typing import Any
 from longctx.errors import SlurmError, StageError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
+from longctx.slurm.records import job_id_of, submitted, submitted_ids
 from longctx.slurm.render import Rendered, eval_script_name, log_dir
 from longctx.slurm.settings import JobSettings
+from longctx.slurm.sweep_jobs import SweepJobs, submit_sweep
 from longctx.stage import ledger
 from longctx.stage.lock import Holder, read_holder, stale_reason
-from longctx.stage.state import StageState, next_step, plan_state
+from longctx.stage.state import NextStep, StageState, next_step, plan_state
 
 SPARE_FRACTION = 0.10
 FAILURE_STREAK = 3  # consecutive jobs that failed without progress before the chain is stopped
@@ -136,25 +138,6 @@ def stage_tokens_per_second(settings: JobSettings, st: ResolvedStage) -> float |
 # -- ledger view ----------------------------------------------------------------------------------
 
 
-def submitted(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """The ledger's submit records (oldest first), optionally of one kind ("chain" or "eval"); a record
-    without a job id (damaged, or written by hand) names no job and is left out."""
-    return [r for r in ledger.read(run_dir)
-            if r.get("event") == "submit" and (kind is None or r.get("kind") == kind)
-            and job_id_of(r) is not None]  # fmt: skip
-
-
-def job_id_of(record: dict[str, Any]) -> str | None:
-    """A submit record's Slurm job id as text, None when it holds none (Slurm's ids are digits)."""
-    jid = record.get("slurm_job_id")
-    text = str(jid) if isinstance(jid, (int, str)) and not isinstance(jid, bool) else ""
-    return text if text.isdigit() and len(text) <= 20 else None
-
-
-def submitted_ids(run_dir: Path, kind: str | None = None) -> list[str]:
-    return [str(r["slurm_job_id"]) for r in submitted(run_dir, kind)]
-
-
 # -- submit ---------------------------------------------------------------------------------------
 
 
@@ -247,6 +230,7 @@ class JobEnd:
     reason: str
     cancelled: list[str]
     eval_jobs: dict[str, str]
+    sweep: SweepJobs | None = None  # a RoPE sweep's job array and choose job this job queued
 
 
 def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None) -> JobEnd:
@@ -283,10 +267,28 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
                                     "script": str(script)})  # fmt: skip
             evals[stage] = jid
 
+    sweep = _sweep_jobs(rp, step, scripts_dir, job)
     why = chain_stop_reason(step.action, step.reason, ledger.read(run_dir), job=job, exit_code=exit_code,
                             lock_holder=_live_holder(run_dir, job))  # fmt: skip
     cancelled = cancel_behind(rp, reason=why) if why else []
-    return JobEnd(job, exit_code, progress, step.action, step.stage, step.reason, cancelled, evals)
+    return JobEnd(job, exit_code, progress, step.action, step.stage, step.reason, cancelled, evals, sweep)
+
+
+def _sweep_jobs(
+    rp: ResolvedPlan, step: NextStep, scripts_dir: Path | None, job: str | None
+) -> SweepJobs | None:
+    """The next step is a sweep branch: queue the sweep's job array and choose job (once)."""
+    if scripts_dir is None or step.stage is None or step.action not in ("first-launch", "resume"):
+        return None
+    st = rp.stage(step.stage)
+    if st.branch_of is None:
+        return None
+    try:
+        return submit_sweep(rp, rp.stage(st.branch_of), scripts_dir, job=job)
+    except SlurmError as err:
+        ledger.append(rp.run_dir, {"event": "submit-failed", "kind": "sweep", "stage": st.branch_of,
+                                   "error": err.what})  # fmt: skip
+        return None
 
 
 def _live_holder(run_dir: Path, job: str | None) -> Holder | None:
@@ -396,6 +398,7 @@ __all__ = [
     "chain_stop_reason",
     "estimate_chain",
     "job_end",
+    "job_id_of",
     "log_dir",
     "submit",
     "submitted",

@@ -36,6 +36,11 @@ def eval_script_name(stage: str) -> str:
     return f"eval-{stage}.sbatch"
 
 
+def sweep_script_name(stage: str, role: Literal["branches", "choose"]) -> str:
+    """A RoPE sweep's scripts: the job array of its branches, and the job that chooses."""
+    return f"sweep-{stage}.sbatch" if role == "branches" else f"choose-{stage}.sbatch"
+
+
 def default_out_dir(run_dir: Path) -> Path:
     return run_dir / "slurm"
 
@@ -47,7 +52,7 @@ def log_dir(run_dir: Path) -> Path:
 @dataclasses.dataclass(frozen=True)
 class Script:
     name: str
-    kind: Literal["chain", "eval"]
+    kind: Literal["chain", "eval", "sweep"]
     text: str
     stage: str | None = None
 
@@ -144,10 +149,12 @@ def render(
             "plan": sh(settings.plan_path, "plan path"),
             "backend": sh(settings.backend),
             "launcher": sh(settings.launcher),
-            "stage_options": _stage_options(settings),
+            "stage_options": _stage_options(settings) + (
+                " --sweep-branches array" if any(st.sweep for st in rp.stages) else ""),
             "scripts_dir": sh(out, "scripts directory"),
         }, where=f"template {CHAIN_SCRIPT}")),
     ]  # fmt: skip
+    scripts += _sweep_scripts(rp, settings, env, command)
     notes: list[str] = []
     if settings.backend == "megatron-lm":
         for st in rp.stages:
@@ -174,6 +181,39 @@ def render(
                                    f"{est.budget / GiB:.1f} GiB at CP {est.cp}, {batch} per forward"),
             }, where=f"template {eval_script_name(st.name)}"), stage=st.name))  # fmt: skip
     return Rendered(settings, out, scripts, inputs=plan_inputs(rp), notes=notes)
+
+
+_SWEEP_ROLES = {
+    "branches": "One task of the job array that trains a RoPE sweep's branches: task N trains branch N until "
+    "it is done (resumable: a task that dies keeps its saves, and the choose job resumes any unfinished "
+    "branch before it evaluates them).",
+    "choose": "After the job array: finish any branch a task left unfinished, evaluate every branch at the "
+    "stage's length and record the chosen RoPE base; the chain's next job waits for this one.",
+}
+
+
+def _sweep_scripts(rp: ResolvedPlan, settings: JobSettings, env: str, command: list[str]) -> list[Script]:
+    """For each stage with a RoPE sweep, its job array of branches and its choose job (`slurm job-end`
+    submits both when the chain reaches the sweep)."""
+    out = []
+    eff = settings.profile
+    for st in rp.stages:
+        if st.sweep is None:
+            continue
+        for role in ("branches", "choose"):
+            name = sweep_script_name(st.name, role)  # type: ignore[arg-type]
+            directives = _directives(settings, nodes=st.nodes, time=eff.time.strip(),
+                                     name=f"{settings.job_name}-{role}-{st.name}", signal=True)  # fmt: skip
+            extra = ' --branch-index "$SLURM_ARRAY_TASK_ID"' if role == "branches" else ""
+            out.append(Script(name, "sweep", fill(template("sweep"), {
+                "title": _comment(f"longctx RoPE sweep ({role}): plan {settings.plan_name}, stage {st.name}, "
+                                  f"profile {eff.name}"),
+                "directives": directives, "role": _comment(_SWEEP_ROLES[role]), "environment": env,
+                "longctx": sh_words(command, "longctx command"), "plan": sh(settings.plan_path, "plan path"),
+                "stage": sh(st.name, "stage name"), "backend": sh(settings.backend), "launcher": sh(settings.launcher),
+                "sweep_options": _stage_options(settings) + extra,
+            }, where=f"template {name}"), stage=st.name))  # fmt: skip
+    return out
 
 
 def eval_launch(command: list[str], cp: int) -> tuple[list[str], str | None]:

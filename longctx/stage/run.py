@@ -531,7 +531,9 @@ def _refuse_kept_rates(stage: str, override: dict[str, tuple[object, object]] | 
 def execute(rp: ResolvedPlan, lp: LaunchPlan, launcher: Launcher, *, force: bool = False) -> LaunchOutcome:
     """Launch `lp` holding the run directory's lock (a second launcher is refused, nothing written)."""
     run_dir = rp.run_dir
-    with run_lock(run_dir, lp.stage.name) as stale:
+    # a sweep's branches may train at once (a Slurm job array): each holds its own directory's lock
+    held = lp.stage.stage_dir if lp.stage.branch_of is not None else run_dir
+    with run_lock(held, lp.stage.name) as stale:
         return _execute_locked(rp, lp, launcher, run_dir, force=force, stale=stale)
 
 
@@ -605,7 +607,12 @@ def _execute_locked(
 def _refuse_moved_on(rp: ResolvedPlan, lp: LaunchPlan) -> None:
     """Under the lock, the step must still be the one planned: another launcher may have trained between
     this one's planning and its taking the lock."""
-    now = next_step(rp, plan_state(rp))
+    if lp.stage.branch_of is not None:  # branches run side by side: only this branch's own progress counts
+        mine = stage_state(lp.stage)
+        now = NextStep("all-done" if mine.status == "done" else lp.step.action, lp.stage.name, "",
+                       start_iteration=mine.iteration)  # fmt: skip
+    else:
+        now = next_step(rp, plan_state(rp))
     planned = (lp.step.action, lp.step.stage, lp.step.start_iteration)
     if (now.action, now.stage, now.start_iteration) != planned:
         raise StageError(

@@ -21,7 +21,7 @@ from longctx.plan.derive import ResolvedPlan
 from longctx.plan.sweep import SweepChoice
 from longctx.stage.preflight import DeviceFacts, PreflightReport
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan, execute, launch_plan
-from longctx.stage.state import NextStep
+from longctx.stage.state import NextStep, branch_step
 from longctx.stage.sweep import record_choice
 from longctx.stage.until_done import (
     Resolve,
@@ -53,6 +53,10 @@ class RunOptions:
     """Put a megatron-lm launch's argv through the checkout's Megatron-LM first."""
     sweep_of: str | None = None
     """Run only this stage's RoPE sweep (its branches, then the choice) and stop once it has chosen."""
+    branch: str | None = None
+    """Run only this sweep branch, until it is done (a task of a Slurm job array)."""
+    branches_elsewhere: bool = False
+    """Stop at a sweep branch instead of training it (a Slurm chain: a job array trains the branches)."""
 
 
 class StepReport(Protocol):
@@ -131,8 +135,21 @@ def run_steps(
         return True
 
     until = sweep_until(options.sweep_of) if options.sweep_of else None
-    result = run_until_done(resolve, launch, until_done=options.until_done, choose=choose, until=until)
+    if options.branches_elsewhere:
+        until = _at_branch
+    next_of = None
+    if options.branch is not None:
+        name = options.branch
+        next_of = lambda rp: branch_step(rp, rp.stage(name))  # noqa: E731
+    result = run_until_done(resolve, launch, until_done=options.until_done, choose=choose, until=until,
+                            next_of=next_of)  # fmt: skip
     return StageRun(result, planned)
+
+
+def _at_branch(rp: ResolvedPlan, step: NextStep) -> str | None:
+    if step.stage is None or rp.stage(step.stage).branch_of is None or step.action == "blocked":
+        return None
+    return f"{step.reason}: the sweep's branches run as a job array (`slurm job-end` submits it)"
 
 
 def sweep_until(stage: str) -> Callable[[ResolvedPlan, NextStep], str | None]:

@@ -165,31 +165,39 @@ def base_ready(rp: ResolvedPlan) -> str | None:
     return None
 
 
+def branch_step(rp: ResolvedPlan, branch: ResolvedStage, load_repair: Repair | None = None) -> NextStep:
+    """What a sweep branch needs next: `all-done`, a resume, or a first launch from what its stage loads
+    (`blocked` when that is the base checkpoint and it is not ready)."""
+    b = stage_state(branch)
+    if b.status == "done":
+        return NextStep("all-done", branch.name, f"sweep branch {branch.name} is done")
+    if b.status == "in-progress":
+        return NextStep("resume", branch.name,
+                        f"sweep branch {branch.name} resumes at iteration {b.iteration}/{b.target_iterations}",
+                        load=branch.save_dir / iter_dir_name(b.iteration), start_iteration=b.iteration,
+                        repair=b.repair)  # fmt: skip
+    why = base_ready(rp) if branch.index == 0 else None
+    if why:
+        return NextStep("blocked", branch.name, why, load=branch.load_from)
+    if branch.index == 0:
+        origin = "the base checkpoint"
+    else:
+        prev = rp.stages[branch.index - 1]
+        origin = f"stage {prev.name}'s final weights"
+        load_repair = load_repair or stage_state(prev).repair
+    return NextStep("first-launch", branch.name,
+                    f"sweep branch {branch.name} (RoPE base {branch.rotary_base:,}) starts from {origin}",
+                    load=branch.load_from, repair=b.repair, load_repair=load_repair)  # fmt: skip
+
+
 def _sweep_step(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None) -> NextStep | None:
-    """A pending sweep's next step: its first unfinished branch, else the choice (None: no sweep pending).
-    A branch loads what its stage would load; `blocked` when that is the base and it is not ready."""
+    """A pending sweep's next step: its first unfinished branch, else the choice (None: no sweep pending)."""
     if st.sweep is None or not st.sweep.pending:
         return None
     for branch in st.branches:
-        b = stage_state(branch)
-        if b.status == "done":
-            continue
-        if b.status == "in-progress":
-            return NextStep("resume", branch.name,
-                            f"sweep branch {branch.name} resumes at iteration {b.iteration}/{b.target_iterations}",
-                            load=branch.save_dir / iter_dir_name(b.iteration), start_iteration=b.iteration,
-                            repair=b.repair)  # fmt: skip
-        why = base_ready(rp) if st.index == 0 else None
-        if why:
-            return NextStep("blocked", branch.name, why, load=branch.load_from)
-        origin = (
-            "the base checkpoint"
-            if st.index == 0
-            else f"stage {rp.stages[st.index - 1].name}'s final weights"
-        )
-        return NextStep("first-launch", branch.name,
-                        f"sweep branch {branch.name} (RoPE base {branch.rotary_base:,}) starts from {origin}",
-                        load=branch.load_from, repair=b.repair, load_repair=load_repair)  # fmt: skip
+        step = branch_step(rp, branch, load_repair)
+        if step.action != "all-done":
+            return step
     return NextStep("choose", st.name, f"stage {st.name}: all {len(st.branches)} sweep branches are done; "
                     "evaluate them and choose its RoPE base")  # fmt: skip
 

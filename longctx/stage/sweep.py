@@ -99,7 +99,9 @@ def branch_evidence(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> 
         raise StageError(f"sweep branches not finished: {', '.join(left)}", where=str(st.sweep.directory),
                          fix="run them first: `longctx stage run PLAN --until-done` (or `longctx rope sweep`)")  # fmt: skip
     refs = [CheckpointRef(b.name, b.save_dir, expected_rotary_base=b.rotary_base) for b in st.branches]
-    settings = plan_settings(rp)
+    # what the rule reads, no more: greedy matches and the far-end loss (no distractor scoring, no
+    # short-context or packed-window losses), so the choice costs a fraction of a full evaluation
+    settings = plan_settings(rp).model_copy(update={"distractors": 0, "short_docs": 0, "packed_windows": 0})
     report = evaluate_checkpoints(
         refs, lengths=[st.seq_length], tokenizer=plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
         settings=settings, short_length=int(rp.base.seq_length), cache_dir=Path(rp.run_dir) / "eval" / "cache",
@@ -138,8 +140,8 @@ def choose(evidence: list[BranchEvidence]) -> tuple[int, str]:
 
 def record_choice(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> SweepChoice:
     """Evaluate the branches, choose, and write the choice and a ledger record, holding the run's lock."""
+    evidence = branch_evidence(rp, st, log=log)  # StageError without a sweep, or with a branch unfinished
     assert st.sweep is not None
-    evidence = branch_evidence(rp, st, log=log)
     base, reason = choose(evidence)
     choice = SweepChoice(base=base, rule=RULE, reason=reason, candidates=st.sweep.bases,
                          branch_tokens=st.sweep.branch_tokens, evidence=tuple(e.as_dict() for e in evidence))  # fmt: skip

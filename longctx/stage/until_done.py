@@ -88,14 +88,15 @@ def run_until_done(
     until_done: bool = True,
     choose: ChooseStep | None = None,
     until: Until | None = None,
+    next_of: Callable[[ResolvedPlan], NextStep] | None = None,
 ) -> UntilDone:
     """Launch the next step until the plan is done (or, without `until_done`, one step; or until `until`
     says so: stop `reached`). A sweep's choice is a step too: `choose` makes it (without one, the loop
-    stops there, as after one step)."""
+    stops there, as after one step). `next_of(rp)` replaces `next_step` (one sweep branch's own steps)."""
     outcomes: list[LaunchOutcome] = []
     while True:
         rp = resolve()
-        step = next_step(rp, plan_state(rp))
+        step = next_of(rp) if next_of is not None else next_step(rp, plan_state(rp))
         reached = until(rp, step) if until is not None else None
         if reached is not None:
             return UntilDone("reached", reached, outcomes)

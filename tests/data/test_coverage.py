@@ -58,7 +58,7 @@ def test_plan_check_warns_when_no_window_reaches_the_top(tmp_path: Path) -> None
     blend = Blend([BlendEntry(prefix, None)], False, "test")
 
     class _Stage:
-        name, seq_length = "4k", 4096
+        name, seq_length, tokens_realized = "4k", 4096, 4_000_000
         data = type("D", (), {"packing": "documents"})()
 
     rp = type("RP", (), {"objective": type("O", (), {"causal": True})()})()
@@ -66,3 +66,22 @@ def test_plan_check_warns_when_no_window_reaches_the_top(tmp_path: Path) -> None
     assert [f.code for f in found.warnings] == ["distance-coverage"]
     assert "no training window shows the model the distances" in found.warnings[0].message
     assert "up to 200" in (found.warnings[0].fix or "")
+
+
+def test_plan_check_warns_when_too_few_tokens_see_the_top(tmp_path: Path) -> None:
+    from longctx.plan.coverage_check import coverage_findings
+
+    # a few documents of two windows among 2,000 short ones: the top of a 4K window is seen by a few only
+    prefix = write_indexed_dataset(tmp_path / "mixed", [[5] * 8200] * 20 + [[5] * 200] * 2000)
+    blend = Blend([BlendEntry(prefix, None)], False, "test")
+    rp = type("RP", (), {"objective": type("O", (), {"causal": True})()})()
+
+    def stage(tokens: int):
+        return type("S", (), {"name": "4k", "seq_length": 4096, "tokens_realized": tokens,
+                              "data": type("D", (), {"packing": "documents"})()})()  # fmt: skip
+
+    few = coverage_findings(rp, stage(100_000), blend)  # type: ignore[arg-type]
+    assert [f.code for f in few.warnings] == ["distance-coverage"], few
+    assert "less than one window holds" in few.warnings[0].message
+    many = coverage_findings(rp, stage(10**12), blend)  # type: ignore[arg-type]
+    assert not many.warnings and "of the stage's tokens see them" in many[0].message
