@@ -150,13 +150,14 @@ def has_tasks(report: EvalReport) -> bool:
 
 
 def _task_cell(x: TaskLength | None) -> str:
-    """`9/10 90%*` (hits / items); the control: `present 3/10*` (answers returning a present key)."""
+    """`9/10*` (hits / items, * beyond the trained window); the control: `p 3/10*` (answers returning a
+    present key). Accuracies and intervals are in --json."""
     if x is None:
         return "—"
     star = "*" if x.extrapolated else ""
     if x.present is not None:
-        return f"present {x.present}/{x.keys}{star}"
-    return f"{x.hits}/{x.keys} {x.accuracy:.0%}{star}"
+        return f"p {x.present}/{x.keys}{star}"
+    return f"{x.hits}/{x.keys}{star}"
 
 
 def _task_row(report: EvalReport, t: TaskSummary, first: bool) -> list[str]:
@@ -201,7 +202,7 @@ def task_table(report: EvalReport) -> Table:
 TASK_LEGEND = (
     "needle tasks: hits / items of greedy exact match (every asked key returned, any order); RULER = the "
     "longest length up to which the score stays ≥ the threshold, rel = ≥ that fraction of the checkpoint's "
-    "score at its shortest length; absent = a control whose question names no needle: present = answers "
+    "score at its shortest length; absent = a control whose question names no needle: p = answers "
     "returning a key stated in the haystack (never a hit, no effective length)"
 )
 
