@@ -72,6 +72,17 @@ PACKED = typer.Option(
     help="windows per length packed from several held-out documents, scored with attention across and "
     f"within documents, 0: skip ({_PLANS}.packed_windows)",
 )
+TASKS = typer.Option(
+    None,
+    "--tasks",
+    help="needle tasks, e.g. single,multikey-2,multivalue,multiquery,absent (single is always measured; "
+    f"docs/evaluation.md) ({_PLANS}.tasks)",
+)
+ANY_DIGITS = typer.Option(
+    None,
+    "--any-digit-keys/--distinct-digit-keys",
+    help=f"keys of any digits, repeats allowed, or of distinct digits ({_PLANS}.any_digit_keys)",
+)
 SEED = typer.Option(None, "--seed", help=f"seed of keys, names and filler ({_PLANS}.seed)")
 BATCH = typer.Option(None, "--batch-size", help=f"sequences per forward ({_PLANS}.batch_size)")
 DATA = typer.Option(
@@ -99,15 +110,23 @@ def _depths(text: str | None) -> list[float] | None:
 
 
 def _settings(
-    rp, depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch, packed_windows
-):
+    rp, depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch, packed_windows,
+    tasks=None, any_digits=None,
+):  # fmt: skip
     """The plan's [eval] settings, each option given (not None) overriding its field."""
     from longctx.eval.runner import plan_settings
 
     return plan_settings(
         rp, depths=_depths(depths), keys_per_cell=keys, distractors=distractors, key_digits=digits, filler=filler,
         loss_docs=loss_docs, short_docs=short_docs, seed=seed, batch_size=batch, packed_windows=packed_windows,
+        tasks=_tasks(tasks), any_digit_keys=any_digits,
     )  # fmt: skip
+
+
+def _tasks(text: str | None) -> list[str] | None:
+    if text is None or not text.strip():
+        return None
+    return [t for t in text.replace(" ", "").split(",") if t]
 
 
 def _resolved(plan: Path, run_dir: Path | None):
@@ -190,6 +209,8 @@ def run(
     loss_docs: int | None = LOSS_DOCS,
     short_docs: int | None = SHORT_DOCS,
     packed_windows: int | None = PACKED,
+    tasks: str | None = TASKS,
+    any_digit_keys: bool | None = ANY_DIGITS,
     seed: int | None = SEED,
     batch_size: int | None = BATCH,
     rotary_base: int | None = typer.Option(
@@ -231,6 +252,8 @@ def run(
         seed,
         batch_size,
         packed_windows,
+        tasks,
+        any_digit_keys,
     )
     report = evaluate_path(
         rp, checkpoint, stage=stage, lengths=parse_int_list(lengths), settings=settings, rotary_base=rotary_base,
@@ -253,6 +276,8 @@ def summary(
     loss_docs: int | None = LOSS_DOCS,
     short_docs: int | None = SHORT_DOCS,
     packed_windows: int | None = PACKED,
+    tasks: str | None = TASKS,
+    any_digit_keys: bool | None = ANY_DIGITS,
     seed: int | None = SEED,
     batch_size: int | None = BATCH,
     data: list[str] | None = DATA,
@@ -289,6 +314,8 @@ def summary(
         seed,
         batch_size,
         packed_windows,
+        tasks,
+        any_digit_keys,
     )
     report = summarize_plan(rp, lengths=parse_int_list(lengths), settings=settings, out_dir=out, data=data or None,
                             cp=_cp(cp), use_cache=not no_cache)  # fmt: skip

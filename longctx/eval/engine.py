@@ -45,6 +45,7 @@ from longctx.eval.score import ScoreFn, forwards_needed, model_scorer, score_pas
 from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss, short_context_loss
 from longctx.eval.stats import paired_delta_interval
+from longctx.eval.task_run import TaskItems, run_causal_tasks, run_infill_tasks, task_items
 from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
 from longctx.objective import Objective
 from longctx.tokenizer.load import LoadedTokenizer
@@ -252,11 +253,12 @@ def _measure(
         _measure_diffusion(job, todo, ctx, results)
         return None
     items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
+    tasks = {n: task_items(ctx.grid, s, n) for n in todo}
     loss_docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
     short_docs = ctx.heldout.short_documents(ctx.short_length, s.short_docs) if need_short else []
     windows = _packed_windows(todo, ctx)
     total = sum(forwards_needed(v) for v in items.values()) + sum(len(d[0]) for d in loss_docs.values())
-    total += len(short_docs) + 2 * sum(len(w) for w in windows.values())
+    total += len(short_docs) + 2 * sum(len(w) for w in windows.values()) + _task_count(tasks)
     loaded = load_model(job.info, ctx.parallel, max_length=max([*todo, ctx.short_length]))
     score = model_scorer(loaded)
     eod = ctx.tokenizer.eod_id
@@ -267,6 +269,8 @@ def _measure(
             results[n] = _measure_length(job, n, items[n], loss_docs[n], score, advance, ctx)
             if within is not None and eod is not None and n in windows:
                 results[n].packed = _measure_packed(n, windows[n], score, within, eod, advance, ctx)
+            results[n].tasks = run_causal_tasks(tasks[n], n, score, ctx.tokenizer, batch_size=s.batch_size,
+                                                advance=advance)  # fmt: skip
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
         if need_short:
@@ -284,9 +288,11 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
     vocab = ctx.tokenizer.vocab_size
     objective = Objective(kind=info.objective, mask_id=info.mask_id if info.objective == "mdm" else None)
     items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell, closed=True) for n in todo}
+    tasks = {n: task_items(ctx.grid, s, n, closed=True) for n in todo}
     docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
     contexts = {n: elbo_contexts(n, s.elbo_window) for n in todo}
     total = sum(len(v) for v in items.values()) + sum(len(docs[n][0]) * len(contexts[n]) for n in todo)
+    total += _task_count(tasks)
     loaded = load_model(info, ctx.parallel, max_length=max(todo))
     infill = model_infiller(loaded, vocab)
     with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
@@ -301,6 +307,8 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
                 length=n, extrapolated=job.extrapolated[n], position=None, context_elbo=elbo,
                 objective=objective.kind, seconds=time.perf_counter() - t1,
                 passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
+                tasks=run_infill_tasks(tasks[n], n, infill, ctx.tokenizer, objective=objective, seed=s.seed,
+                                       batch_size=s.batch_size, advance=advance),
             )  # fmt: skip
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
@@ -308,6 +316,11 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
         f"{job.ref.label} is a {info.objective} model: passkey by infilling the restated key, and the ELBO of a "
         f"{s.elbo_window}-token window by its clean context instead of the loss by position"
     )
+
+
+def _task_count(tasks: dict[int, TaskItems]) -> int:
+    """Items of the needle tasks (one forward each when answered right; generation may take more)."""
+    return sum(len(items) for by_task in tasks.values() for items in by_task.values())
 
 
 def _packed_windows(todo: list[int], ctx: _Context) -> dict[int, list[np.ndarray]]:
@@ -407,7 +420,7 @@ def evaluate_checkpoints(
     _check_refs(refs, lengths, cp)  # every checkpoint and length before the first one is scored
     filler = heldout.filler_tokens(2 * max(lengths, default=0)) if s.filler == "heldout" else None
     grid = PasskeyGrid(tokenizer, seed=s.seed, key_digits=s.key_digits, distractors=s.distractors,
-                       filler=s.filler, heldout_tokens=filler)  # fmt: skip
+                       filler=s.filler, heldout_tokens=filler, any_digit_keys=s.any_digit_keys)  # fmt: skip
     notes: list[str] = []
     evals: list[CheckpointEval] = []
     with eval_parallel(cp) as par:

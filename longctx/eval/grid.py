@@ -26,7 +26,14 @@ from collections.abc import Sequence
 from typing import Literal
 
 from longctx.errors import EvalError
-from longctx.eval.passkey_text import NAMES, filler_sentence, passkey_prompt, passkey_statement, random_key
+from longctx.eval.passkey_text import (
+    NAMES,
+    any_digit_key,
+    filler_sentence,
+    passkey_prompt,
+    passkey_statement,
+    random_key,
+)
 from longctx.tokenizer.load import LoadedTokenizer
 
 FillerKind = Literal["synthetic", "heldout"]
@@ -111,6 +118,7 @@ class PasskeyGrid:
         distractors: int = 3,
         filler: FillerKind = "synthetic",
         heldout_tokens: Sequence[int] | None = None,
+        any_digit_keys: bool = False,
     ) -> None:
         if key_digits < 1:
             raise EvalError(f"a pass key needs at least one digit, got {key_digits}")
@@ -129,6 +137,7 @@ class PasskeyGrid:
         self.distractors = distractors
         self.filler = filler
         self.heldout = list(heldout_tokens or [])
+        self.any_digit_keys = any_digit_keys
         self._pool: list[list[int]] | None = None
         self._by_len: dict[int, list[int]] = {}
         self._reach: list[bool] = []
@@ -184,7 +193,23 @@ class PasskeyGrid:
             out += pool[rng.randrange(len(pool))]
         return out[:n], False
 
+    def filler_before(self, n: int, rng: random.Random) -> list[int]:
+        """`n` filler tokens that end on a sentence boundary (the tail of a sentence stream)."""
+        return self._left(n, rng)
+
+    def filler_between(self, n: int, rng: random.Random) -> tuple[list[int], bool]:
+        """Exactly `n` filler tokens of whole sentences when possible (False: the last one is cut)."""
+        return self._right(n, rng)
+
     # -- keys ------------------------------------------------------------------------------------
+    def new_key(self, rng: random.Random) -> str:
+        """A key of `key_digits` digits: distinct digits, or any digits with `any_digit_keys`."""
+        return (any_digit_key if self.any_digit_keys else random_key)(rng, self.key_digits)
+
+    def answer_tokens(self, name: str, key: str) -> list[int]:
+        """The tokens of `key` continuing the question of `name`."""
+        return self._answer(name, key, segment_tokens(self.tok, passkey_prompt(name)))
+
     def _answer(self, name: str, key: str, question: list[int]) -> list[int]:
         full = segment_tokens(self.tok, f"{passkey_prompt(name)} {key}")
         if full[: len(question)] != question or len(full) == len(question):
@@ -209,7 +234,7 @@ class PasskeyGrid:
                     f"could not find {self.distractors} distractor keys of {len(answer)} tokens like {key!r}",
                     fix="use fewer --distractors or more --key-digits",
                 )
-            d = random_key(rng, self.key_digits)
+            d = self.new_key(rng)
             if d in seen:
                 continue
             toks = self._answer(name, d, question)
@@ -241,7 +266,7 @@ class PasskeyGrid:
             )
         rng = random.Random(f"passkey:{self.seed}:{length}:{depth!r}:{index}")
         name = name or rng.choice(NAMES)
-        key = key or random_key(rng, self.key_digits)
+        key = key or self.new_key(rng)
         needle = segment_tokens(self.tok, passkey_statement(name, key))
         question = segment_tokens(self.tok, passkey_prompt(name))
         answer = self._answer(name, key, question)

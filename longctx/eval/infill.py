@@ -75,7 +75,7 @@ def model_infiller(loaded: LoadedModel, vocab_size: int) -> InfillFn:
     return infill
 
 
-def _corrupt(kind: ObjectiveKind, tokens: list[int], positions: Sequence[int], *, mask_id: int | None,
+def corrupt(kind: ObjectiveKind, tokens: list[int], positions: Sequence[int], *, mask_id: int | None,
              vocab_size: int, generator: torch.Generator) -> list[int]:  # fmt: skip
     out = list(tokens)
     if kind == "mdm":
@@ -115,7 +115,7 @@ def score_infill(
                 where = key_positions(it)
                 g = generator(_TAG_PASSKEY, seed, f"{it.length}:{it.depth}:{it.index}")
                 inputs.append(
-                    _corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
+                    corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
                 )
                 wants.append(torch.tensor(where))
             logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
@@ -213,7 +213,7 @@ def context_elbo(
             g = generator(_TAG_ELBO, seed, f"{d}:{k}")
             u = torch.rand(window, generator=g, dtype=torch.float64)
             corrupted = u >= float(alpha(objective, torch.tensor(t, dtype=torch.float64)))
-            noisy = torch.tensor(_corrupt(objective.kind, clean_w.tolist(), corrupted.nonzero().flatten().tolist(),
+            noisy = torch.tensor(corrupt(objective.kind, clean_w.tolist(), corrupted.nonzero().flatten().tolist(),
                                           mask_id=objective.mask_id, vocab_size=vocab_size, generator=g))  # fmt: skip
             draws.append((corrupted, noisy))
         for ci, c in enumerate(contexts):
@@ -240,4 +240,12 @@ def context_elbo(
     )  # fmt: skip
 
 
-__all__ = ["InfillFn", "context_elbo", "elbo_contexts", "key_positions", "model_infiller", "score_infill"]
+__all__ = [
+    "InfillFn",
+    "context_elbo",
+    "corrupt",
+    "elbo_contexts",
+    "key_positions",
+    "model_infiller",
+    "score_infill",
+]

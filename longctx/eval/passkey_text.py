@@ -5,6 +5,7 @@ the same phrasing, so a model trained there is asked in words it has seen."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "pa", "do", "fe")
 # two-syllable names: 132 distinct, so a long document can hold many keys with unique names
@@ -28,6 +29,17 @@ def passkey_prompt(name: str) -> str:
     return f"the pass key of {name} is"
 
 
+def passkeys_prompt(names: Sequence[str]) -> str:
+    """The question of several keys at once (one name's values, or several names'): asked once, the
+    model should continue with every key, in the form of `passkeys_answer`."""
+    return f"the pass keys of {' and '.join(names)} are"
+
+
+def passkeys_answer(keys: Sequence[str]) -> str:
+    """`48213 and 55829 .`: the keys in the answer's stated form (any order is right)."""
+    return " and ".join(keys) + " ."
+
+
 def filler_sentence(rng: random.Random) -> str:
     return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)} ."
 
@@ -38,4 +50,9 @@ def random_key(rng: random.Random, digits: int = 5) -> str:
     circuit matches one."""
     if digits <= 10:
         return "".join(rng.sample("0123456789", digits))
+    return "".join(str(rng.randrange(10)) for _ in range(digits))
+
+
+def any_digit_key(rng: random.Random, digits: int = 5) -> str:
+    """Digits drawn independently, repeats allowed ("55829"): the harder copy `random_key` avoids."""
     return "".join(str(rng.randrange(10)) for _ in range(digits))

@@ -70,9 +70,59 @@ def niah_panel(ce: CheckpointEval, depths: list[float], lengths: list[int]) -> N
     return NiahPanel(colour, text, hatched)
 
 
+def task_panel(ce: CheckpointEval, task: str, depths: list[float], lengths: list[int]) -> NiahPanel:
+    """A needle task's panel: colour = the share of hits per (depth, length) — for the absent-name control,
+    the share of answers returning a present key — and each cell's count as text."""
+    colour = np.full((len(depths), len(lengths)), np.nan)
+    text = [["" for _ in lengths] for _ in depths]
+    for j, n in enumerate(lengths):
+        r = ce.at(n)
+        t = None if r is None else r.task(task)
+        if t is None:
+            continue
+        for c in t.cells:
+            i = depths.index(c.depth)
+            count = c.present if t.control else c.hits
+            colour[i, j] = count / c.items if c.items else np.nan
+            text[i][j] = f"{'p' if t.control else 'g'} {count}/{c.items}"
+    return NiahPanel(colour, text, [])
+
+
+def _draw_panel(plt, ax, panel: NiahPanel, ce: CheckpointEval, depths: list[float], lengths: list[int]):
+    for i, j in panel.hatched:  # hatched: the interval reaches chance, the colour means nothing
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
+                                   edgecolor="0.45", linewidth=0))  # fmt: skip
+    for i, row in enumerate(panel.text):
+        for j, label in enumerate(row):
+            if label:
+                ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
+    image = ax.imshow(panel.colour, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(lengths)))
+    ax.set_xticklabels([human_length(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "")
+                        for n in lengths])  # fmt: skip
+    ax.set_yticks(range(len(depths)))
+    ax.set_yticklabels([f"{d:.0%}" for d in depths])
+    ax.set_xlabel("context length (tokens)")
+    return image
+
+
+def _task_title(report: EvalReport, ce: CheckpointEval, task: str) -> str:
+    t = next(x for x in report.task_summary if x.checkpoint == ce.label and x.task == task)
+    if t.control:
+        return f"{task} — {ce.label}\ncontrol: colour = answers returning a present key"
+    eff = [human_length(n) if n else "none" for n in (t.ruler_effective_length, t.relative_effective_length)]
+    return f"{task} — {ce.label}\neffective: RULER {eff[0]}, relative {eff[1]}"
+
+
 def plot_niah(report: EvalReport, path: Path) -> Path:
+    """`niah_figure`, saved as a PNG at `path`."""
+    return _save(niah_figure(report), path)
+
+
+def niah_figure(report: EvalReport):
     """One panel per checkpoint: needle depth (rows) × length (columns), colour = greedy exact-match
-    accuracy (`niah_panel`), the measure the effective length is read from.
+    accuracy (`niah_panel`), the measure the effective length is read from; with needle tasks beyond
+    `single`, one row of panels per task (`task_panel`).
 
     Each cell shows the greedy count, the mean margin and the log-likelihood accuracy; lengths beyond a
     checkpoint's trained window are marked with '*'."""
@@ -80,38 +130,31 @@ def plot_niah(report: EvalReport, path: Path) -> Path:
     evals = [ce for ce in report.checkpoints if ce.results]
     depths = sorted({c.depth for ce in evals for r in ce.results for c in r.passkey.cells})
     lengths = report.lengths
-    fig, axes = plt.subplots(1, len(evals), figsize=(1.2 + 1.25 * len(lengths) * len(evals) + 0.6 * len(evals), 1.2 + 0.62 * len(depths)),
+    tasks = report.settings.tasks
+    fig, axes = plt.subplots(len(tasks), len(evals), figsize=(1.2 + 1.25 * len(lengths) * len(evals) + 0.6 * len(evals), (1.2 + 0.62 * len(depths)) * len(tasks)),
                              squeeze=False)  # fmt: skip
     image = None
     for ax, ce in zip(axes[0], evals, strict=True):
-        panel = niah_panel(ce, depths, lengths)
-        for i, j in panel.hatched:  # hatched: the interval reaches chance, the colour means nothing
-            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
-                                       edgecolor="0.45", linewidth=0))  # fmt: skip
-        for i, row in enumerate(panel.text):
-            for j, label in enumerate(row):
-                if label:
-                    ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
-        image = ax.imshow(panel.colour, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
-        ax.set_xticks(range(len(lengths)))
-        ax.set_xticklabels([human_length(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "")
-                            for n in lengths])  # fmt: skip
-        ax.set_yticks(range(len(depths)))
-        ax.set_yticklabels([f"{d:.0%}" for d in depths])
-        ax.set_xlabel("context length (tokens)")
+        image = _draw_panel(plt, ax, niah_panel(ce, depths, lengths), ce, depths, lengths)
         window = f"trained ≤ {human_length(ce.trained_length)}" if ce.trained_length else ""
         eff = human_length(ce.effective_length) if ce.effective_length else "none"
-        ax.set_title(f"{ce.label}: effective {eff}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
-    axes[0][0].set_ylabel("needle depth")
+        head = "single — " if len(tasks) > 1 else ""
+        ax.set_title(f"{head}{ce.label}: effective {eff}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
+    for row, task in enumerate(tasks[1:], start=1):
+        for ax, ce in zip(axes[row], evals, strict=True):
+            _draw_panel(plt, ax, task_panel(ce, task, depths, lengths), ce, depths, lengths)
+            ax.set_title(_task_title(report, ce, task), fontsize=9)
+    for row in axes:
+        row[0].set_ylabel("needle depth")
     if image is not None:
-        fig.colorbar(image, ax=list(axes[0]), fraction=0.04, pad=0.02, label="greedy exact-match accuracy")
+        fig.colorbar(image, ax=list(axes.flat), fraction=0.04, pad=0.02, label="greedy exact-match accuracy")
     ll = (f"; ll = log-likelihood vs {report.settings.distractors} distractors"
           if report.settings.distractors else "")  # fmt: skip
     fig.suptitle(f"passkey retrieval (colour = greedy exact match; g = greedy exact keys, ± = margin in nats{ll}; "
                  f"* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood interval does; effective = greedy ≥ "
                  f"{report.effective_threshold:.0%} at every depth up to that length",
                  fontsize=9, y=1.0 + 0.35 / fig.get_figheight())  # fmt: skip
-    return _save(fig, path)
+    return fig
 
 
 def _common_length(evals: list[CheckpointEval], lengths: list[int]) -> int | None:

@@ -8,7 +8,7 @@ import textwrap
 from rich.console import Console
 from rich.table import Table
 
-from longctx.eval.results import EvalReport
+from longctx.eval.results import EvalReport, TaskLength, TaskSummary
 from longctx.util.table import TERMINAL_COLUMNS, narrow_table
 from longctx.util.units import human_length
 
@@ -141,7 +141,70 @@ def report_tables(report: EvalReport) -> list[Table]:
         short.add_row(
             row["checkpoint"], short_loss, _short_delta(row), *([_packed(row)] if _has_packed(report) else [])
         )
-    return [passkey, loss, short]
+    return [passkey, *([task_table(report)] if has_tasks(report) else []), loss, short]
+
+
+def has_tasks(report: EvalReport) -> bool:
+    """Tasks beyond `single` were measured: the report gets the needle-task table."""
+    return report.settings.tasks != ["single"]
+
+
+def _task_cell(x: TaskLength | None) -> str:
+    """`9/10*` (hits / items, * beyond the trained window); the control: `p 3/10*` (answers returning a
+    present key). Accuracies and intervals are in --json."""
+    if x is None:
+        return "—"
+    star = "*" if x.extrapolated else ""
+    if x.present is not None:
+        return f"p {x.present}/{x.keys}{star}"
+    return f"{x.hits}/{x.keys}{star}"
+
+
+def _task_row(report: EvalReport, t: TaskSummary, first: bool) -> list[str]:
+    at = {x.length: x for x in t.lengths}
+    eff = [
+        ("—" if n is None else human_length(n))
+        for n in (t.ruler_effective_length, t.relative_effective_length)
+    ]
+    if t.control:
+        eff = ["control", "control"]
+    return [t.task if first else "", t.checkpoint, *(_task_cell(at.get(n)) for n in report.lengths), *eff]
+
+
+def _task_headers(report: EvalReport) -> list[str]:
+    s = report.settings
+    return ["task", "checkpoint", *(human_length(n) for n in report.lengths),
+            f"RULER ≥{s.ruler_threshold:.1%}", f"rel ≥{s.relative_threshold:g}×"]  # fmt: skip
+
+
+def task_rows(report: EvalReport) -> list[list[list[str]]]:
+    """The needle-task table's cells, one row group per task (settings order), a row per checkpoint."""
+    groups: dict[str, list[list[str]]] = {}
+    for t in report.task_summary:
+        group = groups.setdefault(t.task, [])
+        group.append(_task_row(report, t, not group))
+    return list(groups.values())
+
+
+def task_table(report: EvalReport) -> Table:
+    """Greedy exact match per task and length (hits / items), the effective lengths by RULER's absolute
+    and NoLiMa's relative rule; the absent-name control shows how often a present key was returned."""
+    table = narrow_table(_title(report, "needle tasks"))
+    for k, head in enumerate(_task_headers(report)):
+        table.add_column(head, justify="left" if k < 2 else "right")
+    for group in task_rows(report):
+        for row in group:
+            table.add_row(*row)
+        table.add_section()
+    return table
+
+
+TASK_LEGEND = (
+    "needle tasks: hits / items of greedy exact match (every asked key returned, any order); RULER = the "
+    "longest length up to which the score stays ≥ the threshold, rel = ≥ that fraction of the checkpoint's "
+    "score at its shortest length; absent = a control whose question names no needle: p = answers "
+    "returning a key stated in the haystack (never a hit, no effective length)"
+)
 
 
 def legend_lines(report: EvalReport, width: int = TERMINAL_COLUMNS) -> list[str]:
@@ -181,11 +244,22 @@ def markdown_table(report: EvalReport) -> str:
                  _short(row),
                  *([_packed(row)] if packed else [])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _markdown_tasks(report)
     lines += ["", settings_line(report), "", _legend(report), "", f"method: {report.method}"]
     lines += [f"- note: {n}" for n in report.notes]
     if report.plots:
         lines += [""] + [f"- {k}: {v}" for k, v in report.plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_tasks(report: EvalReport) -> list[str]:
+    """The needle-task table in Markdown (nothing when only `single` was measured)."""
+    if not has_tasks(report):
+        return []
+    head = _task_headers(report)
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for group in task_rows(report) for row in group]
+    return [*lines, "", TASK_LEGEND]
 
 
 def _terminal_legend(report: EvalReport, method: str) -> str:
@@ -201,6 +275,8 @@ def _terminal_legend(report: EvalReport, method: str) -> str:
         )
     if _has_packed(report):
         text += " packed: windows of several documents, loss after the first, attention across → within."
+    if has_tasks(report):
+        text += f" {TASK_LEGEND}."
     return text
 
 

@@ -18,9 +18,13 @@ from longctx.eval.stats import (
     chance_loglik,
     effective_length,
     hits_of,
+    relative_effective_length,
+    ruler_effective_length,
     spans,
     wilson_interval,
 )
+from longctx.eval.task_results import TaskResult
+from longctx.plan.eval_tasks import parse_task
 
 
 class PasskeyCell(BaseModel):
@@ -174,6 +178,62 @@ class LengthResult(BaseModel):
     packed: PackedLoss | None = None  # windows packed from several documents, across vs within
     context_elbo: ContextElbo | None = None  # diffusion models: a window's bound by its clean context
     objective: str = "ar"  # how the passkey was scored: "ar" (next token) or "mdm"/"udm" (infilling)
+    tasks: list[TaskResult] = Field(default_factory=list)  # the needle tasks beyond single
+
+    def task(self, name: str) -> TaskResult | None:
+        return next((t for t in self.tasks if t.task == name), None)
+
+
+class TaskLength(BaseModel):
+    """One task's score at one length: hits / items, the accuracy and its Wilson 95 % interval; for the
+    absent-name control, `present` = answers returning a present key (and no hits)."""
+
+    length: int
+    hits: int
+    keys: int
+    accuracy: float
+    interval: tuple[float, float]
+    present: int | None = None
+    present_interval: tuple[float, float] | None = None
+    extrapolated: bool = False
+
+
+class TaskSummary(BaseModel):
+    """One checkpoint's task across the lengths, with its effective lengths (None for the control)."""
+
+    checkpoint: str
+    task: str
+    control: bool
+    lengths: list[TaskLength]
+    ruler_effective_length: int | None
+    relative_effective_length: int | None
+
+
+def task_length(r: LengthResult, task: str) -> TaskLength | None:
+    """The score of `task` in one LengthResult (single: the passkey grid's greedy exact match)."""
+    if task == "single":
+        p = r.passkey
+        return TaskLength(length=r.length, hits=p.greedy_hits, keys=p.keys, accuracy=p.greedy_accuracy,
+                          interval=p.greedy_interval, extrapolated=r.extrapolated)  # fmt: skip
+    t = r.task(task)
+    if t is None:
+        return None
+    return TaskLength(
+        length=r.length, hits=t.hits, keys=t.keys, accuracy=t.accuracy, interval=t.interval,
+        present=t.present if t.control else None, present_interval=t.present_interval if t.control else None,
+        extrapolated=r.extrapolated,
+    )  # fmt: skip
+
+
+def task_summary(ce: CheckpointEval, task: str, settings: EvalSettings) -> TaskSummary:
+    rows = [x for r in sorted(ce.results, key=lambda r: r.length) if (x := task_length(r, task)) is not None]
+    control = parse_task(task).control
+    scores = {x.length: x.accuracy for x in rows}
+    return TaskSummary(
+        checkpoint=ce.label, task=task, control=control, lengths=rows,
+        ruler_effective_length=None if control else ruler_effective_length(scores, settings.ruler_threshold),
+        relative_effective_length=None if control else relative_effective_length(scores, settings.relative_threshold),
+    )  # fmt: skip
 
 
 class CheckpointEval(BaseModel):
@@ -224,6 +284,14 @@ class EvalReport(BaseModel):
     effective_threshold: float = (
         EFFECTIVE_THRESHOLD  # greedy accuracy every depth keeps up to the effective length
     )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def task_summary(self) -> list[TaskSummary]:
+        """Per task (settings order), per checkpoint with results: the score at each length and the
+        effective lengths by RULER's and NoLiMa's rules (longctx.eval.stats)."""
+        return [task_summary(ce, t, self.settings) for t in self.settings.tasks
+                for ce in self.checkpoints if ce.results]  # fmt: skip
 
     def identity(self) -> str:
         """What makes two reports comparable: the measured settings, the lengths and the held-out data

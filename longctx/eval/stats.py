@@ -9,6 +9,12 @@ Effective context length, as RULER defines it: the longest evaluated length up t
 stays at or above a threshold — here at every evaluated length ≤ L and every needle depth, greedy
 exact match of the whole key ≥ the threshold. One number per checkpoint says whether an extension
 worked.
+
+Per needle task (`longctx.plan.eval_tasks`), two effective lengths of the task's score at each length
+(greedy exact match over all its items): RULER's absolute rule, the longest length up to which the
+score stays ≥ 85.6 % (Llama-2-7B's mean at 4K in RULER's paper), and NoLiMa's relative rule, the
+longest length up to which it stays ≥ 0.85 × the checkpoint's own score at its shortest evaluated
+length. Both thresholds are settings (`[eval].ruler_threshold`, `[eval].relative_threshold`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import numpy as np
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 EFFECTIVE_THRESHOLD = 0.9
+RULER_THRESHOLD = 0.856
+RELATIVE_THRESHOLD = 0.85
 
 
 def wilson_interval(hits: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -69,6 +77,26 @@ def effective_length(
             break
         best = length
     return best
+
+
+def ruler_effective_length(scores: Mapping[int, float], threshold: float = RULER_THRESHOLD) -> int | None:
+    """The longest length L with the score ≥ `threshold` at every evaluated length ≤ L (None when the
+    shortest already falls below)."""
+    return effective_length({n: [a] for n, a in scores.items()}, threshold)
+
+
+def relative_effective_length(
+    scores: Mapping[int, float], fraction: float = RELATIVE_THRESHOLD
+) -> int | None:
+    """The longest length L with the score ≥ `fraction` × the score at the shortest evaluated length, at
+    every evaluated length ≤ L; None without scores or when that reference score is 0 (or NaN): there is
+    nothing to keep a fraction of."""
+    if not scores:
+        return None
+    reference = scores[min(scores)]
+    if math.isnan(reference) or reference <= 0:
+        return None
+    return effective_length({n: [a] for n, a in scores.items()}, fraction * reference)
 
 
 def paired_delta_interval(

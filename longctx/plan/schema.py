@@ -10,12 +10,13 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from longctx.arch import ModelArch
 from longctx.errors import LongctxError, PlanError
 from longctx.megatron_versions import facts
 from longctx.objective import Objective
+from longctx.plan.eval_tasks import check_tasks
 from longctx.rope.methods import MAX_BASE
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -280,6 +281,9 @@ class WandbSpec(_Strict):
 
 
 DEFAULT_EVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# [eval] fields added with the needle tasks: left out of the measured settings at their defaults
+_ADDED = ("tasks", "any_digit_keys")
+_READINGS = ("ruler_threshold", "relative_threshold")  # how results are read, not what is measured
 
 
 class EvalSpec(_Strict):
@@ -310,6 +314,14 @@ class EvalSpec(_Strict):
     # diffusion models: the ELBO of a window this long by the clean context around it, at these noise levels
     elbo_window: StrictInt = Field(default=64, ge=2)
     elbo_levels: list[float] = Field(default_factory=lambda: [0.125, 0.375, 0.625, 0.875], min_length=1)
+    # needle tasks (longctx.plan.eval_tasks): "single" alone by default; e.g. ["single", "multikey-2", "multivalue"]
+    tasks: list[str] = Field(default_factory=lambda: ["single"], min_length=1)
+    # keys of any digits, repeats allowed ("55829"); false: distinct digits, as keys were drawn before
+    any_digit_keys: StrictBool = False
+    # effective length per task: score ≥ this (RULER's rule) …
+    ruler_threshold: float = Field(default=0.856, gt=0, le=1)
+    # … or ≥ this fraction of the checkpoint's own score at the shortest evaluated length (NoLiMa's rule)
+    relative_threshold: float = Field(default=0.85, gt=0, le=1)
     # sequences per forward: memory only, the numbers stay the same
     batch_size: StrictInt = Field(default=4, ge=1)
 
@@ -323,6 +335,11 @@ class EvalSpec(_Strict):
             raise ValueError(f"needle depths repeat: {v}")
         return v
 
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, v: list[str]) -> list[str]:
+        return check_tasks(v)
+
     @field_validator("elbo_levels")
     @classmethod
     def _levels(cls, v: list[float]) -> list[float]:
@@ -332,12 +349,18 @@ class EvalSpec(_Strict):
         return v
 
     def measured(self) -> dict[str, Any]:
-        """The fields that change the numbers (all but batch_size)."""
-        return self.model_dump(exclude={"batch_size"})
+        """The fields that change the numbers: all but batch_size and the thresholds (which only read
+        them), and the task fields only where they differ from their defaults, so the settings of plans
+        without them measure, and are cached, as before."""
+        data = self.model_dump(exclude={"batch_size", *_READINGS})
+        for k in _ADDED:
+            if data[k] == type(self).model_fields[k].get_default(call_default_factory=True):
+                del data[k]
+        return data
 
     def changes_from(self, other: EvalSpec) -> list[str]:
-        """`keys_per_cell 2 → 20` for each measured field that differs from `other`'s."""
-        mine, theirs = self.measured(), other.measured()
+        """`keys_per_cell 2 → 20` for each field (but batch_size) that differs from `other`'s."""
+        mine, theirs = self.model_dump(exclude={"batch_size"}), other.model_dump(exclude={"batch_size"})
         return [f"{k} {_text(theirs[k])} → {_text(mine[k])}" for k in mine if mine[k] != theirs.get(k)]
 
     def describe(self) -> str:
@@ -345,7 +368,12 @@ class EvalSpec(_Strict):
         depths = ", ".join(f"{d:.0%}" for d in self.depths)
         return (f"{self.keys_per_cell} keys per cell × {len(self.depths)} depths ({depths}), "
                 f"{self.distractors} distractors, {self.key_digits}-digit keys, {self.filler} filler, "
-                f"seed {self.seed}")  # fmt: skip
+                f"seed {self.seed}") + self._describe_tasks()  # fmt: skip
+
+    def _describe_tasks(self) -> str:
+        """`, tasks single, multikey-2, keys of any digits` where they differ from the defaults; else empty."""
+        text = f", tasks {', '.join(self.tasks)}" if self.tasks != ["single"] else ""
+        return text + (", keys of any digits" if self.any_digit_keys else "")
 
 
 def _text(value: Any) -> str:

@@ -28,6 +28,8 @@ CASES = [
     (["--threads", "0"], "threads"),
     (["--keys", "1000000000"], "keys_per_cell"),
     (["--distractors", "1000000000"], "distractors"),
+    (["--tasks", "haystack"], "unknown needle task"),
+    (["--tasks", "multikey-1"], "multikey takes 2–16 needles"),
 ]
 
 

@@ -109,3 +109,30 @@ def test_evaluation_tables_fit_and_keep_what_a_user_decides_from() -> None:
     assert "~170/500" in text and "*" in text
     assert "[-10.123, -10.001]" in text
     assert "effective" in text
+
+
+def test_the_needle_task_table_fits() -> None:
+    from longctx.eval.task_results import TaskResult
+    from longctx.eval.task_score import TaskItemScore
+
+    report = baby_sized_report()
+    tasks = ["multikey-16", "multivalue-16", "multiquery-16", "absent-16"]
+    settings = report.settings.model_copy(update={"tasks": ["single", *tasks]})
+    for ce in report.checkpoints:
+        for r in ce.results:
+            for task in tasks:
+                control = task.startswith("absent")
+                items = [TaskItemScore(task=task, length=r.length, depth=d, index=i, asked=["kalo"], expected=[],
+                                       present=["12345"], needle_starts=[0], output="12345", output_tokens=[],
+                                       found=[], hit=not control, present_key="12345" if control else None)
+                         for d in settings.depths for i in range(100)]  # fmt: skip
+                r.tasks.append(TaskResult.from_items(task, r.length, items, 1.0, control=control))
+    report = report.model_copy(update={"settings": settings})
+    tables = report_tables(report)
+    assert [natural_width(t) <= TERMINAL_COLUMNS for t in tables] == [True] * len(tables)
+    assert all(len(line) <= TERMINAL_COLUMNS for line in legend_lines(report))
+    con = Console(width=TERMINAL_COLUMNS, record=True)
+    for t in tables:
+        con.print(t)
+    text = con.export_text()
+    assert "multiquery-16" in text and "500/500*" in text and "p 500/500" in text and "control" in text

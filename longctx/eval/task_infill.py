@@ -1,0 +1,90 @@
+"""The needle tasks of a diffusion model, by infilling (one forward per item).
+
+A closed task item (`longctx.eval.needles`, `closed=True`) ends with restatements
+`the pass key of <name> is <key> .`, one per key the question asks: multi-key and the absent control
+one (of the asked name), multi-value V (all of the one name), multi-query one per asked name. The
+digit tokens of every restatement's key are corrupted together, as the single task corrupts its one
+key: the [MASK] id (MDM) or uniformly drawn tokens (UDM); everything else stays clean. One forward
+gives the argmax at every corrupted position; each slot's infilled key is its restatement's key tokens
+with the argmax in the corrupted places, decoded.
+
+Scoring (`longctx.eval.task_score.judge`): multi-key, the asked key in its slot; multi-query, each
+name's key in that name's slot; multi-value, the slots' keys are the V values in any order (the
+restatements name the same person, so no slot belongs to one value); the absent control records
+which present key, if any, its slot returns. All slots are as wide as the keys are (they have the
+same number of tokens), so the corruption gives nothing away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from longctx.diffusion.noise import generator
+from longctx.eval.infill import InfillFn, corrupt
+from longctx.eval.needles import TaskItem
+from longctx.eval.task_score import Decode, TaskItemScore, judge
+from longctx.objective import ObjectiveKind
+
+_TAG = "longctx-eval-needle-tasks"
+
+
+def corrupted_positions(item: TaskItem) -> list[int]:
+    """Every slot's digit positions, in slot order."""
+    return [p for s in item.slots for p in s.positions]
+
+
+def _infilled(item: TaskItem, logprobs: torch.Tensor, decode: Decode) -> tuple[list[str], list[int]]:
+    """Each slot's infilled key (decoded) and the infilled tokens of all slots."""
+    best = logprobs.argmax(-1).tolist()
+    at = 0
+    texts, tokens = [], []
+    for slot in item.slots:
+        filled = list(slot.answer)
+        for p in slot.positions:
+            filled[p - slot.answer_start] = int(best[at])
+            at += 1
+        texts.append(decode(filled))
+        tokens += filled
+    return texts, tokens
+
+
+def score_task_infill(
+    items: Sequence[TaskItem],
+    infill: InfillFn,
+    decode: Decode,
+    *,
+    kind: ObjectiveKind,
+    mask_id: int | None,
+    vocab_size: int,
+    seed: int,
+    batch_size: int = 4,
+    advance: Callable[[int], None] | None = None,
+) -> list[TaskItemScore]:
+    """Every closed item infilled and judged; the corruption is fixed per (seed, task, length, depth, index)."""
+    scored: dict[int, TaskItemScore] = {}
+    by_len: dict[int, list[int]] = {}
+    for i, it in enumerate(items):
+        if not it.closed:
+            raise ValueError("infilling scores closed items (TaskGrid.item(..., closed=True))")
+        by_len.setdefault(it.length, []).append(i)
+    for group in by_len.values():
+        for k in range(0, len(group), max(1, batch_size)):
+            chunk = group[k : k + batch_size]
+            inputs, wants = [], []
+            for i in chunk:
+                it = items[i]
+                where = corrupted_positions(it)
+                g = generator(_TAG, seed, f"{it.task}:{it.length}:{it.depth}:{it.index}")
+                inputs.append(
+                    corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
+                )
+                wants.append(torch.tensor(where))
+            logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
+            for i, lp in zip(chunk, logprobs, strict=True):
+                texts, tokens = _infilled(items[i], lp, decode)
+                scored[i] = judge(items[i], texts, tokens)
+            if advance is not None:
+                advance(len(chunk))
+    return [scored[i] for i in range(len(items))]

@@ -1,0 +1,128 @@
+"""Scoring the needle tasks (`longctx.eval.needles`) of a causal model: greedy generation, then a check
+of which keys the output holds.
+
+Generation keeps every sequence exactly `length` tokens (so it splits into 2·CP chunks as the passkey
+grid does): the answer's positions at the end of the item hold a guess, first the reference answer,
+and one forward over the whole item gives the argmax at each of them. Where the argmax first differs
+from the guess, the guess is replaced from there on by the argmax, and the forward repeats until guess
+and argmax agree everywhere (Jacobi iteration of greedy decoding). Under a causal mask position t sees
+only tokens ≤ t, so every agreeing prefix is the greedy decoding's, each forward fixes at least one
+more token, and the result is exactly the greedy continuation of `budget` tokens — in one forward
+when the model answers the reference, in at most budget + 1 otherwise. Every CP rank gets the same
+argmax, so all ranks iterate alike.
+
+A key counts as returned when it appears in the decoded output as a whole number (no digit right
+before or after it). An item is a hit when every expected key is returned, in any order (multi-value:
+all values; multi-query: every name's key; multi-key: the asked key). The absent-name control is never
+a hit; it records which present key, if any, the output returns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import torch
+from pydantic import BaseModel
+
+from longctx.eval.needles import TaskItem
+from longctx.eval.score import ScoreFn
+
+Decode = Callable[[list[int]], str]
+
+
+class TaskItemScore(BaseModel):
+    task: str
+    length: int
+    depth: float
+    index: int
+    asked: list[str]
+    expected: list[str]  # the keys the answer must hold (none for the control)
+    present: list[str]  # the keys stated in the haystack
+    needle_starts: list[int]  # the asked needle first
+    output: str  # the greedy generation (infilling: the slots' keys, "; "-separated), decoded
+    output_tokens: list[int]
+    found: list[bool]  # per expected key: returned
+    hit: bool  # every expected key returned (never for the control)
+    present_key: str | None = None  # control: the present key the output returns, if any
+
+
+def returned(text: str, key: str) -> bool:
+    """`key` appears in `text` as a whole number."""
+    return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", text) is not None
+
+
+def judge(item: TaskItem, outputs: Sequence[str], tokens: list[int]) -> TaskItemScore:
+    """The score of `item` from its output: one text (a generation), or one per restated slot
+    (infilling: slot j must hold expected key j, except multi-value, where the slots' keys must be the
+    values in any order)."""
+    text = " ; ".join(outputs)
+    if len(outputs) > 1 and item.spec.kind == "multivalue":
+        left = list(outputs)
+        found = []
+        for key in item.expected:  # each slot returns one value at most
+            j = next((j for j, o in enumerate(left) if returned(o, key)), None)
+            found.append(j is not None)
+            if j is not None:
+                left.pop(j)
+    elif len(outputs) > 1:
+        found = [returned(o, k) for o, k in zip(outputs, item.expected, strict=True)]
+    else:
+        found = [returned(text, k) for k in item.expected]
+    present = next((k for k in item.present if returned(text, k)), None) if item.spec.control else None
+    return TaskItemScore(
+        task=item.task, length=item.length, depth=item.depth, index=item.index, asked=item.asked,
+        expected=item.expected, present=item.present, needle_starts=[n.start for n in item.needles],
+        output=text, output_tokens=tokens, found=found, hit=bool(found) and all(found), present_key=present,
+    )  # fmt: skip
+
+
+def greedy_answers(
+    items: Sequence[TaskItem],
+    score: ScoreFn,
+    *,
+    batch_size: int = 4,
+    advance: Callable[[int], None] | None = None,
+) -> list[list[int]]:
+    """Each item's greedy continuation of `len(item.reference)` tokens (see the module docstring)."""
+    out: dict[int, list[int]] = {}
+    by_len: dict[int, list[int]] = {}
+    for i, it in enumerate(items):
+        by_len.setdefault(it.length, []).append(i)
+    for group in by_len.values():
+        for k in range(0, len(group), max(1, batch_size)):
+            chunk = group[k : k + batch_size]
+            seqs = [list(items[i].tokens) for i in chunk]
+            for rounds in range(max(len(items[i].reference) for i in chunk) + 1):
+                argmax = score(torch.tensor(seqs, dtype=torch.long)).argmax
+                if advance is not None and rounds == 0:
+                    advance(len(chunk))
+                if not any(
+                    [_advance(seqs[r], items[i].answer_start, argmax[r]) for r, i in enumerate(chunk)]
+                ):
+                    break
+            for r, i in enumerate(chunk):
+                out[i] = seqs[r][items[i].answer_start :]
+    return [out[i] for i in range(len(items))]
+
+
+def _advance(seq: list[int], start: int, argmax: Sequence[int]) -> bool:
+    """Replace `seq`'s guess from its first disagreement with the argmax on; False where none is left."""
+    for t in range(start, len(seq)):
+        if int(argmax[t - 1]) != seq[t]:
+            seq[t:] = [int(x) for x in argmax[t - 1 :]]
+            return True
+    return False
+
+
+def score_tasks(
+    items: Sequence[TaskItem],
+    score: ScoreFn,
+    decode: Decode,
+    *,
+    batch_size: int = 4,
+    advance: Callable[[int], None] | None = None,
+) -> list[TaskItemScore]:
+    """Every item's greedy answer, judged."""
+    answers = greedy_answers(items, score, batch_size=batch_size, advance=advance)
+    return [judge(it, [decode(a)], a) for it, a in zip(items, answers, strict=True)]
