@@ -226,7 +226,7 @@ def check_cmd(
     """
     from longctx.cli.data_artifact import names, print_artifact_report
     from longctx.data.artifact.check import ArtifactReport
-    from longctx.data.check_request import DataCheckRequest, run_data_check
+    from longctx.data.check_request import DataCheckRequest
 
     request = DataCheckRequest(
         prefixes=tuple(prefixes or ()), data_path=data_path, data_args_path=data_args_path, tokenizer=tokenizer,
@@ -235,18 +235,7 @@ def check_cmd(
         strict=strict, scan=not no_scan, workers=workers, run=run, languages=names(languages), tiers=names(tiers),
         index_only=index_only, tokenizer_manifest=tokenizer_manifest,
     )  # fmt: skip
-    rp = None
-    if plan is not None:
-        from longctx.plan.stage_data import data_needs
-
-        rp = resolved_plan(plan)
-        request = request.with_needs(*data_needs(rp))
-    report = run_data_check(request)
-    if rp is not None and not isinstance(report, ArtifactReport) and report.prefixes:
-        from longctx.plan.coverage_check import datasets_coverage_findings
-
-        # which distances each stage's windows would train, from these datasets' document lengths
-        report.findings.extend(datasets_coverage_findings(rp, [p.prefix for p in report.prefixes]))
+    report = _run_check(request, plan)
     if isinstance(report, ArtifactReport):
         if json_out:
             print_json({"ok": report.ok, **vars(report), "prefixes_per_second": report.prefixes_per_second})
@@ -259,6 +248,24 @@ def check_cmd(
     else:
         render_report(report)
     exit_for(report.all_findings())
+
+
+def _run_check(request: Any, plan: Path | None) -> Any:
+    """The data check, with a plan's stage lengths and budgets, and each stage's distance coverage."""
+    from longctx.data.artifact.check import ArtifactReport
+    from longctx.data.check_request import run_data_check
+
+    if plan is None:
+        return run_data_check(request)
+    from longctx.plan.coverage_check import datasets_coverage_findings
+    from longctx.plan.stage_data import data_needs
+
+    rp = resolved_plan(plan)
+    report = run_data_check(request.with_needs(*data_needs(rp)))
+    if not isinstance(report, ArtifactReport) and report.prefixes:
+        # which distances each stage's windows would train, from these datasets' document lengths
+        report.findings.extend(datasets_coverage_findings(rp, [p.prefix for p in report.prefixes]))
+    return report
 
 
 def render_report(report: Any) -> None:
