@@ -407,6 +407,10 @@ class _RunPrinter:
     def warning(self, text: str) -> None:
         _err(text)
 
+    def sweep_starts(self, lines: list[str]) -> None:
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
     def chose(self, stage: str, choice) -> None:
         if choice is None:
             console.print(

@@ -19,9 +19,10 @@ from longctx.errors import StageError
 from longctx.launch.local import Launcher
 from longctx.plan.derive import ResolvedPlan
 from longctx.plan.sweep import SweepChoice
+from longctx.plan.sweep import describe as describe_sweep
 from longctx.stage.preflight import DeviceFacts, PreflightReport
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan, execute, launch_plan
-from longctx.stage.state import NextStep, branch_step
+from longctx.stage.state import NextStep, branch_step, stage_state
 from longctx.stage.sweep import record_choice
 from longctx.stage.until_done import (
     Resolve,
@@ -80,6 +81,9 @@ class StepReport(Protocol):
     def chose(self, stage: str, choice: SweepChoice | None) -> None:
         """A sweep's branches were evaluated and its base chosen (None: a dry run, nothing evaluated)."""
 
+    def sweep_starts(self, lines: list[str]) -> None:
+        """A sweep's first branch is about to train: its candidates and cost."""
+
 
 @dataclasses.dataclass
 class StageRun:
@@ -110,6 +114,10 @@ def run_steps(
 
     def launch(rp: ResolvedPlan, step: NextStep) -> LaunchOutcome | None:
         lp = launch_plan(rp, step, backend, check_megatron=not options.dry_run, force=options.force)
+        if lp.stage.branch_of is not None:
+            main = rp.stage(lp.stage.branch_of)
+            if main.sweep is not None and all(stage_state(b).status == "pending" for b in main.branches):
+                report.sweep_starts(describe_sweep(main.sweep, lp.stage.tokens_realized))
         report.launching(lp)
         if options.dry_run:
             report.planned(lp)

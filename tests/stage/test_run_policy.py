@@ -32,6 +32,12 @@ class _Heard:
     def warning(self, text: str) -> None:
         self.events.append(text)
 
+    def chose(self, stage: str, choice) -> None:
+        self.events.append(f"chose {stage}")
+
+    def sweep_starts(self, lines: list[str]) -> None:
+        self.events.append(lines[0])
+
 
 def _never(*_args):
     raise AssertionError("a dry run neither launches nor asks for device facts")

@@ -247,3 +247,16 @@ def test_rope_sweep_cli_shows_the_cost_and_refuses_cleanly(plan: Path) -> None:
     assert [b["status"] for b in sweeps["s2"]["branches"]] == ["pending"] * 4
     res = runner.invoke(app, ["plan", "show", str(plan)])
     assert "rope sweep pending among" in res.stdout and "sweep of 4 branches" in res.stdout
+
+
+def test_a_dry_run_shows_the_sweeps_cost_before_its_first_branch(plan: Path) -> None:
+    from longctx.stage.run_policy import RunOptions, run_steps
+    from tests.stage.test_run_policy import _Heard, _never
+
+    Trainer()(_rp(plan), next_step(_rp(plan)))  # s1 done
+    heard = _Heard()
+    steps = run_steps(lambda: _rp(plan), RunOptions(dry_run=True, until_done=True), launcher=_never,
+                      facts=_never, report=heard)  # fmt: skip
+    assert steps.result.stop == "dry-run" and steps.planned[0].stage.name.startswith("s2.rope-")
+    assert heard.events[0].startswith("sweep of 4 branches × 1,024 tokens = 4,096 tokens")
+    assert heard.events[1] == f"launching {steps.planned[0].stage.name}"
