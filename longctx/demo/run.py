@@ -39,7 +39,6 @@ from longctx.launch.local import LocalLauncher
 from longctx.mcore.parallel import visible_device_count
 from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.plan.stage_data import stage_blend
-from longctx.plan.sweep import describe as describe_sweep
 from longctx.stage import ledger
 from longctx.stage.run import LaunchOutcome
 from longctx.stage.state import NextStep, plan_state, stage_state
@@ -330,7 +329,6 @@ class _Stages:
     def __init__(self, run_dir: Path, cfg: DemoConfig, echo: Echo, devices: dict[str, str]) -> None:
         self.run_dir, self.cfg, self.echo = run_dir, cfg, echo
         self.interrupted: dict[str, Any] | None = None
-        self._costed: set[str] = set()
         self._interrupted_launch: LaunchOutcome | None = None
         self.env = dict(os.environ, LONGCTX_NO_PROGRESS="1", **devices)
 
@@ -373,12 +371,6 @@ class _Stages:
 
     def launch(self, rp: ResolvedPlan, step: NextStep) -> LaunchOutcome:
         st = rp.stage(step.stage or "")
-        if st.branch_of is not None and st.branch_of not in self._costed:
-            self._costed.add(st.branch_of)  # a sweep's cost, before its first branch trains
-            main = rp.stage(st.branch_of)
-            assert main.sweep is not None
-            for line in describe_sweep(main.sweep, st.tokens_realized):
-                self.echo(f"    {line}")
         want_interrupt = (
             self.cfg.interrupt_stage == st.name and step.action == "first-launch" and self.interrupted is None
         )

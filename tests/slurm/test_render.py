@@ -90,10 +90,14 @@ def test_local_profile_script(tiny_plan_copy: Path) -> None:
     rendered = render(resolve_plan(load_plan(tiny_plan_copy)), overrides={"time": "1", "signal": "TERM@30"},
                       longctx_command=LONGCTX)  # fmt: skip
     text = rendered.chain.text
-    assert [s.name for s in rendered.scripts] == ["chain.sbatch"]  # eval jobs only for megatron-lm
+    # eval jobs only for megatron-lm; the 4K stage's RoPE sweep: its branches' job array and choose job
+    assert [s.name for s in rendered.scripts] == ["chain.sbatch", "sweep-4k.sbatch", "choose-4k.sbatch"]
     assert "#SBATCH --time=1\n" in text and "#SBATCH --signal=TERM@30\n" in text
     assert "--gres" not in text and "--gpus-per-node" not in text
-    assert "--backend local --launcher srun" in text
+    assert "--backend local --launcher srun --sweep-branches array" in text
+    branches, choose = (s.text for s in rendered.scripts[1:])
+    assert 'rope sweep "$plan"' in branches and "--stage 4k" in branches
+    assert '--branch-index "$SLURM_ARRAY_TASK_ID"' in branches and "--branch-index" not in choose
 
 
 @pytest.fixture
