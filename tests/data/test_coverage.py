@@ -84,4 +84,9 @@ def test_plan_check_warns_when_too_few_tokens_see_the_top(tmp_path: Path) -> Non
     assert [f.code for f in few.warnings] == ["distance-coverage"], few
     assert "less than one window holds" in few.warnings[0].message
     many = coverage_findings(rp, stage(10**12), blend)  # type: ignore[arg-type]
-    assert not many.warnings and "of the stage's tokens see them" in many[0].message
+    assert [f.code for f in many.warnings] == ["distance-coverage"], many
+    assert "of what whole windows would give" in many.warnings[0].message  # plenty of tokens, still sparse
+    # documents far longer than the window: most windows lie inside one, as concatenation trains them
+    long = write_indexed_dataset(tmp_path / "long", [[5] * 40_000] * 30)
+    fine = coverage_findings(rp, stage(10**9), Blend([BlendEntry(long, None)], False, "test"))  # type: ignore[arg-type]
+    assert not fine.warnings and "of the stage's tokens see them" in fine[0].message

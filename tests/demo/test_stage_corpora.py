@@ -20,7 +20,7 @@ from longctx.demo.published import family_dir
 from longctx.demo.run import STAGE_CORPORA
 from longctx.tokenizer.load import load_tokenizer
 
-WINDOW = {"long4k": 4096}
+WINDOW = {"long1k": 1024, "long4k": 4096}
 SAMPLE = 60  # documents tokenized per corpus: their lengths, resampled, stand for the corpus
 
 
