@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from longctx.errors import LongctxError, PlanError
+from longctx.errors import LongctxError, PlanError, StageError
 from longctx.plan.schema import RopeSpec, SweepMethod
 from longctx.util import bounded_json
 from longctx.util.confined_read import read_text
@@ -108,6 +108,20 @@ class ResolvedSweep:
             "stale": self.stale,
             "record": str(self.choice_path),
         }
+
+
+def require_chosen(stage: str, sweep: ResolvedSweep | None) -> None:
+    """A stage whose sweep has not chosen has no base to launch with (StageError naming the way on)."""
+    if sweep is None or not sweep.pending:
+        return
+    raise StageError(
+        f"stage {stage}'s RoPE base is not chosen yet: its sweep among "
+        f"{', '.join(f'{b:,}' for b in sweep.bases)} is pending",
+        where=str(sweep.choice_path),
+        fix="run the sweep first: `longctx rope sweep PLAN --stage "
+        + stage
+        + "` (or `stage run --until-done`)",
+    )
 
 
 def describe(sweep: ResolvedSweep, branch_tokens_realized: int) -> list[str]:
@@ -227,5 +241,6 @@ __all__ = [
     "describe",
     "merge_candidates",
     "read_choice",
+    "require_chosen",
     "resolve_sweep",
 ]

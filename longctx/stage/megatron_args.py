@@ -25,6 +25,7 @@ from longctx.megatron_versions import (
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
 from longctx.plan.stage_artifact import stage_blend_file
+from longctx.plan.sweep import require_chosen
 from longctx.rope.megatron import check_conflicting_flags, rope_flags
 from longctx.stage.checkout import require_checkout_version
 from longctx.tokenizer.encoding import version_flags
@@ -312,6 +313,7 @@ def wandb_flags(st: ResolvedStage) -> list[Flag]:
 
 def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
     """All flags of a stage's pretrain_gpt.py launch, in a stable, documented order."""
+    require_chosen(st.name, st.sweep)
     meg = rp.megatron
     prev = st.load_from
     if not trains_objective(meg.entry_script, list(meg.family_args), rp.objective):

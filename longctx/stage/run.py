@@ -34,6 +34,7 @@ from longctx.launch.local import SIGNALS_RECEIVED, Launcher
 from longctx.plan.derive import ResolvedPlan, ResolvedStage, scaling_summary
 from longctx.plan.entry import UPSTREAM_SCRIPT
 from longctx.plan.stage_data import require_startable, stage_blend
+from longctx.plan.sweep import require_chosen
 from longctx.report import Findings
 from longctx.stage import ledger
 from longctx.stage.lock import run_lock
@@ -320,6 +321,7 @@ def _refuse_for_local(rp: ResolvedPlan, st: ResolvedStage) -> None:
 
 def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
     """The TrainSpec of a stage for the local backend, and its process count."""
+    require_chosen(st.name, st.sweep)
     _refuse_for_local(rp, st)
     packing = st.data.packing if st.data else "concat"
     nproc = st.world

@@ -260,3 +260,17 @@ def test_a_dry_run_shows_the_sweeps_cost_before_its_first_branch(plan: Path) -> 
     assert steps.result.stop == "dry-run" and steps.planned[0].stage.name.startswith("s2.rope-")
     assert heard.events[0].startswith("sweep of 4 branches × 1,024 tokens = 4,096 tokens")
     assert heard.events[1] == f"launching {steps.planned[0].stage.name}"
+
+
+def test_a_stage_whose_sweep_is_pending_has_no_launch(plan: Path) -> None:
+    from longctx.stage.run import local_spec
+
+    rp = _rp(plan)
+    with pytest.raises(StageError, match="RoPE base is not chosen yet"):
+        local_spec(rp, rp.stage("s2"))
+    res = CliRunner().invoke(app, ["stage", "args", str(plan), "s2"])
+    assert res.exit_code == 2 and "not chosen yet" in res.output and "Traceback" not in res.output
+    local_spec(rp, rp.stage("s2").branches[0])  # a branch has its base
+    _fake_choice(400_000)(rp, NextStep("choose", "s2", ""))
+    spec, _ = local_spec(_rp(plan), _rp(plan).stage("s2"))
+    assert spec.rotary_base == 400_000
