@@ -74,17 +74,17 @@ class Corpus:
 
 
 # the published base's stages: the base's short documents, and pass-key documents at each new length
-# (1K: 700–1,400 words ≈ 1,000–2,000 tokens; 4K: 3,000–6,000 words ≈ 4,300–8,700 tokens, so the
-# held-out documents that the loss by position reads fill the window, and whole windows often lie inside
-# one document: packed by document, a window trains only the distances its pieces span, and with
-# 2,200–3,300 words (3,100–4,700 tokens) 0.09 % of the 4K stage's tokens saw a distance in the top 1/64
-# of the window (whole windows: 3.1 %); the tiny MDM at RoPE base 28M then read no key at 4,096 tokens
-# and every key at 4,064 (tests/demo/test_stage_corpora.py); the 1K corpus had the same gap (350–700
-# words: 0.012 % of the 1K stage's tokens saw the top 1/32 of its window)
+# (1K: 1,000–2,000 words ≈ 1,400–2,800 tokens; 4K: 4,000–8,000 words ≈ 5,700–11,400 tokens). Packed by
+# document, a window trains only the distances its document pieces span, so whole windows must often lie
+# inside one document: with 2,200–3,300 words (3,100–4,700 tokens) 0.09 % of the 4K stage's tokens saw
+# a distance in the top 1/64 of the window (whole windows: 3.1 %), and the tiny MDM at RoPE base 28M
+# read no key at 4,096 tokens and every key at 4,064; the 1K corpus had the same gap (350–700 words).
+# Mixed 70/30 with the short documents, each stage's window top is now trained at over a third of what
+# whole windows give (`plan check --check-data`; tests/demo/test_stage_corpora.py)
 STAGE_CORPORA = (
     Corpus("short", 10_000, 80, 170, 11),
-    Corpus("long1k", 2_000, 700, 1_400, 12),
-    Corpus("long4k", 900, 3_000, 6_000, 13),
+    Corpus("long1k", 1_400, 1_000, 2_000, 12),
+    Corpus("long4k", 700, 4_000, 8_000, 13),
 )
 
 
