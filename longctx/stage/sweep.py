@@ -99,9 +99,12 @@ def branch_evidence(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> 
         raise StageError(f"sweep branches not finished: {', '.join(left)}", where=str(st.sweep.directory),
                          fix="run them first: `longctx stage run PLAN --until-done` (or `longctx rope sweep`)")  # fmt: skip
     refs = [CheckpointRef(b.name, b.save_dir, expected_rotary_base=b.rotary_base) for b in st.branches]
-    # what the rule reads, no more: greedy matches and the far-end loss (no distractor scoring, no
-    # short-context or packed-window losses), so the choice costs a fraction of a full evaluation
-    settings = plan_settings(rp).model_copy(update={"distractors": 0, "short_docs": 0, "packed_windows": 0})
+    # what the rule reads, no more: the single-needle grid's greedy matches and the far-end loss (no
+    # distractor scoring, other needle tasks, short-context or packed-window losses), so the choice costs
+    # a fraction of a full evaluation
+    settings = plan_settings(rp).model_copy(
+        update={"distractors": 0, "short_docs": 0, "packed_windows": 0, "tasks": ["single"]}
+    )
     report = evaluate_checkpoints(
         refs, lengths=[st.seq_length], tokenizer=plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
         settings=settings, short_length=int(rp.base.seq_length), cache_dir=Path(rp.run_dir) / "eval" / "cache",
