@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,15 @@ class ResolvedPlan:
                     return branch
         self.plan.stage(name)  # raises the helpful error for unknown names
         return next(s for s in self.stages if s.name == name)
+
+    def launchable(self, names: Sequence[str] | None = None) -> list[ResolvedStage]:
+        """The stages (or the named ones) as they launch: a stage whose RoPE sweep is pending is its
+        branches, which run first and whose argv differs from the stage's only in the base; others
+        themselves."""
+        stages = [self.stage(n) for n in names] if names is not None else list(self.stages)
+        return [
+            b for st in stages for b in (st.branches if st.sweep is not None and st.sweep.pending else (st,))
+        ]
 
     def check_base_family(self, family: FamilyReport, findings: Findings) -> None:
         """The plan's objective against the family the base checkpoint was trained as (`check_base_family`)."""

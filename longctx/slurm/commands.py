@@ -311,8 +311,8 @@ def preflight_chain(rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str,
         facts = DeviceFacts(f"{facts.source}: Megatron-LM on the CPU (the CPU runner's A100-class device)",
                             gpu_arch=(8, 0), transformer_engine=None, env=facts.env)  # fmt: skip
         jobs = []
-        for name in pending:
-            job = stage_job(rp, rp.stage(name), rotary=rotary)
-            jobs.append(dataclasses.replace(job, argv=[*job.argv, *cpu_flags(rp.stage(name).cp)]))
+        for st in rp.launchable(pending):
+            job = stage_job(rp, st, rotary=rotary)
+            jobs.append(dataclasses.replace(job, argv=[*job.argv, *cpu_flags(st.cp)]))
         report = run_preflight(megatron_lm_script(rp), jobs, facts)
     return require_passed(report, where=str(rp.source))

@@ -281,11 +281,12 @@ def stage_job(rp: ResolvedPlan, st: ResolvedStage, *, rotary: bool = True) -> St
 
 def preflight_plan(rp: ResolvedPlan, facts: DeviceFacts, *, stages: Sequence[str] | None = None,
                    script: str | os.PathLike[str] | None = None, rotary: bool = True) -> PreflightReport:  # fmt: skip
-    """Every stage of the plan (or the named ones) through the checkout's Megatron-LM, in one child process."""
+    """Every stage of the plan (or the named ones) through the checkout's Megatron-LM, in one child process
+    (a stage whose RoPE sweep is pending: its branches)."""
     if script is None:
         script = megatron_lm_script(rp)
         require_checkout_version(rp, Path(script).parent)
-    chosen = [rp.stage(n) for n in stages] if stages is not None else list(rp.stages)
+    chosen = rp.launchable(stages)  # a stage pending its RoPE sweep: its branches
     return run_preflight(script, [stage_job(rp, st, rotary=rotary) for st in chosen], facts)
 
 

@@ -73,7 +73,8 @@ def _ermine():
 def test_every_stage_of_every_plan_passes(megatron_lm: Path, baby, tmp_path: Path) -> None:
     tiny = resolve_plan(load_plan(_tiny_plan(tmp_path)))
     plans = {"baby_9b_dense": baby, "ermine_arm": _ermine(), "tiny": tiny}
-    jobs = [stage_job(rp, st) for rp in plans.values() for st in rp.stages]
+    # tiny's 4K stage sweeps its RoPE base: its branches are what launches first, one argv per candidate
+    jobs = [stage_job(rp, st) for rp in plans.values() for st in rp.launchable()]
     t0 = time.monotonic()
     report = run_preflight(megatron_lm / "pretrain_gpt.py", jobs, A100)
     print(f"preflight of {len(jobs)} stages: {time.monotonic() - t0:.1f} s")
@@ -125,16 +126,18 @@ def test_launch_environment_and_transformer_engine_facts(megatron_lm: Path, tmp_
     assert facts.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # what longctx's launch sets
     facts = DeviceFacts.cpu("local profile, launch env without CUDA_DEVICE_MAX_CONNECTIONS")
     report = preflight_plan(rp, facts, script=megatron_lm / "pretrain_gpt.py")
-    one, four = report.stages
+    one, *fours = report.stages  # 1k, then the 4k stage's sweep branches (its base is pending)
+    assert [f.stage for f in fours] == [b.name for b in rp.stage("4k").branches]
     # 1k (TP = CP = 1): TransformerConfig wants TE for the RoPE fusion longctx leaves on
     assert one.failure is not None and one.failure.name == "transformer_config"
     assert "apply_rope_fusion is not available" in (one.failure.message or "")
     # 4k (CP 2): validate_args asks for CUDA_DEVICE_MAX_CONNECTIONS=1 on pre-Blackwell GPUs — here the GPU
     # arch query itself is refused: the target has no GPU
-    assert four.failure is not None and four.failure.name == "validate_args"
-    assert "has no GPU" in (four.failure.message or "")
+    for four in fours:
+        assert four.failure is not None and four.failure.name == "validate_args"
+        assert "has no GPU" in (four.failure.message or "")
     # the same 4k stage on A100 nodes, without the variable: Megatron's own assertion
-    rp4 = [stage_job(rp, rp.stage("4k"), rotary=False)]
+    rp4 = [stage_job(rp, rp.launchable(["4k"])[0], rotary=False)]
     bare = DeviceFacts("A100, launch env without CUDA_DEVICE_MAX_CONNECTIONS", gpu_arch=(8, 0), env={})
     r = run_preflight(megatron_lm / "pretrain_gpt.py", rp4, bare)
     f = r.stages[0].failure

@@ -274,3 +274,12 @@ def test_a_stage_whose_sweep_is_pending_has_no_launch(plan: Path) -> None:
     _fake_choice(400_000)(rp, NextStep("choose", "s2", ""))
     spec, _ = local_spec(_rp(plan), _rp(plan).stage("s2"))
     assert spec.rotary_base == 400_000
+
+
+def test_launchable_stages_are_a_pending_sweeps_branches(plan: Path) -> None:
+    rp = _rp(plan)
+    s1, s2 = rp.stages
+    assert [st.name for st in rp.launchable()] == ["s1", *(b.name for b in s2.branches)]
+    assert rp.launchable(["s1"]) == [s1]
+    _fake_choice(100_000)(rp, NextStep("choose", "s2", ""))
+    assert [st.name for st in _rp(plan).launchable()] == ["s1", "s2"]
