@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -90,6 +91,58 @@ def corrupt(kind: ObjectiveKind, tokens: list[int], positions: Sequence[int], *,
     return out
 
 
+class Infillable(Protocol):
+    """An item infilling can corrupt: its length and its tokens."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+
+T = TypeVar("T", bound=Infillable)
+
+
+def infill_batched(
+    items: Sequence[T],
+    infill: InfillFn,
+    *,
+    positions: Callable[[T], list[int]],
+    noise_key: Callable[[T], str],
+    tag: str,
+    kind: ObjectiveKind,
+    mask_id: int | None,
+    vocab_size: int,
+    seed: int,
+    batch_size: int = 4,
+    advance: Callable[[int], None] | None = None,
+) -> list[torch.Tensor]:
+    """Each item's `positions(item)` corrupted (the noise fixed per (tag, seed, noise_key(item))) and
+    infilled, items of one length batched together; the log-probabilities at those positions, in order."""
+    by_len: dict[int, list[int]] = {}
+    for i, it in enumerate(items):
+        by_len.setdefault(it.length, []).append(i)
+    out: dict[int, torch.Tensor] = {}
+    for group in by_len.values():
+        for k in range(0, len(group), max(1, batch_size)):
+            chunk = group[k : k + batch_size]
+            inputs, wants = [], []
+            for i in chunk:
+                it = items[i]
+                where = positions(it)
+                g = generator(tag, seed, noise_key(it))
+                inputs.append(
+                    corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
+                )
+                wants.append(torch.tensor(where))
+            logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
+            out.update(zip(chunk, logprobs, strict=True))
+            if advance is not None:
+                advance(len(chunk))
+    return [out[i] for i in range(len(items))]
+
+
 def score_infill(
     items: Sequence[PasskeyItem],
     infill: InfillFn,
@@ -102,28 +155,12 @@ def score_infill(
     advance: Callable[[int], None] | None = None,
 ) -> list[ItemScore]:
     """Every item scored by infilling its key (one forward per item, distractors from the same logits)."""
-    by_len: dict[int, list[int]] = {}
-    for i, it in enumerate(items):
-        by_len.setdefault(it.length, []).append(i)
-    scored: dict[int, ItemScore] = {}
-    for group in by_len.values():
-        for k in range(0, len(group), max(1, batch_size)):
-            chunk = group[k : k + batch_size]
-            inputs, wants = [], []
-            for i in chunk:
-                it = items[i]
-                where = key_positions(it)
-                g = generator(_TAG_PASSKEY, seed, f"{it.length}:{it.depth}:{it.index}")
-                inputs.append(
-                    corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
-                )
-                wants.append(torch.tensor(where))
-            logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
-            for i, lp in zip(chunk, logprobs, strict=True):
-                scored[i] = score_item(items[i], _as_next_token_scores(items[i], lp))
-            if advance is not None:
-                advance(len(chunk))
-    return [scored[i] for i in range(len(items))]
+    logprobs = infill_batched(
+        items, infill, positions=key_positions, noise_key=lambda it: f"{it.length}:{it.depth}:{it.index}",
+        tag=_TAG_PASSKEY, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, batch_size=batch_size,
+        advance=advance,
+    )  # fmt: skip
+    return [score_item(it, _as_next_token_scores(it, lp)) for it, lp in zip(items, logprobs, strict=True)]
 
 
 def key_positions(item: PasskeyItem) -> list[int]:

@@ -21,8 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from longctx.diffusion.noise import generator
-from longctx.eval.infill import InfillFn, corrupt
+from longctx.eval.infill import InfillFn, infill_batched
 from longctx.eval.needles import TaskItem
 from longctx.eval.task_score import Decode, TaskItemScore, judge
 from longctx.objective import ObjectiveKind
@@ -63,28 +62,12 @@ def score_task_infill(
     advance: Callable[[int], None] | None = None,
 ) -> list[TaskItemScore]:
     """Every closed item infilled and judged; the corruption is fixed per (seed, task, length, depth, index)."""
-    scored: dict[int, TaskItemScore] = {}
-    by_len: dict[int, list[int]] = {}
-    for i, it in enumerate(items):
+    for it in items:
         if not it.closed:
             raise ValueError("infilling scores closed items (TaskGrid.item(..., closed=True))")
-        by_len.setdefault(it.length, []).append(i)
-    for group in by_len.values():
-        for k in range(0, len(group), max(1, batch_size)):
-            chunk = group[k : k + batch_size]
-            inputs, wants = [], []
-            for i in chunk:
-                it = items[i]
-                where = corrupted_positions(it)
-                g = generator(_TAG, seed, f"{it.task}:{it.length}:{it.depth}:{it.index}")
-                inputs.append(
-                    corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
-                )
-                wants.append(torch.tensor(where))
-            logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
-            for i, lp in zip(chunk, logprobs, strict=True):
-                texts, tokens = _infilled(items[i], lp, decode)
-                scored[i] = judge(items[i], texts, tokens)
-            if advance is not None:
-                advance(len(chunk))
-    return [scored[i] for i in range(len(items))]
+    logprobs = infill_batched(
+        items, infill, positions=corrupted_positions, noise_key=lambda it: f"{it.task}:{it.length}:{it.depth}:{it.index}",
+        tag=_TAG, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, batch_size=batch_size,
+        advance=advance,
+    )  # fmt: skip
+    return [judge(it, *_infilled(it, lp, decode)) for it, lp in zip(items, logprobs, strict=True)]
