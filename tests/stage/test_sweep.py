@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,8 @@ from longctx.stage.state import NextStep, branch_step, next_step, stage_state
 from longctx.stage.sweep import BranchEvidence, choose, record_choice, sweep_stage
 from longctx.stage.until_done import run_until_done
 from longctx.util.fs import atomic_write_json
-from tests.fixtures.run import BASE_ITERS, write_plan
+from tests.fixtures.run import write_plan
+from tests.stage.test_until_done import _save as copy_base_save
 
 SWEEP = 'sweep = ["men-safe", 100_000, 400_000, { method = "abf", params = { base = 1_600_000 } }], tokens = 1_024'
 EVAL = "\n[eval]\nkeys_per_cell = 1\ndepths = [0.0, 1.0]\ndistractors = 1\n"
@@ -41,12 +41,9 @@ def _rp(plan: Path) -> ResolvedPlan:
 
 
 def _save(rp: ResolvedPlan, stage: str, iteration: int) -> None:
+    """`test_until_done`'s stand-in save, as the stage's trainer saves it: its length and base in the args."""
+    copy_base_save(rp, stage, iteration)
     st = rp.stage(stage)
-    base = Path(rp.run_dir) / "base" / "checkpoints" / f"iter_{BASE_ITERS:07d}"
-    st.save_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(base, st.save_dir / f"iter_{iteration:07d}")
-    (st.save_dir / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-    # as the stage's trainer saves it: its length and base in the saved args
     common_pt = st.save_dir / f"iter_{iteration:07d}" / "common.pt"
     common = torch.load(common_pt, weights_only=False)
     common["args"].seq_length = common["args"].max_position_embeddings = st.seq_length
