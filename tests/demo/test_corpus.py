@@ -1,5 +1,6 @@
-"""The demo corpus: one pass key per document, restated only after it is stated, in keys a small copy
-circuit can follow (distinct digits written together), at gaps spread over the whole document."""
+"""The demo corpus: pass keys restated only after they are stated, at gaps spread over the whole
+document; one key per document in keys a small copy circuit can follow (distinct digits written
+together), or several under distinct names, some of repeated digits, that only a lookup by name follows."""
 
 from __future__ import annotations
 
@@ -51,3 +52,29 @@ def test_documents_are_seeded() -> None:
     a = list(documents(5, seed=3, min_words=50, max_words=500))
     assert a == list(documents(5, seed=3, min_words=50, max_words=500))
     assert a != list(documents(5, seed=4, min_words=50, max_words=500))
+
+
+def test_named_keys_are_distinct_and_each_restated_after_its_statement() -> None:
+    rng = random.Random(5)
+    counts, repeated = [], 0
+    for _ in range(300):
+        text = document(rng, rng.randint(80, 170), names=4, any_digit=0.5)
+        found = [(m.group(1), m.group(2)) for m in STATEMENT.finditer(text)]
+        pairs = dict.fromkeys(found)  # first-seen order: the statements
+        names, keys = [n for n, _ in pairs], [k for _, k in pairs]
+        assert len(set(names)) == len(names) and len(set(keys)) == len(keys)  # a name has one key
+        for name, key in pairs:  # the statement, then 1–3 restatements of the same key
+            assert 2 <= found.count((name, key)) <= 4
+        counts.append(len(pairs))
+        repeated += sum(len(set(k)) < 5 for k in keys)
+    assert set(counts) == {1, 2, 3, 4}  # one to four names, each count common
+    assert min(counts.count(n) for n in (1, 2, 3, 4)) > 40
+    # half the keys are drawn with repeats allowed, and 70 % of those repeat a digit
+    assert 0.25 < repeated / sum(counts) < 0.45
+
+
+def test_one_name_draws_as_the_one_key_corpus() -> None:
+    """names=1 keeps the stream the copy phase and the tokenizer sample were built from."""
+    a = list(documents(30, seed=7, min_words=80, max_words=170))
+    assert a == list(documents(30, seed=7, min_words=80, max_words=170, names=1, any_digit=0.0))
+    assert a != list(documents(30, seed=7, min_words=80, max_words=170, names=4))

@@ -33,7 +33,8 @@ def test_stage_corpus_fills_whole_windows(name: str) -> None:
     rng = np.random.default_rng(0)
 
     def lengths(c) -> np.ndarray:  # + the EOD tokenization appends
-        docs = documents(SAMPLE, seed=c.seed, min_words=c.min_words, max_words=c.max_words)
+        docs = documents(SAMPLE, seed=c.seed, min_words=c.min_words, max_words=c.max_words, names=c.names,
+                         any_digit=c.any_digit)  # fmt: skip
         return rng.choice(np.array([len(tok.encode(text)) + 1 for text in docs]), size=c.docs)
 
     top = s - s // 32
