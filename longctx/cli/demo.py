@@ -21,14 +21,15 @@ HELP = (
     "against its card first), check the tokenizer against the pinned manifest, build and check the stage "
     "data, extend the base through stages/tiny.toml (256 → 1K → 4K, CP = 2 in the last stage, that stage "
     "interrupted with SIGTERM and resumed), evaluate every checkpoint and print a summary. Rerunning in "
-    "the same directory resumes. --train-base rebuilds the published base (~15 min, once). "
-    "--family mdm does the same with the published masked-diffusion base (longctx/resources/demo/mdm, "
-    "stored in the layout of Ermine's predecessor code) through stages/tiny_mdm.toml, evaluated by "
-    "infilling; --family udm builds a tokenizer and pretrains its own uniform-state diffusion base.\n\n"
+    "the same directory resumes. --train-base rebuilds the published base (~25 min, once). "
+    "--family mdm and --family udm do the same with the published masked-diffusion and uniform-state "
+    "diffusion bases (longctx/resources/demo/mdm and udm, stored in the layout of Ermine's predecessor "
+    "code) through stages/tiny_mdm.toml and tiny_udm.toml, evaluated by infilling.\n\n"
     "Examples:\n\n  longctx demo\n\n  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
     "  longctx demo --dir /tmp/longctx-demo --json\n\n"
     "  longctx demo --train-base --dir runs/demo-base   (rebuild the published base)\n\n"
     "  longctx demo --train-base --family mdm --dir runs/demo-base-mdm\n\n"
+    "  longctx demo --train-base --family udm --dir runs/demo-base-udm\n\n"
     "  longctx demo --small --interrupt 512 --dir /tmp/longctx-smoke   (a fresh install's check, ~1 min)"
 )
 
@@ -116,9 +117,9 @@ def _train_base(work: Path, family: str, json_out: bool) -> None:
     if json_out:
         print_json(card.model_dump())
         return
-    figures = ", ".join(f"{human_length(r.length)} {100 * r.exact:.0f} %" for r in card.retrieval)
+    figures = ", ".join(f"{r.task} {human_length(r.length)} {100 * r.exact:.0f} %" for r in card.retrieval)
     console.print(
-        f"published {card.name}: {card.iteration:,} iterations, {card.tokens:,} tokens, "
+        f"published {card.name}: {recipe.iterations:,} iterations, {card.tokens:,} tokens, "
         f"{card.wall_seconds / 60:.1f} min of training; greedy retrieval {figures} → {family_dir(family)}",
         highlight=False,
         soft_wrap=True,

@@ -37,9 +37,11 @@ TOKENIZER_MANIFEST = "tokenizer.toml"
 
 
 class Retrieval(BaseModel):
-    """Greedy exact match of the whole key, per length, over every depth (the card's figures)."""
+    """Greedy exact match of the whole key, per needle task and length, over every depth (the card's
+    figures)."""
 
     model_config = ConfigDict(extra="forbid")
+    task: str = "single"  # the needle task (`longctx.plan.eval_tasks`)
     length: int
     keys: int  # per length, all depths together
     exact: float  # fraction in [0, 1]
@@ -50,7 +52,7 @@ class Card(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str
-    family: str  # "ar", "mdm"
+    family: str  # "ar", "mdm", "udm"
     archive: str = ARCHIVE
     archive_md5: str
     tokenizer_md5: str  # tokenizer.model, as in the manifest
@@ -112,7 +114,8 @@ def card_differences(card: Card, archive: Path) -> list[str]:
         "iteration": report.iteration,
         "seq_length": report.saved_args.get("seq_length"),
         "rotary_base": report.saved_args.get("rotary_base"),
-        "family": fam.objective,
+        # a uniform-state model's objective is not in its weights: its layout says UDM, the plan the rest
+        "family": fam.objective or ("udm" if fam.family == "UDM" else None),
         "padded_vocab_size": fam.input_vocab_rows,
         "output_vocab_size": fam.output_vocab_rows,
         "mask_id": fam.mask_id,

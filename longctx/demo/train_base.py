@@ -5,12 +5,14 @@ the demo adopts it as a user adopts a downloaded base. Steps (each kept when its
 after a kill resumes — the trainer itself resumes from its last save):
  1. tokenizer — SentencePiece, OpenEuroLLM special-token layout, digits as single pieces, + manifest
                 (the masked-diffusion base takes the autoregressive base's, and its weights to adapt);
- 2. corpus    — seeded documents of one pass key each (`longctx.demo.corpus`), sized for the base window;
- 3. data      — tokenized into Megatron .bin/.idx;
- 4. train     — longctx's local trainer (megatron-core GPT, documents packing), saving every few hundred
-                iterations;
- 5. measure   — greedy passkey retrieval at the base length and beyond (extrapolated), held-out loss;
- 6. publish   — a model-only torch_dist save as a tar (the MDM in Ermine's predecessor layout), the
+ 2. phases    — the recipe's phases in order (`Phase`), each in its own directory of the work dir:
+                corpus (seeded pass-key documents, `longctx.demo.corpus`, sized for the base window),
+                data (Megatron .bin/.idx) and training with longctx's local trainer (megatron-core GPT,
+                documents packing, saving every few hundred iterations), from the weights the phase
+                before left;
+ 3. measure   — greedy exact match of the needle tasks (single, multi-key), keys of any digits, at the
+                base length and beyond (extrapolated);
+ 4. publish   — a model-only torch_dist save as a tar (the MDM in Ermine's predecessor layout), the
                 tokenizer, card.toml and MODEL_CARD.md.
 The recipe is fixed here so the command takes no knobs: the card records what it did and how long it took.
 """
@@ -36,7 +38,7 @@ from longctx.arch import ModelArch
 from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.checkpoint.layout import read_tracker
 from longctx.data.tokenize import tokenize_jsonl
-from longctx.demo.adapt import adapt_ar_to_mdm
+from longctx.demo.adapt import adapt_ar_to_diffusion
 from longctx.demo.corpus import documents, write_jsonl
 from longctx.demo.published import (
     ARCHIVE,
@@ -82,6 +84,30 @@ BASE_ARCH = ModelArch(
 
 
 @dataclasses.dataclass(frozen=True)
+class Phase:
+    """One corpus of the base and how long the base trains on it; a phase starts from the weights the
+    phase before it left (the first: random weights, or the adapted source's)."""
+
+    name: str
+    docs: int
+    iterations: int
+    seed: int
+    names: int = 1  # the most named keys in a document (`longctx.demo.corpus.document`)
+    any_digit: float = 0.0  # the share of keys drawn with repeated digits allowed
+
+
+# A copy circuit first, then lookup by name (the corpus module says why this order): one key per
+# document with distinct digits until the base copies a key keyed on "is" (20M tokens), then one to
+# four named keys per document, half of them of any digits, until it matches the name and copies keys
+# with repeated digits (measured from the copy phase's weights: 94 % and 96 % of 2- and 4-name
+# haystacks after 4M tokens, where the copying base answered 32 % and 16 %)
+AR_PHASES = (
+    Phase("copy", docs=136_000, iterations=5000, seed=1),
+    Phase("lookup", docs=120_000, iterations=3000, seed=21, names=4, any_digit=0.5),
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class BaseRecipe:
     """How a published demo base is made (what its card records); `RECIPES` holds one per family."""
 
@@ -97,19 +123,24 @@ class BaseRecipe:
     adapt_from: str | None = None
     seq_length: int = 256
     rotary_base: int = 10_000
+    phases: tuple[Phase, ...] = AR_PHASES
+    heldout_docs: int = 400  # per phase's corpus
     # documents of 8 to 17 sentences (≈ 110 to 240 tokens): a statement and its restatements share a window
-    train_docs: int = 136_000
-    heldout_docs: int = 400
     min_words: int = 80
     max_words: int = 170
     global_batch: int = 16
-    iterations: int = 5000
     lr: float = 2e-3  # constant after warmup: the copy circuit forms late, a decayed rate stalls it
     warmup: int = 100
     save_interval: int = 500
     processes: int = 2
     eval_keys: int = 20  # per length and depth
+    # what the card measures, every key of any digits; each must reach publish_bar at the base's window
+    eval_tasks: tuple[str, ...] = ("single", "multikey-2", "multikey-4")
     publish_bar: float = 0.9  # greedy exact match at its own window a published base must reach
+
+    @property
+    def iterations(self) -> int:
+        return sum(p.iterations for p in self.phases)
 
 
 # The masked-diffusion base: the autoregressive base adapted to the MDM objective (its weights, its
@@ -118,9 +149,16 @@ class BaseRecipe:
 # layer the 513 ids) and published in that code base's layout (`publish`).
 RECIPES = {
     "ar": BaseRecipe(),
+    # the AR base already looks keys up by name: the MDM trains on the named-key corpus alone
     "mdm": BaseRecipe(
         name="longctx-demo-mdm-base", family="mdm", objective=Objective(kind="mdm", mask_id=513),
-        padded_vocab_size=514, output_vocab_size=513, adapt_from="ar", iterations=5000,
+        padded_vocab_size=514, output_vocab_size=513, adapt_from="ar",
+        phases=(Phase("lookup", docs=136_000, iterations=5000, seed=21, names=4, any_digit=0.5),),
+    ),
+    # the uniform-state base: adapted the same way, without a [MASK] row (input = output = the 513 ids)
+    "udm": BaseRecipe(
+        name="longctx-demo-udm-base", family="udm", objective=Objective(kind="udm"), padded_vocab_size=513,
+        adapt_from="ar", phases=(Phase("lookup", docs=136_000, iterations=5000, seed=21, names=4, any_digit=0.5),),
     ),
 }  # fmt: skip
 
@@ -152,24 +190,39 @@ def _tokenizer(work: Path, r: BaseRecipe) -> str:
     return f"SentencePiece vocab {m.vocab_size}, md5 {m.md5}"
 
 
-def _data(work: Path, r: BaseRecipe) -> str:
-    prefix = work / "data" / "base_text_document"
+def _phase_dir(work: Path, phase: Phase) -> Path:
+    """Where a phase keeps its corpus, data, checkpoints, log and metrics."""
+    return work / phase.name
+
+
+def _prefix(work: Path, phase: Phase) -> Path:
+    return _phase_dir(work, phase) / "data" / f"{phase.name}_text_document"
+
+
+def final_save(work: Path, r: BaseRecipe) -> Path:
+    """The save dir of the last phase: the base that is measured and published."""
+    return _phase_dir(work, r.phases[-1]) / "checkpoints"
+
+
+def _data(work: Path, r: BaseRecipe, phase: Phase) -> str:
+    prefix = _prefix(work, phase)
     if Path(f"{prefix}.idx").exists():
         return f"{prefix} (kept)"
-    train = work / "corpus" / "train.jsonl"
-    docs = documents(r.train_docs + r.heldout_docs, seed=1, min_words=r.min_words, max_words=r.max_words)
+    train = _phase_dir(work, phase) / "corpus" / "train.jsonl"
+    docs = documents(phase.docs + r.heldout_docs, seed=phase.seed, min_words=r.min_words,
+                     max_words=r.max_words, names=phase.names, any_digit=phase.any_digit)  # fmt: skip
     write_jsonl(train, docs)
     side = tokenize_jsonl([train], work / "tokenizer", prefix, workers=r.processes)
     return f"{side.documents:,} documents, {side.tokens:,} tokens"
 
 
-def _split(r: BaseRecipe) -> str:
+def _split(r: BaseRecipe, phase: Phase) -> str:
     """Train on all but the last `heldout_docs` documents (in percent, as Megatron's --split)."""
-    held = 100.0 * r.heldout_docs / (r.train_docs + r.heldout_docs)
+    held = 100.0 * r.heldout_docs / (phase.docs + r.heldout_docs)
     return f"{100.0 - held:.4f},{held:.4f},0"
 
 
-def _spec(work: Path, r: BaseRecipe) -> TrainSpec:
+def _spec(work: Path, r: BaseRecipe, phase: Phase) -> TrainSpec:
     tok = load_tokenizer(work / "tokenizer")
     if r.objective.kind == "mdm" and (r.objective.mask_id, r.padded_vocab_size) != (
         tok.vocab_size,
@@ -180,45 +233,66 @@ def _spec(work: Path, r: BaseRecipe) -> TrainSpec:
             f"its tokenizer's {tok.vocab_size} ids (the [MASK] row is the first past them)",
             where=str(work / "tokenizer"), fix="rebuild the work directory from the published tokenizer",
         )  # fmt: skip
+    if r.objective.kind == "udm" and r.padded_vocab_size != tok.vocab_size:
+        raise StageError(
+            f"the recipe's {r.padded_vocab_size} vocabulary rows are not its tokenizer's {tok.vocab_size} ids (a "
+            "uniform-state model is built unpadded: its noise is drawn from the tokenizer's ids)",
+            where=str(work / "tokenizer"), fix="rebuild the work directory from the published tokenizer",
+        )  # fmt: skip
     threads = max(1, (os.cpu_count() or 1) // r.processes)
+    d, n = _phase_dir(work, phase), phase.iterations
     return TrainSpec(
-        stage="base", arch=r.arch, seq_length=r.seq_length, max_position_embeddings=r.seq_length,
+        stage=f"base-{phase.name}", arch=r.arch, seq_length=r.seq_length, max_position_embeddings=r.seq_length,
         rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size,
         output_vocab_size=r.output_vocab_size, objective=r.objective,
         tokenizer=TokenizerInfo(path=str(work / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
                                 eod_id=tok.eod_id, pad_id=tok.pad_id),
-        data=[(None, str(work / "data" / "base_text_document"))], split=_split(r), packing="documents",
-        data_cache_path=str(work / "cache"), global_batch_size=r.global_batch, train_iters=r.iterations,
-        lr=LRSchedule(lr=r.lr, min_lr=r.lr, warmup_iters=r.warmup, decay_iters=r.iterations, decay_style="constant"),
-        save=str(work / "checkpoints"), save_interval=r.save_interval, log_interval=50,
-        threads_per_process=threads, metrics_file=str(work / "metrics.jsonl"),
-        tensorboard_dir=str(work / "tensorboard"),
+        data=[(None, str(_prefix(work, phase)))], split=_split(r, phase), packing="documents",
+        data_cache_path=str(d / "cache"), global_batch_size=r.global_batch, train_iters=n,
+        lr=LRSchedule(lr=r.lr, min_lr=r.lr, warmup_iters=r.warmup, decay_iters=n, decay_style="constant"),
+        save=str(d / "checkpoints"), save_interval=r.save_interval, log_interval=50,
+        threads_per_process=threads, metrics_file=str(d / "metrics.jsonl"),
+        tensorboard_dir=str(d / "tensorboard"),
     )  # fmt: skip
 
 
-def _train(work: Path, r: BaseRecipe) -> tuple[str, float]:
-    """Train (or resume) to `iterations`; the wall time of this call's training, in seconds."""
-    t = read_tracker(work / "checkpoints")
-    if t is not None and t.iteration >= r.iterations:
+def _start(work: Path, r: BaseRecipe, index: int) -> Path | None:
+    """The weights phase `index` starts from: the phase before's last save, the adapted source's for
+    the first phase of an adapted recipe, or none (random)."""
+    if index > 0:
+        return _phase_dir(work, r.phases[index - 1]) / "checkpoints"
+    if r.adapt_from is None:
+        return None
+    if read_tracker(work / "init") is None:
+        adapt_ar_to_diffusion(work / "source", work / "init", kind=r.objective.kind, arch=r.arch,
+                              seq_length=r.seq_length, input_rows=r.padded_vocab_size,
+                              output_rows=r.output_vocab_size or r.padded_vocab_size)  # fmt: skip
+    return work / "init"
+
+
+def _train(work: Path, r: BaseRecipe, index: int) -> tuple[str, float]:
+    """Train (or resume) phase `index` to its iterations; the wall time of this call's training, in s."""
+    phase = r.phases[index]
+    d = _phase_dir(work, phase)
+    t = read_tracker(d / "checkpoints")
+    if t is not None and t.iteration >= phase.iterations:
         return f"iteration {t.iteration} (kept)", 0.0
-    spec = _spec(work, r)
-    if r.adapt_from is not None:
-        if read_tracker(work / "init") is None:
-            adapt_ar_to_mdm(work / "source", work / "init", arch=r.arch, seq_length=r.seq_length,
-                            input_rows=r.padded_vocab_size, output_rows=r.output_vocab_size or r.padded_vocab_size)  # fmt: skip
-        spec = spec.model_copy(update={"pretrained": str(work / "init")})
-    spec.dump(work / "train_spec.json")
+    spec = _spec(work, r, phase)
+    start = _start(work, r, index)
+    if start is not None:
+        spec = spec.model_copy(update={"pretrained": str(start)})
+    spec.dump(d / "train_spec.json")
     t0 = time.monotonic()
     code = LocalLauncher(echo=True).run(
-        [sys.executable, "-m", "longctx.train", "--spec", str(work / "train_spec.json")],
+        [sys.executable, "-m", "longctx.train", "--spec", str(d / "train_spec.json")],
         nproc=r.processes,
         env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
-        log=work / "train.log",
+        log=d / "train.log",
     )
     if code != 0:
-        raise StageError(f"base training failed (exit {code})", where=str(work / "train.log"),
+        raise StageError(f"base training failed (exit {code})", where=str(d / "train.log"),
                          fix="read the log; rerunning resumes from the last save")  # fmt: skip
-    return f"{r.iterations} iterations of {r.global_batch}×{r.seq_length} tokens", time.monotonic() - t0
+    return f"{phase.iterations} iterations of {r.global_batch}×{r.seq_length} tokens", time.monotonic() - t0
 
 
 def _wall(work: Path, seconds: float) -> float:
@@ -230,22 +304,26 @@ def _wall(work: Path, seconds: float) -> float:
 
 
 def measure(work: Path, r: BaseRecipe, lengths: tuple[int, ...] = (256, 1024, 4096)) -> list[Retrieval]:
-    """Greedy exact match at each length (beyond the window by extrapolation), `eval_keys` per depth."""
+    """Greedy exact match of each of the recipe's tasks at each length (beyond the window by
+    extrapolation), `eval_keys` per depth, every key of any digits."""
     settings = EvalSettings(
-        keys_per_cell=r.eval_keys, distractors=0, short_docs=0, packed_windows=0, loss_docs=1
-    )
+        keys_per_cell=r.eval_keys, distractors=0, short_docs=0, packed_windows=0, loss_docs=1,
+        tasks=list(r.eval_tasks), any_digit_keys=True,
+    )  # fmt: skip
+    last = r.phases[-1]
     report = evaluate_checkpoints(
-        [CheckpointRef("base", work / "checkpoints", allow_extrapolation=True)],
+        [CheckpointRef("base", final_save(work, r), allow_extrapolation=True)],
         lengths=list(lengths), tokenizer=load_tokenizer(work / "tokenizer"),
-        heldout=HeldOut([str(work / "data" / "base_text_document")], _split(r)), settings=settings,
+        heldout=HeldOut([str(_prefix(work, last))], _split(r, last)), settings=settings,
         short_length=r.seq_length, cache_dir=work / "eval-cache",
     )  # fmt: skip
-    return [
-        Retrieval(
-            length=res.length, keys=sum(c.keys for c in res.passkey.cells), exact=res.passkey.greedy_accuracy
-        )
-        for res in sorted(report.checkpoints[0].results, key=lambda x: x.length)
-    ]
+    rows: list[Retrieval] = []
+    for res in sorted(report.checkpoints[0].results, key=lambda x: x.length):
+        if "single" in r.eval_tasks:
+            keys = sum(c.keys for c in res.passkey.cells)
+            rows.append(Retrieval(length=res.length, keys=keys, exact=res.passkey.greedy_accuracy))
+        rows += [Retrieval(task=t.task, length=res.length, keys=t.keys, exact=t.accuracy) for t in res.tasks]
+    return rows
 
 
 def _reproducible(ti: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -253,29 +331,26 @@ def _reproducible(ti: tarfile.TarInfo) -> tarfile.TarInfo:
     return ti
 
 
-# what the masked-diffusion entry script of Ermine's predecessor saves in its args: an MDM (target length
-# 1) with the [MASK] subtokenizer, built unpadded
-ERMINE_MDM_ARGS = dict(target_length=1, padded_input=0, padded_output=0, subtokenizer_type="mask",
-                       random_ratio=0.0)  # fmt: skip
+# what the diffusion entry script of Ermine's predecessor saves in its args: a diffusion model (target
+# length 1), built unpadded; the MDM with the [MASK] subtokenizer
+ERMINE_DIFFUSION_ARGS = dict(target_length=1, padded_input=0, padded_output=0)
+ERMINE_MDM_ARGS = dict(ERMINE_DIFFUSION_ARGS, subtokenizer_type="mask", random_ratio=0.0)
 
 
-def ermine_layout(vocab: int, mask_id: int) -> StoredLayout:
-    """How Ermine's predecessor stores a masked-diffusion model: the transformer under `encoder.`, and
-    the subtokenizer's buffers — the [MASK] id ([1], int64) and the id lookup table ([vocab, 1], int64,
-    the identity for a model on its tokenizer's own ids)."""
-    return StoredLayout(
-        block="encoder",
-        buffers={
-            f"{BUFFER_PREFIX}mask": torch.tensor([mask_id], dtype=torch.int64),
-            f"{BUFFER_PREFIX}lookup_table": torch.arange(vocab, dtype=torch.int64).reshape(vocab, 1),
-        },
-    )
+def ermine_layout(vocab: int, mask_id: int | None) -> StoredLayout:
+    """How Ermine's predecessor stores a diffusion model: the transformer under `encoder.`, and the
+    subtokenizer's buffers — the id lookup table ([vocab, 1], int64, the identity for a model on its
+    tokenizer's own ids) and, for a masked-diffusion model, the [MASK] id ([1], int64)."""
+    buffers = {f"{BUFFER_PREFIX}lookup_table": torch.arange(vocab, dtype=torch.int64).reshape(vocab, 1)}
+    if mask_id is not None:
+        buffers[f"{BUFFER_PREFIX}mask"] = torch.tensor([mask_id], dtype=torch.int64)
+    return StoredLayout(block="encoder", buffers=buffers)
 
 
 def model_only_archive(save_dir: Path, out: Path, r: BaseRecipe) -> int:
     """Save the model of `save_dir`'s last checkpoint alone (no optimizer, no RNG) as torch_dist and pack
-    it as a tar holding that save dir, as Ermine ships its bases; returns the iteration. A masked-diffusion
-    base is stored as Ermine's predecessor stores its MDMs (`ermine_layout`, its args)."""
+    it as a tar holding that save dir, as Ermine ships its bases; returns the iteration. A diffusion base
+    is stored as Ermine's predecessor stores its diffusion models (`ermine_layout`, its args)."""
     info = checkpoint_info(save_dir)
     args = argparse.Namespace(**inspect_checkpoint(save_dir).args)
     staging = out.parent / f".{out.stem}.staging"
@@ -284,17 +359,22 @@ def model_only_archive(save_dir: Path, out: Path, r: BaseRecipe) -> int:
     with eval_parallel(1) as par:
         loaded = load_model(info, par, max_length=info.seq_length or r.seq_length)
         model_state = None
-        if r.objective.kind == "mdm":
-            if r.objective.mask_id is None or r.output_vocab_size is None:
+        if r.objective.kind in ("mdm", "udm"):
+            mdm = r.objective.kind == "mdm"
+            if mdm and (r.objective.mask_id is None or r.output_vocab_size is None):
                 raise StageError(f"the recipe {r.name} leaves its [MASK] id or output rows open")
-            model_state = ermine_layout(r.output_vocab_size, r.objective.mask_id).model_state(
+            rows = r.output_vocab_size or r.padded_vocab_size
+            model_state = ermine_layout(rows, r.objective.mask_id if mdm else None).model_state(
                 loaded.model, buffers=True
             )
             # the args as that code base saves them: its own flags, none of longctx's trainer (the demo
             # then tells the family from the layout alone, as it must for a user's Ermine checkpoint)
             args = argparse.Namespace(
-                **{k: v for k, v in vars(args).items() if not k.startswith("longctx_")}, **ERMINE_MDM_ARGS
+                **{k: v for k, v in vars(args).items() if not k.startswith("longctx_")},
+                **(ERMINE_MDM_ARGS if mdm else ERMINE_DIFFUSION_ARGS),
             )
+        # the tokenizer travels beside the archive: its saved path names that directory, not the build's
+        args.tokenizer_model = TOKENIZER_DIR
         save_checkpoint(inner, info.iteration or 0, model=loaded.model, args=args, model_state=model_state)
     tmp = out.with_name(out.name + ".tmp")
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -333,22 +413,46 @@ _KIND = {
         "Passkey by infilling (the restatement closed as the needle's sentence, every digit of its key\n"
         "masked): greedy exact match of the whole 5-digit key from one forward",
     ),
+    "udm": (
+        "A tiny uniform-state diffusion model, bidirectional, stored as Ermine's predecessor stores its\n"
+        "diffusion models (the layers under `encoder.`, the `subtokenizer.lookup_table` buffer; no [MASK])",
+        "Passkey by infilling (the restatement closed as the needle's sentence, every digit of its key\n"
+        "replaced by a uniformly drawn token): greedy exact match of the whole 5-digit key from one forward",
+    ),
 }
 
 
-def card_markdown(card: Card) -> str:
+def _phases_line(r: BaseRecipe) -> str:
+    """What the recipe trained on, phase by phase."""
+    said = [
+        f"{p.name}: {p.iterations:,} iterations on " + (
+            "one pass key per document, of distinct digits" if p.names == 1
+            else f"1 to {p.names} named keys per document, {100 * p.any_digit:.0f} % of them of any digits"
+        )
+        for p in r.phases
+    ]  # fmt: skip
+    return "the seeded demo corpus (filler sentences, pass keys restated later); " + "; then ".join(said)
+
+
+def card_markdown(card: Card, r: BaseRecipe) -> str:
     a = card.arch
     what, metric = _KIND[card.family]
-    rows = "\n".join(f"| {r.length:,} | {r.keys} | {100 * r.exact:.0f} % |" for r in card.retrieval)
+    rows = "\n".join(
+        f"| {r.task} | {r.length:,} | {r.keys} | {100 * r.exact:.0f} % |" for r in card.retrieval
+    )
     vocab = f"SentencePiece, {card.padded_vocab_size} input rows"
     if card.output_vocab_size is not None:
         vocab += f", {card.output_vocab_size} output rows"
     if card.mask_id is not None:
         vocab += f", [MASK] id {card.mask_id}"
     demo = "longctx demo" + ("" if card.family == "ar" else f" --family {card.family}")
-    training = f"{card.iteration:,} iterations, {card.tokens:,} tokens, longctx's local trainer"
+    training = f"{r.iterations:,} iterations, {card.tokens:,} tokens, longctx's local trainer"
+    if len(r.phases) > 1:
+        training += f" ({len(r.phases)} phases; the archive's iteration {card.iteration:,} is the last one's)"
     if card.adapted_from is not None:
-        training += f", starting from the weights of `{card.adapted_from}` (AR → MDM adaptation)"
+        training += (
+            f", starting from the weights of `{card.adapted_from}` (AR → {card.family.upper()} adaptation)"
+        )
     return f"""# {card.name}
 
 {what}; megatron-core, torch_dist, model only.
@@ -361,15 +465,16 @@ SwiGLU {a.ffn_hidden_size}, RMSNorm, QK-norm, untied embeddings |
 | window | {card.seq_length} tokens, RoPE base {card.rotary_base:,} |
 | vocabulary | {vocab} (tokenizer md5 `{card.tokenizer_md5}`) |
 | training | {training} |
-| data | the seeded demo corpus: filler sentences with one pass key per document, restated later |
+| data | {_phases_line(r)} |
 | wall time | {card.wall_seconds / 60:.0f} min on {card.machine} |
 | archive | `{card.archive}`, md5 `{card.archive_md5}` |
 
-{metric} (every depth together; beyond {card.seq_length} by
+{metric} (every depth together, keys of any digits; `single`: one needle in the haystack,
+`multikey-K`: K needles under different names, the question names one; beyond {card.seq_length} by
 extrapolation, which is what the extension stages fix):
 
-| length | keys | exact match |
-|---:|---:|---:|
+| task | length | keys | exact match |
+|---|---:|---:|---:|
 {rows}
 """
 
@@ -377,7 +482,7 @@ extrapolation, which is what the extension stages fix):
 def publish(work: Path, out_dir: Path, r: BaseRecipe, wall: float, retrieval: list[Retrieval]) -> Card:
     """Write the archive, the tokenizer, card.toml and MODEL_CARD.md into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    iteration = model_only_archive(work / "checkpoints", out_dir / ARCHIVE, r)
+    iteration = model_only_archive(final_save(work, r), out_dir / ARCHIVE, r)
     tok_out = out_dir / TOKENIZER_DIR
     shutil.rmtree(tok_out, ignore_errors=True)
     tok_out.mkdir()
@@ -390,13 +495,13 @@ def publish(work: Path, out_dir: Path, r: BaseRecipe, wall: float, retrieval: li
         tokenizer_md5=load_manifest(out_dir / TOKENIZER_MANIFEST).md5, iteration=iteration,
         seq_length=r.seq_length, rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size,
         output_vocab_size=r.output_vocab_size, mask_id=r.objective.mask_id, arch=r.arch,
-        tokens=iteration * r.global_batch * r.seq_length, wall_seconds=round(wall, 1),
+        tokens=r.iterations * r.global_batch * r.seq_length, wall_seconds=round(wall, 1),
         machine=f"{os.cpu_count()} CPU cores ({cpu_model()}, {platform.machine()})",
         adapted_from=None if r.adapt_from is None else read_card(family_dir(r.adapt_from)).name,
         command="longctx demo --train-base" + ("" if r.family == "ar" else f" --family {r.family}"), retrieval=retrieval,
     )  # fmt: skip
     atomic_write_text(out_dir / CARD, card_toml(card))
-    atomic_write_text(out_dir / "MODEL_CARD.md", card_markdown(card))
+    atomic_write_text(out_dir / "MODEL_CARD.md", card_markdown(card, r))
     return card
 
 
@@ -415,13 +520,20 @@ RECIPE_FILE = "recipe.json"
 RESUMABLE = frozenset({"iterations", "save_interval", "processes", "eval_keys"})
 
 
+def _record_value(v: object) -> object:
+    if hasattr(v, "model_dump"):
+        return v.model_dump(mode="json")
+    if isinstance(v, tuple):
+        return [_record_value(x) for x in v]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {k: x for k, x in dataclasses.asdict(v).items() if k not in RESUMABLE}
+    return v
+
+
 def _recipe_record(r: BaseRecipe) -> dict[str, object]:
-    """The recipe's identity: every field but those a rerun may change (RESUMABLE)."""
+    """The recipe's identity: every field but those a rerun may change (RESUMABLE, a phase's too)."""
     return {
-        f.name: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v)
-        for f in dataclasses.fields(r)
-        if f.name not in RESUMABLE
-        for v in [getattr(r, f.name)]
+        f.name: _record_value(getattr(r, f.name)) for f in dataclasses.fields(r) if f.name not in RESUMABLE
     }
 
 
@@ -460,13 +572,18 @@ def claim_work_dir(work: Path, r: BaseRecipe) -> None:
 
 
 def require_publishable(r: BaseRecipe, retrieval: list[Retrieval]) -> None:
-    """A base is published only when it retrieves at its own window (the recipe's publish_bar)."""
-    own = next((x for x in retrieval if x.length == r.seq_length), None)
-    if own is None or own.exact < r.publish_bar:
-        got = "not measured" if own is None else f"{100 * own.exact:.0f} % of {own.keys} keys"
+    """A base is published only when every task of the recipe retrieves at its own window (the
+    recipe's publish_bar)."""
+    own = {x.task: x for x in retrieval if x.length == r.seq_length}
+    short = [
+        f"{t}: " + ("not measured" if t not in own else f"{100 * own[t].exact:.0f} % of {own[t].keys} keys")
+        for t in r.eval_tasks
+        if t not in own or own[t].exact < r.publish_bar
+    ]
+    if short:
         raise StageError(
-            f"the base retrieves {got} at its window of {r.seq_length} tokens, below the "
-            f"{100 * r.publish_bar:.0f} % a published base must reach: nothing was published",
+            f"the base retrieves below the {100 * r.publish_bar:.0f} % a published base must reach at its "
+            f"window of {r.seq_length} tokens ({'; '.join(short)}): nothing was published",
             where="longctx demo --train-base",
             fix="the work directory keeps the checkpoint; train longer (the recipe's iterations) or fix the recipe",
         )
@@ -485,15 +602,17 @@ def train_base(work: Path, out_dir: Path, *, recipe: BaseRecipe | None = None, e
 def _train_base_locked(work: Path, out_dir: Path, r: BaseRecipe, echo: Echo) -> Card:
     with _step(echo, "tokenizer") as say:
         say.append(_tokenizer(work, r))
-    with _step(echo, "corpus and data") as say:
-        say.append(_data(work, r))
-    with _step(echo, "train") as say:
-        detail, seconds = _train(work, r)
-        wall = _wall(work, seconds)
-        say.append(detail)
-    with _step(echo, "retrieval (greedy exact match)") as say:
+    wall = _wall(work, 0.0)
+    for i, phase in enumerate(r.phases):
+        with _step(echo, f"phase {phase.name}: corpus and data") as say:
+            say.append(_data(work, r, phase))
+        with _step(echo, f"phase {phase.name}: train") as say:
+            detail, seconds = _train(work, r, i)
+            wall = _wall(work, seconds)
+            say.append(detail)
+    with _step(echo, "retrieval (greedy exact match, keys of any digits)") as say:
         retrieval = measure(work, r)
-        say.append(", ".join(f"{x.length}: {100 * x.exact:.0f} % of {x.keys}" for x in retrieval))
+        say.append(", ".join(f"{x.task} {x.length}: {100 * x.exact:.0f} % of {x.keys}" for x in retrieval))
     require_publishable(r, retrieval)
     with _step(echo, "publish") as say:
         card = publish(work, out_dir, r, wall, retrieval)

@@ -17,29 +17,50 @@ from longctx.errors import StageError
 from tests.train.helpers import saved_tensors
 
 
+def _tiny(recipe: BaseRecipe, *iterations: int) -> BaseRecipe:
+    """`recipe` on 60-document corpora, its phases cut to `iterations` (four iterations retrieve
+    nothing: the bar is off for these tests of the layout; the PUBLISHED bases keep 0.9)."""
+    phases = tuple(
+        dataclasses.replace(p, docs=60, iterations=n) for p, n in zip(recipe.phases, iterations, strict=True)
+    )
+    return dataclasses.replace(recipe, phases=phases, heldout_docs=40, save_interval=2, global_batch=4, warmup=1,
+                               eval_keys=1, publish_bar=0.0)  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
-    # four iterations retrieve nothing: the bar is off for this test of the layout (PUBLISHED bases keep 0.9)
-    recipe = BaseRecipe(train_docs=60, heldout_docs=40, iterations=4, save_interval=2, global_batch=4,
-                        warmup=1, eval_keys=1, publish_bar=0.0)  # fmt: skip
+    recipe = _tiny(RECIPES["ar"], 2, 2)
+    assert [p.name for p in recipe.phases] == ["copy", "lookup"]
     work, out = tmp_path / "work", tmp_path / "published"
     lines: list[str] = []
     card = train_base(work, out, recipe=recipe, echo=lines.append)
-    assert card.iteration == 4 and card.tokens == 4 * 4 * 256 and card.wall_seconds > 0
-    assert [r.length for r in card.retrieval] == [256, 1024, 4096]
+    # the archive is the last phase's save; the card counts the tokens of both phases
+    assert card.iteration == 2 and card.tokens == 4 * 4 * 256 and card.wall_seconds > 0
+    assert [(r.task, r.length) for r in card.retrieval] == [
+        (t, n) for n in (256, 1024, 4096) for t in ("single", "multikey-2", "multikey-4")
+    ]
     assert all(r.keys == 5 for r in card.retrieval)  # one key at each of five depths
     assert verify_published(out) == card
+    assert "lookup: 2 iterations on 1 to 4 named keys per document" in (out / "MODEL_CARD.md").read_text()
+    # the lookup phase started from the copy phase's weights
+    spec = json.loads((work / "lookup" / "train_spec.json").read_text())
+    assert spec["pretrained"] == str(work / "copy" / "checkpoints")
+    lookup_docs = (work / "lookup" / "corpus" / "train.jsonl").read_text()
+    assert max(doc.count("the pass key of") for doc in lookup_docs.splitlines()) > 2
     tok, save = tmp_path / "run" / "tokenizer", tmp_path / "run" / "base" / "checkpoints"
     install_published(out, tok, save)
-    assert read_tracker(save).iteration == 4
+    assert read_tracker(save).iteration == 2
+    # nothing of the build's directories travels in the published archive
+    assert inspect_checkpoint(save).args["tokenizer_model"] == "tokenizer"
+    assert str(tmp_path).encode() not in (save / "iter_0000002" / "common.pt").read_bytes()
 
-    more = dataclasses.replace(recipe, iterations=6)
+    more = _tiny(RECIPES["ar"], 2, 4)
     again = train_base(work, out, recipe=more, echo=lines.append)
-    assert again.iteration == 6 and again.wall_seconds > card.wall_seconds  # the two launches add up
-    metrics = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
-    assert [m["iteration"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # resumed at 4, not restarted
-    assert any("(kept)" in line for line in lines)  # the tokenizer and data were not rebuilt
+    assert again.iteration == 4 and again.wall_seconds > card.wall_seconds  # the launches add up
+    metrics = [json.loads(x) for x in (work / "lookup" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [1, 2, 3, 4]  # resumed at 2, not restarted
+    assert any("(kept)" in line for line in lines)  # the tokenizer, the data and the copy phase were kept
 
 
 @pytest.mark.slow
@@ -47,8 +68,7 @@ def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
 def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) -> None:
     """The masked-diffusion recipe trains under the MDM objective and publishes the model as Ermine's
     predecessor stores its MDMs; the archive reads back as an MDM and adopts as any user's would."""
-    recipe = dataclasses.replace(RECIPES["mdm"], train_docs=60, heldout_docs=40, iterations=2,
-                                 save_interval=2, global_batch=4, warmup=1, eval_keys=1, publish_bar=0.0)  # fmt: skip
+    recipe = _tiny(RECIPES["mdm"], 2)
     out = tmp_path / "published"
     card = train_base(tmp_path / "work", out, recipe=recipe, echo=[].append)
     assert card.family == "mdm" and card.mask_id == 513 and card.output_vocab_size == 513
@@ -56,7 +76,7 @@ def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) 
         card.command == "longctx demo --train-base --family mdm"
         and card.adapted_from == "longctx-demo-ar-base"
     )
-    spec = json.loads((tmp_path / "work" / "train_spec.json").read_text())
+    spec = json.loads((tmp_path / "work" / "lookup" / "train_spec.json").read_text())
     assert spec["objective"]["kind"] == "mdm" and spec["objective"]["mask_id"] == 513
 
     report = inspect_checkpoint(out / "base_model_only.tar")
@@ -74,10 +94,30 @@ def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) 
     assert buffers["subtokenizer.lookup_table"][:, 0].tolist() == list(range(513))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
+def test_udm_base_is_published_without_a_mask(tmp_path: Path) -> None:
+    """The uniform-state recipe: adapted from the AR base without a [MASK] row, trained under the UDM
+    objective, published in the same layout as the MDM minus the mask; it reads back as a UDM."""
+    out = tmp_path / "published"
+    card = train_base(tmp_path / "work", out, recipe=_tiny(RECIPES["udm"], 2), echo=[].append)
+    assert card.family == "udm" and card.mask_id is None and card.padded_vocab_size == 513
+    assert card.adapted_from == "longctx-demo-ar-base" and "AR → UDM" in (out / "MODEL_CARD.md").read_text()
+    spec = json.loads((tmp_path / "work" / "lookup" / "train_spec.json").read_text())
+    assert spec["objective"]["kind"] == "udm" and spec["padded_vocab_size"] == 513
+    fam = inspect_checkpoint(out / "base_model_only.tar").family
+    assert (fam.label, fam.block, fam.mask_id) == ("UDM (objective unknown)", "encoder", None)
+    assert (fam.input_vocab_rows, fam.output_vocab_rows) == (513, 513)
+    save = tmp_path / "run" / "base" / "checkpoints"
+    install_published(out, tmp_path / "run" / "tokenizer", save)
+    buffers = saved_tensors(save / "iter_0000002", prefixes=("subtokenizer.",))
+    assert set(buffers) == {"subtokenizer.lookup_table"}
+
+
 def test_only_published_families_have_a_recipe() -> None:
-    assert recipe_for("mdm").objective.kind == "mdm" and recipe_for("ar").objective.kind == "ar"
-    with pytest.raises(StageError, match="no published demo base for the 'udm' family"):
-        recipe_for("udm")
+    assert [recipe_for(f).objective.kind for f in ("ar", "mdm", "udm")] == ["ar", "mdm", "udm"]
+    with pytest.raises(StageError, match="no published demo base for the 'gpt' family"):
+        recipe_for("gpt")
 
 
 def test_the_published_recipes_keep_the_bar() -> None:
@@ -89,15 +129,17 @@ def test_a_base_below_its_bar_is_not_published() -> None:
     from longctx.demo.train_base import require_publishable
 
     r = RECIPES["ar"]
-    require_publishable(r, [Retrieval(length=256, keys=100, exact=0.95)])
+    good = [Retrieval(task=t, length=256, keys=100, exact=0.95) for t in r.eval_tasks]
+    require_publishable(r, good)
+    weak = Retrieval(task="multikey-4", length=256, keys=100, exact=0.25)  # copies a key, not the asked one
     with pytest.raises(
-        StageError, match=r"retrieves 0 % of 100 keys at its window of 256 tokens, below the 90 %"
+        StageError, match=r"below the 90 % .* window of 256 tokens \(multikey-4: 25 % of 100 keys\)"
     ):
         require_publishable(
-            r, [Retrieval(length=256, keys=100, exact=0.0), Retrieval(length=1024, keys=100, exact=1.0)]
+            r, [*good[:2], weak, Retrieval(task="multikey-4", length=1024, keys=100, exact=1.0)]
         )
-    with pytest.raises(StageError, match="not measured"):
-        require_publishable(r, [Retrieval(length=1024, keys=100, exact=1.0)])
+    with pytest.raises(StageError, match="multikey-2: not measured"):
+        require_publishable(r, [good[0], good[2]])
 
 
 def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:
@@ -111,7 +153,11 @@ def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:
     assert not (other / RECIPE_FILE).exists()
     work = tmp_path / "work"
     claim_work_dir(work, RECIPES["ar"])
-    claim_work_dir(work, dataclasses.replace(RECIPES["ar"], iterations=9000))  # trains further: the same base
+    longer = tuple(dataclasses.replace(p, iterations=9000) for p in RECIPES["ar"].phases)
+    claim_work_dir(work, dataclasses.replace(RECIPES["ar"], phases=longer))  # trains further: the same base
+    with pytest.raises(StageError, match="differs in: phases"):
+        fewer = dataclasses.replace(RECIPES["ar"], phases=RECIPES["ar"].phases[:1])
+        claim_work_dir(work, fewer)
     with pytest.raises(StageError, match="another recipe \\(differs in: adapt_from, family, name"):
         claim_work_dir(work, RECIPES["mdm"])
     from longctx.util.shipped import resource_dir
@@ -124,8 +170,8 @@ def test_train_base_cli_refuses_a_directory_of_another_run(tmp_path: Path) -> No
     from tests.bad_input.harness import refused
 
     other = tmp_path / "other-run"
-    (other / "data").mkdir(parents=True)
-    (other / "data" / "base_text_document.idx").write_bytes(b"MMIDIDX")
+    (other / "copy" / "data").mkdir(parents=True)
+    (other / "copy" / "data" / "copy_text_document.idx").write_bytes(b"MMIDIDX")
     refused(["demo", "--train-base", "--dir", other], [tmp_path], needle="holds something else")
 
 
