@@ -1,4 +1,4 @@
-"""A masked-diffusion model initialised from an autoregressive one (AR → MDM adaptation).
+"""A diffusion model initialised from an autoregressive one (AR → MDM or UDM adaptation).
 
 Masked diffusion learns in-context copying far more slowly than next-token prediction: a 3-layer demo
 MDM trained from random weights on the demo corpus still got 10 % of restated digits right (chance)
@@ -11,7 +11,8 @@ elsewhere — are already there; the diffusion training re-points them at the ma
 
 The weights are copied by name. The vocabulary rows are the only shapes that differ: the autoregressive
 model's padded rows (Megatron pads its vocabulary) are cut to the diffusion model's unpadded ones, and
-the [MASK] row, which no autoregressive model has, starts as the mean of the token rows.
+a masked-diffusion model's [MASK] row, which no autoregressive model has, starts as the mean of the
+token rows (a uniform-state model has none: its noise is the vocabulary's own tokens).
 """
 
 from __future__ import annotations
@@ -45,23 +46,32 @@ def _rows(src: torch.Tensor, rows: int, *, mask_row: bool) -> torch.Tensor:
     return torch.cat([out, out.mean(0, keepdim=True)]) if mask_row else out
 
 
-def adapt_ar_to_mdm(
-    ar_save: Path, out: Path, *, arch: ModelArch, seq_length: int, input_rows: int, output_rows: int
+def adapt_ar_to_diffusion(
+    ar_save: Path,
+    out: Path,
+    *,
+    kind: str = "mdm",
+    arch: ModelArch,
+    seq_length: int,
+    input_rows: int,
+    output_rows: int,
 ) -> int:
     """Write `out` (a save dir: tracker + iter_N, N = the source's iteration): the autoregressive model
-    of `ar_save` as a masked-diffusion model of `input_rows` (tokens + [MASK]) and `output_rows`
-    (tokens) vocabulary rows, bidirectional. Returns N."""
+    of `ar_save` as a bidirectional diffusion model of `kind` with `input_rows` (tokens, + [MASK] for
+    "mdm") and `output_rows` (tokens) vocabulary rows. Returns N."""
+    if kind not in ("mdm", "udm"):
+        raise CheckpointError(f"no adaptation to a {kind!r} model", fix='adapt to "mdm" or "udm"')
     info = checkpoint_info(ar_save)
     if info.objective != "ar":
         raise CheckpointError(f"{ar_save} holds a {info.objective} model, not an autoregressive one",
                               where=str(ar_save))  # fmt: skip
     if info.arch != arch:
         raise CheckpointError(
-            f"the autoregressive model's shape is not the masked-diffusion recipe's: {info.arch} vs {arch}",
+            f"the autoregressive model's shape is not the diffusion recipe's: {info.arch} vs {arch}",
             where=str(ar_save),
         )
     args = argparse.Namespace(**inspect_checkpoint(ar_save).args)
-    args.padded_vocab_size, args.longctx_objective = input_rows, "mdm"
+    args.padded_vocab_size, args.longctx_objective = input_rows, kind
     with eval_parallel(1) as par:
         src = load_model(info, par, max_length=seq_length).model.state_dict()
         settings = ModelSettings(
@@ -75,7 +85,7 @@ def adapt_ar_to_mdm(
             if key.endswith("_extra_state"):
                 continue
             if key == _EMBEDDING:
-                value.copy_(_rows(src[key], input_rows, mask_row=True))
+                value.copy_(_rows(src[key], input_rows, mask_row=kind == "mdm"))
             elif key == _OUTPUT:
                 value.copy_(_rows(src[key], output_rows, mask_row=False))
             else:
@@ -85,4 +95,4 @@ def adapt_ar_to_mdm(
     return iteration
 
 
-__all__ = ["adapt_ar_to_mdm"]
+__all__ = ["adapt_ar_to_diffusion"]

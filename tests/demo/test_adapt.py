@@ -1,6 +1,6 @@
-"""AR → MDM adaptation: the published autoregressive base's weights in a masked-diffusion model of the
-diffusion models' unpadded rows — every transformer weight unchanged, the vocabulary rows cut, the
-[MASK] row the mean of the token rows — and the refusals of a source it cannot adapt."""
+"""AR → MDM and AR → UDM adaptation: the published autoregressive base's weights in a diffusion model of
+the diffusion models' unpadded rows — every transformer weight unchanged, the vocabulary rows cut, the
+masked model's [MASK] row the mean of the token rows — and the refusals of a source it cannot adapt."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from longctx.checkpoint import adopt
 from longctx.checkpoint.inspect import inspect_checkpoint
-from longctx.demo.adapt import adapt_ar_to_mdm
+from longctx.demo.adapt import adapt_ar_to_diffusion
 from longctx.demo.published import ARCHIVE, family_dir, read_card
 from longctx.errors import CheckpointError
 from tests.train.helpers import saved_tensors
@@ -29,7 +29,7 @@ def ar_save(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_adapted_model_keeps_every_weight_and_adds_a_mask_row(ar_save: Path, tmp_path: Path) -> None:
     out = tmp_path / "init"
-    it = adapt_ar_to_mdm(ar_save, out, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
+    it = adapt_ar_to_diffusion(ar_save, out, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
     assert it == CARD.iteration
     src = saved_tensors(ar_save / f"iter_{it:07d}", prefixes=PREFIXES)
     dst = saved_tensors(out / f"iter_{it:07d}", prefixes=PREFIXES)
@@ -46,10 +46,29 @@ def test_the_adapted_model_keeps_every_weight_and_adds_a_mask_row(ar_save: Path,
 
 def test_a_source_it_cannot_adapt_is_refused(ar_save: Path, tmp_path: Path) -> None:
     other = CARD.arch.model_copy(update={"num_layers": 3})
-    with pytest.raises(CheckpointError, match="shape is not the masked-diffusion recipe's"):
-        adapt_ar_to_mdm(ar_save, tmp_path / "a", arch=other, seq_length=256, input_rows=514, output_rows=513)
+    with pytest.raises(CheckpointError, match="shape is not the diffusion recipe's"):
+        adapt_ar_to_diffusion(
+            ar_save, tmp_path / "a", arch=other, seq_length=256, input_rows=514, output_rows=513
+        )
     mdm = tmp_path / "mdm"
-    adapt_ar_to_mdm(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
+    adapt_ar_to_diffusion(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
     with pytest.raises(CheckpointError, match="holds a mdm model, not an autoregressive one"):
-        adapt_ar_to_mdm(mdm, tmp_path / "b", arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+        adapt_ar_to_diffusion(
+            mdm, tmp_path / "b", arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513
+        )
+    with pytest.raises(CheckpointError, match="no adaptation to a 'ar' model"):
+        adapt_ar_to_diffusion(ar_save, tmp_path / "c", kind="ar", arch=CARD.arch, seq_length=256, input_rows=513,
+                              output_rows=513)  # fmt: skip
+    assert not any((tmp_path / x).exists() for x in "abc")
+
+
+def test_the_uniform_state_adaptation_has_no_mask_row(ar_save: Path, tmp_path: Path) -> None:
+    out = tmp_path / "udm"
+    it = adapt_ar_to_diffusion(ar_save, out, kind="udm", arch=CARD.arch, seq_length=256, input_rows=513,
+                               output_rows=513)  # fmt: skip
+    src = saved_tensors(ar_save / f"iter_{it:07d}", prefixes=PREFIXES)
+    dst = saved_tensors(out / f"iter_{it:07d}", prefixes=PREFIXES)
+    emb = "embedding.word_embeddings.weight"
+    assert dst[emb].shape[0] == 513 and torch.equal(dst[emb], src[emb][:513])
+    fam = inspect_checkpoint(out).family
+    assert fam.label == "UDM" and fam.objective == "udm" and fam.mask_id is None
