@@ -71,6 +71,8 @@ class Corpus:
     min_words: int
     max_words: int
     seed: int
+    names: int = 1  # the most named keys in a document (`longctx.demo.corpus.document`)
+    any_digit: float = 0.0  # the share of keys whose digits may repeat
 
 
 # the published base's stages: the base's short documents, and pass-key documents at each new length
@@ -80,11 +82,14 @@ class Corpus:
 # a distance in the top 1/64 of the window (whole windows: 3.1 %), and the tiny MDM at RoPE base 28M
 # read no key at 4,096 tokens and every key at 4,064; the 1K corpus had the same gap (350–700 words).
 # Mixed 70/30 with the short documents, each stage's window top is now trained at over a third of what
-# whole windows give (`plan check --check-data`; tests/demo/test_stage_corpora.py)
+# whole windows give (`plan check --check-data`; tests/demo/test_stage_corpora.py). Every corpus holds
+# one to four named keys per document, half of them of any digits, as the published bases' last phase
+# does: a restatement is predictable only by looking its name up, so each stage extends lookup by name
+# (RULER's multi-key needles), not just the copy of the one key in sight
 STAGE_CORPORA = (
-    Corpus("short", 10_000, 80, 170, 11),
-    Corpus("long1k", 1_400, 1_000, 2_000, 12),
-    Corpus("long4k", 700, 4_000, 8_000, 13),
+    Corpus("short", 10_000, 80, 170, 11, names=4, any_digit=0.5),
+    Corpus("long1k", 1_400, 1_000, 2_000, 12, names=4, any_digit=0.5),
+    Corpus("long4k", 700, 4_000, 8_000, 13, names=4, any_digit=0.5),
 )
 
 
@@ -226,7 +231,14 @@ def _corpus(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
             continue
         write_jsonl(
             path.with_suffix(".tmp"),
-            documents(c.docs, seed=c.seed, min_words=c.min_words, max_words=c.max_words),
+            documents(
+                c.docs,
+                seed=c.seed,
+                min_words=c.min_words,
+                max_words=c.max_words,
+                names=c.names,
+                any_digit=c.any_digit,
+            ),
         )
         path.with_suffix(".tmp").rename(path)
     sizes = ", ".join(

@@ -65,6 +65,10 @@ def test_the_demo_plans_carry_their_demos_eval_settings() -> None:
         raw = tomllib.loads((plans_dir() / f"{name}.toml").read_text(encoding="utf-8"))
         assert raw["eval"]["keys_per_cell"] == n, name
         assert load_plan(name, run_dir="/tmp/unused").eval.keys_per_cell == n
+    # the published bases' demos ask by name (RULER's multi-key needles), with keys of any digits
+    for name in ("tiny", "tiny_mdm"):
+        ev = load_plan(name, run_dir="/tmp/unused").eval
+        assert ev.tasks == ["single", "multikey-2", "multikey-4", "absent-2"] and ev.any_digit_keys, name
 
 
 def test_changes_and_description() -> None:
