@@ -92,17 +92,19 @@ def greedy_answers(
     for group in by_len.values():
         for k in range(0, len(group), max(1, batch_size)):
             chunk = group[k : k + batch_size]
-            seqs = [list(items[i].tokens) for i in chunk]
+            seqs = {i: list(items[i].tokens) for i in chunk}
+            active = list(chunk)  # the items still changing: a settled one leaves the batch
             for rounds in range(max(len(items[i].reference) for i in chunk) + 1):
-                argmax = score(torch.tensor(seqs, dtype=torch.long)).argmax
+                argmax = score(torch.tensor([seqs[i] for i in active], dtype=torch.long)).argmax
                 if advance is not None and rounds == 0:
                     advance(len(chunk))
-                if not any(
-                    [_advance(seqs[r], items[i].answer_start, argmax[r]) for r, i in enumerate(chunk)]
-                ):
+                active = [
+                    i for r, i in enumerate(active) if _advance(seqs[i], items[i].answer_start, argmax[r])
+                ]
+                if not active:
                     break
-            for r, i in enumerate(chunk):
-                out[i] = seqs[r][items[i].answer_start :]
+            for i in chunk:
+                out[i] = seqs[i][items[i].answer_start :]
     return [out[i] for i in range(len(items))]
 
 
