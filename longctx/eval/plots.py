@@ -146,6 +146,8 @@ def niah_figure(report: EvalReport):
             ax.set_title(_task_title(report, ce, task), fontsize=9)
     for row in axes:
         row[0].set_ylabel("needle depth")
+    if len(tasks) > 1:  # room for each row's two-line titles under the x labels of the row above
+        fig.subplots_adjust(hspace=0.6, top=1.0 - 0.9 / fig.get_figheight())
     if image is not None:
         fig.colorbar(image, ax=list(axes.flat), fraction=0.04, pad=0.02, label="greedy exact-match accuracy")
     ll = (f"; ll = log-likelihood vs {report.settings.distractors} distractors"
