@@ -162,7 +162,9 @@ def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:
     with pytest.raises(StageError, match="differs in: phases"):
         fewer = dataclasses.replace(RECIPES["ar"], phases=RECIPES["ar"].phases[:1])
         claim_work_dir(work, fewer)
-    with pytest.raises(StageError, match="another recipe \\(differs in: adapt_from, eval_any_digit, eval_tasks, family, name"):
+    with pytest.raises(
+        StageError, match="another recipe \\(differs in: adapt_from, eval_any_digit, eval_tasks, family, name"
+    ):
         claim_work_dir(work, RECIPES["mdm"])
     from longctx.util.shipped import resource_dir
 
