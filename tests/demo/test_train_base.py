@@ -77,7 +77,7 @@ def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) 
         card.command == "longctx demo --train-base --family mdm"
         and card.adapted_from == "longctx-demo-ar-base"
     )
-    spec = json.loads((tmp_path / "work" / "lookup" / "train_spec.json").read_text())
+    spec = json.loads((tmp_path / "work" / recipe.phases[-1].name / "train_spec.json").read_text())
     assert spec["objective"]["kind"] == "mdm" and spec["objective"]["mask_id"] == 513
 
     report = inspect_checkpoint(out / "base_model_only.tar")
@@ -107,7 +107,7 @@ def test_udm_base_is_published_without_a_mask(tmp_path: Path) -> None:
     card = train_base(tmp_path / "work", out, recipe=_tiny(udm, 2), echo=[].append)
     assert card.family == "udm" and card.mask_id is None and card.padded_vocab_size == 513
     assert card.adapted_from == "longctx-demo-ar-base" and "AR → UDM" in (out / "MODEL_CARD.md").read_text()
-    spec = json.loads((tmp_path / "work" / "lookup" / "train_spec.json").read_text())
+    spec = json.loads((tmp_path / "work" / udm.phases[-1].name / "train_spec.json").read_text())
     assert spec["objective"]["kind"] == "udm" and spec["padded_vocab_size"] == 513
     fam = inspect_checkpoint(out / "base_model_only.tar").family
     assert (fam.label, fam.block, fam.mask_id) == ("UDM (objective unknown)", "encoder", None)
