@@ -30,7 +30,7 @@ from longctx.diffusion.noise import alpha, alpha_rate, generator
 from longctx.eval.grid import PasskeyItem
 from longctx.eval.load import LoadedModel
 from longctx.eval.results import ContextElbo
-from longctx.eval.score import ItemScore, TokenScores, score_item
+from longctx.eval.score import ItemScore, TokenScores, length_chunks, score_item
 from longctx.objective import Objective, ObjectiveKind
 
 # inputs [b, S] and, per row, the positions to read → per row [n, vocab] float32 log-probs there
@@ -120,26 +120,21 @@ def infill_batched(
 ) -> list[torch.Tensor]:
     """Each item's `positions(item)` corrupted (the noise fixed per (tag, seed, noise_key(item))) and
     infilled, items of one length batched together; the log-probabilities at those positions, in order."""
-    by_len: dict[int, list[int]] = {}
-    for i, it in enumerate(items):
-        by_len.setdefault(it.length, []).append(i)
     out: dict[int, torch.Tensor] = {}
-    for group in by_len.values():
-        for k in range(0, len(group), max(1, batch_size)):
-            chunk = group[k : k + batch_size]
-            inputs, wants = [], []
-            for i in chunk:
-                it = items[i]
-                where = positions(it)
-                g = generator(tag, seed, noise_key(it))
-                inputs.append(
-                    corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
-                )
-                wants.append(torch.tensor(where))
-            logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
-            out.update(zip(chunk, logprobs, strict=True))
-            if advance is not None:
-                advance(len(chunk))
+    for chunk in length_chunks([it.length for it in items], batch_size):
+        inputs, wants = [], []
+        for i in chunk:
+            it = items[i]
+            where = positions(it)
+            g = generator(tag, seed, noise_key(it))
+            inputs.append(
+                corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
+            )
+            wants.append(torch.tensor(where))
+        logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
+        out.update(zip(chunk, logprobs, strict=True))
+        if advance is not None:
+            advance(len(chunk))
     return [out[i] for i in range(len(items))]
 
 

@@ -24,7 +24,7 @@ the digits (a lone space piece in some vocabularies) are left out of both: any m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -149,6 +149,18 @@ def score_item(item: PasskeyItem, scores: TokenScores) -> ItemScore:
     )  # fmt: skip
 
 
+def length_chunks(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+    """Indices into `lengths`, grouped by equal length (first-seen order) and cut into batches of at
+    most `batch_size`: sequences of one batch stack into one tensor."""
+    by_len: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        by_len.setdefault(n, []).append(i)
+    step = max(1, batch_size)
+    for group in by_len.values():
+        for k in range(0, len(group), step):
+            yield group[k : k + step]
+
+
 def score_passkey(
     items: Sequence[PasskeyItem],
     score: ScoreFn,
@@ -161,17 +173,13 @@ def score_passkey(
         (i, c, seq) for i, it in enumerate(items) for c, seq in enumerate(it.candidates())
     ]
     per_item: dict[int, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {}
-    by_len: dict[int, list[tuple[int, int, list[int]]]] = {}
-    for entry in flat:
-        by_len.setdefault(len(entry[2]), []).append(entry)
-    for group in by_len.values():
-        for k in range(0, len(group), max(1, batch_size)):
-            chunk = group[k : k + batch_size]
-            out = score(torch.tensor([seq for _, _, seq in chunk], dtype=torch.long))
-            for row, (i, c, _) in enumerate(chunk):
-                per_item.setdefault(i, []).append((c, out.logprob[row], out.argmax[row], out.margin[row]))
-            if advance is not None:
-                advance(len(chunk))
+    for rows in length_chunks([len(seq) for _, _, seq in flat], batch_size):
+        chunk = [flat[r] for r in rows]
+        out = score(torch.tensor([seq for _, _, seq in chunk], dtype=torch.long))
+        for row, (i, c, _) in enumerate(chunk):
+            per_item.setdefault(i, []).append((c, out.logprob[row], out.argmax[row], out.margin[row]))
+        if advance is not None:
+            advance(len(chunk))
     results = []
     for i, it in enumerate(items):
         rows = sorted(per_item[i], key=lambda r: r[0])

@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel
 
 from longctx.eval.needles import TaskItem
-from longctx.eval.score import ScoreFn
+from longctx.eval.score import ScoreFn, length_chunks
 
 Decode = Callable[[list[int]], str]
 
@@ -86,25 +86,18 @@ def greedy_answers(
 ) -> list[list[int]]:
     """Each item's greedy continuation of `len(item.reference)` tokens (see the module docstring)."""
     out: dict[int, list[int]] = {}
-    by_len: dict[int, list[int]] = {}
-    for i, it in enumerate(items):
-        by_len.setdefault(it.length, []).append(i)
-    for group in by_len.values():
-        for k in range(0, len(group), max(1, batch_size)):
-            chunk = group[k : k + batch_size]
-            seqs = {i: list(items[i].tokens) for i in chunk}
-            active = list(chunk)  # the items still changing: a settled one leaves the batch
-            for rounds in range(max(len(items[i].reference) for i in chunk) + 1):
-                argmax = score(torch.tensor([seqs[i] for i in active], dtype=torch.long)).argmax
-                if advance is not None and rounds == 0:
-                    advance(len(chunk))
-                active = [
-                    i for r, i in enumerate(active) if _advance(seqs[i], items[i].answer_start, argmax[r])
-                ]
-                if not active:
-                    break
-            for i in chunk:
-                out[i] = seqs[i][items[i].answer_start :]
+    for chunk in length_chunks([it.length for it in items], batch_size):
+        seqs = {i: list(items[i].tokens) for i in chunk}
+        active = list(chunk)  # the items still changing: a settled one leaves the batch
+        for rounds in range(max(len(items[i].reference) for i in chunk) + 1):
+            argmax = score(torch.tensor([seqs[i] for i in active], dtype=torch.long)).argmax
+            if advance is not None and rounds == 0:
+                advance(len(chunk))
+            active = [i for r, i in enumerate(active) if _advance(seqs[i], items[i].answer_start, argmax[r])]
+            if not active:
+                break
+        for i in chunk:
+            out[i] = seqs[i][items[i].answer_start :]
     return [out[i] for i in range(len(items))]
 
 

@@ -420,3 +420,11 @@ def test_a_single_task_report_draws_as_before() -> None:
     fig = niah_figure(plain)
     assert len([ax for ax in fig.axes if ax.get_title()]) == 1
     assert "needle tasks" not in markdown_table(plain)
+
+
+def test_length_chunks_batch_equal_lengths_in_first_seen_order() -> None:
+    from longctx.eval.score import length_chunks
+
+    assert list(length_chunks([3, 5, 3, 3, 5], 2)) == [[0, 2], [3], [1, 4]]
+    assert list(length_chunks([7, 7], 0)) == [[0], [1]]  # a batch size below 1 still makes progress
+    assert list(length_chunks([], 4)) == []
