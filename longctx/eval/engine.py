@@ -299,7 +299,8 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
         for n in todo:
             t1 = time.perf_counter()
             scores = score_infill(items[n], infill, kind=objective.kind, mask_id=objective.mask_id, vocab_size=vocab,
-                                  seed=s.seed, batch_size=s.batch_size, advance=advance)  # fmt: skip
+                                  seed=s.seed, threshold=s.infill_threshold, batch_size=s.batch_size,
+                                  advance=advance)  # fmt: skip
             elbo = context_elbo(docs[n][0], infill, objective=objective, vocab_size=vocab, window=s.elbo_window,
                                 contexts=contexts[n], t_levels=s.elbo_levels, seed=s.seed, advance=advance)  # fmt: skip
             natural = sum(it.natural for it in items[n]) / len(items[n])
@@ -308,7 +309,7 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
                 objective=objective.kind, seconds=time.perf_counter() - t1,
                 passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
                 tasks=run_infill_tasks(tasks[n], n, infill, ctx.tokenizer, objective=objective, seed=s.seed,
-                                       batch_size=s.batch_size, advance=advance),
+                                       threshold=s.infill_threshold, batch_size=s.batch_size, advance=advance),
             )  # fmt: skip
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))

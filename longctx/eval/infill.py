@@ -1,12 +1,13 @@
-"""Evaluation of diffusion models (bidirectional, no next-token order), in one forward per sample.
+"""Evaluation of diffusion models (bidirectional, no next-token order).
 
 * **Passkey by infilling.** The passkey grid's items (needle at a depth, filler, the question that
   restates the key, closed as the needle's sentence is: the key is infilled inside the text, with
   context on both sides, not at the sequence's end) with only the key's digit tokens of the
-  restatement corrupted: replaced by the [MASK] id (MDM) or by uniformly drawn tokens (UDM). From the one forward: greedy = the argmax at every key
-  position is the key's token; the key's digit accuracy and margin; and likelihood against the
-  distractors, each scored from the same logits (the key positions are predicted jointly from the
-  same input, so log p(key) is the sum of the per-position log-probs).
+  restatement corrupted: replaced by the [MASK] id (MDM) or by uniformly drawn tokens (UDM).
+  Greedy: the key decoded most confident digit first (`longctx.eval.unmask`) is the key; the key's
+  digit accuracy is read from that decoding. From the first forward (every digit corrupted): each
+  digit's margin, and likelihood against the distractors (the key positions are predicted jointly
+  from the same input, so log p(key) is the sum of the per-position log-probs).
 * **ELBO by context.** The bound of a target window of `window` tokens at the middle of a held-out
   document, as a function of how many clean tokens `c` surround it (c/2 on each side; the rest of the
   document is cut away). The window is corrupted at fixed noise levels t with mask draws fixed per
@@ -18,7 +19,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -30,11 +30,9 @@ from longctx.diffusion.noise import alpha, alpha_rate, generator
 from longctx.eval.grid import PasskeyItem
 from longctx.eval.load import LoadedModel
 from longctx.eval.results import ContextElbo
-from longctx.eval.score import ItemScore, TokenScores, length_chunks, score_item
+from longctx.eval.score import ItemScore, TokenScores, score_item
+from longctx.eval.unmask import Infilled, InfillFn, corrupt, infill_batched
 from longctx.objective import Objective, ObjectiveKind
-
-# inputs [b, S] and, per row, the positions to read → per row [n, vocab] float32 log-probs there
-InfillFn = Callable[[torch.Tensor, Sequence[torch.Tensor]], list[torch.Tensor]]
 
 _TAG_PASSKEY, _TAG_ELBO = "longctx-eval-passkey", "longctx-eval-elbo"
 
@@ -76,68 +74,6 @@ def model_infiller(loaded: LoadedModel, vocab_size: int) -> InfillFn:
     return infill
 
 
-def corrupt(kind: ObjectiveKind, tokens: list[int], positions: Sequence[int], *, mask_id: int | None,
-             vocab_size: int, generator: torch.Generator) -> list[int]:  # fmt: skip
-    out = list(tokens)
-    if kind == "mdm":
-        if mask_id is None:
-            raise ValueError("a masked-diffusion model needs its [MASK] id")
-        for p in positions:
-            out[p] = mask_id
-        return out
-    repl = torch.randint(0, vocab_size, (len(positions),), generator=generator).tolist()
-    for p, r in zip(positions, repl, strict=True):
-        out[p] = r
-    return out
-
-
-class Infillable(Protocol):
-    """An item infilling can corrupt: its length and its tokens."""
-
-    @property
-    def length(self) -> int: ...
-
-    @property
-    def tokens(self) -> list[int]: ...
-
-
-T = TypeVar("T", bound=Infillable)
-
-
-def infill_batched(
-    items: Sequence[T],
-    infill: InfillFn,
-    *,
-    positions: Callable[[T], list[int]],
-    noise_key: Callable[[T], str],
-    tag: str,
-    kind: ObjectiveKind,
-    mask_id: int | None,
-    vocab_size: int,
-    seed: int,
-    batch_size: int = 4,
-    advance: Callable[[int], None] | None = None,
-) -> list[torch.Tensor]:
-    """Each item's `positions(item)` corrupted (the noise fixed per (tag, seed, noise_key(item))) and
-    infilled, items of one length batched together; the log-probabilities at those positions, in order."""
-    out: dict[int, torch.Tensor] = {}
-    for chunk in length_chunks([it.length for it in items], batch_size):
-        inputs, wants = [], []
-        for i in chunk:
-            it = items[i]
-            where = positions(it)
-            g = generator(tag, seed, noise_key(it))
-            inputs.append(
-                corrupt(kind, it.tokens, where, mask_id=mask_id, vocab_size=vocab_size, generator=g)
-            )
-            wants.append(torch.tensor(where))
-        logprobs = infill(torch.tensor(inputs, dtype=torch.long), wants)
-        out.update(zip(chunk, logprobs, strict=True))
-        if advance is not None:
-            advance(len(chunk))
-    return [out[i] for i in range(len(items))]
-
-
 def score_infill(
     items: Sequence[PasskeyItem],
     infill: InfillFn,
@@ -146,16 +82,18 @@ def score_infill(
     mask_id: int | None,
     vocab_size: int,
     seed: int,
+    threshold: float,
     batch_size: int = 4,
     advance: Callable[[int], None] | None = None,
 ) -> list[ItemScore]:
-    """Every item scored by infilling its key (one forward per item, distractors from the same logits)."""
-    logprobs = infill_batched(
+    """Every item scored by infilling its key: greedy by decoding (`threshold`: `longctx.eval.unmask`),
+    the distractors from the first forward's log-probs."""
+    done = infill_batched(
         items, infill, positions=key_positions, noise_key=lambda it: f"{it.length}:{it.depth}:{it.index}",
-        tag=_TAG_PASSKEY, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, batch_size=batch_size,
-        advance=advance,
+        tag=_TAG_PASSKEY, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, threshold=threshold,
+        batch_size=batch_size, advance=advance,
     )  # fmt: skip
-    return [score_item(it, _as_next_token_scores(it, lp)) for it, lp in zip(items, logprobs, strict=True)]
+    return [score_item(it, _as_next_token_scores(it, d)) for it, d in zip(items, done, strict=True)]
 
 
 def key_positions(item: PasskeyItem) -> list[int]:
@@ -165,10 +103,11 @@ def key_positions(item: PasskeyItem) -> list[int]:
     return [item.answer_start + j for j, digit in enumerate(item.digit_mask) if digit]
 
 
-def _as_next_token_scores(item: PasskeyItem, lp: torch.Tensor) -> TokenScores:
+def _as_next_token_scores(item: PasskeyItem, infilled: Infilled) -> TokenScores:
     """The infilled key positions in `score_item`'s layout (column t scores token t + 1), one row per
-    candidate: the true key, then each distractor, all read from the same log-probs `lp` [n, V] of the
-    corrupted positions. Answer tokens left in place (not digits) are given: right, log-prob 0."""
+    candidate: the true key, then each distractor, all read from the same first-forward log-probs
+    [n, V] of the corrupted positions; the greedy tokens are the decoded ones. Answer tokens left in
+    place (not digits) are given: right, log-prob 0."""
     n_cand = 1 + len(item.distractors)
     width = item.length - 1
     logprob = np.zeros((n_cand, width))
@@ -176,8 +115,8 @@ def _as_next_token_scores(item: PasskeyItem, lp: torch.Tensor) -> TokenScores:
     margin = np.zeros((n_cand, width))
     a0 = item.answer_start - 1
     cols = np.asarray(key_positions(item)) - 1
-    lpn = lp.double().numpy()
-    best = lpn.argmax(-1)
+    lpn = infilled.logprobs.double().numpy()
+    best = np.asarray(infilled.tokens, dtype=np.int64)
     for c, answer in enumerate([item.answer] + [d for _, d in item.distractors]):
         argmax[c, a0 : a0 + len(answer)] = answer  # the given tokens; the corrupted ones are set below
         lab = np.asarray(answer)[cols - a0]

@@ -11,7 +11,7 @@ from longctx.plan.schema import DEFAULT_EVAL_DEPTHS, EvalSpec
 
 DEFAULT_DEPTHS = DEFAULT_EVAL_DEPTHS
 # bump when a change of the code changes what the same settings measure: cached results then expire
-RESULTS_VERSION = 5
+RESULTS_VERSION = 6
 
 
 class EvalSettings(EvalSpec):

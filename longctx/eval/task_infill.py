@@ -1,12 +1,12 @@
-"""The needle tasks of a diffusion model, by infilling (one forward per item).
+"""The needle tasks of a diffusion model, by infilling.
 
 A closed task item (`longctx.eval.needles`, `closed=True`) ends with restatements
 `the pass key of <name> is <key> .`, one per key the question asks: multi-key and the absent control
 one (of the asked name), multi-value V (all of the one name), multi-query one per asked name. The
 digit tokens of every restatement's key are corrupted together, as the single task corrupts its one
-key: the [MASK] id (MDM) or uniformly drawn tokens (UDM); everything else stays clean. One forward
-gives the argmax at every corrupted position; each slot's infilled key is its restatement's key tokens
-with the argmax in the corrupted places, decoded.
+key: the [MASK] id (MDM) or uniformly drawn tokens (UDM); everything else stays clean. The corrupted
+positions of all slots are decoded together, most confident first (`longctx.eval.unmask`); each slot's
+infilled key is its restatement's key tokens with the decoded ones in the corrupted places.
 
 Scoring (`longctx.eval.task_score.judge`): multi-key, the asked key in its slot; multi-query, each
 name's key in that name's slot; multi-value, the slots' keys are the V values in any order (the
@@ -19,11 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import torch
-
-from longctx.eval.infill import InfillFn, infill_batched
 from longctx.eval.needles import TaskItem
 from longctx.eval.task_score import Decode, TaskItemScore, judge
+from longctx.eval.unmask import Infilled, InfillFn, infill_batched
 from longctx.objective import ObjectiveKind
 
 _TAG = "longctx-eval-needle-tasks"
@@ -34,9 +32,9 @@ def corrupted_positions(item: TaskItem) -> list[int]:
     return [p for s in item.slots for p in s.positions]
 
 
-def _infilled(item: TaskItem, logprobs: torch.Tensor, decode: Decode) -> tuple[list[str], list[int]]:
-    """Each slot's infilled key (decoded) and the infilled tokens of all slots."""
-    best = logprobs.argmax(-1).tolist()
+def _infilled(item: TaskItem, infilled: Infilled, decode: Decode) -> tuple[list[str], list[int]]:
+    """Each slot's infilled key (as text) and the infilled tokens of all slots."""
+    best = infilled.tokens
     at = 0
     texts, tokens = [], []
     for slot in item.slots:
@@ -58,6 +56,7 @@ def score_task_infill(
     mask_id: int | None,
     vocab_size: int,
     seed: int,
+    threshold: float,
     batch_size: int = 4,
     advance: Callable[[int], None] | None = None,
 ) -> list[TaskItemScore]:
@@ -65,9 +64,9 @@ def score_task_infill(
     for it in items:
         if not it.closed:
             raise ValueError("infilling scores closed items (TaskGrid.item(..., closed=True))")
-    logprobs = infill_batched(
+    done = infill_batched(
         items, infill, positions=corrupted_positions, noise_key=lambda it: f"{it.task}:{it.length}:{it.depth}:{it.index}",
-        tag=_TAG, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, batch_size=batch_size,
-        advance=advance,
+        tag=_TAG, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, threshold=threshold,
+        batch_size=batch_size, advance=advance,
     )  # fmt: skip
-    return [judge(it, *_infilled(it, lp, decode)) for it, lp in zip(items, logprobs, strict=True)]
+    return [judge(it, *_infilled(it, d, decode)) for it, d in zip(items, done, strict=True)]

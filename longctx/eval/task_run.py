@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from longctx.eval.grid import PasskeyGrid, check_depths
-from longctx.eval.infill import InfillFn
 from longctx.eval.needles import TaskGrid, TaskItem
 from longctx.eval.score import ScoreFn
 from longctx.eval.settings import EvalSettings
 from longctx.eval.task_infill import score_task_infill
 from longctx.eval.task_results import TaskResult, natural_share
 from longctx.eval.task_score import TaskItemScore, score_tasks
+from longctx.eval.unmask import InfillFn
 from longctx.objective import Objective
 from longctx.plan.eval_tasks import TaskSpec, parse_task
 from longctx.tokenizer.load import LoadedTokenizer
@@ -67,16 +67,18 @@ def run_infill_tasks(
     *,
     objective: Objective,
     seed: int,
+    threshold: float,
     batch_size: int,
     advance: Callable[[int], None] | None = None,
 ) -> list[TaskResult]:
-    """Each task's closed items answered by infilling (`longctx.eval.task_infill`)."""
+    """Each task's closed items answered by infilling (`longctx.eval.task_infill`), decoded most
+    confident first (`threshold`: `longctx.eval.unmask`)."""
     out = []
     for items in by_task.values():
         if not items:
             continue
         scores = score_task_infill(items, infill, tokenizer.decode, kind=objective.kind, mask_id=objective.mask_id,
-                                   vocab_size=tokenizer.vocab_size, seed=seed, batch_size=batch_size,
-                                   advance=advance)  # fmt: skip
+                                   vocab_size=tokenizer.vocab_size, seed=seed, threshold=threshold,
+                                   batch_size=batch_size, advance=advance)  # fmt: skip
         out.append(_result(length, items, scores))
     return out

@@ -318,6 +318,9 @@ class EvalSpec(_Strict):
     tasks: list[str] = Field(default_factory=lambda: ["single"], min_length=1)
     # keys of any digits, repeats allowed ("55829"); false: distinct digits, as keys were drawn before
     any_digit_keys: StrictBool = False
+    # diffusion models decode the corrupted key digits most confident first, one a round; below 1, a round
+    # also fixes every digit whose probability reaches this (fewer forwards, a few points lower)
+    infill_threshold: float = Field(default=1.0, gt=0, le=1)
     # effective length per task: score ≥ this (RULER's rule) …
     ruler_threshold: float = Field(default=0.856, gt=0, le=1)
     # … or ≥ this fraction of the checkpoint's own score at the shortest evaluated length (NoLiMa's rule)

@@ -279,13 +279,20 @@ def test_infilling_masks_every_slot_and_scores_in_the_task_s_order(demo_tokenize
 
     swapped = {id(mv): [2, 0, 1], id(mq): [1, 0]}
     scores = score_task_infill(
-        [mv, mq], oracle(swapped), tok.decode, kind="mdm", mask_id=mask, vocab_size=vocab, seed=0
+        [mv, mq],
+        oracle(swapped),
+        tok.decode,
+        kind="mdm",
+        mask_id=mask,
+        vocab_size=vocab,
+        seed=0,
+        threshold=0.9,
     )
     assert scores[0].hit, "multi-value: the values in any order"
     assert not scores[1].hit, "multi-query: each name's key in its own restatement"
     same = {id(mv): [0, 1, 2], id(mq): [0, 1]}
     assert all(s.hit for s in score_task_infill([mv, mq], oracle(same), tok.decode, kind="mdm", mask_id=mask,
-                                                 vocab_size=vocab, seed=0))  # fmt: skip
+                                                 vocab_size=vocab, seed=0, threshold=0.9))  # fmt: skip
     row = seen[0][0].tolist()
     where = corrupted_positions(mv)
     assert [row[p] for p in where] == [mask] * len(where)
