@@ -94,6 +94,9 @@ class Phase:
     seed: int
     names: int = 1  # the most named keys in a document (`longctx.demo.corpus.document`)
     any_digit: float = 0.0  # the share of keys drawn with repeated digits allowed
+    # the rate decays over the phase (cosine, to a tenth): settles what a phase at the constant rate
+    # left swinging from save to save
+    anneal: bool = False
 
 
 # A copy circuit first, then lookup by name (the corpus module says why this order): one key per
@@ -150,16 +153,16 @@ class BaseRecipe:
 # layer the 513 ids) and published in that code base's layout (`publish`).
 RECIPES = {
     "ar": BaseRecipe(),
-    # the MDM learns the copy phase only: from the AR base's weights, on the named-key corpus it infilled
-    # 40 %, 35 % and 0 % of single, 2- and 4-key haystacks after 4,500 iterations, and from this recipe's
-    # weights a lookup phase gave 60 %, 35 %, 0 % after 750 and 30 %, 10 %, 0 % after 1,500 (docs/demo.md):
-    # its card measures single needles of distinct digits, what it was trained on (83 % after 5,000
-    # iterations from the lookup base's weights, where the copy base's gave 95 %: 7,000 here)
+    # the MDM learns lookup by name from the AR base's weights on the named-key corpus; decoded as MDMs
+    # are (`longctx.eval.unmask`, most confident digit first) it looks keys up where one forward for all
+    # digits at once cannot (docs/demo.md has the figures of both)
     "mdm": BaseRecipe(
         name="longctx-demo-mdm-base", family="mdm", objective=Objective(kind="mdm", mask_id=513),
         padded_vocab_size=514, output_vocab_size=513, adapt_from="ar",
-        phases=(dataclasses.replace(AR_PHASES[0], iterations=7000),),
-        eval_tasks=("single",), eval_any_digit=False,
+        phases=(
+            Phase("lookup", docs=136_000, iterations=8000, seed=21, names=4, any_digit=0.5),
+            Phase("anneal", docs=40_000, iterations=2000, seed=22, names=4, any_digit=0.5, anneal=True),
+        ),
     ),
 }  # fmt: skip
 
@@ -250,7 +253,8 @@ def _spec(work: Path, r: BaseRecipe, phase: Phase) -> TrainSpec:
                                 eod_id=tok.eod_id, pad_id=tok.pad_id),
         data=[(None, str(_prefix(work, phase)))], split=_split(r, phase), packing="documents",
         data_cache_path=str(d / "cache"), global_batch_size=r.global_batch, train_iters=n,
-        lr=LRSchedule(lr=r.lr, min_lr=r.lr, warmup_iters=r.warmup, decay_iters=n, decay_style="constant"),
+        lr=LRSchedule(lr=r.lr, min_lr=r.lr * (0.1 if phase.anneal else 1.0), warmup_iters=r.warmup, decay_iters=n,
+                      decay_style="cosine" if phase.anneal else "constant"),
         save=str(d / "checkpoints"), save_interval=r.save_interval, log_interval=50,
         threads_per_process=threads, metrics_file=str(d / "metrics.jsonl"),
         tensorboard_dir=str(d / "tensorboard"),
@@ -271,29 +275,33 @@ def _start(work: Path, r: BaseRecipe, index: int) -> Path | None:
     return work / "init"
 
 
-def _train(work: Path, r: BaseRecipe, index: int) -> tuple[str, float]:
-    """Train (or resume) phase `index` to its iterations; the wall time of this call's training, in s."""
+def _train(work: Path, r: BaseRecipe, index: int) -> str:
+    """Train (or resume) phase `index` to its iterations. The launch's wall time is added to the work
+    dir's total whatever its end (a stopped launch trained too, and a rerun goes on from its save)."""
     phase = r.phases[index]
     d = _phase_dir(work, phase)
     t = read_tracker(d / "checkpoints")
     if t is not None and t.iteration >= phase.iterations:
-        return f"iteration {t.iteration} (kept)", 0.0
+        return f"iteration {t.iteration} (kept)"
     spec = _spec(work, r, phase)
     start = _start(work, r, index)
     if start is not None:
         spec = spec.model_copy(update={"pretrained": str(start)})
     spec.dump(d / "train_spec.json")
     t0 = time.monotonic()
-    code = LocalLauncher(echo=True).run(
-        [sys.executable, "-m", "longctx.train", "--spec", str(d / "train_spec.json")],
-        nproc=r.processes,
-        env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
-        log=d / "train.log",
-    )
+    try:
+        code = LocalLauncher(echo=True).run(
+            [sys.executable, "-m", "longctx.train", "--spec", str(d / "train_spec.json")],
+            nproc=r.processes,
+            env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
+            log=d / "train.log",
+        )
+    finally:
+        _wall(work, time.monotonic() - t0)
     if code != 0:
         raise StageError(f"base training failed (exit {code})", where=str(d / "train.log"),
                          fix="read the log; rerunning resumes from the last save")  # fmt: skip
-    return f"{phase.iterations} iterations of {r.global_batch}×{r.seq_length} tokens", time.monotonic() - t0
+    return f"{phase.iterations} iterations of {r.global_batch}×{r.seq_length} tokens"
 
 
 def _wall(work: Path, seconds: float) -> float:
@@ -412,13 +420,14 @@ _KIND = {
         "A tiny masked-diffusion model, bidirectional, stored as Ermine's predecessor stores its MDMs (the\n"
         "layers under `encoder.`, the `subtokenizer.*` buffers, a [MASK] row in the input embedding)",
         "Passkey by infilling (the restatement closed as the needle's sentence, every digit of its key\n"
-        "masked): greedy exact match of the whole 5-digit key from one forward",
+        "masked): greedy exact match of the whole 5-digit key, decoded one digit a round, most confident first",
     ),
     "udm": (
         "A tiny uniform-state diffusion model, bidirectional, stored as Ermine's predecessor stores its\n"
         "diffusion models (the layers under `encoder.`, the `subtokenizer.lookup_table` buffer; no [MASK])",
         "Passkey by infilling (the restatement closed as the needle's sentence, every digit of its key\n"
-        "replaced by a uniformly drawn token): greedy exact match of the whole 5-digit key from one forward",
+        "replaced by a uniformly drawn token): greedy exact match of the whole 5-digit key, decoded one\n"
+        "digit a round, most confident first",
     ),
 }
 
@@ -429,7 +438,7 @@ def _phases_line(r: BaseRecipe) -> str:
         f"{p.name}: {p.iterations:,} iterations on " + (
             "one pass key per document, of distinct digits" if p.names == 1
             else f"1 to {p.names} named keys per document, {100 * p.any_digit:.0f} % of them of any digits"
-        )
+        ) + (", the rate decaying to a tenth" if p.anneal else "")
         for p in r.phases
     ]  # fmt: skip
     return "the seeded demo corpus (filler sentences, pass keys restated later); " + "; then ".join(said)
@@ -603,14 +612,12 @@ def train_base(work: Path, out_dir: Path, *, recipe: BaseRecipe | None = None, e
 def _train_base_locked(work: Path, out_dir: Path, r: BaseRecipe, echo: Echo) -> Card:
     with _step(echo, "tokenizer") as say:
         say.append(_tokenizer(work, r))
-    wall = _wall(work, 0.0)
     for i, phase in enumerate(r.phases):
         with _step(echo, f"phase {phase.name}: corpus and data") as say:
             say.append(_data(work, r, phase))
         with _step(echo, f"phase {phase.name}: train") as say:
-            detail, seconds = _train(work, r, i)
-            wall = _wall(work, seconds)
-            say.append(detail)
+            say.append(_train(work, r, i))
+    wall = _wall(work, 0.0)
     digits = "any digits" if r.eval_any_digit else "distinct digits"
     with _step(echo, f"retrieval (greedy exact match, keys of {digits})") as say:
         retrieval = measure(work, r)

@@ -69,7 +69,8 @@ def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
 def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) -> None:
     """The masked-diffusion recipe trains under the MDM objective and publishes the model as Ermine's
     predecessor stores its MDMs; the archive reads back as an MDM and adopts as any user's would."""
-    recipe = _tiny(RECIPES["mdm"], 2)
+    recipe = _tiny(RECIPES["mdm"], 2, 2)
+    assert [p.name for p in recipe.phases] == ["lookup", "anneal"]
     out = tmp_path / "published"
     card = train_base(tmp_path / "work", out, recipe=recipe, echo=[].append)
     assert card.family == "mdm" and card.mask_id == 513 and card.output_vocab_size == 513
@@ -79,6 +80,12 @@ def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) 
     )
     spec = json.loads((tmp_path / "work" / recipe.phases[-1].name / "train_spec.json").read_text())
     assert spec["objective"]["kind"] == "mdm" and spec["objective"]["mask_id"] == 513
+    # the anneal phase decays the rate from the lookup phase's weights; the lookup phase holds it
+    assert spec["pretrained"] == str(tmp_path / "work" / "lookup" / "checkpoints")
+    assert (spec["lr"]["decay_style"], spec["lr"]["min_lr"]) == ("cosine", pytest.approx(recipe.lr / 10))
+    first = json.loads((tmp_path / "work" / "lookup" / "train_spec.json").read_text())
+    assert first["lr"]["decay_style"] == "constant"
+    assert "the rate decaying to a tenth" in (out / "MODEL_CARD.md").read_text()
 
     report = inspect_checkpoint(out / "base_model_only.tar")
     fam = report.family
@@ -104,7 +111,7 @@ def test_udm_base_is_published_without_a_mask(tmp_path: Path) -> None:
     # no uniform-state base is published (none has reached the bar yet): the recipe is the MDM's, unmasked
     udm = dataclasses.replace(RECIPES["mdm"], name="longctx-demo-udm-base", family="udm", objective=Objective(kind="udm"),
                               padded_vocab_size=513, output_vocab_size=None)  # fmt: skip
-    card = train_base(tmp_path / "work", out, recipe=_tiny(udm, 2), echo=[].append)
+    card = train_base(tmp_path / "work", out, recipe=_tiny(udm, 2, 2), echo=[].append)
     assert card.family == "udm" and card.mask_id is None and card.padded_vocab_size == 513
     assert card.adapted_from == "longctx-demo-ar-base" and "AR → UDM" in (out / "MODEL_CARD.md").read_text()
     spec = json.loads((tmp_path / "work" / udm.phases[-1].name / "train_spec.json").read_text())
@@ -163,7 +170,7 @@ def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:
         fewer = dataclasses.replace(RECIPES["ar"], phases=RECIPES["ar"].phases[:1])
         claim_work_dir(work, fewer)
     with pytest.raises(
-        StageError, match="another recipe \\(differs in: adapt_from, eval_any_digit, eval_tasks, family, name"
+        StageError, match="another recipe \\(differs in: adapt_from, family, name, objective, output_vocab_size"
     ):
         claim_work_dir(work, RECIPES["mdm"])
     from longctx.util.shipped import resource_dir
