@@ -170,7 +170,8 @@ def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:
         fewer = dataclasses.replace(RECIPES["ar"], phases=RECIPES["ar"].phases[:1])
         claim_work_dir(work, fewer)
     with pytest.raises(
-        StageError, match="another recipe \\(differs in: adapt_from, family, name, objective, output_vocab_size"
+        StageError,
+        match="another recipe \\(differs in: adapt_from, family, name, objective, output_vocab_size",
     ):
         claim_work_dir(work, RECIPES["mdm"])
     from longctx.util.shipped import resource_dir

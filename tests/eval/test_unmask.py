@@ -44,9 +44,7 @@ def _chain_oracle(items: Sequence[_Item], forwards: list[int]):
 
 
 def _items() -> list[_Item]:
-    return [
-        _Item(tokens=[(3 * i + k) % VOCAB for k in range(12)], where=[4, 5, 6, 7 + i]) for i in range(3)
-    ]
+    return [_Item(tokens=[(3 * i + k) % VOCAB for k in range(12)], where=[4, 5, 6, 7 + i]) for i in range(3)]
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.9])
