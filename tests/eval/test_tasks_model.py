@@ -63,10 +63,26 @@ def _evaluate(run: EvalRun, cp: int) -> list[dict[str, Any]]:
     return [t.model_dump(mode="json") for t in result.tasks]
 
 
-def _cp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
+def _join(rank: int, world: int, port: int) -> None:
+    """The environment a spawned rank of a `world`-process group reads, one thread each."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
     torch.set_num_threads(1)
+
+
+def _assert_every_rank_answers_as(ref: list[dict[str, Any]], out: str, *, ranks: int) -> None:
+    """Each rank's task results (written to OUT.RANK.json) equal `ref`, output tokens first."""
+    for rank in range(ranks):
+        got = json.loads(Path(f"{out}.{rank}.json").read_text())
+        for mine, theirs in zip(got, ref, strict=True):
+            assert [i["output_tokens"] for i in mine["items"]] == [
+                i["output_tokens"] for i in theirs["items"]
+            ]
+            assert mine == theirs
+
+
+def _cp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
+    _join(rank, world, port)
     Path(f"{out}.{rank}.json").write_text(json.dumps(_evaluate(EvalRun(Path(root)), world)))
 
 
@@ -82,13 +98,7 @@ def test_tasks_answer_the_same_at_cp2_as_at_cp1(eval_run: EvalRun, tmp_path: Pat
     out = str(tmp_path / "cp")
     mp.start_processes(_cp_worker, args=(2, _free_port(), str(eval_run.root), out), nprocs=2,
                        start_method="spawn")  # fmt: skip
-    for rank in range(2):
-        got = json.loads(Path(f"{out}.{rank}.json").read_text())
-        for mine, theirs in zip(got, ref, strict=True):
-            assert [i["output_tokens"] for i in mine["items"]] == [
-                i["output_tokens"] for i in theirs["items"]
-            ]
-            assert mine == theirs
+    _assert_every_rank_answers_as(ref, out, ranks=2)
 
 
 def test_tasks_of_a_diffusion_checkpoint_by_infilling(tiny_run: Path, diffusion_checkpoints: Path) -> None:
@@ -146,9 +156,7 @@ def _infill_evaluate(run: str, ckpt: str, cp: int) -> list[dict[str, Any]]:
 
 
 def _infill_cp_worker(rank: int, world: int, port: int, run: str, ckpt: str, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
-    torch.set_num_threads(1)
+    _join(rank, world, port)
     Path(f"{out}.{rank}.json").write_text(json.dumps(_infill_evaluate(run, ckpt, world)))
 
 
@@ -166,10 +174,4 @@ def test_diffusion_tasks_decode_the_same_at_cp2_as_at_cp1(
     out = str(tmp_path / "cp")
     mp.start_processes(_infill_cp_worker, args=(2, _free_port(), str(tiny_run), ckpt, out), nprocs=2,
                        start_method="spawn")  # fmt: skip
-    for rank in range(2):
-        got = json.loads(Path(f"{out}.{rank}.json").read_text())
-        for mine, theirs in zip(got, ref, strict=True):
-            assert [i["output_tokens"] for i in mine["items"]] == [
-                i["output_tokens"] for i in theirs["items"]
-            ]
-            assert mine == theirs
+    _assert_every_rank_answers_as(ref, out, ranks=2)
