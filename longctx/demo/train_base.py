@@ -301,6 +301,13 @@ def _train(work: Path, r: BaseRecipe, index: int) -> str:
     if code != 0:
         raise StageError(f"base training failed (exit {code})", where=str(d / "train.log"),
                          fix="read the log; rerunning resumes from the last save")  # fmt: skip
+    # a launch asked to stop (SIGTERM, Ctrl-C) saves and exits 0: the phase is not done, and the next
+    # phase must not start from its weights
+    t = read_tracker(d / "checkpoints")
+    reached = 0 if t is None else t.iteration
+    if reached < phase.iterations:
+        raise StageError(f"phase {phase.name} stopped at iteration {reached} of {phase.iterations}",
+                         where=str(d / "checkpoints"), fix="rerun the same command: it resumes from that save")  # fmt: skip
     return f"{phase.iterations} iterations of {r.global_batch}×{r.seq_length} tokens"
 
 

@@ -180,6 +180,27 @@ def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:
         claim_work_dir(resource_dir("demo", "ar"), RECIPES["ar"])
 
 
+class _StoppedLaunch:
+    """A launch that was asked to stop before its first save: it exits 0 and leaves no checkpoint."""
+
+    def __init__(self, echo: bool = False) -> None:
+        pass
+
+    def run(self, argv: list[str], *, nproc: int, env: dict[str, str], log: Path) -> int:
+        return 0
+
+
+def test_a_stopped_phase_ends_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A phase whose launch stopped short (SIGTERM, Ctrl-C: the trainer saves and exits 0) is not done:
+    the next phase must not start from its weights, and nothing is measured or published."""
+    monkeypatch.setattr("longctx.demo.train_base.LocalLauncher", _StoppedLaunch)
+    work, out = tmp_path / "work", tmp_path / "out"
+    with pytest.raises(StageError, match="phase copy stopped at iteration 0 of 2") as err:
+        train_base(work, out, recipe=_tiny(RECIPES["ar"], 2, 2), echo=[].append)
+    assert "resumes" in (err.value.fix or "")
+    assert not (work / "lookup").exists() and not out.exists()
+
+
 def test_train_base_cli_refuses_a_directory_of_another_run(tmp_path: Path) -> None:
     from tests.bad_input.harness import refused
 
