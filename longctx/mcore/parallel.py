@@ -169,6 +169,15 @@ def init_training_parallel(tensor_parallel: int, context_parallel: int, seed: in
     seed_model_parallel_rng(seed)
 
 
+def teardown_training_parallel() -> None:
+    """Undo `init_training_parallel`. A process group left to the interpreter's exit can abort it
+    ("terminate called without an active exception", exit 134) after all its work succeeded."""
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalParallel:
     cp: int

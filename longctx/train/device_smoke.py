@@ -37,7 +37,7 @@ import torch.distributed as dist
 from longctx.arch import ModelArch
 from longctx.attention.kernels import KERNEL_ENV, KERNELS, MATH, BlockKernel, flash_attn_available
 from longctx.mcore.model import ModelSettings, build_gpt_model
-from longctx.mcore.parallel import collective_device, init_training_parallel
+from longctx.mcore.parallel import collective_device, init_training_parallel, teardown_training_parallel
 from longctx.train.optim import build_optimizer
 from longctx.train.precision import MainParams
 from longctx.train.spec import LRSchedule
@@ -230,11 +230,14 @@ def run_check(name: str, fn: Callable[[], str], device: torch.device) -> Check:
 def run_checks(device: torch.device, jsonl: Path | None = None) -> list[Check]:
     init_training_parallel(1, 1, seed=1)
     results = []
-    for name, fn in checks_in_order(device):
-        result = run_check(name, fn, device)
-        results.append(result)
-        if jsonl is not None:
-            append_line(jsonl, asdict(result))
+    try:
+        for name, fn in checks_in_order(device):
+            result = run_check(name, fn, device)
+            results.append(result)
+            if jsonl is not None:
+                append_line(jsonl, asdict(result))
+    finally:
+        teardown_training_parallel()
     return results
 
 
