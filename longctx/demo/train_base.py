@@ -275,14 +275,20 @@ def _start(work: Path, r: BaseRecipe, index: int) -> Path | None:
     return work / "init"
 
 
+def _reached(phase_dir: Path) -> int:
+    """The iteration of the phase's last save (0 before the first)."""
+    t = read_tracker(phase_dir / "checkpoints")
+    return 0 if t is None else t.iteration
+
+
 def _train(work: Path, r: BaseRecipe, index: int) -> str:
     """Train (or resume) phase `index` to its iterations. The launch's wall time is added to the work
     dir's total whatever its end (a stopped launch trained too, and a rerun goes on from its save)."""
     phase = r.phases[index]
     d = _phase_dir(work, phase)
-    t = read_tracker(d / "checkpoints")
-    if t is not None and t.iteration >= phase.iterations:
-        return f"iteration {t.iteration} (kept)"
+    reached = _reached(d)
+    if reached >= phase.iterations:
+        return f"iteration {reached} (kept)"
     spec = _spec(work, r, phase)
     start = _start(work, r, index)
     if start is not None:
@@ -303,8 +309,7 @@ def _train(work: Path, r: BaseRecipe, index: int) -> str:
                          fix="read the log; rerunning resumes from the last save")  # fmt: skip
     # a launch asked to stop (SIGTERM, Ctrl-C) saves and exits 0: the phase is not done, and the next
     # phase must not start from its weights
-    t = read_tracker(d / "checkpoints")
-    reached = 0 if t is None else t.iteration
+    reached = _reached(d)
     if reached < phase.iterations:
         raise StageError(f"phase {phase.name} stopped at iteration {reached} of {phase.iterations}",
                          where=str(d / "checkpoints"), fix="rerun the same command: it resumes from that save")  # fmt: skip
