@@ -64,7 +64,10 @@ def check_plan_data(
         if st.data is not None and st.data.tier_mix is not None:
             # an artifact: checked once per stage at its length, with how many sequences the blend supplies
             report = stage_data_report(rp, st, tokenizer=tokenizer, scan=scan, strict=strict)
-            report.findings.extend(coverage_findings(rp, st, stage_blend(rp, st)))
+            blend = stage_blend(rp, st)
+            # the artifact's chunks are split one by one too: a small one can leave a part empty
+            report.findings.extend(split_findings(rp, st, blend, backend=None))
+            report.findings.extend(coverage_findings(rp, st, blend))
             out[st.name] = report
             continue
         blend = stage_blend(rp, st)
@@ -85,8 +88,9 @@ def check_plan_data(
 def require_startable(rp: ResolvedPlan, st: ResolvedStage, backend: Backend) -> None:
     """Refuse a launch that megatron-core or Megatron-LM would stop (or hang) at start-up because of the
     stage's split and data (longctx.plan.split_check), before anything starts."""
-    if st.data is None or st.data.tier_mix is not None:
-        return  # an artifact's blend is checked by `plan check --check-data` (it reads the artifact)
+    if st.data is None:
+        return
+    # an artifact's chunks too: megatron-core splits each chunk of the tier blend on its own
     errors = split_findings(rp, st, stage_blend(rp, st), backend).errors
     if errors:
         first = errors[0]
