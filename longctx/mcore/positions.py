@@ -64,3 +64,16 @@ def rope_from_position_ids(model: GPTModel) -> GPTModel:
     rotary.forward = types.MethodType(forward, rotary)
     model.register_forward_pre_hook(capture, with_kwargs=True)
     return model
+
+
+def built_rotary_base(model: GPTModel) -> float | None:
+    """The RoPE base `model` was built with, read back from its inverse frequencies (None without RoPE):
+    the last one is base^-(d-2)/d for rotary dim d, so the base comes back to float32's precision."""
+    rotary = getattr(model, "rotary_pos_emb", None)
+    if rotary is None or getattr(model, "position_embedding_type", None) != "rope":
+        return None
+    inv = rotary.inv_freq.detach().double().cpu()
+    dim = 2 * inv.numel()
+    if dim <= 2:
+        return None
+    return float(inv[-1] ** (-dim / (dim - 2)))

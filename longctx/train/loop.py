@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import common_strategy, load_common_state, save_checkpoint
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
-from longctx.mcore.positions import rope_from_position_ids
+from longctx.mcore.positions import built_rotary_base, rope_from_position_ids
 from longctx.mcore.stored_layout import StoredLayout, read_layout
 from longctx.train import optim, signals
 from longctx.train.data import (
@@ -64,6 +65,13 @@ class RunResult:
     losses: list[float]
 
 
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak so far: the CUDA allocator's on a GPU, else the resident set's (getrusage)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
 def _log(msg: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(msg, flush=True)
@@ -76,6 +84,7 @@ class Trainer:
     # -- set up --------------------------------------------------------------------------------
     def __init__(self, spec: TrainSpec) -> None:
         self.spec = spec
+        self.memory_before = peak_memory_bytes(training_device())  # the process before the model
         if spec.threads_per_process:
             torch.set_num_threads(spec.threads_per_process)
         self.device = training_device()
@@ -85,6 +94,9 @@ class Trainer:
         # RoPE from the batch's position ids: right on every CP rank of either split, and reset per
         # document with reset_position_ids
         self.model = rope_from_position_ids(build_gpt_model(spec.arch, self.settings).to(self.device))
+        # what the engine built, read back from the model (the metrics hold it beside the plan's base)
+        self.rotary_base_built = built_rotary_base(self.model)
+        self.max_position = 0  # the largest position id RoPE was given in this launch, all ranks
         # bf16: the optimizer steps fp32 masters, gradients accumulate and reduce in fp32
         self.main = MainParams(self.model.parameters())
         self.optimizer = build_optimizer(self.main.masters, spec.lr)
@@ -177,6 +189,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         batches = self._micro_batches()
+        self.max_position = max(self.max_position, *(int(b.position_ids.max()) for b in batches))
         n_tokens = self._all_sum(sum(float(b.loss_mask.sum()) for b in batches))
         self.main.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: one sync
@@ -238,6 +251,12 @@ class Trainer:
         t = torch.tensor([value], dtype=torch.float64, device=self.reduce_device)
         dist.all_reduce(t, group=self.reduce_group)
         return float(t.item())
+
+    def _all_max(self, *values: int) -> list[int]:
+        """Each of `values`, the largest over the DP × CP group."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.reduce_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.reduce_group)
+        return [int(x) for x in t.tolist()]
 
     def _sum_gradients(self) -> None:
         """Sum the (fp32) gradients over the DP × CP group, in one flat all-reduce."""
@@ -308,8 +327,12 @@ class Trainer:
         """One JSON line per iteration to the metrics file; a log line every `log_interval` and at the end."""
         spec = self.spec
         tokens_per_iter = spec.global_batch_size * spec.seq_length
+        grown = peak_memory_bytes(self.device) - self.memory_before
+        max_position, peak = self._all_max(self.max_position, grown)
         rec = {"stage": spec.stage, "iteration": self.iteration, "loss": loss, "lr": lr, "grad_norm": gnorm,
-               "tokens_per_s": tokens_per_iter / dt, "consumed_samples": self.consumed}  # fmt: skip
+               "tokens_per_s": tokens_per_iter / dt, "consumed_samples": self.consumed, "seconds": dt,
+               "max_position": max_position, "peak_growth_bytes": peak,
+               "rotary_base_built": self.rotary_base_built}  # fmt: skip
         if metrics is not None:
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
