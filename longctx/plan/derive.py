@@ -588,7 +588,7 @@ def _settings(ctx: _StageContext) -> _Settings:
     return _Settings(
         seq=ctx.spec.seq_length,
         max_pos=ctx.spec.max_position_embeddings or ctx.spec.seq_length,
-        gpn=ctx.plan.cluster.gpus_per_node,
+        gpn=ctx.merged("gpus_per_node", ctx.plan.cluster.gpus_per_node),
         tp=tp,
         pp=ctx.merged("pipeline_parallel", 1),
         sp=bool(ctx.merged("sequence_parallel", tp > 1)) and tp > 1,

@@ -166,6 +166,9 @@ class StageDefaults(_Strict):
     recompute_num_layers: int | None = Field(default=None, gt=0)
     recompute_modules: list[RecomputeModule] | None = None
     nodes: int | None = Field(default=None, gt=0)
+    # GPUs (local ranks) per node of this stage, where it differs from [cluster] (a rehearsal runs each
+    # stage's CP ranks as one node)
+    gpus_per_node: int | None = Field(default=None, gt=0, le=1024)
     lr: LRSpec | None = None
     data: DataSpec | None = None
     save_interval: int | None = Field(default=None, gt=0)
