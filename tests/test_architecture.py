@@ -47,6 +47,19 @@ ALLOWED: dict[str, set[str]] = {
         "launch",
     },
     "demo": {"tokenizer", "data", "checkpoint", "mcore", "plan", "launch", "train", "eval", "stage"},
+    # the rehearsal: a plan's whole chain on a micro model (stages, evaluation, export and its parity)
+    "rehearse": {
+        "tokenizer",
+        "data",
+        "checkpoint",
+        "mcore",
+        "plan",
+        "launch",
+        "train",
+        "eval",
+        "stage",
+        "export",
+    },
     "export": {"tokenizer", "rope", "checkpoint", "plan"},
     "cli": {"*"},
     "__main__": {"*"},  # `python -m longctx`: the CLI

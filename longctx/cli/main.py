@@ -52,6 +52,8 @@ def _register() -> None:
             app.command(name=name)(sub)
     demo = _load("demo")
     app.command(name="demo", help=demo.HELP)(demo.demo)
+    rehearse = _load("rehearse")
+    app.command(name="rehearse", help=rehearse.HELP)(rehearse.rehearse)
 
 
 def _load(module_name: str) -> ModuleType:

@@ -1,0 +1,123 @@
+"""`longctx rehearse PLAN`: every stage of a plan at its full length on a micro model, here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from longctx.cli._common import cli_errors, console, print_json, resolved_plan, stdout_to_stderr
+from longctx.cli._params import Json
+from longctx.errors import StageError
+from longctx.util.table import narrow_table
+from longctx.util.units import human_length
+
+# the rehearsal is imported inside the command: it loads torch, megatron-core and transformers
+
+HELP = (
+    "Rehearse PLAN before the cluster runs it: every stage at its full length (16K, 64K, 128K …) on a "
+    "micro model that keeps the plan's attention structure (heads per group, qk-norm, rotary percent), "
+    "with the plan's tokenizer, data, RoPE bases, objective and CP (reduced only to what this machine runs, "
+    "and said so), through the same code as the real chain: preflight checks, `stage run` launches, a "
+    "SIGTERM and resume in the longest stage, evaluation at every length up to each stage's, and "
+    "`export hf` of the last stage with its logits checked against longctx's at the full length. Its run "
+    "directory is its own (marked as a rehearsal); a rerun resumes. Exit 2 when a stage fails a check.\n\n"
+    "Examples:\n\n  longctx rehearse stages/baby_9b_dense.toml --run-dir /tmp/baby-rehearsal\n\n"
+    "  longctx rehearse baby_9b_dense --run-dir r --tokenizer tok/ --manifest tok/manifest.toml --json"
+)
+
+
+def _parse_depths(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise StageError(
+            f"--depths {text!r} is not a comma-separated list of fractions",
+            where="--depths",
+            fix="e.g. --depths 0,0.5",
+        ) from None
+
+
+def report_table(report: object) -> Table:
+    t = narrow_table("longctx rehearse: stages")
+    for c in ("stage", "length", "CP", "s/iter", "µs/token", "peak GiB", "model GiB", "RoPE built", "checks"):
+        t.add_column(c, justify="left" if c in ("stage", "checks") else "right")
+    for s in report.stages:  # type: ignore[attr-defined]
+        failed = [c.name for c in s.checks if not c.ok]
+        t.add_row(
+            s.stage,
+            human_length(s.seq_length),
+            f"{s.cp}" if s.cp == s.cp_plan else f"{s.cp} (plan {s.cp_plan})",
+            "—" if s.seconds_per_iteration is None else f"{s.seconds_per_iteration:.1f}",
+            "—" if s.seconds_per_token is None else f"{1e6 * s.seconds_per_token:.0f}",
+            "—" if s.peak_memory_gib is None else f"{s.peak_memory_gib:.2f}",
+            f"{s.memory_model_gib:.2f}",
+            "—" if s.rotary_base_built is None else f"{s.rotary_base_built:,.0f}",
+            "ok" if not failed else "FAILED: " + ", ".join(failed),
+        )
+    return t
+
+
+@cli_errors
+def rehearse(
+    plan: Path = typer.Argument(..., help="the plan to rehearse (a path, or a shipped plan's name)"),
+    run_dir: Path = typer.Option(
+        ..., "--run-dir", help="the rehearsal's own directory (created; a rerun resumes)"
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="rehearse with this tokenizer (one of the plan's kind)"
+    ),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", help="the manifest --tokenizer is checked against"
+    ),
+    iterations: int = typer.Option(3, "--iterations", min=2, max=100, help="training iterations per stage"),
+    max_ranks: int = typer.Option(
+        8, "--max-ranks", min=1, max=64, help="the most processes one stage runs here"
+    ),
+    layers: int = typer.Option(2, "--layers", min=1, max=8, help="layers of the micro model"),
+    head_dim: int = typer.Option(16, "--head-dim", min=8, max=256, help="the largest head dim kept"),
+    depths: str = typer.Option("0,0.5", "--depths", help="needle depths evaluated, comma-separated"),
+    json_out: Json = False,
+) -> None:
+    from longctx.plan.micro import MicroShapeOptions
+    from longctx.plan.rehearsal import RehearsalOptions
+    from longctx.rehearse.run import rehearse as run_rehearsal
+
+    opts = RehearsalOptions(
+        shape=MicroShapeOptions(layers=layers, head_dim=head_dim),
+        iterations=iterations,
+        max_ranks=max_ranks,
+        depths=_parse_depths(depths),
+        tokenizer=tokenizer,
+        manifest=manifest,
+    )
+    source = resolved_plan(plan)
+    with stdout_to_stderr(json_out):
+        report = run_rehearsal(
+            source, run_dir, opts, echo=lambda s: console.print(s, highlight=False, soft_wrap=True)
+        )
+    if json_out:
+        print_json(report.model_dump(mode="json") | {"ok": report.ok})
+    else:
+        console.print(report_table(report))
+        for r in report.reductions:
+            console.print(
+                f"  reduced{f' ({r.stage})' if r.stage else ''}: {r.what}", highlight=False, soft_wrap=True
+            )
+        if report.export is not None:
+            e = report.export
+            console.print(
+                f"export: logits at {e.length:,} tokens within {e.relative_difference:.1e} of longctx's "
+                f"(argmax agreement {e.argmax_agreement:.1%})",
+                highlight=False,
+            )
+    if not report.ok:
+        if json_out:  # the report above is the one JSON document; its "ok" says what failed
+            raise typer.Exit(2)
+        failed = [f"{s.stage}: {c.name} ({c.detail})" for s in report.stages for c in s.checks if not c.ok]
+        raise StageError(
+            "the rehearsal found problems: " + "; ".join(failed + report.problems),
+            where=report.run_dir,
+            fix="fix what failed before the real run; rerun the rehearsal to check",
+        )

@@ -1,0 +1,157 @@
+"""A rehearsal's stages: every step of its plan as a `longctx stage run` subprocess, as a chain job runs
+it, with one SIGTERM in the longest stage after its first save and the resume that follows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from longctx.checkpoint.layout import TRACKER
+from longctx.errors import StageError
+from longctx.plan.derive import ResolvedPlan, open_plan
+from longctx.stage.run import LaunchOutcome
+from longctx.stage.state import NextStep, stage_state
+from longctx.stage.sweep import record_choice
+from longctx.stage.until_done import run_until_done
+
+Echo = Callable[[str], None]
+
+
+class Interruption(BaseModel):
+    """The SIGTERM a rehearsal sends: where the stage stopped and whether it ran on from there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    stopped_at: int
+    target: int
+    exit_code: int
+    finished_first: bool = False
+
+
+class LaunchRecord(BaseModel):
+    """One `stage run` of the chain, as the rehearsal saw it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    action: str
+    exit_code: int
+    start_iteration: int
+    end_iteration: int
+    seconds: float
+
+
+class ChainRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    launches: list[LaunchRecord]
+    interruption: Interruption | None = None
+
+
+class LocalChain:
+    """Runs the plan to its end through `run_until_done`; `interrupt` gets SIGTERM after its first save."""
+
+    def __init__(self, plan: Path, run_dir: Path, *, backend: str, interrupt: str | None, echo: Echo) -> None:
+        self.plan, self.run_dir, self.backend, self.interrupt, self.echo = (
+            plan,
+            run_dir,
+            backend,
+            interrupt,
+            echo,
+        )
+        self.interruption: Interruption | None = None
+        self._stopped: LaunchOutcome | None = None
+        self.launches: list[LaunchRecord] = []
+        self.env = dict(os.environ, LONGCTX_NO_PROGRESS="1")
+
+    def resolve(self) -> ResolvedPlan:
+        return open_plan(self.plan, self.run_dir)
+
+    def run(self) -> ChainRun:
+        result = run_until_done(self.resolve, self.launch, choose=self.choose)
+        if result.stop == "failed" and result.outcomes[-1] is self._stopped:
+            result = run_until_done(self.resolve, self.launch, choose=self.choose)  # the resume
+        if result.stop == "failed":
+            last = result.outcomes[-1]
+            raise StageError(
+                f"stage {last.stage} failed (exit {last.exit_code})",
+                where=str(self.resolve().stage(last.stage).stage_dir / "logs"),
+                fix="read the launch's log; rerun `longctx rehearse` to resume",
+            )
+        if not result.done:
+            raise StageError(f"the rehearsal's stages did not finish: {result.reason}")
+        return ChainRun(launches=self.launches, interruption=self.interruption)
+
+    def choose(self, rp: ResolvedPlan, step: NextStep) -> bool:
+        """A RoPE sweep's branches are done: choose from their evidence, as `rope sweep` does."""
+        choice = record_choice(rp, rp.stage(step.stage or ""))
+        self.echo(f"    {step.stage}: RoPE {choice.reason}")
+        return True
+
+    def _command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "longctx",
+            "stage",
+            "run",
+            str(self.plan),
+            "--run-dir",
+            str(self.run_dir),
+            "--backend",
+            self.backend,
+        ]
+
+    def launch(self, rp: ResolvedPlan, step: NextStep) -> LaunchOutcome:
+        st = rp.stage(step.stage or "")
+        stop = self.interrupt == st.name and step.action == "first-launch" and self.interruption is None
+        self.echo(f"==> stage {st.name}: {step.action} ({st.seq_length:,} tokens, CP {st.cp})")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(self._command(), env=self.env)
+        if stop:
+            self._stop_after_first_save(proc, st.name, st.save_dir / TRACKER)
+        code = proc.wait()
+        after = stage_state(self.resolve().stage(st.name))
+        seconds = time.monotonic() - t0
+        outcome = LaunchOutcome(
+            st.name, step.action, code, step.start_iteration, after.iteration, after.status, seconds
+        )
+        self.launches.append(
+            LaunchRecord(
+                stage=st.name,
+                action=step.action,
+                exit_code=code,
+                start_iteration=step.start_iteration,
+                end_iteration=after.iteration,
+                seconds=seconds,
+            )
+        )
+        self.echo(
+            f"    stage {st.name}: iteration {after.iteration}/{after.target_iterations}, exit {code} "
+            f"[{seconds:.1f} s]"
+        )
+        if stop:
+            self._stopped = outcome
+            self.interruption = Interruption(
+                stage=st.name,
+                stopped_at=after.iteration,
+                target=after.target_iterations,
+                exit_code=code,
+                finished_first=after.status == "done",
+            )
+        return outcome
+
+    def _stop_after_first_save(self, proc: subprocess.Popen[bytes], stage: str, tracker: Path) -> None:
+        while proc.poll() is None and not tracker.exists():
+            time.sleep(0.05)
+        if proc.poll() is None:
+            self.echo(f"    SIGTERM to stage {stage} after its first save (it must resume from there)")
+            proc.send_signal(signal.SIGTERM)
