@@ -383,6 +383,24 @@ def adopt(
         raise
 
 
+def _publish(staging: Path, target: Path, into: Path, tracker: str | None, method: str) -> None:
+    """Rename the staged checkpoint into place, then write the tracker. If either fails (a full file
+    system), what this adopt wrote is removed, so the target is as it was; files moved out of a source
+    directory (`move`) are the user's only copy and stay where they are."""
+    where = staging
+    try:
+        fsync_dir(staging)
+        os.rename(staging, target)
+        where = target
+        fsync_dir(into)
+        if tracker is not None:
+            atomic_write_text(into / TRACKER, tracker)
+    except BaseException:
+        if "move" not in method:
+            shutil.rmtree(where, ignore_errors=True)
+        raise
+
+
 def _missing_dirs(path: Path) -> list[Path]:
     """The directories `path.mkdir(parents=True)` would create, outermost first."""
     out = []
@@ -417,11 +435,7 @@ def _adopt_into(
         staging.mkdir()
         files, nbytes, methods = _adopt_dir(resolved, sizes, staging, mode, allow_copy)
         method = "+".join(sorted(methods)) or ("move" if mode == "move" else "hardlink")
-    fsync_dir(staging)
-    os.rename(staging, target)
-    fsync_dir(into)
-    if write_tracker:
-        atomic_write_text(into / TRACKER, f"{RELEASE if it is None else it}\n")
+    _publish(staging, target, into, f"{RELEASE if it is None else it}\n" if write_tracker else None, method)
     report = verify_checkpoint(into if write_tracker else target)
     return AdoptResult(
         source=str(src),
