@@ -8,9 +8,11 @@ Directories are adopted without copying data: every file is hard-linked (default
 Symlinks (a Hub cache snapshot links into `blobs/`) are resolved and their targets linked.
 
 Archives are extracted, which writes the data once. Before anything is written every member is
-checked: absolute paths, `..`, links and devices make the whole archive refused. Extraction copies each
-member's byte range into a new regular file that longctx creates itself (the same on every Python; no
-reliance on tarfile's extraction filters, which Python 3.11.0-3.11.3 lack).
+checked: absolute paths, `..`, names a file system cannot hold, links and devices make the whole archive
+refused, and so does a path the archive holds twice under any spelling (which copy is meant is unclear;
+the archive index refuses it for every reader). Extraction copies each member's byte range into a new
+regular file that longctx creates itself (the same on every Python; no reliance on tarfile's extraction
+filters, which Python 3.11.0-3.11.3 lack).
 
 The iteration comes from the common state (`iteration`, or `args.iteration`), else from the directory
 name (`iter_NNNNNNN`), else from `iteration=`; an explicit one that disagrees with the saved one is an
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from longctx.checkpoint.archive import UnsafeName, member_path
 from longctx.checkpoint.layout import (
     RELEASE,
     TRACKER,
@@ -242,16 +245,20 @@ _COPY_CHUNK = 1 << 20
 
 
 def _confined(staging: Path, sub: str, where: str) -> Path:
-    """staging/sub for a member path the archive index already normalised and checked (no absolute path,
-    no `..`); checked again here, because this is where a byte is written."""
-    parts = sub.split("/")
-    if not sub or sub.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    """staging/sub for a member path the archive index already normalised and checked; checked again by
+    the same rule (`member_path`), because this is where a byte is written."""
+    try:
+        clean = sub != "" and member_path(sub) == sub
+    except UnsafeName:
+        clean = False
+    if not clean:
         raise CheckpointError(
-            f"refusing to extract the member {sub!r}: its path leaves the target directory",
+            f"refusing to extract the member {sub!r}: its path leaves the target directory or is not a "
+            "file name a file system holds",
             where=where,
             fix="do not use this archive; obtain a clean copy",
         )
-    return staging.joinpath(*parts)
+    return staging.joinpath(*sub.split("/"))
 
 
 def _write_range(src: ByteRange, dst: Path, advance: Callable[[int], None]) -> None:
@@ -279,7 +286,8 @@ def _write_range(src: ByteRange, dst: Path, advance: Callable[[int], None]) -> N
 
 def _tar_sources(resolved: ResolvedCheckpoint) -> dict[str, ByteRange]:
     """{member: its bytes in the archive} of the checkpoint's files, checked before anything is written:
-    regular files only (no links, no sparse members) and no name that is both a file and a directory."""
+    regular files only (no links, no sparse members). The index behind the tree already refused a path
+    held twice (also as a file and a directory) and every name that leaves the archive."""
     tree = resolved.tree
     assert isinstance(tree, TarTree)
     out: dict[str, ByteRange] = {}
@@ -292,18 +300,6 @@ def _tar_sources(resolved: ResolvedCheckpoint) -> dict[str, ByteRange]:
                 fix="extract the archive yourself, replace links by the files they name, and adopt the directory",
             )
         out[r] = tree.byte_range(r)  # a sparse member is refused here
-    stack = [resolved.checkpoint_rel]
-    while stack:  # a file member that is also a directory's name would be dropped without a word
-        for name in tree.listdir(d := stack.pop()):
-            p = f"{d}/{name}" if d else name
-            if tree.is_dir(p) and tree.is_file(p):
-                raise CheckpointError(
-                    f"the archive holds {p!r} twice, once as a file and once as a directory",
-                    where=tree.where(p),
-                    fix="do not use this archive; obtain a clean copy",
-                )
-            if tree.is_dir(p):
-                stack.append(p)
     return out
 
 
@@ -387,6 +383,24 @@ def adopt(
         raise
 
 
+def _publish(staging: Path, target: Path, into: Path, tracker: str | None, method: str) -> None:
+    """Rename the staged checkpoint into place, then write the tracker. If either fails (a full file
+    system), what this adopt wrote is removed, so the target is as it was; files moved out of a source
+    directory (`move`) are the user's only copy and stay where they are."""
+    where = staging
+    try:
+        fsync_dir(staging)
+        os.rename(staging, target)
+        where = target
+        fsync_dir(into)
+        if tracker is not None:
+            atomic_write_text(into / TRACKER, tracker)
+    except BaseException:
+        if "move" not in method:
+            shutil.rmtree(where, ignore_errors=True)
+        raise
+
+
 def _missing_dirs(path: Path) -> list[Path]:
     """The directories `path.mkdir(parents=True)` would create, outermost first."""
     out = []
@@ -421,11 +435,7 @@ def _adopt_into(
         staging.mkdir()
         files, nbytes, methods = _adopt_dir(resolved, sizes, staging, mode, allow_copy)
         method = "+".join(sorted(methods)) or ("move" if mode == "move" else "hardlink")
-    fsync_dir(staging)
-    os.rename(staging, target)
-    fsync_dir(into)
-    if write_tracker:
-        atomic_write_text(into / TRACKER, f"{RELEASE if it is None else it}\n")
+    _publish(staging, target, into, f"{RELEASE if it is None else it}\n" if write_tracker else None, method)
     report = verify_checkpoint(into if write_tracker else target)
     return AdoptResult(
         source=str(src),

@@ -3,7 +3,8 @@
 Checkpoints arrive as directories or as `.tar` files (some named `.tar.tar`, some holding one inner
 `.tar`). Every reader in this package goes through a `Tree`, so inspect and verify work on archives
 without extracting them: a member of an uncompressed tar is a byte range of the archive file, found
-from the headers alone (`TarInfo.offset_data`), also for a tar nested inside a tar.
+from the headers alone (`TarInfo.offset_data`), also for a tar nested inside a tar. What a tar holds
+is decided by one index (`archive.index_archive`), which a `TarTree` is built on.
 
 Paths inside a tree are POSIX strings relative to its root ("" is the root).
 """
@@ -16,15 +17,21 @@ import posixpath
 import stat
 import tarfile
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from longctx.checkpoint.archive import (
+    ArchiveIndex,
+    Member,
+    RangeFile,
+    UnsafeMember,
+    index_archive,
+    is_tar_range,
+)
 from longctx.errors import CheckpointError
 
 TAR_SUFFIXES = (".tar",)
-# a 9B model's save with optimizer has a few thousand files; the index of a tar is held in memory
-MAX_TAR_MEMBERS = 200_000
 
 
 def join(*parts: str) -> str:
@@ -185,159 +192,6 @@ class DirTree(Tree):
         return str(self.path(rel))
 
 
-@dataclass
-class _Member:
-    name: str  # normalised path inside the archive
-    raw_name: str
-    kind: str  # "file" | "dir" | "symlink" | "hardlink" | "device" | "fifo" | "other"
-    size: int
-    offset: int  # absolute offset of the data in the archive file
-    linkname: str = ""
-    sparse: bool = False
-
-
-@dataclass
-class UnsafeMember:
-    """A member that extraction must refuse (reason says why)."""
-
-    name: str
-    reason: str
-
-
-@dataclass
-class _Index:
-    members: dict[str, _Member] = field(default_factory=dict)
-    dirs: dict[str, set[str]] = field(default_factory=lambda: {"": set()})
-    unsafe: list[UnsafeMember] = field(default_factory=list)
-
-
-class _RangeFile(io.RawIOBase):
-    """A seekable read-only view of `length` bytes of a file from `offset` (for a tar inside a tar)."""
-
-    def __init__(self, path: Path, offset: int, length: int) -> None:
-        self._fh = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._offset, self._length, self._pos = offset, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._length}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
-
-    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        n = min(len(b), self._length - self._pos)
-        if n <= 0:
-            return 0
-        self._fh.seek(self._offset + self._pos)
-        data = self._fh.read(n)
-        b[: len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-    def close(self) -> None:
-        self._fh.close()
-        super().close()
-
-
-def _normalise(name: str) -> str:
-    n = name.replace("\\", "/")
-    while n.startswith("./"):
-        n = n[2:]
-    return posixpath.normpath(n) if n not in ("", ".") else ""
-
-
-def _unsafe_reason(ti: tarfile.TarInfo) -> str | None:
-    """Why extracting `ti` into a directory could escape it or create a device (None: safe).
-
-    Mirrors what tarfile's "data" filter refuses, so verify can report it before adopt tries.
-    """
-    name = ti.name.replace("\\", "/")
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        return "absolute path"
-    if ".." in name.split("/"):
-        return "path with '..' leaving the target directory"
-    if ti.ischr() or ti.isblk() or ti.isfifo():
-        return "device or FIFO"
-    if ti.issym() or ti.islnk():
-        link = ti.linkname.replace("\\", "/")
-        if link.startswith("/"):
-            return f"link to absolute path {ti.linkname!r}"
-        base = posixpath.dirname(_normalise(name)) if ti.issym() else ""
-        target = posixpath.normpath(posixpath.join(base, link))
-        if target == ".." or target.startswith("../"):
-            return f"link to {ti.linkname!r} leaving the target directory"
-    return None
-
-
-def _prefixes(name: str) -> list[str]:
-    parts = name.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-
-
-def _link_on_the_way(path: str, links: set[str]) -> str | None:
-    """The first link that resolving `path` component by component passes through (`d/../..` passes
-    through `d`, which a textual normalisation would drop), or None."""
-    cur: list[str] = []
-    for comp in path.split("/"):
-        if comp in ("", "."):
-            continue
-        here = "/".join(cur)
-        if here in links:
-            return here
-        if comp == "..":
-            if cur:
-                cur.pop()
-            continue
-        cur.append(comp)
-    here = "/".join(cur)
-    return here if here in links else None
-
-
-def _refuse_link_chains(index: _Index) -> None:
-    """Move to `unsafe` what escapes only once earlier links are followed: a member below a symlink
-    (`a -> .` then `a/b -> ..` is `b -> ..`) and a link whose target passes through a link. Each link's
-    text alone looks contained; extraction follows them in order, so the chain is refused as a whole."""
-    links = {n for n, m in index.members.items() if m.kind in ("symlink", "hardlink")}
-    if not links:
-        return
-    bad: dict[str, str] = {}
-    for name, m in index.members.items():
-        below = next((p for p in _prefixes(name)[:-1] if p in links), None)
-        if below is not None:
-            bad[name] = f"member below the link {below!r} (a link chain can leave the target directory)"
-        elif m.kind in ("symlink", "hardlink"):
-            base = posixpath.dirname(name) if m.kind == "symlink" else ""
-            through = _link_on_the_way(posixpath.join(base, m.linkname.replace("\\", "/")), links)
-            if through is not None:
-                bad[name] = f"link to {m.linkname!r} through the link {through!r} (link chains are refused)"
-    for name, reason in sorted(bad.items()):
-        index.unsafe.append(UnsafeMember(index.members.pop(name).raw_name, reason))
-
-
-def _kind(ti: tarfile.TarInfo) -> str:
-    if ti.isdir():
-        return "dir"
-    if ti.issym():
-        return "symlink"
-    if ti.islnk():
-        return "hardlink"
-    if ti.ischr() or ti.isblk():
-        return "device"
-    if ti.isfifo():
-        return "fifo"
-    if ti.isreg():
-        return "file"
-    return "other"
-
-
 def is_tar(path: Path) -> bool:
     try:
         return path.is_file() and tarfile.is_tarfile(path)
@@ -355,79 +209,21 @@ class TarTree(Tree):
         self.source = Path(archive)
         self.archive = Path(archive)
         self.layers: list[str] = [self.archive.name]
-        self.inner_offset = 0
-        index = self._scan(self.archive, 0, os.path.getsize(self.archive))
-        # Ermine-style `.tar.tar`: one inner tar and nothing else (directories aside)
-        files = [m for m in index.members.values() if m.kind != "dir"]
-        if len(files) == 1 and files[0].kind == "file" and files[0].name.endswith(TAR_SUFFIXES):
-            inner = files[0]
-            try:
-                inner_index = self._scan(self.archive, inner.offset, inner.size)
-            except CheckpointError:
-                inner_index = None
-            if inner_index is not None:
-                self.layers.append(inner.name)
-                self.inner_offset = inner.offset
-                index = inner_index
+        index = index_archive(self.archive, 0, os.path.getsize(self.archive), str(self.archive))
+        inner = self._inner_tar(index)
+        if inner is not None:  # indexed by the same rules: a name held twice in it is refused as well
+            nested = index_archive(self.archive, inner.offset, inner.size, f"{self.archive}:{inner.name}")
+            nested.unsafe[:0] = index.unsafe  # the outer archive's unsafe members stay reported
+            index = nested
+            self.layers.append(inner.name)
         self._index = index
 
-    def _scan(self, path: Path, offset: int, length: int) -> _Index:
-        raw = _RangeFile(path, offset, length)
-        try:
-            try:
-                tf = tarfile.open(fileobj=io.BufferedReader(raw), mode="r:")  # type: ignore[arg-type]  # noqa: SIM115
-            except tarfile.TarError as err:
-                raise CheckpointError(
-                    f"not a readable uncompressed tar archive ({err})",
-                    where=str(path),
-                    fix="decompress it first (only plain .tar archives are read in place), or re-download it",
-                ) from None
-            index = _Index()
-            try:
-                for count, ti in enumerate(tf, 1):
-                    if count > MAX_TAR_MEMBERS:
-                        raise CheckpointError(
-                            f"the archive has more than {MAX_TAR_MEMBERS:,} members; no checkpoint has that many",
-                            where=str(path),
-                            fix="extract it yourself and point longctx at the checkpoint directory inside",
-                        )
-                    reason = _unsafe_reason(ti)
-                    if reason:
-                        index.unsafe.append(UnsafeMember(ti.name, reason))
-                        continue
-                    name = _normalise(ti.name)
-                    if not name:
-                        continue
-                    m = _Member(
-                        name=name,
-                        raw_name=ti.name,
-                        kind=_kind(ti),
-                        size=ti.size if ti.isreg() else 0,
-                        offset=offset + ti.offset_data,
-                        linkname=ti.linkname,
-                        sparse=ti.issparse(),
-                    )
-                    index.members[name] = m
-                    parts = name.split("/")
-                    for i in range(len(parts)):
-                        parent = "/".join(parts[:i])
-                        index.dirs.setdefault(parent, set()).add(parts[i])
-                        if i < len(parts) - 1:
-                            index.dirs.setdefault("/".join(parts[: i + 1]), set())
-                    if m.kind == "dir":
-                        index.dirs.setdefault(name, set())
-            except tarfile.TarError as err:
-                raise CheckpointError(
-                    f"the tar archive is damaged ({err})",
-                    where=str(path),
-                    fix="re-download or re-copy the archive",
-                ) from None
-            finally:
-                tf.close()
-        finally:
-            raw.close()
-        _refuse_link_chains(index)
-        return index
+    def _inner_tar(self, index: ArchiveIndex) -> Member | None:
+        """The inner tar of an Ermine-style `.tar.tar`: one tar and nothing else (directories aside)."""
+        files = [m for m in index.members.values() if m.kind != "dir"]
+        if len(files) != 1 or files[0].kind != "file" or not files[0].name.endswith(TAR_SUFFIXES):
+            return None
+        return files[0] if is_tar_range(self.archive, files[0].offset, files[0].size) else None
 
     @property
     def unsafe(self) -> list[UnsafeMember]:
@@ -460,7 +256,7 @@ class TarTree(Tree):
             )
         return ByteRange(self.archive, m.offset, m.size)
 
-    def _member(self, rel: str) -> _Member:
+    def _member(self, rel: str) -> Member:
         m = self._index.members.get(rel)
         if m is None or m.kind != "file":
             raise CheckpointError(f"no file {rel!r} in the archive", where=self.where(rel))
@@ -470,14 +266,6 @@ class TarTree(Tree):
         return ":".join(
             [str(self.archive), *self.layers[1:], rel] if rel else [str(self.archive), *self.layers[1:]]
         )
-
-    def open_tarfile(self) -> tarfile.TarFile:
-        """The innermost archive as a TarFile (caller closes), for extraction."""
-        if self.inner_offset:
-            length = os.path.getsize(self.archive) - self.inner_offset
-            raw = _RangeFile(self.archive, self.inner_offset, length)
-            return tarfile.open(fileobj=io.BufferedReader(raw), mode="r:")  # type: ignore[arg-type]
-        return tarfile.open(self.archive, mode="r:")
 
 
 def open_tree(path: str | os.PathLike[str]) -> Tree:
@@ -505,4 +293,4 @@ def open_tree(path: str | os.PathLike[str]) -> Tree:
 def open_binary(tree: Tree, rel: str) -> BinaryIO:
     """A seekable binary file object over one file of the tree (caller closes)."""
     r = tree.byte_range(rel)
-    return io.BufferedReader(_RangeFile(r.path, r.offset, r.length))  # type: ignore[arg-type]
+    return io.BufferedReader(RangeFile(r.path, r.offset, r.length))  # type: ignore[arg-type]

@@ -54,9 +54,9 @@ def test_unsafe_archive_is_refused_by_check_and_adopt(case: str, flat_snapshot: 
 def test_archive_with_too_many_members(
     flat_snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from longctx.checkpoint import tree
+    from longctx.checkpoint import archive
 
-    monkeypatch.setattr(tree, "MAX_TAR_MEMBERS", 5)  # the real bound (200,000) holds the same way
+    monkeypatch.setattr(archive, "MAX_TAR_MEMBERS", 5)  # the real bound (200,000) holds the same way
     archive = _archive(tmp_path / "many.tar", flat_snapshot, [_file(f"ckpt/extra{i}.txt") for i in range(5)])
     refused(["ckpt", "check", archive], [tmp_path], needle="more than 5 members")
 
