@@ -105,6 +105,15 @@ def rehearse(
             console.print(
                 f"  reduced{f' ({r.stage})' if r.stage else ''}: {r.what}", highlight=False, soft_wrap=True
             )
+        if report.cost is not None and report.cost.seconds_per_token_ratio is not None:
+            c = report.cost
+            console.print(
+                f"cost of length: seconds per token ×{c.seconds_per_token_ratio:.2f} from the first stage to the "
+                f"last, FLOPs per token ×{c.flops_per_token_ratio:.2f} (attention ×{c.attention_flops_ratio:.1f}); "
+                f"a {c.matmul} runs at {c.matmul_flops_per_s / 1e9:.1f} GFLOP/s",
+                highlight=False,
+                soft_wrap=True,
+            )
         if report.export is not None:
             e = report.export
             console.print(

@@ -30,6 +30,7 @@ from longctx.plan.objective import (
     resolve_objective,
     vocab_rows,
 )
+from longctx.plan.rehearsal_mark import refuse_rehearsal_dir
 from longctx.plan.schema import ClusterSpec, DataSpec, EvalSpec, LocalSpec, LRSpec, Plan, StageSpec
 from longctx.plan.sweep import SWEEP_DIR, ResolvedSweep, resolve_sweep
 from longctx.plan.values import (
@@ -1065,4 +1066,6 @@ def _branches(ctx: _StageContext, main: ResolvedStage, sweep: ResolvedSweep) -> 
 def open_plan(path: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None = None) -> ResolvedPlan:
     """Load a plan (a file, or the name of a shipped plan) and resolve it: the one way in for commands.
     `run_dir` (or $LONGCTX_RUN_DIR) replaces the plan's run_dir. Raises PlanError when it does not validate."""
-    return resolve_plan(load_plan(path, run_dir=run_dir))
+    rp = resolve_plan(load_plan(path, run_dir=run_dir))
+    refuse_rehearsal_dir(rp.name, Path(rp.run_dir), rp.where)
+    return rp

@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from longctx.errors import PlanError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.eval_memory import eval_memory
+from longctx.plan.memory import GiB
 from longctx.plan.micro import MicroShapeOptions, micro_shape
+from longctx.plan.rehearsal_mark import NAME_SUFFIX
 from longctx.plan.schema import DataSpec, Plan, StageDefaults
 from longctx.util.fs import atomic_write_text
-
-REHEARSAL_MARK = "rehearsal.json"  # in a rehearsal's run dir: what it rehearses (never a real run's)
-NAME_SUFFIX = "-rehearsal"
 
 
 class RehearsalOptions(BaseModel):
@@ -38,7 +38,7 @@ class RehearsalOptions(BaseModel):
     """Training iterations per stage (one sequence each): enough to save, resume and see the loss move."""
     max_ranks: int = Field(default=8, ge=1, le=64)
     """The most processes one stage may run here; a plan's larger CP is reduced to fit (and said so)."""
-    lr: float = Field(default=1e-3, gt=0)
+    lr: float = Field(default=1e-2, gt=0)
     """The peak rate: the plan's (1e-5 for an extension) moves a random micro model too little to show
     the loss fall in a few iterations; the schedule's shape and its min/peak ratio are kept."""
     keys_per_cell: int = Field(default=1, ge=1, le=20)
@@ -147,6 +147,7 @@ def _tokenizer(rp: ResolvedPlan, opts: RehearsalOptions, notes: list[Reduction])
     if rp.plan.tokenizer.megatron_type:
         tok["megatron_type"] = rp.plan.tokenizer.megatron_type
     if opts.tokenizer is not None:
+        notes += _vocabulary(rp)
         notes.append(
             Reduction(
                 what=f"tokenizer {rp.tokenizer.path} → {opts.tokenizer} (checked against {tok['manifest']})",
@@ -154,6 +155,27 @@ def _tokenizer(rp: ResolvedPlan, opts: RehearsalOptions, notes: list[Reduction])
             )
         )
     return tok
+
+
+def _vocabulary(rp: ResolvedPlan) -> list[Reduction]:
+    """What the plan's vocabulary costs at each length, which the rehearsal's smaller one does not show:
+    training logits per GPU (the memory model) and one evaluation sequence's logits on one GPU."""
+    vocab = rp.tokenizer.manifest.vocab_size
+    out = []
+    for st in rp.stages:
+        ev = eval_memory(
+            rp.arch, st.padded_vocab_size, st.seq_length, 1, batch=1, gpu_memory_gib=1.0, margin=0.0
+        )
+        out.append(
+            Reduction(
+                what=f"vocabulary {vocab:,} → the rehearsal tokenizer's",
+                stage=st.name,
+                real_needs=f"training logits {st.memory.logits / GiB:.1f} GiB per GPU at TP {st.tp} / CP {st.cp} "
+                f"(memory model); evaluation of one {st.seq_length:,}-token sequence on one GPU "
+                f"{ev.logits / GiB:.1f} GiB of logits",
+            )
+        )
+    return out
 
 
 def _check_options(opts: RehearsalOptions) -> None:
@@ -176,8 +198,12 @@ def _defaults(rp: ResolvedPlan, opts: RehearsalOptions, notes: list[Reduction]) 
     d = rp.plan.defaults
     lr = (d.lr.model_dump(mode="json", exclude_none=True) if d.lr else {}) | {"lr": opts.lr}
     first = rp.stages[0].lr
-    lr["min_lr"] = opts.lr * (first.min_lr / first.lr)
-    notes.append(Reduction(what=f"peak learning rate {first.lr:g} → {opts.lr:g} (min/peak ratio kept)"))
+    lr["min_lr"] = float(f"{opts.lr * (first.min_lr / first.lr):.6g}")
+    lr.pop("warmup_iters", None)
+    lr["warmup_fraction"] = 0.0  # a warm-up iteration of a few would train at rate 0
+    notes.append(
+        Reduction(what=f"peak learning rate {first.lr:g} → {opts.lr:g}, no warm-up (min/peak ratio kept)")
+    )
     out: dict[str, Any] = {
         "micro_batch_size": 1,
         "global_batch_size": 1,

@@ -36,15 +36,16 @@ from longctx.export import export_hf
 from longctx.launch.local import LocalLauncher
 from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.plan.rehearsal import (
-    REHEARSAL_MARK,
     Reduction,
     RehearsalOptions,
     RehearsalPlan,
     rehearsal_plan,
     write_rehearsal_plan,
 )
+from longctx.plan.rehearsal_mark import REHEARSAL_MARK
 from longctx.plan.stage_data import check_plan_data, plan_tokenizer, stage_blend
 from longctx.rehearse.chain import ChainRun, LocalChain
+from longctx.rehearse.cost import LengthCost, length_cost
 from longctx.rehearse.figures import StageFigures, memory_model, stage_figures
 from longctx.rehearse.parity import Parity, export_parity
 from longctx.tokenizer import load_tokenizer, verify_tokenizer
@@ -70,6 +71,7 @@ class RehearsalReport(BaseModel):
     stages: list[StageFigures] = Field(default_factory=list)
     interruption: dict[str, object] | None = None
     export: Parity | None = None
+    cost: LengthCost | None = None  # seconds per token by length against the FLOPs, FLOP/s against a matmul
     export_dir: str | None = None
     wall_seconds: float = 0.0
     load_average: tuple[float, float, float] | None = None  # at the end: what shared the cores
@@ -262,6 +264,12 @@ def rehearse(
         stage_figures(st, source.stage(st.name), evals.get(st.name), chain, memory_model(rp.arch, st))
         for st in rp.stages
     ]
+    cost = length_cost(
+        rp.arch,
+        [(s.stage, s.seq_length, s.seconds_per_iteration) for s in stages],
+        causal=rp.objective.causal,
+        vocab_rows=rp.stages[0].padded_vocab_size,
+    )
     report = RehearsalReport(
         plan=rehearsal.source,
         rehearsal_plan=str(plan_file),
@@ -272,6 +280,7 @@ def rehearse(
         stages=stages,
         interruption=chain.interruption.model_dump() if chain.interruption else None,
         export=parity,
+        cost=cost,
         export_dir=str(out),
         wall_seconds=time.monotonic() - t0,
         load_average=os.getloadavg(),
