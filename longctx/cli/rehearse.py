@@ -13,6 +13,7 @@ from longctx.errors import StageError
 from longctx.util.table import narrow_table
 from longctx.util.units import human_length
 
+BACKENDS = ("local", "megatron-lm")
 # the rehearsal is imported inside the command: it loads torch, megatron-core and transformers
 
 HELP = (
@@ -37,6 +38,14 @@ def _parse_depths(text: str) -> list[float]:
             where="--depths",
             fix="e.g. --depths 0,0.5",
         ) from None
+
+
+def _backend(text: str) -> str:
+    if text not in BACKENDS:
+        raise StageError(
+            f"unknown backend {text!r}", where="--backend", fix=f"use one of: {', '.join(BACKENDS)}"
+        )
+    return text
 
 
 def report_table(report: object) -> Table:
@@ -78,6 +87,11 @@ def rehearse(
     layers: int = typer.Option(2, "--layers", min=1, max=8, help="layers of the micro model"),
     head_dim: int = typer.Option(16, "--head-dim", min=8, max=256, help="the largest head dim kept"),
     depths: str = typer.Option("0,0.5", "--depths", help="needle depths evaluated, comma-separated"),
+    backend: str = typer.Option(
+        "local",
+        "--backend",
+        help="local (longctx's trainer) or megatron-lm (pretrain_gpt.py on this machine)",
+    ),
     json_out: Json = False,
 ) -> None:
     from longctx.plan.micro import MicroShapeOptions
@@ -95,7 +109,11 @@ def rehearse(
     source = resolved_plan(plan)
     with stdout_to_stderr(json_out):
         report = run_rehearsal(
-            source, run_dir, opts, echo=lambda s: console.print(s, highlight=False, soft_wrap=True)
+            source,
+            run_dir,
+            opts,
+            backend=_backend(backend),
+            echo=lambda s: console.print(s, highlight=False, soft_wrap=True),
         )
     if json_out:
         print_json(report.model_dump(mode="json") | {"ok": report.ok})

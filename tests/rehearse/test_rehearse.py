@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from longctx.errors import PlanError
 from longctx.plan.derive import open_plan
 from longctx.plan.micro import MicroShapeOptions
 from longctx.plan.rehearsal import RehearsalOptions, rehearsal_plan
@@ -66,7 +67,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def options(oellm_like_hf_dir: Path, oellm_like_manifest: Path) -> RehearsalOptions:
     return RehearsalOptions(
         shape=MicroShapeOptions(layers=1),
-        iterations=2,
+        iterations=3,
         tokenizer=oellm_like_hf_dir,
         manifest=oellm_like_manifest,
     )
@@ -101,7 +102,7 @@ def test_the_rehearsal_plan_keeps_what_length_failures_depend_on(
     assert model["qk_layernorm"] and model["rotary_percent"] == 1.0 and model["num_layers"] == 1
     for got, real in zip(plan["stages"], source.stages, strict=True):
         assert got["seq_length"] == real.seq_length and got["rope"] == {"base": real.rotary_base}
-        assert got["context_parallel"] == real.cp and got["tokens"] == 2 * real.seq_length
+        assert got["context_parallel"] == real.cp and got["tokens"] == 3 * real.seq_length
         StageSpec.model_validate(got)
     assert plan["stages"][1]["data"]["tier_mix"]["tiers"] == {
         "16k_plus": 0.85,
@@ -130,8 +131,6 @@ def test_every_stage_runs_at_its_length_and_the_export_matches(
 
 
 def test_a_real_plan_never_resolves_into_a_rehearsal(rehearsed: tuple[RehearsalReport, Path, Path]) -> None:
-    from longctx.errors import PlanError
-
     _, plan, run = rehearsed
     with pytest.raises(PlanError, match="holds a rehearsal"):
         open_plan(plan, run)
