@@ -206,7 +206,7 @@ def test_a_damaged_choice_is_named(plan: Path) -> None:
     [
         ("sweep = [100_000, 200_000]", "goes with `sweep`"),
         ("base = 100_000, tokens = 10", "goes with `sweep`"),
-        ("base = 100_000, sweep = [1, 2], tokens = 10", "exactly one of"),
+        ("base = 100_000, sweep = [100_000, 200_000], tokens = 10", "exactly one of"),
         ('sweep = ["men", 200_000], params = { source = "exact" }, tokens = 10', "params"),
         ("sweep = [100_000], tokens = 10", "at least 2"),
         ("sweep = [100_000, 100_000], tokens = 1_024", "all give base 100,000"),
