@@ -5,11 +5,17 @@ integer, [eval] settings `eval run` refuses, a damaged choice.json. Each is refu
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from longctx.cli.main import app
+from longctx.errors import PlanError
+from longctx.plan.derive import open_plan
+from longctx.plan.sweep import CHOICE_FILE, RULE
 from tests.bad_input.harness import refused
 from tests.fixtures.eval import EvalRun
 
@@ -125,3 +131,86 @@ def test_eval_rotary_base_is_held_to_the_same_bound(eval_run_copy: EvalRun, tmp_
         BIG,
     ]
     refused(args, [run.root, tmp_path], needle="at most 10^15")
+
+
+# -- a sweep's cost --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=IDS)
+def test_a_sweep_costing_four_times_its_stage_is_refused(
+    command: list[str], oellm_like_manifest: Path, tmp_path: Path
+) -> None:
+    rope = "sweep = [100_000, 200_000, 400_000, 800_000], tokens = 4_096"
+    plan = _plan(tmp_path, oellm_like_manifest, s2_rope=rope)
+    msg = " ".join(refused([*command, plan], [tmp_path], needle="400%").split())
+    assert "4 branches × 4,096 tokens = 16,384 tokens cost 400% of the stage's 4,096" in msg
+    assert "at most 1,024 tokens" in msg
+
+
+def test_a_sweep_costing_its_whole_stage_is_allowed(oellm_like_manifest: Path, tmp_path: Path) -> None:
+    rope = "sweep = [100_000, 200_000, 400_000, 800_000], tokens = 1_024"
+    st = open_plan(_plan(tmp_path, oellm_like_manifest, s2_rope=rope)).stage("s2")
+    assert st.sweep is not None and st.sweep.summary()["share_of_stage"] == 1.0
+
+
+# -- the sweep's choice on disk --------------------------------------------------------------------------
+
+
+def _choice(**changes: object) -> dict:
+    evidence = [{"branch": f"s2.rope-{b}", "base": b, "from": [f"explicit base {b:,}"], "tokens": 2048,
+                 "length": 256, "depths": [0.0, 1.0], "greedy_hits": [1, 1], "keys": 1, "far_loss": 5.5}
+                for b in (100_000, 200_000)]  # fmt: skip
+    doc = {"base": 200_000, "rule": RULE, "reason": "base 200,000: test", "candidates": [100_000, 200_000],
+           "branch_tokens": 2048, "evidence": evidence}  # fmt: skip
+    doc.update(changes)
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+DAMAGED: dict[str, tuple[object, str]] = {
+    "not-json": ('{"base": 200000, ', "not JSON"),
+    "a-list": ([1, 2, 3], "Input should be a valid dictionary"),
+    "missing-key": (_choice(rule=None), "rule: Field required"),
+    "base-a-word": (_choice(base="many"), "base: rotary base must be an integer"),
+    "base-truncated": (_choice(base=200_000.9), "is an int), got 200000.9"),
+    "base-integral-float": (_choice(base=200_000.0), "base: rotary base must be an integer"),
+    "base-not-a-candidate": (_choice(base=300_000), "300,000 is not one of its candidates"),
+    "candidate-2^63-1": (_choice(candidates=[100_000, BIG]), "at most 10^15"),
+    "evidence-not-a-list": (_choice(evidence={"a": 1}), "evidence: Input should be a valid list"),
+    "evidence-missing-hits": (
+        _choice(evidence=[{"base": 100_000, "length": 256, "keys": 1}]),
+        "evidence.0.greedy_hits: Field required",
+    ),
+    "evidence-of-another-base": (
+        _choice(evidence=[{"base": 300_000, "length": 256, "keys": 1, "greedy_hits": [1]}]),
+        "evidence for base 300,000",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=IDS)
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_a_damaged_choice_is_named_with_the_way_out(
+    case: str, command: list[str], oellm_like_manifest: Path, tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path, oellm_like_manifest)
+    path = tmp_path / "run" / "stages" / "s2" / "sweep" / CHOICE_FILE
+    path.parent.mkdir(parents=True)
+    content, needle = DAMAGED[case]
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    msg = " ".join(refused([*command, plan], [tmp_path], needle="the RoPE sweep choice is damaged").split())
+    assert needle in msg and str(path) in msg
+    assert "delete it" in msg and "longctx rope sweep PLAN --stage s2" in msg
+    with pytest.raises(PlanError, match="choice is damaged"):
+        open_plan(plan)
+
+
+def test_a_sound_choice_is_taken_as_written(oellm_like_manifest: Path, tmp_path: Path) -> None:
+    plan = _plan(tmp_path, oellm_like_manifest)
+    path = tmp_path / "run" / "stages" / "s2" / "sweep" / CHOICE_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_choice()))
+    st = open_plan(plan).stage("s2")
+    assert st.rotary_base == 200_000 and st.sweep is not None and not st.sweep.pending
+    for command in COMMANDS:
+        res = CliRunner().invoke(app, [*command, str(plan)])
+        assert res.exit_code == 0 and "Traceback" not in res.output, (command, res.output)

@@ -33,7 +33,8 @@ EVAL = "\n[eval]\nkeys_per_cell = 1\ndepths = [0.0, 1.0]\ndistractors = 1\n"
 
 @pytest.fixture
 def plan(fresh_run: Path, tmp_path: Path) -> Path:
-    return write_plan(tmp_path / "plan.toml", fresh_run, s2_base=SWEEP, extra=EVAL)
+    # four branches of 1,024 tokens: the whole stage's 4,096 (a sweep may cost up to the stage)
+    return write_plan(tmp_path / "plan.toml", fresh_run, s2_tokens=4 * 1_024, s2_base=SWEEP, extra=EVAL)
 
 
 def _rp(plan: Path) -> ResolvedPlan:
