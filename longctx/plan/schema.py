@@ -16,7 +16,7 @@ from longctx.arch import ModelArch
 from longctx.errors import LongctxError, PlanError
 from longctx.megatron_versions import facts
 from longctx.objective import Objective
-from longctx.plan.eval_tasks import check_tasks
+from longctx.plan.eval_tasks import check_tasks, key_space_problem
 from longctx.rope.base_bound import RotaryBase, base_problem
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -352,6 +352,14 @@ class EvalSpec(_Strict):
     @classmethod
     def _tasks(cls, v: list[str]) -> list[str]:
         return check_tasks(v)
+
+    @model_validator(mode="after")
+    def _enough_keys(self) -> EvalSpec:
+        # the rule `eval run` would meet only after loading the model, checked wherever settings are made
+        problem = key_space_problem(self.key_digits, self.any_digit_keys, self.distractors, self.tasks)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @field_validator("elbo_levels")
     @classmethod

@@ -214,3 +214,34 @@ def test_a_sound_choice_is_taken_as_written(oellm_like_manifest: Path, tmp_path:
     for command in COMMANDS:
         res = CliRunner().invoke(app, [*command, str(plan)])
         assert res.exit_code == 0 and "Traceback" not in res.output, (command, res.output)
+
+
+# -- [eval]: plan check refuses what eval run would ------------------------------------------------------
+
+EVAL = {
+    "distractors-beyond-the-keys": ("key_digits = 1\ndistractors = 20\n", "fewer than the 21 distinct keys"),
+    "needles-beyond-the-keys": (
+        'key_digits = 1\ntasks = ["multikey-16"]\n',
+        "fewer than the 16 distinct keys",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVAL))
+def test_eval_settings_are_refused_by_plan_check_as_by_eval_run(
+    case: str, eval_run_copy: EvalRun, tmp_path: Path
+) -> None:
+    run = eval_run_copy
+    table, needle = EVAL[case]
+    run.plan.write_text(run.plan.read_text() + "\n[eval]\n" + table)
+    checked = refused(["plan", "check", run.plan], [run.root, tmp_path], needle=needle)
+    evaluated = refused(["eval", "run", run.stage("s1"), "--plan", run.plan, "--out", tmp_path / "out"],
+                        [run.root, tmp_path], needle=needle)  # fmt: skip
+    assert "distinct keys an item needs" in checked and "distinct keys an item needs" in evaluated
+
+
+def test_eval_options_are_held_to_the_same_rule(eval_run_copy: EvalRun, tmp_path: Path) -> None:
+    run = eval_run_copy
+    args = ["eval", "run", run.stage("s1"), "--plan", run.plan, "--out", tmp_path / "out",
+            "--key-digits", "1", "--distractors", "30"]  # fmt: skip
+    refused(args, [run.root, tmp_path], needle="fewer than the 31 distinct keys")
