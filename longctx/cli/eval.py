@@ -236,9 +236,12 @@ def run(
     window; longer ones need --extrapolate. Exit 2 on bad input (missing checkpoint, unknown stage,
     length beyond the window, length not divisible by 2·CP, tokenizer mismatch)."""
     from longctx.eval.runner import evaluate_path
+    from longctx.rope.base_bound import check_base
 
     _threads(threads)
     ranks = _cp(cp)  # a bad WORLD_SIZE is refused before anything is loaded
+    if rotary_base is not None:  # the bound every base is held to
+        check_base(rotary_base, what="--rotary-base: the rotary base", where="--rotary-base")
     rp = _resolved(plan, run_dir)
     settings = _settings(
         rp,

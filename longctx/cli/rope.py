@@ -60,14 +60,17 @@ def parse_base(text: str, *, option: str = "--base") -> int:
         raise typer.BadParameter(
             f"{option}: not a base: {text!r} (write digits or scientific notation, e.g. 1000000 or 1e6)"
         )
-    value = float(raw.replace("_", ""))
+    from longctx.rope.base_bound import check_base
+
+    digits = raw.replace("_", "")
+    value = float(digits)
     if not math.isfinite(value) or value != int(value):
         raise typer.BadParameter(
             f"{option}: the rotary base must be an integer (Megatron's --rotary-base), got {text!r}"
         )
-    if value <= 1:
-        raise typer.BadParameter(f"{option}: the rotary base must be greater than 1, got {text!r}")
-    return int(value)
+    base = int(digits) if digits.isdigit() else int(value)  # digits exactly; '1e6' through the float
+    # the bound every base is held to (RopeError: a message with its fix, and one JSON document)
+    return check_base(base, what=f"{option}: the rotary base", where=option)
 
 
 _size = positive_size

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from longctx.data.indexed import require_tokens
+
 # the top of the window: its last 1/TOP_FRACTION of distances
 TOP_FRACTION = 32
 # enough windows for shares of a fraction of a percent; a dataset with fewer is tiled whole
@@ -61,17 +63,20 @@ def _edges(seq_length: int) -> list[int]:
     return sorted({*range(0, seq_length, step), seq_length - seq_length // TOP_FRACTION, seq_length - 1})
 
 
-def _pieces(lengths: np.ndarray, seq_length: int, windows: int, rng: np.random.Generator) -> np.ndarray:
+def _pieces(
+    lengths: np.ndarray, seq_length: int, windows: int, rng: np.random.Generator, name: str
+) -> np.ndarray:
     """Lengths of the document pieces in `windows` consecutive windows of a shuffled pass over the
     documents (repeated passes when the data holds fewer tokens than the windows ask)."""
+    require_tokens(name, lengths)  # each pass below then adds at least one token
     need = windows * seq_length + 1
     order: list[np.ndarray] = []
     total = 0
-    while total < need and lengths.size:
+    while total < need:
         perm = lengths[rng.permutation(lengths.size)]
         order.append(perm)
         total += int(perm.sum())
-    stream = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+    stream = np.concatenate(order)
     ends = np.cumsum(stream)
     starts = ends - stream
     out: list[np.ndarray] = []
@@ -104,8 +109,10 @@ def distance_coverage(
     packing: str,
     causal: bool,
     seed: int = 1234,
+    names: Sequence[str] | None = None,
 ) -> DistanceCoverage:
-    """The coverage of a blend: each dataset's document `lengths`, mixed by `weights`."""
+    """The coverage of a blend: each dataset's document `lengths`, mixed by `weights` (`names` name them
+    in the DatasetError refusing one without a token)."""
     edges = _edges(seq_length)
     if packing != "documents":
         share = [(seq_length - d) / seq_length if causal else 1.0 for d in edges]
@@ -114,10 +121,11 @@ def distance_coverage(
     total = np.zeros(len(edges))
     longest, used = 0, 0
     weight_sum = float(sum(weights)) or 1.0
-    for lens, w in zip(lengths, weights, strict=True):
+    labels = list(names) if names is not None else [f"#{i + 1} of the blend" for i in range(len(lengths))]
+    for lens, w, name in zip(lengths, weights, labels, strict=True):
         lens = np.asarray(lens, dtype=np.int64)
         windows = int(min(MAX_WINDOWS, max(1, lens.sum() // seq_length)))
-        pieces = _pieces(lens, seq_length, windows, rng)
+        pieces = _pieces(lens, seq_length, windows, rng, name)
         if pieces.size == 0:
             continue
         used += windows

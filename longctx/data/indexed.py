@@ -130,6 +130,28 @@ class IndexInfo:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+EMPTY_FIX = "tokenize non-empty input, or drop this prefix from the blend"
+
+
+def no_tokens_message(name: str, documents: int) -> str:
+    """What is wrong with a dataset (or a part of one) that holds no token: one wording for every check
+    and every loop that refuses it, since nothing can be cut from it however often it is walked."""
+    if documents == 0:
+        return f"dataset {name} has no document"
+    return f"dataset {name} has {documents:,} zero-length documents and no token"
+
+
+def require_tokens(name: str, lengths: np.ndarray) -> None:
+    """DatasetError when documents of these `lengths` hold no token: a loop that walks them until it has
+    gathered tokens would never end."""
+    if int(np.asarray(lengths, dtype=np.int64).sum()) <= 0:
+        raise DatasetError(
+            f"{no_tokens_message(name, int(np.asarray(lengths).size))}: no window can be cut from it",
+            where=name,
+            fix=EMPTY_FIX,
+        )
+
+
 def _index_error(code: str, what: str, *, where: str, fix: str) -> DatasetError:
     err = DatasetError(what, where=where, fix=fix)
     err.code = code  # type: ignore[attr-defined]  # the finding code `data check` reports
@@ -261,12 +283,8 @@ def validate_index(info: IndexInfo) -> Findings:
             where=str(info.idx_path),
         )
     if info.documents == 0 or info.tokens == 0:
-        f.error(
-            "empty",
-            f"dataset is empty: {info.documents} documents, {info.tokens} tokens",
-            where=where,
-            fix="tokenize non-empty input, or drop this prefix from the blend",
-        )
+        what = no_tokens_message(Path(where).name, info.documents)
+        f.error("empty", f"{what}: it is empty", where=where, fix=EMPTY_FIX)
     if info.bin_size != info.expected_bin_size:
         what = "truncated .bin" if info.bin_size < info.expected_bin_size else ".bin larger than its index"
         f.error(

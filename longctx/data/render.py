@@ -69,9 +69,9 @@ def _length_rows(ls: LengthStats | None) -> list[tuple[str, str]]:
         f"{'<' + label(b.hi) if b.lo == 0 else label(b.lo) + ('–' + label(b.hi) if b.hi else '+')}: "
         f"{b.tokens / ls.tokens:.0%}"
         for b in ls.histogram
-        if b.documents
+        if b.documents and ls.tokens  # zero-length documents only: no token to share out
     ]
-    rows.append(("tokens by doc length", ", ".join(bins)))
+    rows.append(("tokens by doc length", ", ".join(bins) or "no token"))
     for cov in ls.coverage:
         rows.append((f"≥ {label(cov.length)}",
                      f"{cov.token_share:.1%} of tokens in {cov.documents_at_least:,} docs; "

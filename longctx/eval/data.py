@@ -16,7 +16,8 @@ import numpy as np
 from megatron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from longctx.errors import EvalError
+from longctx.data.indexed import EMPTY_FIX, no_tokens_message, read_index
+from longctx.errors import DatasetError, EvalError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.stage_data import stage_blend
 
@@ -52,7 +53,25 @@ class HeldOut:
                     where=p,
                     fix="tokenize the data first (longctx data tokenize) or pass the right --data prefix",
                 )
+            self._require_tokens(p)
             self._datasets.append(IndexedDataset(p, mmap=True))
+
+    @staticmethod
+    def _require_tokens(prefix: str) -> None:
+        """A dataset without a token is refused before megatron-core maps its (empty) .bin, which it
+        cannot, and before a loop waits for tokens from it."""
+        try:
+            info = read_index(prefix)
+        except DatasetError as err:
+            raise EvalError(
+                f"cannot read the held-out data: {err.what}", where=err.where, fix=err.fix
+            ) from None
+        if info.tokens == 0:
+            raise EvalError(
+                f"{no_tokens_message(Path(prefix).name, info.documents)}: nothing to evaluate on",
+                where=prefix,
+                fix=f"{EMPTY_FIX} (or pass other data with --data)",
+            )
 
     def identity(self) -> str:
         """Changes when the held-out documents could (paths, split, index sizes)."""
@@ -124,18 +143,43 @@ class HeldOut:
                         return out
         return out
 
-    def shuffled_documents(self, seed: int) -> Iterator[np.ndarray]:
+    def shuffled_documents(self, seed: int, *, eod: int | None = None) -> Iterator[np.ndarray]:
         """Whole held-out documents (end-of-document id included) in a seeded random order, endless:
-        each pass over the held-out documents is a new permutation."""
+        each pass over the held-out documents is a new permutation. Documents without a token (besides
+        `eod`) are left out; a pass that finds none raises EvalError, so a consumer waiting for tokens
+        never waits forever."""
         self._require_some()
         ranges = list(self._ranges())
         sizes = np.cumsum([n - s for _, s, n in ranges])
         rng = np.random.default_rng(seed)
         while True:
+            found = 0
             for k in rng.permutation(int(sizes[-1])):
                 j = int(np.searchsorted(sizes, k, side="right"))
                 ds, start, _ = ranges[j]
-                yield np.asarray(ds[start + int(k) - (int(sizes[j - 1]) if j else 0)], dtype=np.int64)
+                doc = np.asarray(ds[start + int(k) - (int(sizes[j - 1]) if j else 0)], dtype=np.int64)
+                if doc.size and (eod is None or bool((doc != eod).any())):
+                    found += 1
+                    yield doc
+            if not found:
+                raise self._no_tokens(int(sizes[-1]), eod)
+
+    def _no_tokens(self, documents: int, eod: int | None) -> EvalError:
+        names = ", ".join(Path(p).name for p in self.prefixes)
+        tokens = sum(
+            int(np.asarray(ds.sequence_lengths[s:n], dtype=np.int64).sum()) for ds, s, n in self._ranges()
+        )
+        what = (
+            no_tokens_message(f"{names} (held out)", documents)
+            if tokens == 0
+            else f"the {documents:,} held-out documents of {names} hold no token besides end-of-document {eod}"
+        )
+        return EvalError(
+            f"{what}: no window can be packed from them",
+            where=", ".join(self.prefixes),
+            fix="give the stage data documents with tokens in its held-out share, or pass unseen "
+            "data with --data",
+        )
 
     def filler_tokens(self, count: int) -> list[int]:
         """Up to `count` held-out tokens back to back (passkey filler), end-of-document ids included."""

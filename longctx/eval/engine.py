@@ -335,7 +335,7 @@ def _packed_windows(todo: list[int], ctx: _Context) -> dict[int, list[np.ndarray
             "no packed-window loss: the tokenizer has no end-of-document id to separate documents"
         )
         return {}
-    return {n: packed_windows(ctx.heldout.shuffled_documents(s.seed), n, s.packed_windows, eod=eod, seed=s.seed)
+    return {n: packed_windows(ctx.heldout.shuffled_documents(s.seed, eod=eod), n, s.packed_windows, eod=eod, seed=s.seed)
             for n in todo}  # fmt: skip
 
 

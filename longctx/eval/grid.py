@@ -147,7 +147,13 @@ class PasskeyGrid:
         if self._pool is None:
             rng = random.Random(f"filler-pool:{self.seed}")
             texts = [filler_sentence(rng) for _ in range(_POOL)]
-            self._pool = [segment_tokens(self.tok, t) for t in texts]
+            # only sentences with tokens: every draw of the filler loops below then adds at least one
+            self._pool = [toks for toks in (segment_tokens(self.tok, t) for t in texts) if toks]
+            if not self._pool:
+                raise EvalError(
+                    "the tokenizer encodes every filler sentence to no token, so no haystack can be built",
+                    fix="evaluate with the model's own tokenizer, or use --filler heldout",
+                )
             for i, toks in enumerate(self._pool):
                 self._by_len.setdefault(len(toks), []).append(i)
             # reach[r]: r tokens can be filled with whole pool sentences (unbounded repetition)

@@ -29,10 +29,14 @@ def coverage_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend) -> Find
         e.weight if e.weight is not None else float(i.tokens)
         for e, i in zip(blend.entries, infos, strict=True)
     ]
-    cov = distance_coverage(
-        [i.document_lengths() for i in infos], weights, st.seq_length,
-        packing=st.data.packing, causal=rp.objective.causal,
-    )  # fmt: skip
+    try:
+        cov = distance_coverage(
+            [i.document_lengths() for i in infos], weights, st.seq_length, packing=st.data.packing,
+            causal=rp.objective.causal, names=[e.prefix for e in blend.entries],
+        )  # fmt: skip
+    except LongctxError as err:  # a dataset without a token: no window to measure
+        out.error("distance-coverage", f"stage {st.name}: {err.what}", where=err.where, fix=err.fix)
+        return out
     if st.data.packing != "documents":
         out.info(
             "distance-coverage",

@@ -15,6 +15,7 @@ form, `single` first (it is always measured).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from typing import Literal
@@ -60,6 +61,31 @@ def parse_task(text: str) -> TaskSpec:
     if not _LEAST[kind] <= n <= MAX_COUNT:
         raise ValueError(f"{kind} takes {_LEAST[kind]}–{MAX_COUNT} needles, got {n} in {text!r}")
     return TaskSpec(kind, n)  # type: ignore[arg-type]
+
+
+def key_space(digits: int, any_digit: bool) -> int:
+    """How many different keys of `digits` digits the evaluation can draw: distinct digits while ten
+    suffice (longctx.eval.passkey_text.random_key), any digits otherwise or with `any_digit`."""
+    return 10**digits if any_digit or digits > 10 else math.perm(10, digits)
+
+
+def key_space_problem(digits: int, any_digit: bool, distractors: int, tasks: Sequence[str]) -> str | None:
+    """Why an item of these settings cannot draw the distinct keys it needs (the key and its distractors
+    for `single`, one key per needle for the other tasks), or None. The evaluation draws keys at random
+    until it has them: with fewer keys than it needs it can only give up, after loading the model."""
+    space = key_space(digits, any_digit)
+    needs = [(1 + distractors, f"the key and {distractors} distractors of the single task")]
+    needs += [
+        (t.count, f"the {t.count} needles of {t.name}") for t in map(parse_task, tasks) if t.kind != "single"
+    ]
+    need, what = max(needs)
+    if need <= space:
+        return None
+    kind = "keys of any digits" if any_digit or digits > 10 else "keys of distinct digits"
+    return (
+        f"there are {space:,} {digits}-digit {kind}, fewer than the {need:,} distinct keys an item needs "
+        f"({what}); raise key_digits, or lower distractors or the needles"
+    )
 
 
 def check_tasks(names: Sequence[str]) -> list[str]:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from longctx.errors import PlanError
 from longctx.plan.schema import Plan
+from longctx.rope.base_bound import BASE_FIX
 from longctx.util.shipped import shipped_plan
 
 RUN_DIR_ENV = "LONGCTX_RUN_DIR"
@@ -92,9 +93,9 @@ def _plan_error(err: ValidationError, data: dict[str, Any], where: str) -> PlanE
             fixes.append(f"remove or correct `{loc[-1]}`")
         elif e["type"] == "missing":
             msg = "required but missing"
-        elif loc and loc[-1] == "base" and "rope" in loc and e["type"] in ("int_type", "int_from_float"):
-            msg = f"rotary base must be an integer (Megatron's --rotary-base is int), got {e.get('input')!r}"
-            fixes.append("write the base as an integer, e.g. 1000000, not 1e6 or 1000000.0")
+        elif e["type"] == "value_error" and "rotary base " in msg:  # longctx.rope.base_bound's rule
+            msg = msg.removeprefix("Value error, ")
+            fixes.append(BASE_FIX)
         elif (
             loc
             and loc[-1] in ("seq_length", "tokens", "max_position_embeddings")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from longctx.errors import PlanError
 from longctx.plan.schema import Plan
+from longctx.util.shipped import package_dir, shipped_home
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -44,8 +45,26 @@ def expand(text: str, plan: Plan, *, field: str, builtins: dict[str, str] | None
 
 
 def run_dir(plan: Plan) -> Path:
+    """The plan's run directory: a relative run_dir starts at the plan's directory — for a plan shipped
+    inside the package, at the place `longctx plan copy NAME .` would put it (./stages/), so a shipped
+    plan runs in the current directory. No run directory lies inside the installed package."""
     p = Path(expand(plan.run_dir, plan, field="run_dir"))
-    return p if p.is_absolute() else (plan_dir(plan) / p)
+    if not p.is_absolute():
+        home = shipped_home(plan.plan_path) if plan.plan_path is not None else None
+        p = Path(os.path.normpath(Path.cwd() / home / p)) if home is not None else plan_dir(plan) / p
+    _outside_the_package(p, plan)
+    return p
+
+
+def _outside_the_package(p: Path, plan: Plan) -> None:
+    pkg = package_dir()
+    if p.resolve().is_relative_to(pkg):
+        raise PlanError(
+            f"the run directory {p} is inside the installed longctx package ({pkg}): a run never writes there",
+            where=str(plan.plan_path or plan.name),
+            fix="give the run a directory of its own: --run-dir DIR (or $LONGCTX_RUN_DIR), or copy the plan to "
+            "edit its run_dir: `longctx plan copy NAME DIR`",
+        )
 
 
 def resolve(text: str, plan: Plan, *, field: str) -> Path:

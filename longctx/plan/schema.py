@@ -16,8 +16,8 @@ from longctx.arch import ModelArch
 from longctx.errors import LongctxError, PlanError
 from longctx.megatron_versions import facts
 from longctx.objective import Objective
-from longctx.plan.eval_tasks import check_tasks
-from longctx.rope.methods import MAX_BASE
+from longctx.plan.eval_tasks import check_tasks, key_space_problem
+from longctx.rope.base_bound import RotaryBase, base_problem
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -44,7 +44,7 @@ class SweepMethod(_Strict):
 
 
 # a sweep's candidates: an explicit base, a method's name (its default parameters), or a method table
-SweepCandidate = StrictInt | str | SweepMethod
+SweepCandidate = RotaryBase | str | SweepMethod
 # branches beyond this are a typo, or a grid search no cluster budget allows
 MAX_SWEEP_CANDIDATES = 12
 
@@ -54,12 +54,22 @@ class RopeSpec(_Strict):
     sweep — short branches at each candidate base, the stage then runs with the base their evaluation
     chose (`longctx.plan.sweep`)."""
 
-    base: StrictInt | None = Field(default=None, gt=0, le=MAX_BASE)
+    base: RotaryBase | None = None
     method: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     sweep: list[SweepCandidate] | None = Field(default=None, min_length=2, max_length=MAX_SWEEP_CANDIDATES)
     # the tokens each sweep branch trains (the branches together: len(sweep) × tokens)
     tokens: StrictInt | None = Field(default=None, gt=0, le=MAX_STAGE_TOKENS)
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _bases(cls, v: Any) -> Any:
+        # an explicit candidate is held to the bound of every base, with one message (not the union's three)
+        for i, cand in enumerate(v if isinstance(v, list) else []):
+            problem = None if isinstance(cand, str | dict | SweepMethod) else base_problem(cand)
+            if problem is not None:
+                raise ValueError(f"sweep candidate {i + 1}: rotary base {problem}")
+        return v
 
     @model_validator(mode="after")
     def _one(self) -> RopeSpec:
@@ -205,7 +215,7 @@ class BaseCheckpoint(_Strict):
     revision: str | None = None
     iteration: int | None = Field(default=None, ge=0)
     seq_length: StrictInt = Field(gt=0, description="pretraining sequence length")
-    rotary_base: StrictInt = Field(gt=0, le=MAX_BASE, description="pretraining --rotary-base")
+    rotary_base: RotaryBase = Field(description="pretraining --rotary-base")
     # model-only checkpoints (no optimizer/RNG) need --no-load-optim --no-load-rng on resume-like loads
     model_only: bool = False
 
@@ -345,6 +355,14 @@ class EvalSpec(_Strict):
     @classmethod
     def _tasks(cls, v: list[str]) -> list[str]:
         return check_tasks(v)
+
+    @model_validator(mode="after")
+    def _enough_keys(self) -> EvalSpec:
+        # the rule `eval run` would meet only after loading the model, checked wherever settings are made
+        problem = key_space_problem(self.key_digits, self.any_digit_keys, self.distractors, self.tasks)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @field_validator("elbo_levels")
     @classmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from longctx.data.blend import Blend
-from longctx.data.indexed import read_index
+from longctx.data.indexed import EMPTY_FIX, no_tokens_message, read_index
 from longctx.data.split_parts import SplitPart, split_parts
 from longctx.errors import LongctxError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
@@ -34,7 +34,16 @@ def _parts(blend: Blend, split: str) -> dict[str, list[SplitPart]] | None:
 def _empty_parts(st: ResolvedStage, split: str, parts: dict[str, list[SplitPart]], out: Findings) -> None:
     for prefix, ps in parts.items():
         for p in ps:
-            if p.built and p.documents == 0:
+            if p.built and p.documents > 0 and p.tokens == 0:  # an epoch of 0 tokens: the same endless loop
+                out.error(
+                    "split-empty-part",
+                    f"stage {st.name}, split {split!r}: "
+                    f"{no_tokens_message(f'{Path(prefix).name} ({p.name} part)', p.documents)}; megatron-core "
+                    "would loop forever building that part (GPTDataset._get_num_epochs)",
+                    where=prefix,
+                    fix=f"{EMPTY_FIX}; or give the {p.name} part a share of 0 so it is not built",
+                )
+            elif p.built and p.documents == 0:
                 n = max(q.end for q in ps)  # the last built part ends at the dataset's last document
                 out.error(
                     "split-empty-part",

@@ -21,8 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
+
 from longctx.errors import LongctxError, PlanError, StageError
 from longctx.plan.schema import RopeSpec, SweepMethod
+from longctx.rope.base_bound import RotaryBase
 from longctx.util import bounded_json
 from longctx.util.confined_read import read_text
 
@@ -31,6 +34,50 @@ CHOICE_FILE = "choice.json"
 # the one selection rule so far (longctx.rope.sweep states it in full)
 RULE = "worst-depth"
 _CHOICE_MAX_BYTES = 4 << 20
+# the branches together may cost at most the stage they choose for: a sweep is short runs that pick a
+# base, and beyond this it is a typo in `tokens` (or a grid search) that would multiply the stage's cost
+MAX_SWEEP_SHARE = 1.0
+_CHOICE_FIX = (
+    "delete it (or move it away) and run `longctx rope sweep PLAN --stage {stage}` again: it evaluates the "
+    "finished branches and writes the choice anew"
+)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+
+
+class BranchRecord(_Record):
+    """One branch's evidence in `choice.json`, as `longctx.stage.sweep.BranchEvidence.as_dict` writes it:
+    the fields `plan show` and `stage status` read are typed; the others are kept as written."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False, extra="allow")
+
+    base: RotaryBase
+    length: StrictInt = Field(gt=0)
+    keys: StrictInt = Field(ge=0)
+    greedy_hits: list[StrictInt]
+    far_loss: float | None = None
+
+
+class ChoiceRecord(_Record):
+    """`choice.json`: the one definition of what the sweep's choice on disk holds."""
+
+    base: RotaryBase
+    rule: StrictStr
+    reason: StrictStr
+    candidates: list[RotaryBase] = Field(min_length=2)
+    branch_tokens: StrictInt = Field(gt=0)
+    evidence: list[BranchRecord]
+
+    @model_validator(mode="after")
+    def _chosen_among_candidates(self) -> ChoiceRecord:
+        if self.base not in self.candidates:
+            raise ValueError(f"the chosen base {self.base:,} is not one of its candidates")
+        stray = sorted({e.base for e in self.evidence} - set(self.candidates))
+        if stray:
+            raise ValueError(f"evidence for base {stray[0]:,}, which is not one of its candidates")
+        return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,59 +233,88 @@ def resolve_sweep(
             where=where,
             fix="add candidates that give other bases (explicit values, or other methods)",
         )
+    _check_cost(len(candidates), rope.tokens, stage_tokens, where)
     bases = tuple(c.base for c in candidates)
-    chosen, stale = read_choice(directory, run_dir, bases, rope.tokens)
+    chosen, stale = read_choice(directory, run_dir, bases, rope.tokens, stage)
     return ResolvedSweep(stage, candidates, rope.tokens, stage_tokens, directory, chosen, stale)
 
 
+def load_choice(path: Path, run_dir: Path, stage: str) -> SweepChoice | None:
+    """The choice at `path` (None when there is none), read through `ChoiceRecord`: PlanError naming the
+    file, what is wrong and the way out for anything damaged (not JSON, wrong types, missing keys, a base
+    out of bounds or not among its candidates) — never a value silently truncated."""
+    text = read_text(path, run_dir, "RoPE sweep choice", error=PlanError, max_bytes=_CHOICE_MAX_BYTES)
+    if text is None:
+        return None
+    fix = _CHOICE_FIX.format(stage=stage)
+    try:
+        record = ChoiceRecord.model_validate(bounded_json.loads(text))
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in first["loc"] if not str(x).startswith("function-")) or "the record"
+        msg = first["msg"].removeprefix("Value error, ")
+        raise PlanError(
+            f"the RoPE sweep choice is damaged: {field}: {msg}", where=str(path), fix=fix
+        ) from None
+    except (ValueError, RecursionError) as err:  # not JSON (bounded_json.BadJSON is a ValueError too)
+        what = f"the RoPE sweep choice is damaged: not JSON ({str(err)[:200]})"
+        raise PlanError(what, where=str(path), fix=fix) from None
+    evidence = tuple(e.model_dump() for e in record.evidence)
+    return SweepChoice(
+        base=record.base,
+        rule=record.rule,
+        reason=record.reason,
+        candidates=tuple(record.candidates),
+        branch_tokens=record.branch_tokens,
+        evidence=evidence,
+    )
+
+
+def _check_cost(branches: int, branch_tokens: int, stage_tokens: int, where: str) -> None:
+    """PlanError when the branches together cost more than MAX_SWEEP_SHARE of the stage."""
+    total = branches * branch_tokens
+    if total <= MAX_SWEEP_SHARE * stage_tokens:
+        return
+    most = int(MAX_SWEEP_SHARE * stage_tokens) // branches
+    raise PlanError(
+        f"the sweep's {branches} branches × {branch_tokens:,} tokens = {total:,} tokens cost "
+        f"{total / stage_tokens:.0%} of the stage's {stage_tokens:,}, more than the {MAX_SWEEP_SHARE:.0%} "
+        "a sweep may spend choosing its base",
+        where=where,
+        fix=f"give each branch at most {most:,} tokens (rope.tokens), or sweep fewer candidates",
+    )
+
+
 def read_choice(
-    directory: Path, run_dir: Path, bases: tuple[int, ...], branch_tokens: int
+    directory: Path, run_dir: Path, bases: tuple[int, ...], branch_tokens: int, stage: str = "STAGE"
 ) -> tuple[SweepChoice | None, str | None]:
     """The choice on disk, if it was made for these candidate bases and branch tokens; else (None, why)
     — why is None when there is no choice yet."""
     path = directory / CHOICE_FILE
-    text = read_text(path, run_dir, "RoPE sweep choice", error=PlanError, max_bytes=_CHOICE_MAX_BYTES)
-    if text is None:
+    choice = load_choice(path, run_dir, stage)
+    if choice is None:
         return None, None
-    try:
-        raw = bounded_json.loads(text)
-        choice = SweepChoice(
-            base=int(raw["base"]),
-            rule=str(raw["rule"]),
-            reason=str(raw["reason"]),
-            candidates=tuple(int(b) for b in raw["candidates"]),
-            branch_tokens=int(raw["branch_tokens"]),
-            evidence=tuple(dict(e) for e in raw["evidence"]),
-        )
-    except (ValueError, KeyError, TypeError) as err:
-        raise PlanError(
-            f"the RoPE sweep choice is damaged ({err})",
-            where=str(path),
-            fix="move it away: `longctx rope sweep` evaluates the finished branches again and rewrites it",
-        ) from None
     if tuple(sorted(choice.candidates)) != bases or choice.branch_tokens != branch_tokens:
         return None, (
             f"{path} was chosen among {', '.join(f'{b:,}' for b in choice.candidates)} with "
             f"{choice.branch_tokens:,} tokens per branch; the plan now asks for "
             f"{', '.join(f'{b:,}' for b in bases)} with {branch_tokens:,}"
         )
-    if choice.base not in bases:
-        raise PlanError(
-            f"the RoPE sweep choice names base {choice.base:,}, which is not one of its candidates",
-            where=str(path),
-            fix="move it away: `longctx rope sweep` evaluates the finished branches again and rewrites it",
-        )
     return choice, None
 
 
 __all__ = [
     "CHOICE_FILE",
+    "MAX_SWEEP_SHARE",
     "RULE",
     "SWEEP_DIR",
+    "BranchRecord",
     "Candidate",
+    "ChoiceRecord",
     "ResolvedSweep",
     "SweepChoice",
     "describe",
+    "load_choice",
     "merge_candidates",
     "read_choice",
     "require_chosen",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from longctx.errors import RopeError
+from longctx.rope.base_bound import MAX_BASE
 
 # Positions per block; the per-base table is (_BLOCK, 2F) floats.
 _BLOCK = 128
@@ -31,8 +32,8 @@ _BLOCK = 128
 _REFINE_TOL = 1e-7
 # Ratio of the geometric grid that the Men search walks (0.2 % steps).
 GRID_RATIO = 1.002
-# The search gives up above this base (float64 θ_i stay meaningful far beyond it).
-_MAX_BASE = 1e15
+# The search gives up above the largest base longctx accepts (float64 θ_i stay meaningful far beyond it).
+_MAX_BASE = float(MAX_BASE)
 
 
 def inv_freq(base: float, rotary_dim: int) -> np.ndarray:

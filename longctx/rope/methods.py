@@ -22,6 +22,7 @@ from typing import Any, Literal
 from longctx.errors import RopeError
 from longctx.report import Findings
 from longctx.rope import cossum, formulas
+from longctx.rope.base_bound import MAX_BASE, check_base
 from longctx.rope.diagnostics import RopeDiagnostics, _paper_applies, _partial, diagnose
 from longctx.rope.scaling import RopeScaling
 
@@ -38,7 +39,8 @@ REQUIRED = _Required()
 
 # Ceilings far above any model's and far below what a typo gives (1e300): a YaRN/PI factor (published
 # models: 4 to 40), a context length, YaRN's betas and mscales, a rotary base (published: 1e4 to ~5e8)
-MAX_SCALE, MAX_LENGTH, MAX_BETA, MAX_MSCALE, MAX_BASE = 1024.0, 1 << 26, 1024.0, 100.0, 10**15
+# (MAX_BASE: longctx.rope.base_bound, the one bound of a base wherever one enters)
+MAX_SCALE, MAX_LENGTH, MAX_BETA, MAX_MSCALE = 1024.0, 1 << 26, 1024.0, 100.0
 
 
 @dataclass(frozen=True)
@@ -628,6 +630,7 @@ def choose_base(
     )
     resolved = spec.resolve(params)
     out = spec.compute(inp, resolved)
+    check_base(out.base, what=f"the base {method} gives ({_fmt(out.exact)})")
     choice = BaseChoice(
         method=method,
         base=out.base,

@@ -8,6 +8,7 @@ the plan together with every shipped file it names, keeping the layout: the copy
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tomllib
@@ -24,6 +25,20 @@ PLAN_SUFFIX = ".toml"
 def resource_dir(*parts: str) -> Path:
     """A directory of `longctx/resources` as a path on disk."""
     return Path(str(resources.files("longctx").joinpath("resources", *parts)))
+
+
+@functools.cache
+def package_dir() -> Path:
+    """The installed `longctx` package on disk (the checkout's `longctx/` in an editable install)."""
+    return Path(str(resources.files("longctx"))).resolve()
+
+
+def shipped_home(path: Path) -> Path | None:
+    """For a file shipped inside the package (`…/resources/stages/tiny.toml`), the directory it sits in
+    relative to the resources (`stages`); None for any other file."""
+    root = resource_dir().resolve()
+    where = path.resolve()
+    return where.parent.relative_to(root) if where.is_relative_to(root) else None
 
 
 def plans_dir() -> Path:

@@ -240,7 +240,7 @@ def test_empty_dataset(oellm_like_hf_dir: Path, tmp_path: Path) -> None:
     prefix = write_indexed_dataset(tmp_path / "empty", [], np.uint16)
     res = cli(prefix, "-t", oellm_like_hf_dir)
     assert res.exit_code == 2
-    assert "error: empty: dataset is empty: 0 documents, 0 tokens" in res.stderr
+    assert "error: empty: dataset empty has no document: it is empty" in res.stderr
 
 
 # -- other behaviour -------------------------------------------------------------------------------------

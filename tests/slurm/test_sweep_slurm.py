@@ -28,7 +28,10 @@ BASES = (40_000, 80_000, 160_000)
 
 
 def _sweep_plan(tmp_path: Path, artefacts: Path) -> Path:
-    path = write_chain_plan(tmp_path / "sweep.toml", tmp_path / "run", artefacts, b_iters=30)
+    # stage b as long as its branches together (a sweep may cost up to the stage it chooses for)
+    path = write_chain_plan(
+        tmp_path / "sweep.toml", tmp_path / "run", artefacts, b_iters=len(BASES) * BRANCH_ITERS
+    )
     text = path.read_text().replace("tokens = 51_200", "tokens = 10_240")  # stage a: 40 iterations
     sweep = ", ".join(f"{b:_}" for b in BASES)
     text = text.replace(

@@ -32,7 +32,7 @@ def _plan(path: Path, run_dir: Path, artefacts: Path) -> Path:
     for old, new in [
         ("tokens = 51_200", f"tokens = {4 * 2 * 128}"),
         ("tokens = 512_000", f"tokens = {2 * 2 * 256}"),
-        ("rope = { base = 40000 }", f"rope = {{ sweep = [{BASES[0]}, {BASES[1]}], tokens = {2 * 2 * 256} }}"),
+        ("rope = { base = 40000 }", f"rope = {{ sweep = [{BASES[0]}, {BASES[1]}], tokens = {2 * 256} }}"),
         ("gpus_per_node = 1", "gpus_per_node = 2"),
     ]:
         assert old in text

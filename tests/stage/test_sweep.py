@@ -33,7 +33,8 @@ EVAL = "\n[eval]\nkeys_per_cell = 1\ndepths = [0.0, 1.0]\ndistractors = 1\n"
 
 @pytest.fixture
 def plan(fresh_run: Path, tmp_path: Path) -> Path:
-    return write_plan(tmp_path / "plan.toml", fresh_run, s2_base=SWEEP, extra=EVAL)
+    # four branches of 1,024 tokens: the whole stage's 4,096 (a sweep may cost up to the stage)
+    return write_plan(tmp_path / "plan.toml", fresh_run, s2_tokens=4 * 1_024, s2_base=SWEEP, extra=EVAL)
 
 
 def _rp(plan: Path) -> ResolvedPlan:
@@ -206,7 +207,7 @@ def test_a_damaged_choice_is_named(plan: Path) -> None:
     [
         ("sweep = [100_000, 200_000]", "goes with `sweep`"),
         ("base = 100_000, tokens = 10", "goes with `sweep`"),
-        ("base = 100_000, sweep = [1, 2], tokens = 10", "exactly one of"),
+        ("base = 100_000, sweep = [100_000, 200_000], tokens = 10", "exactly one of"),
         ('sweep = ["men", 200_000], params = { source = "exact" }, tokens = 10', "params"),
         ("sweep = [100_000], tokens = 10", "at least 2"),
         ("sweep = [100_000, 100_000], tokens = 1_024", "all give base 100,000"),
