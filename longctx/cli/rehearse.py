@@ -13,7 +13,6 @@ from longctx.errors import StageError
 from longctx.util.table import narrow_table
 from longctx.util.units import human_length
 
-BACKENDS = ("local", "megatron-lm")
 # the rehearsal is imported inside the command: it loads torch, megatron-core and transformers
 
 HELP = (
@@ -38,14 +37,6 @@ def _parse_depths(text: str) -> list[float]:
             where="--depths",
             fix="e.g. --depths 0,0.5",
         ) from None
-
-
-def _backend(text: str) -> str:
-    if text not in BACKENDS:
-        raise StageError(
-            f"unknown backend {text!r}", where="--backend", fix=f"use one of: {', '.join(BACKENDS)}"
-        )
-    return text
 
 
 def report_table(report: object) -> Table:
@@ -87,11 +78,6 @@ def rehearse(
     layers: int = typer.Option(2, "--layers", min=1, max=8, help="layers of the micro model"),
     head_dim: int = typer.Option(16, "--head-dim", min=8, max=256, help="the largest head dim kept"),
     depths: str = typer.Option("0,0.5", "--depths", help="needle depths evaluated, comma-separated"),
-    backend: str = typer.Option(
-        "local",
-        "--backend",
-        help="local (longctx's trainer) or megatron-lm (pretrain_gpt.py on this machine)",
-    ),
     json_out: Json = False,
 ) -> None:
     from longctx.plan.micro import MicroShapeOptions
@@ -112,7 +98,6 @@ def rehearse(
             source,
             run_dir,
             opts,
-            backend=_backend(backend),
             echo=lambda s: console.print(s, highlight=False, soft_wrap=True),
         )
     if json_out:

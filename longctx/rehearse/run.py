@@ -55,6 +55,8 @@ from longctx.util.fs import atomic_write_json
 Echo = Callable[[str], None]
 PLAN_FILE = "plan.toml"
 BASE_ITERATIONS = 1
+# the local trainer reports what the checks read (built RoPE base, positions, memory per iteration)
+BACKEND = "local"
 
 
 class RehearsalReport(BaseModel):
@@ -241,7 +243,6 @@ def rehearse(
     run_dir: Path,
     opts: RehearsalOptions | None = None,
     *,
-    backend: str = "local",
     echo: Echo = print,
 ) -> RehearsalReport:
     """Rehearse `source` in `run_dir` (see the module docstring); the report says what each stage did."""
@@ -255,7 +256,7 @@ def rehearse(
     _checks(rp, echo)
     _base(rp, run_dir, echo)
     chain: ChainRun = LocalChain(
-        plan_file, run_dir, backend=backend, interrupt=longest_stage(rp), echo=echo
+        plan_file, run_dir, backend=BACKEND, interrupt=longest_stage(rp), echo=echo
     ).run()
     rp = open_plan(plan_file, run_dir)
     evals = _evaluate(rp, echo)
@@ -274,7 +275,7 @@ def rehearse(
         plan=rehearsal.source,
         rehearsal_plan=str(plan_file),
         run_dir=str(run_dir),
-        backend=backend,
+        backend=BACKEND,
         machine=machine(),
         reductions=rehearsal.reductions,
         stages=stages,
