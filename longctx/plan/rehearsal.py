@@ -38,7 +38,7 @@ class RehearsalOptions(BaseModel):
     """Training iterations per stage (one sequence each): enough to save, resume and see the loss move."""
     max_ranks: int = Field(default=8, ge=1, le=64)
     """The most processes one stage may run here; a plan's larger CP is reduced to fit (and said so)."""
-    lr: float = Field(default=1e-2, gt=0)
+    lr: float = Field(default=3e-3, gt=0)
     """The peak rate: the plan's (1e-5 for an extension) moves a random micro model too little to show
     the loss fall in a few iterations; the schedule's shape and its min/peak ratio are kept."""
     keys_per_cell: int = Field(default=1, ge=1, le=20)

@@ -17,6 +17,9 @@ from longctx.plan.derive import ResolvedStage
 from longctx.plan.memory import CPU_LOCAL_FP32, GiB, MemoryInputs, estimate
 from longctx.rehearse.chain import ChainRun
 
+# a stage's last loss may sit this far above its first (the batches differ; data near its entropy floor
+# cannot fall further): more is divergence
+LOSS_RISE = 0.02
 # the base the engine built, read back from float32 inverse frequencies, against the plan's integer
 ROPE_TOLERANCE = 1e-5
 
@@ -60,6 +63,7 @@ class StageFigures(BaseModel):
     rotary_base_built: float | None = None
     longest_distance: int | None = None  # the largest position id RoPE was given
     losses: list[float] = Field(default_factory=list)
+    loss_fell: bool = False  # the last iteration's loss below the first's
     launches: int = 0
     evaluation: list[LengthFigures] = Field(default_factory=list)
     checks: list[Check] = Field(default_factory=list)
@@ -117,8 +121,10 @@ def _checks(fig: StageFigures, metrics: list[dict[str, Any]], target: int, chain
     checks = [
         Check(
             name="loss",
-            ok=finite and losses[-1] < losses[0],
-            detail=f"loss {losses[0]:.4f} → {losses[-1]:.4f}" if losses else "no loss logged",
+            ok=finite and losses[-1] <= losses[0] * (1 + LOSS_RISE),
+            detail=f"loss {losses[0]:.4f} → {losses[-1]:.4f} ({'fell' if fig.loss_fell else 'did not fall'})"
+            if losses
+            else "no loss logged",
         ),
         _iterations_check(metrics, target, chain, fig.stage),
     ]
@@ -173,7 +179,8 @@ def stage_figures(
 ) -> StageFigures:
     """`st` (the rehearsal's stage) beside `real` (the user's)."""
     metrics = read_metrics(st.stage_dir / "metrics.jsonl")
-    seconds = [float(m["seconds"]) for m in metrics if "seconds" in m]
+    # the step alone (a save of the iteration before is not the length's cost)
+    seconds = [float(m["step_seconds"]) for m in metrics if "step_seconds" in m]
     spi = statistics.median(seconds) if seconds else None
     peaks = [m["peak_growth_bytes"] for m in metrics if m.get("peak_growth_bytes") is not None]
     fig = StageFigures(
@@ -193,5 +200,6 @@ def stage_figures(
         evaluation=_evaluation(ce),
         launches=sum(1 for launch in chain.launches if launch.stage == st.name),
     )
+    fig.loss_fell = len(fig.losses) > 1 and fig.losses[-1] < fig.losses[0]
     fig.checks = _checks(fig, metrics, st.train_iters, chain)
     return fig

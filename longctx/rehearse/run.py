@@ -75,6 +75,7 @@ class RehearsalReport(BaseModel):
     export: Parity | None = None
     cost: LengthCost | None = None  # seconds per token by length against the FLOPs, FLOP/s against a matmul
     export_dir: str | None = None
+    export_skipped: str | None = None  # why the last stage was not exported (a diffusion objective)
     wall_seconds: float = 0.0
     load_average: tuple[float, float, float] | None = None  # at the end: what shared the cores
     problems: list[str] = Field(default_factory=list)
@@ -260,7 +261,12 @@ def rehearse(
     ).run()
     rp = open_plan(plan_file, run_dir)
     evals = _evaluate(rp, echo)
-    parity, out = _export(rp, plan_file, echo)
+    parity, out, skipped = None, None, None
+    if rp.objective.kind == "ar":
+        parity, out = _export(rp, plan_file, echo)
+    else:  # `export hf` refuses it: no transformers causal LM computes a bidirectional denoiser
+        skipped = f"export hf takes autoregressive plans; this one trains {rp.objective.kind}"
+        echo(f"    export skipped: {skipped}")
     stages = [
         stage_figures(st, source.stage(st.name), evals.get(st.name), chain, memory_model(rp.arch, st))
         for st in rp.stages
@@ -282,7 +288,8 @@ def rehearse(
         interruption=chain.interruption.model_dump() if chain.interruption else None,
         export=parity,
         cost=cost,
-        export_dir=str(out),
+        export_dir=None if out is None else str(out),
+        export_skipped=skipped,
         wall_seconds=time.monotonic() - t0,
         load_average=os.getloadavg(),
     )

@@ -300,11 +300,12 @@ class Trainer:
         try:
             while self.iteration < spec.train_iters:
                 lr = self.scheduler.current_lr
+                step_start = time.perf_counter()
                 loss, gnorm = self.train_step()
                 losses.append(loss)
                 now = time.perf_counter()
                 dt, t_last = now - t_last, now
-                self._report(metrics, loss, lr, gnorm, dt)
+                self._report(metrics, loss, lr, gnorm, dt, now - step_start)
                 exit_reason = self._exit_reason()
                 finished = self.iteration >= spec.train_iters
                 if exit_reason is not None or self.iteration % spec.save_interval == 0 or finished:
@@ -323,14 +324,18 @@ class Trainer:
                 self.events.close()
         return RunResult(start, self.iteration, reason, losses)
 
-    def _report(self, metrics: IO[str] | None, loss: float, lr: float, gnorm: float, dt: float) -> None:
-        """One JSON line per iteration to the metrics file; a log line every `log_interval` and at the end."""
+    def _report(
+        self, metrics: IO[str] | None, loss: float, lr: float, gnorm: float, dt: float, step: float
+    ) -> None:
+        """One JSON line per iteration to the metrics file; a log line every `log_interval` and at the end.
+        `dt`: since the last iteration's report (a save in between included); `step`: the step alone."""
         spec = self.spec
         tokens_per_iter = spec.global_batch_size * spec.seq_length
         grown = peak_memory_bytes(self.device) - self.memory_before
         max_position, peak = self._all_max(self.max_position, grown)
         rec = {"stage": spec.stage, "iteration": self.iteration, "loss": loss, "lr": lr, "grad_norm": gnorm,
                "tokens_per_s": tokens_per_iter / dt, "consumed_samples": self.consumed, "seconds": dt,
+               "step_seconds": step,
                "max_position": max_position, "peak_growth_bytes": peak,
                "rotary_base_built": self.rotary_base_built}  # fmt: skip
         if metrics is not None:
