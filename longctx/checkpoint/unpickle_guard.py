@@ -239,6 +239,22 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         if self._left < 0:
             raise self._exhausted()
 
+    def _put(self, obj: Any, item: Any) -> None:
+        """_grow by one item (BUILD's state, APPEND's value), or a new container of one (TUPLE1)."""
+        meta = self._meta
+        had, m = meta.get(id(obj)), meta.get(id(item))
+        weight, depth = (2, 1) if had is None else (had[1] + 1, had[2] or 1)
+        if m is not None:
+            weight += m[1] - 1
+            if m[2] >= depth:
+                depth = m[2] + 1
+                if depth > MAX_PICKLE_DEPTH:
+                    raise Unsafe(f"objects nested more than {MAX_PICKLE_DEPTH} deep")
+        meta[id(obj)] = (obj, weight, depth)
+        self._left -= 1
+        if self._left < 0:
+            raise self._exhausted()
+
     def _made(self, result: Any, args: Any) -> None:
         """Account a call's result: it stands for its arguments (already charged), or for its own size when
         that is larger (`list(range(n))`, charged the difference)."""
@@ -279,11 +295,7 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
     def load_tuple1(self) -> None:
         t = (self.stack[-1],)
         self.stack[-1] = t
-        m = self._meta.get(id(t[0]))
-        if m is None:
-            self._note(t, 2, 1, 1)
-        else:
-            self._note(t, m[1] + 1, m[2] + 1, 1)
+        self._put(t, t[0])
 
     def load_tuple2(self) -> None:
         stack = self.stack
@@ -336,7 +348,7 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         target = self.stack[-1]
         self._changeable(target, _APPENDABLE, "APPEND")
         target.append(value)
-        self._grow(target, (value,))
+        self._put(target, value)
 
     def load_appends(self) -> None:
         items = self.pop_mark()
@@ -400,7 +412,7 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
                 inst.__dict__.update(attrs)
             for key, value in (slots or {}).items():
                 setattr(inst, key, value)
-        self._grow(inst, (state,))
+        self._put(inst, state)
 
     # ---- calls -------------------------------------------------------------------------------------
 
@@ -413,6 +425,7 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         self.check_call(func)
         stack[-1] = result = func(*args)
         self._made(result, args)
+        self._aliased(result, args)
 
     def load_newobj(self) -> None:
         args = self.stack.pop()
@@ -435,12 +448,20 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         obj = cls.__new__(cls, *args, **kwargs)
         self.append(obj)
         self._made(obj, args)
-        self._grow(obj, (kwargs,))
+        self._put(obj, kwargs)
 
     def _instantiate(self, klass: Any, args: list[Any]) -> None:  # OBJ and INST
         self.check_call(klass)
         super()._instantiate(klass, args)
         self._made(self.stack[-1], args)
+        self._aliased(self.stack[-1], args)
+
+    def _aliased(self, result: Any, args: tuple[Any, ...] | list[Any]) -> None:
+        """A call that returned one of its arguments (`tuple(t)` is `t`) leaves that object held twice,
+        inside the argument tuple and on the stack: as after a reference, it may no longer change."""
+        if any(a is result for a in args):
+            self._shared.add(id(result))
+            self._held.append(result)
 
     # ---- references --------------------------------------------------------------------------------
 

@@ -283,3 +283,17 @@ def test_a_numpy_dtype_from_a_pickle_is_never_the_shared_one() -> None:
             + hp.STOP)  # fmt: skip
     loaded = safe_unpickle(data)
     assert loaded.byteorder == ">" and numpy.dtype("f8").byteorder == "="
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_plain_args_read_under_every_protocol(protocol: int) -> None:
+    """What the guarded machine checks (BUILD, references, calls) is what every protocol uses for a
+    Namespace with shared, nested and enum values."""
+    shared = [1, 2, {"k": (3.5, "x" * 200)}]
+    args = argparse.Namespace(
+        seq_length=4096, a=shared, b=shared, nested={"deep": [[[[1]]]]}, sig=signal.SIGTERM,
+        blob=b"\x00" * 100, s=frozenset({1, 2}), st={3}, none=None,
+    )  # fmt: skip
+    loaded = safe_unpickle(pickle.dumps({"args": args, "iteration": 7}, protocol=protocol))
+    assert loaded == {"args": args, "iteration": 7}
+    assert loaded["args"].a is loaded["args"].b and loaded["args"].sig is signal.SIGTERM
