@@ -211,8 +211,8 @@ def _numpy_reconstruct(reconstruct: Callable[..., Any]) -> Callable[..., Any]:
             raise Refused(f"numpy _reconstruct of {describe(subtype)}")
         n = 1
         for dim in shape if isinstance(shape, tuple) else (shape,):
-            n *= max(int(dim), 0)
-            spend("numpy._reconstruct", min(n, MAX_PICKLE_ELEMENTS + 1), 0)
+            n = min(n * max(int(dim), 0), MAX_PICKLE_ELEMENTS + 1)
+        spend("numpy._reconstruct", n, 0)
         return reconstruct(subtype, shape, dtype)
 
     return make

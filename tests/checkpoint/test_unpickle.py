@@ -297,3 +297,14 @@ def test_plain_args_read_under_every_protocol(protocol: int) -> None:
     loaded = safe_unpickle(pickle.dumps({"args": args, "iteration": 7}, protocol=protocol))
     assert loaded == {"args": args, "iteration": 7}
     assert loaded["args"].a is loaded["args"].b and loaded["args"].sig is signal.SIGTERM
+
+
+def test_a_numpy_array_shape_is_charged_before_it_allocates() -> None:
+    numpy = pytest.importorskip("numpy")
+    array = numpy.arange(6, dtype=">f4").reshape(2, 3)
+    data = pickle.dumps(array, protocol=2)
+    assert (safe_unpickle(data) == array).all()
+    # _reconstruct(ndarray, (2**30,), b"b") would allocate a GiB before its state is set
+    huge = data.replace(b"K\x00\x85", b"J\x00\x00\x00\x40\x85", 1)
+    assert huge != data
+    _refused_quickly(huge, "a call numpy._reconstruct(…) of 4,194,305+ elements")
