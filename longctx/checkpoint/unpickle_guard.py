@@ -335,6 +335,14 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         self.append(b)
         self._made(b, ())
 
+    def load_mark(self) -> None:
+        # each open MARK is a container still being built inside the one before it: nesting too
+        if len(self.metastack) >= MAX_PICKLE_DEPTH:
+            raise Unsafe(f"objects nested more than {MAX_PICKLE_DEPTH} deep (MARKs left open)")
+        self.metastack.append(self.stack)
+        self.stack = []
+        self.append = self.stack.append
+
     def load_frame(self) -> None:
         self.read(8)  # frames only group reads; the pickle is in memory already
 
@@ -510,7 +518,8 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
     for _op, _fn in {
         pickle.TUPLE: load_tuple, pickle.TUPLE1: load_tuple1, pickle.TUPLE2: load_tuple2,
         pickle.TUPLE3: load_tuple3, pickle.LIST: load_list, pickle.DICT: load_dict,
-        pickle.FROZENSET: load_frozenset, pickle.BYTEARRAY8: load_bytearray8, pickle.FRAME: load_frame,
+        pickle.FROZENSET: load_frozenset, pickle.BYTEARRAY8: load_bytearray8, pickle.MARK: load_mark,
+        pickle.FRAME: load_frame,
         pickle.STOP: load_stop, pickle.APPEND: load_append, pickle.APPENDS: load_appends,
         pickle.SETITEM: load_setitem, pickle.SETITEMS: load_setitems, pickle.ADDITEMS: load_additems,
         pickle.BUILD: load_build, pickle.REDUCE: load_reduce, pickle.NEWOBJ: load_newobj,

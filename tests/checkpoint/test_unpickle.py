@@ -250,6 +250,8 @@ def test_memo_bomb_in_common_pt_is_refused_quickly() -> None:
 def test_deep_nesting_is_refused() -> None:
     _refused_quickly(hp.nested_lists(200_000), "objects nested more than 100 deep")
     _refused_quickly(hp.PROTO + b")" + b"\x85" * 200_000 + hp.STOP, "objects nested more than 100 deep")
+    # a million MARKs never closed: each is a list the unpickler keeps (and the collector walks)
+    _refused_quickly(hp.PROTO + b"(" * 1_000_000 + hp.STOP, "(MARKs left open)")
     assert safe_unpickle(hp.nested_lists(50)) is not None
 
 
