@@ -18,7 +18,6 @@ import _compat_pickle
 import argparse
 import collections
 import contextlib
-import contextvars
 import copyreg
 import enum
 import functools
@@ -31,6 +30,14 @@ import types
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from longctx.checkpoint.unpickle_guard import (
+    MAX_PICKLE_ELEMENTS,
+    GuardedUnpickler,
+    Refused,
+    Unsafe,
+    describe,
+    spend,
+)
 from longctx.errors import CheckpointError
 
 STUB_PREFIXES = ("megatron",)
@@ -130,18 +137,24 @@ def stub_qualname(obj: Any) -> str | None:
 # ---- guarded callables ------------------------------------------------------------------------------
 
 
+def _short(obj: Any) -> str:
+    """A repr for a message, cut short: the pickle chose the object and can make its repr huge."""
+    text = repr(obj)
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
 def _safe_reconstructor(cls: Any, base: Any, state: Any) -> Any:
     # copyreg._reconstructor(cls, base, state) calls base.__new__(cls) and base.__init__(obj, state)
     # when base is not object; only plain bases of allowed classes get through.
     if base is not object and base not in (dict, list, set, tuple, int, float, str, bytes):
-        raise _Refused(f"copyreg._reconstructor with base {base!r}")
+        raise Refused(f"copyreg._reconstructor with base {_short(base)}")
     return copyreg._reconstructor(cls, base, state)  # type: ignore[attr-defined]
 
 
 def _safe_encode(obj: Any, encoding: str = "utf-8", errors: str = "strict") -> bytes:
     # protocol-2 pickles write bytes as _codecs.encode(str, "latin1")
     if not isinstance(obj, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
-        raise _Refused(f"_codecs.encode({type(obj).__name__}, {encoding!r})")
+        raise Refused(f"_codecs.encode({type(obj).__name__}, {_short(encoding)})")
     return obj.encode(encoding, errors)
 
 
@@ -150,28 +163,12 @@ def _safe_getattr(obj: Any, name: Any, *default: Any) -> Any:
     CPython returned to `EnumClass(value)` mid-2023 (gh-105332, after 3.11.4). Only a member of an allow-listed enum (or of a Megatron
     stub, which is inert) is looked up; any other attribute of anything is refused."""
     if not isinstance(name, str) or name.startswith("_"):
-        raise _Refused(f"getattr({obj!r}, {name!r})")
+        raise Refused(f"getattr({_short(obj)}, {_short(name)})")
     if isinstance(obj, _StubMeta):
         return getattr(obj, name)
     if isinstance(obj, type) and issubclass(obj, enum.Enum) and name in obj.__members__:
         return obj.__members__[name]
-    raise _Refused(f"getattr({obj!r}, {name!r})")
-
-
-class _Refused(Exception):
-    """Internal: a global or a guarded call outside the allow-list."""
-
-
-# What one pickle may build through constructor calls. Pickle opcodes build objects in proportion to the
-# bytes they take, except a constructor called with a count (`bytearray(10**9)`), a lazy range
-# (`list(range(10**9))`) or a copy of something already built (`tuple(x)` on a memoised list, repeated):
-# 61 bytes of pickle would otherwise allocate gigabytes. The budget is per pickle (one `load`), not per
-# call, so repeating a call under the limit does not add up past it.
-MAX_PICKLE_BYTES = 1 << 28
-MAX_PICKLE_ELEMENTS = 1 << 22
-_BUDGET: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
-    "longctx_pickle_budget", default=None
-)
+    raise Refused(f"getattr({_short(obj)}, {_short(name)})")
 
 
 def _size(a: Any) -> int:
@@ -181,34 +178,55 @@ def _size(a: Any) -> int:
         return MAX_PICKLE_ELEMENTS + 1
 
 
-def _spend(name: str, elements: int, nbytes: int) -> None:
-    """Take a call's elements and bytes from the current pickle's budget (_Refused when it is spent)."""
-    if elements > MAX_PICKLE_ELEMENTS:
-        raise _Refused(f"{name}(…of {elements:,}+ elements): more than {MAX_PICKLE_ELEMENTS:,}")
-    if nbytes > MAX_PICKLE_BYTES:
-        raise _Refused(f"{name}({nbytes}): more than {MAX_PICKLE_BYTES:,} bytes")
-    budget = _BUDGET.get()
-    if budget is None:
-        return
-    budget[0] -= elements
-    budget[1] -= nbytes
-    if budget[0] < 0 or budget[1] < 0:
-        raise _Refused(
-            f"{name}(…): the pickle's constructor calls build more than {MAX_PICKLE_ELEMENTS:,} elements or "
-            f"{MAX_PICKLE_BYTES:,} bytes in all"
-        )
-
-
 def _bounded(factory: Callable[..., Any]) -> Callable[..., Any]:
+    """A constructor whose arguments are charged to the pickle's budget before it builds anything."""
+
     def make(*args: Any, **kwargs: Any) -> Any:
         for a in (*args, *kwargs.values()):
             if isinstance(a, int) and not isinstance(a, bool):
-                _spend(factory.__name__, 0, a if factory in (bytes, bytearray) else 0)
+                spend(factory.__name__, 0, a if factory in (bytes, bytearray) else 0)
             else:
-                _spend(factory.__name__, _size(a), 0)
+                spend(factory.__name__, _size(a), 0)
         return factory(*args, **kwargs)
 
     make.__name__ = factory.__name__
+    return make
+
+
+def _safe_range(*args: Any) -> range:
+    # a range is lazy, but whatever iterates it (`torch.Size(range(10**9))`, a later walk) is not: its
+    # length is charged as if it were built
+    r = range(*args)
+    spend("range", _size(r), 0)
+    return r
+
+
+def _numpy_reconstruct(reconstruct: Callable[..., Any]) -> Callable[..., Any]:
+    """numpy's `_reconstruct(ndarray, shape, dtype)`, with the shape charged before it allocates."""
+
+    def make(subtype: Any, shape: Any, dtype: Any) -> Any:
+        import numpy  # resolve_global imported it to give this out
+
+        if subtype is not numpy.ndarray:
+            raise Refused(f"numpy _reconstruct of {describe(subtype)}")
+        n = 1
+        for dim in shape if isinstance(shape, tuple) else (shape,):
+            n = min(n * max(int(dim), 0), MAX_PICKLE_ELEMENTS + 1)
+        spend("numpy._reconstruct", n, 0)
+        return reconstruct(subtype, shape, dtype)
+
+    return make
+
+
+def _fresh_dtype(factory: Callable[..., Any]) -> Callable[..., Any]:
+    """A numpy dtype constructor that returns a new dtype: a builtin one is shared by the whole process
+    (`dtype("f8", copy=False)`, `Float64DType()`), and numpy pickles then set its state."""
+
+    def make(*args: Any) -> Any:
+        import numpy  # resolve_global imported it to give this out
+
+        return numpy.dtype(factory(*args[:2]), copy=True)
+
     return make
 
 
@@ -216,7 +234,7 @@ def _bounded(factory: Callable[..., Any]) -> Callable[..., Any]:
 
 _BUILTINS = {
     "set": _bounded(set), "frozenset": _bounded(frozenset), "complex": complex,
-    "bytearray": _bounded(bytearray), "slice": slice, "range": range, "object": object, "int": int,
+    "bytearray": _bounded(bytearray), "slice": slice, "range": _safe_range, "object": object, "int": int,
     "float": float, "str": str, "bool": bool, "list": _bounded(list), "dict": dict,
     "tuple": _bounded(tuple), "bytes": _bounded(bytes), "getattr": _safe_getattr,
 }  # fmt: skip
@@ -251,7 +269,7 @@ _TORCH_FUNCS = {
 
 
 def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None) -> Any:
-    """The object a pickle may get for `module.name`, or raise _Refused.
+    """The object a pickle may get for `module.name`, or raise Refused.
 
     stub_megatron: True → always stubs; False → import megatron-core's enums if possible; None (default)
     → real Enum classes only when megatron-core is already imported in this process.
@@ -283,7 +301,7 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
         obj = getattr(torch, name, None)
         if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
             return obj
-        raise _Refused(f"{module}.{name}")
+        raise Refused(f"{module}.{name}")
     if (module, name) in _TORCH_FUNCS:
         mod = __import__(module, fromlist=[name])
         return getattr(mod, name)
@@ -292,10 +310,12 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
         obj = getattr(mod, name, None)
         if obj is not None:
             return obj
-        raise _Refused(f"{module}.{name}")
+        raise Refused(f"{module}.{name}")
     if (module, name) in _NUMPY_RECONSTRUCT or (module == "numpy.dtypes" and name.endswith("DType")):
-        mod = __import__(module, fromlist=[name])
-        return getattr(mod, name)
+        obj = getattr(__import__(module, fromlist=[name]), name)
+        if name == "_reconstruct":
+            return _numpy_reconstruct(obj)
+        return _fresh_dtype(obj) if name == "dtype" or name.endswith("DType") else obj
     if module.split(".")[0] in STUB_PREFIXES:
         if name == "MCoreMetadata":
             # megatron-core 0.15 pickled its own Metadata subclass (extra attribute mcore_data)
@@ -304,7 +324,7 @@ def resolve_global(module: str, name: str, *, stub_megatron: bool | None = None)
             return Metadata
         real = _real_megatron_enum(module, name, stub_megatron)
         return real if real is not None else _stub_class(module, name)
-    raise _Refused(f"{module}.{name}")
+    raise Refused(f"{module}.{name}")
 
 
 def _signal_member(name: str) -> enum.Enum | None:
@@ -348,17 +368,37 @@ def enums_pickled_by_name() -> bool:
     return b"Signals" not in data
 
 
-def _refusal(what: str, where: str | None) -> CheckpointError:
+def _refusal(err: Refused, where: str | None) -> CheckpointError:
+    if isinstance(err, Unsafe):
+        return CheckpointError(
+            f"refusing to unpickle: {err}",
+            where=where,
+            fix="do not load this file: megatron-core and torch never save such a pickle; it is damaged or "
+            "crafted, so fetch the checkpoint again from a source you trust",
+        )
     return CheckpointError(
-        f"refusing to unpickle: the pickle asks for {what}, which is not on the checkpoint reader's "
+        f"refusing to unpickle: the pickle asks for {err}, which is not on the checkpoint reader's "
         "allow-list (argparse.Namespace, Megatron enums, signal.Signals, torch dtypes/tensors, DCP metadata)",
         where=where,
         fix="do not load this file: it is not a plain Megatron checkpoint pickle and may run code",
     )
 
 
-class SafeUnpickler(pickle.Unpickler):
-    """pickle.Unpickler that resolves only allow-listed globals (see module docstring)."""
+@functools.cache
+def _buildable(cls: type) -> bool:
+    """Whether instances of `cls` may get state from a pickle: the plain data types the allow-list gives
+    out (Namespace, Megatron stubs, DCP dataclasses, numpy arrays and the fresh dtypes _fresh_dtype makes)."""
+    if cls is argparse.Namespace or issubclass(cls, MegatronStub):
+        return True
+    if cls.__qualname__ in _DCP_NAMES.get(cls.__module__, ()) and not issubclass(cls, enum.Enum):
+        return getattr(sys.modules.get(cls.__module__), cls.__qualname__, None) is cls
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and (cls is numpy.ndarray or issubclass(cls, numpy.dtype))
+
+
+class SafeUnpickler(GuardedUnpickler):
+    """Unpickler that resolves only allow-listed globals (see module docstring) and gives state only to
+    new instances of plain data types (see unpickle_guard)."""
 
     where: str | None = None
     stub_megatron: bool | None = None
@@ -366,16 +406,16 @@ class SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         try:
             return resolve_global(*_py2_names(module, name), stub_megatron=self.stub_megatron)
-        except _Refused as err:
-            raise _refusal(str(err), self.where) from None
+        except Refused as err:
+            raise _refusal(err, self.where) from None
 
-    def load(self) -> Any:
-        """One pickle, with its own budget of what constructor calls may build (see _spend)."""
-        token = _BUDGET.set([MAX_PICKLE_ELEMENTS, MAX_PICKLE_BYTES])
-        try:
-            return super().load()
-        finally:
-            _BUDGET.reset(token)
+    def may_build(self, cls: type) -> bool:
+        return _buildable(cls)
+
+    def check_call(self, func: Any) -> None:
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and func is numpy.ndarray:  # numpy's own pickles call _reconstruct
+            raise Refused("a direct call of numpy.ndarray (an allocation of any size)")
 
 
 def _bound_unpickler(where: str | None, stub_megatron: bool | None) -> type[SafeUnpickler]:
@@ -401,17 +441,17 @@ def _guarded(where: str | None, what: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except CheckpointError:
         raise
-    except _Refused as err:
-        raise _refusal(str(err), where) from None
+    except Refused as err:
+        raise _refusal(err, where) from None
     except Exception as err:
         # a guarded callable refusing inside torch.load arrives wrapped; find the cause
         cause: BaseException | None = err
         while cause is not None:
-            if isinstance(cause, (_Refused, CheckpointError)):
-                raise (_refusal(str(cause), where) if isinstance(cause, _Refused) else cause) from None
+            if isinstance(cause, (Refused, CheckpointError)):
+                raise (_refusal(cause, where) if isinstance(cause, Refused) else cause) from None
             cause = cause.__cause__ or cause.__context__
         raise CheckpointError(
-            f"cannot read {what}: corrupt or not a pickle ({type(err).__name__}: {err})",
+            f"cannot read {what}: corrupt or not a pickle ({type(err).__name__}: {str(err)[:300]})",
             where=where,
             fix="re-download or re-copy this file; the checkpoint cannot be used without it",
         ) from None
