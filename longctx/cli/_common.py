@@ -25,7 +25,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from longctx.errors import Interrupted, LongctxError
-from longctx.launch.stop import signals_received, stop_on_signals
+from longctx.launch.stop import stop_on_signals
 from longctx.report import Findings, to_jsonable
 from longctx.util.oserrors import file_system_error
 from longctx.util.printable import printable
@@ -82,9 +82,7 @@ def cli_errors(fn: F) -> F:
 
 
 def _signal_of(err: KeyboardInterrupt) -> int:
-    """The signal behind a KeyboardInterrupt: one recorded, one named as "signal N", else SIGINT."""
-    if signals_received():
-        return signals_received()[0]
+    """The signal behind a KeyboardInterrupt: the one it names ("signal 15"), else SIGINT."""
     said = str(err).removeprefix("signal ")
     return int(said) if said.isdigit() else int(signal.SIGINT)
 

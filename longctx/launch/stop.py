@@ -54,7 +54,8 @@ class _Child:
 class _State:
     """What this process was asked and what it started, for its outermost `stop_on_signals` scope."""
 
-    received: list[int] = dataclasses.field(default_factory=list)
+    received: list[int] = dataclasses.field(default_factory=list)  # every one, for the process's life
+    since: int = 0  # how many of them came before the outermost scope began
     children: list[_Child] = dataclasses.field(default_factory=list)
     depth: int = 0
     raise_when_idle: bool = False
@@ -66,14 +67,19 @@ _state = _State()
 
 
 def signals_received() -> tuple[int, ...]:
-    """Every stop signal this process received in its current scope, in order."""
+    """Every stop signal this process received under a scope, in order (compare counts before and after
+    a launch to tell whether it was asked to stop)."""
     return tuple(_state.received)
 
 
 def requested() -> int | None:
-    """The first stop signal received (or SIGTERM for a parent that is gone); None: not asked to stop."""
+    """The first stop signal the running command received (SIGTERM for a parent that is gone); None:
+    not asked to stop, or no command running (outside every scope the discipline does not apply)."""
+    if _state.depth == 0:
+        return None
     _notice_orphaned()
-    return _state.received[0] if _state.received else None
+    mine = _mine()
+    return mine[0] if mine else None
 
 
 def raise_if_requested(what: str = "", *, where: str | None = None) -> None:
@@ -97,7 +103,7 @@ def stop_on_signals(*, raise_when_idle: bool = False) -> Iterator[None]:
     outer = _state.depth == 0
     previous: dict[int, Any] = {}
     if outer:
-        _state.received.clear()
+        _state.since = len(_state.received)
         _state.escalated = False
         _state.raise_when_idle = raise_when_idle
         previous = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
@@ -128,8 +134,8 @@ def spawn(
         _state.starting -= 1
     if forward and _state.escalated:
         kill_tree([proc])
-    elif forward and _state.received:
-        _send(proc, _passed_on(_state.received[0]))
+    elif forward and _mine():
+        _send(proc, _passed_on(_mine()[0]))
     return proc
 
 
@@ -165,6 +171,11 @@ def kill_tree(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             os.killpg(g, signal.SIGKILL)
 
 
+def _mine() -> list[int]:
+    """The stop signals of the running command (its outermost scope)."""
+    return _state.received[_state.since :]
+
+
 def _live() -> list[_Child]:
     return [c for c in _state.children if c.proc.poll() is None]
 
@@ -184,7 +195,7 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     _state.received.append(signum)
     running = _live()
     forwarded = [c.proc for c in running if c.forward]
-    if len(_state.received) > 1:
+    if len(_mine()) > 1:
         _state.escalated = True  # asked again: nothing below this process may outlive it
         kill_tree(forwarded)
     else:
@@ -198,5 +209,5 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
 
 def _notice_orphaned() -> None:
     """The longctx process that started this one is gone: behave as on its SIGTERM, once."""
-    if parent_gone() and not _state.received:
+    if parent_gone() and not _mine():
         _on_signal(signal.SIGTERM, None)
