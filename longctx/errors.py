@@ -6,6 +6,8 @@ domain type (or `LongctxError`) and read the three fields.
 
 from __future__ import annotations
 
+import signal
+
 
 class LongctxError(Exception):
     """Base of every error longctx raises on purpose."""
@@ -87,3 +89,30 @@ class ExportError(LongctxError):
 
 class FileSystemError(LongctxError):
     """The operating system refused a read or write (read-only, full, no permission, a loop)."""
+
+
+class Interrupted(LongctxError):
+    """A signal (SIGTERM, SIGINT, SIGUSR1) asked a command to stop; what it started has stopped too.
+
+    Not a refusal: the CLI exits with the shell's code for the signal (128 + its number), so a script,
+    `timeout` or a scheduler sees that it was stopped, not that it failed or finished."""
+
+    def __init__(
+        self, signum: int, what: str = "", *, where: str | None = None, fix: str | None = None
+    ) -> None:
+        self.signum = signum
+        said = f"stopped by {_signal_name(signum)}" + (f": {what}" if what else "")
+        super().__init__(
+            said, where=where, fix=fix or "run the same command again: it resumes from what was saved"
+        )
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -12,6 +12,7 @@ import functools
 import importlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,8 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from longctx.errors import LongctxError
+from longctx.errors import Interrupted, LongctxError
+from longctx.launch.stop import stop_on_signals
 from longctx.report import Findings, to_jsonable
 from longctx.util.oserrors import file_system_error
 from longctx.util.printable import printable
@@ -41,33 +43,48 @@ EXIT_ERROR = 2
 
 
 def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
-    """Print an error (what / where / fix) and exit 2. What it quotes from files (a lock's host, a log
-    line) is printed with its control characters escaped."""
+    """Print an error (what / where / fix) and exit 2 — a command stopped by a signal (`Interrupted`)
+    exits 128 + the signal's number instead. What it quotes from files (a lock's host, a log line) is
+    printed with its control characters escaped."""
     if as_json:
         _error_document(err.to_dict())
-    err_console.print(f"[bold red]error:[/] {escape(printable(err.what))}", highlight=False, soft_wrap=True)
+    stopped = isinstance(err, Interrupted)
+    head = "[bold yellow]" if stopped else "[bold red]error:[/] "  # Interrupted's what says "stopped by …"
+    err_console.print(f"{head}{escape(printable(err.what))}{'[/]' if stopped else ''}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
     if err.where:
         err_console.print(f"  [red]where:[/] {escape(printable(err.where))}", highlight=False, soft_wrap=True)
     if err.fix:
         err_console.print(f"  [red]fix:[/] {escape(printable(err.fix))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(EXIT_ERROR)
+    raise typer.Exit(err.exit_code if isinstance(err, Interrupted) else EXIT_ERROR)
 
 
 def cli_errors(fn: F) -> F:
     """Decorate a command so any LongctxError, and any OS error nothing closer turned into one (a
-    read-only or full file system, a permission), becomes a clean message and exit code 2."""
+    read-only or full file system, a permission), becomes a clean message and exit code 2. The command
+    runs under the one signal discipline (`longctx.launch.stop`): SIGTERM, SIGINT or SIGUSR1 stops it and
+    what it started, with a message and exit 128 + the signal (`Interrupted`), never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("json_out") or kwargs.get("as_json"))
         try:
-            return fn(*args, **kwargs)
+            with stop_on_signals(raise_when_idle=True):
+                return fn(*args, **kwargs)
         except LongctxError as err:
             fail(err, as_json=as_json)
         except OSError as err:
             fail(file_system_error(err, _command_name()), as_json=as_json)
+        except KeyboardInterrupt as err:  # code that turns a signal into one to clean up (tokenize)
+            fail(Interrupted(_signal_of(err)), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _signal_of(err: KeyboardInterrupt) -> int:
+    """The signal behind a KeyboardInterrupt: the one it names ("signal 15"), else SIGINT."""
+    said = str(err).removeprefix("signal ")
+    return int(said) if said.isdigit() else int(signal.SIGINT)
 
 
 def _command_name() -> str:

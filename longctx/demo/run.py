@@ -28,14 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.layout import TRACKER, read_tracker
+from longctx.checkpoint.layout import TRACKER
 from longctx.data.check import check_datasets
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.demo.corpus import documents, write_jsonl
 from longctx.demo.published import family_dir, install_published
+from longctx.demo.train_launch import reached, train_to_target
 from longctx.errors import LongctxError, StageError
 from longctx.eval.runner import demo_summary
-from longctx.launch.local import LocalLauncher
+from longctx.launch.stop import requested, spawn, wait
 from longctx.mcore.parallel import visible_device_count
 from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.plan.stage_data import stage_blend
@@ -289,9 +290,9 @@ def _base(
     run_dir: Path, rp: ResolvedPlan, cfg: DemoConfig, echo: Echo, devices: dict[str, str]
 ) -> tuple[str, bool]:
     save = run_dir / "base" / "checkpoints"
-    t = read_tracker(save) if save.exists() else None
-    if t is not None and t.iteration >= cfg.base_iters:
-        return f"{save} (iteration {t.iteration})", True
+    done = reached(save)
+    if done >= cfg.base_iters:
+        return f"{save} (iteration {done})", True
     tok = load_tokenizer(run_dir / "tokenizer")
     # the base model is what the plan says it is: its length, rotary base, objective and vocabulary rows
     seq, rotary_base = rp.base.seq_length, rp.base.rotary_base
@@ -310,14 +311,10 @@ def _base(
     )  # fmt: skip
     spec_path = run_dir / "base" / "train_spec.json"
     spec.dump(spec_path)
-    code = LocalLauncher(echo=True).run(
-        [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)],
-        nproc=cfg.processes,
-        env={"OMP_NUM_THREADS": str(spec.threads_per_process), **devices},
-        log=run_dir / "base" / "train.log",
-    )
-    if code != 0:
-        raise StageError(f"base pretraining failed (exit {code})", where=str(run_dir / "base" / "train.log"))
+    # the stages train from this base: a launch that stopped short of base_iters (a signal) is not it
+    train_to_target(spec_path, nproc=cfg.processes, env={"OMP_NUM_THREADS": str(spec.threads_per_process), **devices},
+                    log=run_dir / "base" / "train.log", save_dir=save, target=cfg.base_iters,
+                    what="base pretraining")  # fmt: skip
     return (
         f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,}, {rp.objective.describe()} → {save}",
         False,
@@ -392,10 +389,12 @@ class _Stages:
             self.cfg.interrupt_stage == st.name and step.action == "first-launch" and self.interrupted is None
         )
         t0 = time.monotonic()
-        proc = subprocess.Popen(_stage_command(self.cfg.plan, self.run_dir), env=self.env)
+        # under this process's signal discipline: a signal to the demo reaches the step once, a second
+        # one kills it with its workers (`longctx.launch.stop`)
+        proc = spawn(_stage_command(self.cfg.plan, self.run_dir), env=self.env)
         if want_interrupt:
             self._interrupt_after_first_save(proc, st.name, st.save_dir / TRACKER)
-        code = proc.wait()
+        code = wait(proc)
         after = stage_state(self.resolve().stage(st.name))
         outcome = LaunchOutcome(
             st.name,
@@ -414,7 +413,7 @@ class _Stages:
     def _interrupt_after_first_save(self, proc: subprocess.Popen[bytes], stage: str, tracker: Path) -> None:
         while proc.poll() is None and not tracker.exists():
             time.sleep(0.05)
-        if proc.poll() is None:
+        if proc.poll() is None and requested() is None:  # the demo's own test of a stop, not the user's
             self.echo(f"    sending SIGTERM to stage {stage} after its first save (then resuming)")
             proc.send_signal(signal.SIGTERM)
 

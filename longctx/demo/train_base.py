@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -51,12 +50,12 @@ from longctx.demo.published import (
     install_published,
     read_card,
 )
+from longctx.demo.train_launch import reached, train_to_target
 from longctx.errors import LongctxError, StageError
 from longctx.eval.data import HeldOut
 from longctx.eval.engine import CheckpointRef, evaluate_checkpoints
 from longctx.eval.load import checkpoint_info, load_model
 from longctx.eval.settings import EvalSettings
-from longctx.launch.local import LocalLauncher
 from longctx.mcore.checkpoint import save_checkpoint
 from longctx.mcore.parallel import eval_parallel
 from longctx.mcore.stored_layout import BUFFER_PREFIX, StoredLayout
@@ -275,20 +274,14 @@ def _start(work: Path, r: BaseRecipe, index: int) -> Path | None:
     return work / "init"
 
 
-def _reached(phase_dir: Path) -> int:
-    """The iteration of the phase's last save (0 before the first)."""
-    t = read_tracker(phase_dir / "checkpoints")
-    return 0 if t is None else t.iteration
-
-
 def _train(work: Path, r: BaseRecipe, index: int) -> str:
     """Train (or resume) phase `index` to its iterations. The launch's wall time is added to the work
     dir's total whatever its end (a stopped launch trained too, and a rerun goes on from its save)."""
     phase = r.phases[index]
     d = _phase_dir(work, phase)
-    reached = _reached(d)
-    if reached >= phase.iterations:
-        return f"iteration {reached} (kept)"
+    done = reached(d / "checkpoints")
+    if done >= phase.iterations:
+        return f"iteration {done} (kept)"
     spec = _spec(work, r, phase)
     start = _start(work, r, index)
     if start is not None:
@@ -296,23 +289,13 @@ def _train(work: Path, r: BaseRecipe, index: int) -> str:
     spec.dump(d / "train_spec.json")
     t0 = time.monotonic()
     try:
-        code = LocalLauncher(echo=True).run(
-            [sys.executable, "-m", "longctx.train", "--spec", str(d / "train_spec.json")],
-            nproc=r.processes,
-            env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
-            log=d / "train.log",
-        )
+        # a launch asked to stop (SIGTERM, Ctrl-C) saves and exits 0: the phase is not done, and the next
+        # phase must not start from its weights (`train_to_target` checks the save against the target)
+        train_to_target(d / "train_spec.json", nproc=r.processes, env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
+                        log=d / "train.log", save_dir=d / "checkpoints", target=phase.iterations,
+                        what=f"phase {phase.name}")  # fmt: skip
     finally:
         _wall(work, time.monotonic() - t0)
-    if code != 0:
-        raise StageError(f"base training failed (exit {code})", where=str(d / "train.log"),
-                         fix="read the log; rerunning resumes from the last save")  # fmt: skip
-    # a launch asked to stop (SIGTERM, Ctrl-C) saves and exits 0: the phase is not done, and the next
-    # phase must not start from its weights
-    reached = _reached(d)
-    if reached < phase.iterations:
-        raise StageError(f"phase {phase.name} stopped at iteration {reached} of {phase.iterations}",
-                         where=str(d / "checkpoints"), fix="rerun the same command: it resumes from that save")  # fmt: skip
     return f"{phase.iterations} iterations of {r.global_batch}×{r.seq_length} tokens"
 
 

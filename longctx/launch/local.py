@@ -1,17 +1,17 @@
 """Start the processes of one launch and forward signals to them.
 
 `LocalLauncher` runs W workers on this host itself (RANK/WORLD_SIZE/MASTER_* set per worker) instead
-of torchrun, so SIGTERM/SIGUSR1 reach every worker at once and nothing kills them after a grace
-period while they save. Only when a worker fails are the others stopped: SIGTERM first, then, after
-`grace_s`, SIGKILL, since the trainer's SIGTERM handler merely asks for a save that a rank waiting in a
-collective for its dead peer never reaches. Other launchers (srun + torchrun on a cluster) provide the same `run`.
+of torchrun, so SIGTERM/SIGUSR1/SIGINT reach every worker at once (`longctx.launch.stop`: passed on
+once, a second signal kills them) and nothing kills them after a grace period while they save. Only
+when a worker fails are the others stopped: SIGTERM first, then, after `grace_s`, SIGKILL, since the
+trainer's SIGTERM handler merely asks for a save that a rank waiting in a collective for its dead peer
+never reaches. Other launchers (srun + torchrun on a cluster) provide the same `run`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -20,11 +20,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
+from longctx.launch.stop import POLL_S, forget, kill_tree, requested, spawn, stop_on_signals
 from longctx.util.net import free_port
-
-# Every SIGTERM/SIGUSR1/SIGINT a launcher of this process received while its workers ran: a launch that
-# made no progress because it was asked to stop (a time limit, a cancel) is an interruption, not a failure.
-SIGNALS_RECEIVED: list[int] = []
 
 
 class Launcher(Protocol):
@@ -79,25 +76,15 @@ class LocalLauncher:
         port = free_port()
         procs: list[subprocess.Popen[bytes]] = []
         threads: list[threading.Thread] = []
-        forwarded: list[int] = []
-
-        def forward(signum: int, _frame: object) -> None:
-            forwarded.append(signum)
-            SIGNALS_RECEIVED.append(signum)
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signum)
-
-        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-        with launch_log(log) as (logf, log_errors):
+        # the workers start under this process's signal discipline (`longctx.launch.stop`): a signal is
+        # passed on to each once, a second one kills them, a launcher that dies stops them
+        with stop_on_signals(), launch_log(log) as (logf, log_errors):
             try:
                 for rank in range(nproc):
                     wenv = dict(os.environ, **env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                                 LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                                 PYTHONUNBUFFERED="1")  # fmt: skip
-                    p = subprocess.Popen(
-                        list(argv), env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-                    )
+                    p = spawn(argv, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                     procs.append(p)
                     sinks: list[IO[bytes]] = [logf]
                     if self.echo and rank == 0:
@@ -110,9 +97,12 @@ class LocalLauncher:
                     t.start()
                     threads.append(t)
                 codes = _wait_all(procs, self.grace_s)
+            except BaseException:
+                kill_tree(procs)  # a rank that failed to start: the others would wait for it forever
+                raise
             finally:
-                for s, h in old.items():
-                    signal.signal(s, h)
+                for p in procs:
+                    forget(p)
                 for t in threads:
                     t.join(timeout=5)
         return codes[0] if codes else 0
@@ -120,12 +110,13 @@ class LocalLauncher:
 
 def _wait_all(procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> list[int]:
     """Wait for every worker; when one fails, stop the others (they would hang in a collective):
-    SIGTERM, then SIGKILL to those still running `grace_s` later. The exit codes come in the order
-    the workers ended: the first failure (the cause, not the signals of the workers stopped after
-    it) first."""
+    SIGTERM, then SIGKILL (with what they started) to those still running `grace_s` later. The exit codes
+    come in the order the workers ended: the first failure (the cause, not the signals of the workers
+    stopped after it) first."""
     codes: dict[int, int] = {}
     terminated_at: float | None = None
     while len(codes) < len(procs):
+        requested()  # a launcher whose own parent is gone stops its workers as on a SIGTERM
         for i, p in enumerate(procs):
             if i in codes:
                 continue
@@ -138,8 +129,6 @@ def _wait_all(procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> li
                         if q.poll() is None:
                             q.terminate()
         if terminated_at is not None and time.monotonic() - terminated_at > grace_s:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-        time.sleep(0.2)
+            kill_tree([q for q in procs if q.poll() is None])
+        time.sleep(POLL_S)
     return sorted(codes.values(), key=lambda rc: rc == 0)

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import SlurmError
-from longctx.launch.local import SIGNALS_RECEIVED, launch_log, pump_lines
+from longctx.launch.local import launch_log, pump_lines
+from longctx.launch.stop import spawn, stop_on_signals, wait
 
 SRUN_CONFIG_ENV = "LONGCTX_SRUN_CONFIG"
 NODES_ENV = "LONGCTX_NODES"  # a launch may use fewer nodes than the job holds
@@ -136,35 +136,24 @@ class SrunLauncher:
     def run(self, argv: Sequence[str], *, nproc: int, env: dict[str, str], log: Path) -> int:
         cmd, tee = self.command(argv, nproc=nproc, env=env, log=log)
         log.parent.mkdir(parents=True, exist_ok=True)
-        received: list[int] = []
-
-        def note(signum: int, _frame: object) -> None:
-            # Slurm signals the whole process tree, srun included; passing a signal on would reach srun a
-            # second time, and srun turns a repeated signal into SIGKILL for its tasks. This process only
-            # stays alive to record the launch's end.
-            received.append(signum)
-            SIGNALS_RECEIVED.append(signum)
-
-        old = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-        pump = None
-        try:
-            proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE if tee else None,
-                                    stderr=subprocess.STDOUT if tee else None)  # fmt: skip
-            if tee:
-                with launch_log(log) as (logf, log_errors):
-                    sinks = [logf, sys.stdout.buffer] if self.echo else [logf]
-                    pump = threading.Thread(
-                        target=pump_lines, args=(proc.stdout, sinks, b"", log_errors), daemon=True
-                    )
-                    pump.start()
-                    rc = proc.wait()
-                    pump.join(timeout=10)
-            else:
-                rc = proc.wait()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-        return rc
+        # Slurm signals the whole process tree, srun included; passing a signal on would reach srun a
+        # second time, and srun turns a repeated signal into SIGKILL for its tasks. So srun is started
+        # with forward=False (`longctx.launch.stop`): the signal is recorded, and this process only stays
+        # alive to record the launch's end.
+        with stop_on_signals():
+            proc = spawn(cmd, env={**os.environ, **env}, forward=False, stdout=subprocess.PIPE if tee else None,
+                         stderr=subprocess.STDOUT if tee else None)  # fmt: skip
+            if not tee:
+                return wait(proc)
+            with launch_log(log) as (logf, log_errors):
+                sinks = [logf, sys.stdout.buffer] if self.echo else [logf]
+                pump = threading.Thread(
+                    target=pump_lines, args=(proc.stdout, sinks, b"", log_errors), daemon=True
+                )
+                pump.start()
+                rc = wait(proc)
+                pump.join(timeout=10)
+            return rc
 
 
 def torchrun_words(argv: Sequence[str]) -> list[str]:

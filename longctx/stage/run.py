@@ -30,7 +30,8 @@ from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.checkpoint.layout import TRACKER, complete_iterations, iter_dir_name, partial_saves, read_tracker
 from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.errors import CheckpointError, LongctxError, StageError
-from longctx.launch.local import SIGNALS_RECEIVED, Launcher
+from longctx.launch.local import Launcher
+from longctx.launch.stop import signals_received
 from longctx.plan.derive import ResolvedPlan, ResolvedStage, scaling_summary
 from longctx.plan.entry import UPSTREAM_SCRIPT
 from longctx.plan.stage_data import require_startable, stage_blend
@@ -572,7 +573,7 @@ def _execute_locked(
     })  # fmt: skip
     saves_before = set(complete_iterations(lp.stage.save_dir))
     partial_before = set(partial_saves(lp.stage.save_dir))
-    signals_before = len(SIGNALS_RECEIVED)
+    signals_before = len(signals_received())
     t0 = time.monotonic()
     code = launcher.run(lp.command, nproc=lp.nproc, env=lp.env, log=lp.log)
     # asked before the unfinished saves are removed: they are what filled the disk
@@ -588,7 +589,7 @@ def _execute_locked(
         after.status,
         time.monotonic() - t0,
         new_saves=sorted(set(after.complete) - saves_before),
-        interrupted=len(SIGNALS_RECEIVED) > signals_before,
+        interrupted=len(signals_received()) > signals_before,
         discarded=discarded,
         storage=None if storage is None else str(file_system_error(storage, f"stage {lp.stage.name}")),
         stale_lock=stale,

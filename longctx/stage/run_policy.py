@@ -17,6 +17,7 @@ from typing import Protocol
 
 from longctx.errors import StageError
 from longctx.launch.local import Launcher
+from longctx.launch.stop import requested
 from longctx.plan.derive import ResolvedPlan
 from longctx.plan.sweep import SweepChoice
 from longctx.plan.sweep import describe as describe_sweep
@@ -129,6 +130,8 @@ def run_steps(
                 report.preflight_passed(lp, checked)
         outcome = execute(rp, lp, launcher(), force=options.force)
         report.finished(outcome)
+        if requested() is not None:
+            return outcome  # asked to stop: no evaluation starts (`run_until_done` stops here)
         if evaluates_after(rp, outcome, backend=backend, enabled=options.eval_after):
             warning = evaluate_finished(rp, outcome.stage)
             if warning:

@@ -23,6 +23,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from longctx.errors import Interrupted
+from longctx.launch.stop import raise_if_requested
 from longctx.plan.derive import ResolvedPlan
 from longctx.stage.preflight import DeviceFacts, PreflightReport, StageJob, require_passed, run_preflight
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan
@@ -81,6 +83,13 @@ def after_step(outcome: LaunchOutcome, *, until_done: bool) -> tuple[Stop, str] 
     return None
 
 
+def stopped_at(rp: ResolvedPlan, outcome: LaunchOutcome) -> str:
+    """Where a launch that was asked to stop left its stage, for the message that says so."""
+    target = rp.stage(outcome.stage).train_iters
+    left = "done" if outcome.status == "done" else "not done; the next run resumes from its last save"
+    return f"stage {outcome.stage} at iteration {outcome.end_iteration} of {target} ({left})"
+
+
 def run_until_done(
     resolve: Resolve,
     launch: LaunchStep,
@@ -92,9 +101,12 @@ def run_until_done(
 ) -> UntilDone:
     """Launch the next step until the plan is done (or, without `until_done`, one step; or until `until`
     says so: stop `reached`). A sweep's choice is a step too: `choose` makes it (without one, the loop
-    stops there, as after one step). `next_of(rp)` replaces `next_step` (one sweep branch's own steps)."""
+    stops there, as after one step). `next_of(rp)` replaces `next_step` (one sweep branch's own steps).
+    A stop signal this process received (`longctx.launch.stop`) ends the loop with `Interrupted`,
+    before the next step and after every launch, whatever the launch's exit code."""
     outcomes: list[LaunchOutcome] = []
     while True:
+        raise_if_requested()
         rp = resolve()
         step = next_of(rp) if next_of is not None else next_step(rp, plan_state(rp))
         reached = until(rp, step) if until is not None else None
@@ -115,6 +127,8 @@ def run_until_done(
         if outcome is None:
             return UntilDone("dry-run", step.reason, outcomes)
         outcomes.append(outcome)
+        # asked to stop while it ran: its save is where the next run resumes, nothing goes on from it
+        raise_if_requested(stopped_at(rp, outcome), where=str(rp.stage(outcome.stage).save_dir))
         stop = after_step(outcome, until_done=until_done)
         if stop is not None:
             return UntilDone(stop[0], stop[1], outcomes)
@@ -170,6 +184,8 @@ def evaluate_finished(rp: ResolvedPlan, stage: str) -> str | None:
 
     try:
         evaluate_finished_stage(rp, stage)
+    except Interrupted:
+        raise  # a stop signal, not a failed evaluation
     except Exception as err:
         return (
             f"warning: evaluation of stage {stage} failed: {err} — rerun it with "

@@ -74,7 +74,10 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def _log(msg: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(msg, flush=True)
+        try:
+            print(msg, flush=True)
+        except BrokenPipeError:
+            signals.output_gone()  # its launcher is gone: save and exit all the same, unheard
 
 
 class Trainer:

@@ -79,8 +79,9 @@ def append_line_durably(path: str | os.PathLike[str], line: str) -> None:
             while view:  # a full disk may take part of the line before it refuses the rest
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
-        except OSError:
-            # a torn line would glue itself to the next append: take it back, then report
+        except BaseException:
+            # a torn line (a full disk, a stop signal between two writes) would glue itself to the next
+            # append: take it back, then report
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
             raise

@@ -193,7 +193,7 @@ class _StoppedLaunch:
 def test_a_stopped_phase_ends_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A phase whose launch stopped short (SIGTERM, Ctrl-C: the trainer saves and exits 0) is not done:
     the next phase must not start from its weights, and nothing is measured or published."""
-    monkeypatch.setattr("longctx.demo.train_base.LocalLauncher", _StoppedLaunch)
+    monkeypatch.setattr("longctx.demo.train_launch.LocalLauncher", _StoppedLaunch)
     work, out = tmp_path / "work", tmp_path / "out"
     with pytest.raises(StageError, match="phase copy stopped at iteration 0 of 2") as err:
         train_base(work, out, recipe=_tiny(RECIPES["ar"], 2, 2), echo=[].append)
