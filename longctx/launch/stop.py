@@ -125,7 +125,11 @@ def spawn(
     """Start a child under this discipline (see the module docstring); `popen` goes to `subprocess.Popen`.
     A child started after a stop was asked gets the signal at once; after a second one, it is killed."""
     child_env = dict(os.environ if env is None else env)
-    child_env[PARENT_ENV] = str(os.getpid())
+    # only a child this process starts itself may judge it by its parent: srun's tasks are started by
+    # slurmstepd, and would take the difference for this process's death
+    child_env.pop(PARENT_ENV, None)
+    if forward:
+        child_env[PARENT_ENV] = str(os.getpid())
     _state.starting += 1
     try:
         proc = subprocess.Popen(list(argv), env=child_env, start_new_session=forward, **popen)

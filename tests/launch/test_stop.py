@@ -4,7 +4,9 @@ asked gets the signal at once; a command with nothing running stops on the spot.
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -14,6 +16,7 @@ import pytest
 
 from longctx.errors import Interrupted
 from longctx.launch import stop
+from longctx.util.orphan import PARENT_ENV
 from tests.fixtures.stopping import Command
 
 # a command launching two workers that take SIGTERM as a request they never act on, each with a child
@@ -81,3 +84,18 @@ def test_a_child_started_after_the_signal_gets_it_and_a_launcher_scope_only_reco
     assert stop.requested() is None and stop.signals_received()[-1] == signal.SIGTERM
     with stop.stop_on_signals():
         assert stop.requested() is None
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_only_a_child_this_process_starts_itself_is_told_its_parent(
+    forward: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """srun (forward=False) hands its environment to tasks that slurmstepd starts: told this process is
+    their parent, they would take it for dead and stop at once."""
+    monkeypatch.setenv(PARENT_ENV, "1")  # inherited from whoever started this process
+    show = f"import os; print(os.environ.get({PARENT_ENV!r}))"
+    with stop.stop_on_signals():
+        proc = stop.spawn([sys.executable, "-c", show], forward=forward, stdout=subprocess.PIPE)
+        out, _ = proc.communicate(timeout=60)
+        stop.forget(proc)
+    assert out.decode().strip() == (str(os.getpid()) if forward else "None")
