@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from longctx.errors import StageError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
-from longctx.plan.stage_data import check_plan_data
+from longctx.plan.stage_data import check_plan_data, require_startable
 from tests.fixtures.artifact import ARTIFACT_RUN
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,3 +62,18 @@ def test_baby_9b_dense_packed_by_document_warns_every_stage(
         assert len(fs) == 1 and fs[0].level == "warning", (name, fs)
         assert "no training window shows the model the distances" in fs[0].message
         assert "longer than the window" in (fs[0].fix or "")
+
+
+def test_an_artifact_chunk_too_small_for_a_split_part_is_refused_before_a_launch(
+    oellm_artifact: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The fixture's chunks hold 2–30 documents: the plan's 1 % validation part of each rounds to none, and
+    megatron-core would loop forever building it. Both the data check and the launch's guard see it."""
+    monkeypatch.setenv("OELLM_LONGCTX_DATA", str(oellm_artifact))
+    rp = resolve_plan(load_plan(_baby(tmp_path, documents=False)))
+    reports = check_plan_data(rp, scan=False)
+    for name, report in reports.items():
+        empty = [f for f in report.findings.errors if f.code == "split-empty-part"]
+        assert empty and "loop forever" in empty[0].message, name
+    with pytest.raises(StageError, match="loop forever"):
+        require_startable(rp, rp.stages[0], "local")
