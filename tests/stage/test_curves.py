@@ -49,7 +49,7 @@ def _first_launch_sigterm(plan: Path, metrics: Path, after: int) -> None:
             proc.send_signal(signal.SIGTERM)
             break
         time.sleep(0.1)
-    assert proc.wait(timeout=300) == 0
+    assert proc.wait(timeout=300) == 143  # stopped by the SIGTERM (128 + 15), after the trainer's save
 
 
 @pytest.fixture(scope="module")
