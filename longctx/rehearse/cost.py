@@ -78,9 +78,14 @@ def length_cost(
         attention, other = iteration_flops(arch, length, causal=causal, vocab_rows=vocab_rows)
         achieved = (attention + other) / seconds if seconds else None
         out.stages.append(
-            StageCost(stage=name, seq_length=length, attention_flops=attention, other_flops=other,
-                      achieved_flops_per_s=achieved)
-        )  # fmt: skip
+            StageCost(
+                stage=name,
+                seq_length=length,
+                attention_flops=attention,
+                other_flops=other,
+                achieved_flops_per_s=achieved,
+            )
+        )
     first, last = stages[0], stages[-1]
     if len(stages) > 1 and first[2] and last[2]:
         short, long = out.stages[0], out.stages[-1]

@@ -336,11 +336,20 @@ class Trainer:
         tokens_per_iter = spec.global_batch_size * spec.seq_length
         grown = peak_memory_bytes(self.device) - self.memory_before
         max_position, peak = self._all_max(self.max_position, grown)
-        rec = {"stage": spec.stage, "iteration": self.iteration, "loss": loss, "lr": lr, "grad_norm": gnorm,
-               "tokens_per_s": tokens_per_iter / dt, "consumed_samples": self.consumed, "seconds": dt,
-               "step_seconds": step,
-               "max_position": max_position, "peak_growth_bytes": peak,
-               "rotary_base_built": self.rotary_base_built}  # fmt: skip
+        rec = {
+            "stage": spec.stage,
+            "iteration": self.iteration,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": gnorm,
+            "tokens_per_s": tokens_per_iter / dt,
+            "consumed_samples": self.consumed,
+            "seconds": dt,
+            "step_seconds": step,
+            "max_position": max_position,
+            "peak_growth_bytes": peak,
+            "rotary_base_built": self.rotary_base_built,
+        }
         if metrics is not None:
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
