@@ -940,10 +940,13 @@ def _schedule(ctx: _StageContext, seq: int, gbs: int) -> _Schedule:
         )
     iters = max(1, math.ceil(spec.tokens / tokens_per_iter))
     lr: LRSpec = ctx.merged("lr", LRSpec())
-    warmup = (
-        lr.warmup_iters if lr.warmup_iters is not None else math.ceil((lr.warmup_fraction or 0.0) * iters)
-    )
-    if warmup >= iters and iters > 1:
+    # Megatron asserts warm-up < decay (the stage's iterations): a fraction rounded up to the whole stage
+    # (one iteration at 10 %) is rounding, so it stops one short; an explicit count that long is refused
+    if lr.warmup_iters is None:
+        warmup = min(math.ceil((lr.warmup_fraction or 0.0) * iters), iters - 1)
+    else:
+        warmup = lr.warmup_iters
+    if warmup >= iters:
         ctx.findings.error(
             "warmup",
             f"warmup {warmup} iterations is not shorter than the stage ({iters})",

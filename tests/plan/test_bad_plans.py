@@ -95,6 +95,18 @@ def test_good_plan_resolves(tmp_path: Path, good: dict[str, Any]) -> None:
     assert s64.train_iters == -(-10_000_000 // (4 * 65536))
 
 
+def test_a_warmup_fraction_stops_short_of_a_one_iteration_stage(tmp_path: Path, good: dict[str, Any]) -> None:
+    """Megatron asserts warm-up < decay: 10 % of one iteration rounds up to the whole stage, so the
+    fraction's warm-up stops one short (0), where an explicit warm-up that long is refused."""
+    good["defaults"]["lr"] = {"warmup_fraction": 0.1}
+    _stage(good, 0).update(tokens=8 * 16384)
+    rp = resolve_plan(load_plan(write(tmp_path, good)))
+    assert (rp.stage("16k").train_iters, rp.stage("16k").warmup_iters) == (1, 0)
+    good["defaults"]["lr"] = {"warmup_iters": 1}
+    err = refused(tmp_path, good)
+    assert "warmup 1 iterations is not shorter than the stage (1)" in err.what, err.what
+
+
 def _stage(d: dict[str, Any], i: int) -> dict[str, Any]:
     return d["stages"][i]
 
