@@ -184,9 +184,15 @@ def allgather_backward(
     for rows, block in plan:
         qs, ks = block.q, block.k
         b_dq, b_dk, b_dv = blk.backward(
-            dout[rows, qs], q[rows, qs], kv[0][rows, ks], kv[1][rows, ks], out[rows, qs], lse[rows, :, qs],
-            block.causal, scale,
-        )  # fmt: skip
+            dout[rows, qs],
+            q[rows, qs],
+            kv[0][rows, ks],
+            kv[1][rows, ks],
+            out[rows, qs],
+            lse[rows, :, qs],
+            block.causal,
+            scale,
+        )
         dq[rows, qs] += b_dq
         dkv[0][rows, ks] += b_dk
         dkv[1][rows, ks] += b_dv

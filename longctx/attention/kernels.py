@@ -325,9 +325,21 @@ def sdpa_flash_backward_args(
     seed = torch.zeros(2, dtype=torch.int64, device=q.device)
     offset = torch.zeros((), dtype=torch.int64, device=q.device)
     return (
-        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), out.transpose(1, 2),
-        lse.float().contiguous(), None, None, sq, sk, 0.0, causal, seed, offset,
-    )  # fmt: skip
+        dout.transpose(1, 2),
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        out.transpose(1, 2),
+        lse.float().contiguous(),
+        None,
+        None,
+        sq,
+        sk,
+        0.0,
+        causal,
+        seed,
+        offset,
+    )
 
 
 def _sdpa_flash_backward(

@@ -299,11 +299,21 @@ def rank_work(
     counts and times rank by rank (remote key rows relative to each slot's piece)."""
     plan = _plan(rank, world, local_len, causal, piece, docs, split)
     remote = [
-        (rows, Block(sub.step, sub.src, sub.q_start, sub.q_stop, sub.k_start - slot.block.k_start,
-                     sub.k_stop - slot.block.k_start, False))
+        (
+            rows,
+            Block(
+                sub.step,
+                sub.src,
+                sub.q_start,
+                sub.q_stop,
+                sub.k_start - slot.block.k_start,
+                sub.k_stop - slot.block.k_start,
+                False,
+            ),
+        )
         for slot, cuts in zip(plan.slots, plan.cuts, strict=True)
         for rows, sub in cuts
-    ]  # fmt: skip
+    ]
     return plan.own, remote
 
 
@@ -388,9 +398,15 @@ def _own_backward(
     for rows, sub in plan.own:
         qs, ks = sub.q, sub.k
         b_dq, b_dk, b_dv = blk.backward(
-            dout[rows, qs], q[rows, qs], k[rows, ks], v[rows, ks], out[rows, qs], lse[rows, :, qs],
-            sub.causal, scale,
-        )  # fmt: skip
+            dout[rows, qs],
+            q[rows, qs],
+            k[rows, ks],
+            v[rows, ks],
+            out[rows, qs],
+            lse[rows, :, qs],
+            sub.causal,
+            scale,
+        )
         dq[rows, qs] += b_dq
         dk[rows, ks] += b_dk
         dv[rows, ks] += b_dv
@@ -438,9 +454,15 @@ def ring_backward(
             for q0, q1 in query_tiles(sub, *tile):
                 qs = slice(q0, q1)
                 t_dq, t_dk, t_dv = blk.backward(
-                    dout[rows, qs], q[rows, qs], held[0][rows, ks], held[1][rows, ks], out[rows, qs],
-                    lse[rows, :, qs], False, scale,
-                )  # fmt: skip
+                    dout[rows, qs],
+                    q[rows, qs],
+                    held[0][rows, ks],
+                    held[1][rows, ks],
+                    out[rows, qs],
+                    lse[rows, :, qs],
+                    False,
+                    scale,
+                )
                 dq[rows, qs] += t_dq
                 del t_dq
                 if summed is None and whole:

@@ -670,9 +670,15 @@ def parse_document_mix(text: str) -> tuple[float, int]:
 
 
 def _rank_seconds(
-    own: list[tuple[slice, Block]], remote: list[tuple[slice, Block]], local: int, heads: int, kv_heads: int,
-    head_dim: int, repeats: int, tile: tuple[int, int],
-) -> float:  # fmt: skip
+    own: list[tuple[slice, Block]],
+    remote: list[tuple[slice, Block]],
+    local: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    repeats: int,
+    tile: tuple[int, int],
+) -> float:
     """fwd+bwd compute of one rank's blocks (kernels only, as the ring calls them; no messages)."""
     import torch  # see _worker
 
@@ -694,17 +700,32 @@ def _rank_seconds(
             out, lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], False, scale)
             for q0, q1 in query_tiles(sub, *tile):
                 s_ = slice(q0 - sub.q_start, q1 - sub.q_start)
-                blk.backward(out[:, s_], q[rows, q0:q1], k[rows, sub.k], v[rows, sub.k], out[:, s_],
-                             lse[:, :, s_], False, scale)  # fmt: skip
+                blk.backward(
+                    out[:, s_],
+                    q[rows, q0:q1],
+                    k[rows, sub.k],
+                    v[rows, sub.k],
+                    out[:, s_],
+                    lse[:, :, s_],
+                    False,
+                    scale,
+                )
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
 def _split_figures(
-    split: str, s: int, cp: int, bounds: tuple[int, ...] | None, heads: int, kv_heads: int, head_dim: int,
-    repeats: int, timed: bool,
-) -> SplitFigures:  # fmt: skip
+    split: str,
+    s: int,
+    cp: int,
+    bounds: tuple[int, ...] | None,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    repeats: int,
+    timed: bool,
+) -> SplitFigures:
     from longctx.attention.documents import Documents
     from longctx.attention.ring import rank_work, ring_query_tile
 
@@ -733,9 +754,19 @@ SPLIT_ORDER = (("zigzag", "balanced"), ("balanced", "zigzag"))
 
 
 def _document_worker(
-    rank: int, world: int, init_file: str, seq_len: int, bounds: tuple[int, ...], heads: int, kv_heads: int,
-    head_dim: int, threads: int, warmup: int, repeats: int, out: Any,
-) -> None:  # fmt: skip
+    rank: int,
+    world: int,
+    init_file: str,
+    seq_len: int,
+    bounds: tuple[int, ...],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    threads: int,
+    warmup: int,
+    repeats: int,
+    out: Any,
+) -> None:
     """One CP rank of `measure_document_processes` (spawned by `run_ranks`)."""
     guarded(
         rank,
@@ -747,9 +778,18 @@ def _document_worker(
 
 
 def _time_document_splits(
-    rank: int, world: int, init_file: str, seq_len: int, bounds: tuple[int, ...], heads: int, kv_heads: int,
-    head_dim: int, threads: int, warmup: int, repeats: int,
-) -> dict[str, tuple[list[float], list[float]]]:  # fmt: skip
+    rank: int,
+    world: int,
+    init_file: str,
+    seq_len: int,
+    bounds: tuple[int, ...],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    threads: int,
+    warmup: int,
+    repeats: int,
+) -> dict[str, tuple[list[float], list[float]]]:
     import torch  # see _measure_rank
     import torch.distributed as dist
 
@@ -793,9 +833,18 @@ def _time_document_splits(
 
 
 def measure_document_processes(
-    seq_len: int, bounds: tuple[int, ...], *, cp: int, heads: int, kv_heads: int, head_dim: int, threads: int,
-    warmup: int, repeats: int, timeout_s: float = 1800.0,
-) -> DocumentProcessCase:  # fmt: skip
+    seq_len: int,
+    bounds: tuple[int, ...],
+    *,
+    cp: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    threads: int,
+    warmup: int,
+    repeats: int,
+    timeout_s: float = 1800.0,
+) -> DocumentProcessCase:
     """Ring attention fwd+bwd within the documents `bounds` of one window, in `cp` fresh processes over
     gloo: the zigzag and the balanced split of the same tensors, iterations alternating between them
     (each after a barrier; the first `warmup` of each left out), every rank's wall and CPU time."""
@@ -854,9 +903,16 @@ def run_document_bench(
         measured = None
         if processes and timed:
             measured = measure_document_processes(
-                s, bounds, cp=cp, heads=heads, kv_heads=kv_heads, head_dim=head_dim, threads=threads,
-                warmup=warmup, repeats=repeats,
-            )  # fmt: skip
+                s,
+                bounds,
+                cp=cp,
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=head_dim,
+                threads=threads,
+                warmup=warmup,
+                repeats=repeats,
+            )
         cases.append(
             DocumentBenchCase(
                 seq_len=s,

@@ -34,9 +34,17 @@ from longctx.checkpoint.metadata import clear_index_cache
 from longctx.checkpoint.unpickle import gc_paused
 
 BABY = dict(
-    num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32, num_query_groups=8,
-    kv_channels=128, padded_vocab_size=262656, tp=4, dp=256, iteration=76800,
-)  # fmt: skip
+    num_layers=36,
+    hidden_size=4096,
+    ffn_hidden_size=12288,
+    num_attention_heads=32,
+    num_query_groups=8,
+    kv_channels=128,
+    padded_vocab_size=262656,
+    tp=4,
+    dp=256,
+    iteration=76800,
+)
 BUCKET_NUMEL = 256_000_000  # Megatron's default bucket size with overlap-grad-reduce: max(40M, 1M·DP)
 
 
@@ -103,8 +111,14 @@ def _baby_tensors(
                     chunks.append((tuple(off), tuple(size)))
         out.append((key, shape, dtype, chunks))
 
-    out.append(("embedding.word_embeddings.weight", (V, H), bf16,
-                [((r * V // tp, 0), (V // tp, H)) for r in range(tp)]))  # fmt: skip
+    out.append(
+        (
+            "embedding.word_embeddings.weight",
+            (V, H),
+            bf16,
+            [((r * V // tp, 0), (V // tp, H)) for r in range(tp)],
+        )
+    )
     per_layer("decoder.layers.self_attention.linear_qkv.layer_norm_weight", (L, H), bf16, None)
     per_layer("decoder.layers.self_attention.linear_qkv.weight", (L, qkv, H), bf16, 1)
     per_layer("decoder.layers.self_attention.q_layernorm.weight", (L, d), bf16, None)
@@ -261,17 +275,36 @@ def _write_common_state(out: Path) -> None:
     import torch  # torch.save and torch.bfloat16: see _IndexBuilder.add_tensors
 
     args = argparse.Namespace(
-        num_layers=BABY["num_layers"], hidden_size=BABY["hidden_size"], ffn_hidden_size=BABY["ffn_hidden_size"],
-        num_attention_heads=BABY["num_attention_heads"], group_query_attention=True,
-        num_query_groups=BABY["num_query_groups"], kv_channels=BABY["kv_channels"], swiglu=True,
-        qk_layernorm=True, normalization="RMSNorm", norm_epsilon=1e-5, untie_embeddings_and_output_weights=True,
-        add_bias_linear=False, position_embedding_type="rope", rotary_base=100000, rotary_percent=1.0,
-        seq_length=4096, max_position_embeddings=4096, tokenizer_type="HuggingFaceTokenizer",
+        num_layers=BABY["num_layers"],
+        hidden_size=BABY["hidden_size"],
+        ffn_hidden_size=BABY["ffn_hidden_size"],
+        num_attention_heads=BABY["num_attention_heads"],
+        group_query_attention=True,
+        num_query_groups=BABY["num_query_groups"],
+        kv_channels=BABY["kv_channels"],
+        swiglu=True,
+        qk_layernorm=True,
+        normalization="RMSNorm",
+        norm_epsilon=1e-5,
+        untie_embeddings_and_output_weights=True,
+        add_bias_linear=False,
+        position_embedding_type="rope",
+        rotary_base=100000,
+        rotary_percent=1.0,
+        seq_length=4096,
+        max_position_embeddings=4096,
+        tokenizer_type="HuggingFaceTokenizer",
         tokenizer_model="/leonardo_scratch/fast/OELLM_prod2026/production_training/baby_9b_dense/tokenizer",
-        padded_vocab_size=BABY["padded_vocab_size"], make_vocab_size_divisible_by=128,
-        tensor_model_parallel_size=BABY["tp"], pipeline_model_parallel_size=1, context_parallel_size=1,
-        use_distributed_optimizer=True, bf16=True, params_dtype=torch.bfloat16, iteration=BABY["iteration"],
-    )  # fmt: skip
+        padded_vocab_size=BABY["padded_vocab_size"],
+        make_vocab_size_divisible_by=128,
+        tensor_model_parallel_size=BABY["tp"],
+        pipeline_model_parallel_size=1,
+        context_parallel_size=1,
+        use_distributed_optimizer=True,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        iteration=BABY["iteration"],
+    )
     torch.save(
         {
             "args": args,

@@ -33,9 +33,14 @@ from longctx.tokenizer import load_tokenizer, padded_vocab_size
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 
 ARCH = ModelArch(
-    num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=8, num_query_groups=2,
-    kv_channels=16, qk_layernorm=True,
-)  # fmt: skip
+    num_layers=2,
+    hidden_size=128,
+    ffn_hidden_size=256,
+    num_attention_heads=8,
+    num_query_groups=2,
+    kv_channels=16,
+    qk_layernorm=True,
+)
 SEQ = 256
 
 
@@ -44,16 +49,29 @@ def run_spec(work: Path, iterations: int) -> TrainSpec:
     tok = load_tokenizer(tok_dir)
     half = iterations // 2
     return TrainSpec(
-        stage="device-run", arch=ARCH, seq_length=SEQ, max_position_embeddings=SEQ, rotary_base=10000,
+        stage="device-run",
+        arch=ARCH,
+        seq_length=SEQ,
+        max_position_embeddings=SEQ,
+        rotary_base=10000,
         padded_vocab_size=padded_vocab_size(tok.vocab_size, 128, 1),
-        tokenizer=TokenizerInfo(path=str(tok_dir), md5=tok.md5, vocab_size=tok.vocab_size, eod_id=tok.eod_id,
-                                pad_id=tok.pad_id),
-        data=[(None, str(prefix))], split="100,0,0", data_cache_path=str(work / "cache"),
-        global_batch_size=8, micro_batch_size=2,
-        train_iters=iterations, lr=LRSchedule(lr=3e-3, min_lr=3e-4, warmup_iters=1, decay_iters=iterations),
-        save=str(work / "ckpt"), save_interval=half, exit_interval=half, log_interval=1, threads_per_process=2,
+        tokenizer=TokenizerInfo(
+            path=str(tok_dir), md5=tok.md5, vocab_size=tok.vocab_size, eod_id=tok.eod_id, pad_id=tok.pad_id
+        ),
+        data=[(None, str(prefix))],
+        split="100,0,0",
+        data_cache_path=str(work / "cache"),
+        global_batch_size=8,
+        micro_batch_size=2,
+        train_iters=iterations,
+        lr=LRSchedule(lr=3e-3, min_lr=3e-4, warmup_iters=1, decay_iters=iterations),
+        save=str(work / "ckpt"),
+        save_interval=half,
+        exit_interval=half,
+        log_interval=1,
+        threads_per_process=2,
         metrics_file=str(work / "metrics.jsonl"),
-    )  # fmt: skip
+    )
 
 
 def _launch(spec_path: Path, env: dict[str, str], log: Path) -> tuple[int, float]:
@@ -116,8 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=12, help="even, ≥ 6 (the resume is at half)")
     ns = p.parse_args(argv)
     if ns.iterations < 6 or ns.iterations % 2 or (ns.work.exists() and any(ns.work.iterdir())):
-        print(json.dumps({"ok": False, "error": "--iterations must be even and ≥ 6, and --work new or empty",
-                          "fix": "pass a new directory and e.g. --iterations 12"}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "ok": False,
+                    "error": "--iterations must be even and ≥ 6, and --work new or empty",
+                    "fix": "pass a new directory and e.g. --iterations 12",
+                }
+            )
+        )
         return 2
     ns.work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LONGCTX_NO_PROGRESS", "1")

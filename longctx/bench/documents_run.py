@@ -86,10 +86,20 @@ def run_documents(options: DocumentsOptions) -> DocumentsRun:
     fraction, short_max = (-1.0, 0) if data else parse_document_mix(o.mix)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cases = run_document_bench(
-        o.seq_lens, cp=o.cp, short_fraction=fraction, short_max=short_max, heads=o.heads, kv_heads=o.kv_heads,
-        head_dim=o.head_dim, repeats=o.repeats, time_max_len=o.time_max_len, processes=o.processes,
-        threads=o.threads, warmup=o.warmup, window=data.window if data else None,
-    )  # fmt: skip
+        o.seq_lens,
+        cp=o.cp,
+        short_fraction=fraction,
+        short_max=short_max,
+        heads=o.heads,
+        kv_heads=o.kv_heads,
+        head_dim=o.head_dim,
+        repeats=o.repeats,
+        time_max_len=o.time_max_len,
+        processes=o.processes,
+        threads=o.threads,
+        warmup=o.warmup,
+        window=data.window if data else None,
+    )
     return DocumentsRun(o, data, cases, machine(), load_before)
 
 
@@ -97,11 +107,24 @@ def _data_json(data: DataMix | None) -> dict[str, Any] | None:
     if data is None:
         return None
     shares = dict(zip(("below_4k", "4k_16k", "from_16k"), data.token_shares(), strict=True))
-    return {"path": data.path, "prefixes": len(data.prefixes), "scale": data.scale, "documents": len(data.lengths),
-            "tokens": int(data.lengths.sum()), "token_shares": shares}  # fmt: skip
+    return {
+        "path": data.path,
+        "prefixes": len(data.prefixes),
+        "scale": data.scale,
+        "documents": len(data.lengths),
+        "tokens": int(data.lengths.sum()),
+        "token_shares": shares,
+    }
 
 
 def _process_json(p: Any) -> dict[str, Any]:
-    splits = {s.split: {**asdict(s), "rank_medians_s": s.rank_medians_s, "slowest_s": s.slowest_s,
-                        "slowest_cpu_s": s.slowest_cpu_s} for s in (p.zigzag, p.balanced)}  # fmt: skip
+    splits = {
+        s.split: {
+            **asdict(s),
+            "rank_medians_s": s.rank_medians_s,
+            "slowest_s": s.slowest_s,
+            "slowest_cpu_s": s.slowest_cpu_s,
+        }
+        for s in (p.zigzag, p.balanced)
+    }
     return {**asdict(p), **splits, "ratio": p.ratio, "cpu_ratio": p.cpu_ratio}

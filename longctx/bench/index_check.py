@@ -81,9 +81,13 @@ def write_prefix(prefix: str, documents: Sequence[np.ndarray]) -> tuple[int, int
 
 
 def make_artifact(
-    root: Path, n_prefixes: int, *, docs_per_prefix: int = 16, seed: int = 0,
+    root: Path,
+    n_prefixes: int,
+    *,
+    docs_per_prefix: int = 16,
+    seed: int = 0,
     advance: Callable[[int], None] | None = None,
-) -> tuple[int, int, int]:  # fmt: skip
+) -> tuple[int, int, int]:
     """An artifact of `n_prefixes` chunks; returns (documents, bin bytes, idx bytes)."""
     rng = np.random.default_rng(seed)
     bin_dir = root / "runs" / RUN / "bin"

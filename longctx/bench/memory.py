@@ -88,12 +88,21 @@ def device_model(case: StepCase, device: str) -> DeviceModel:
 def predict(case: StepCase, device: str = "cpu") -> MemoryEstimate:
     """The model's bytes per process for `case` (the local trainer: no distributed optimizer, no SP)."""
     inp = MemoryInputs(
-        arch=case.arch(), padded_vocab_size=case.vocab, seq_length=case.seq_length,
-        micro_batch_size=case.micro_batch, tp=case.tp, pp=1, cp=case.cp, dp=1, num_microbatches=1,
-        sequence_parallel=False, recompute=case.recompute,  # type: ignore[arg-type]
-        distributed_optimizer=False, recompute_modules=("core_attn",) if case.recompute == "selective" else (),
+        arch=case.arch(),
+        padded_vocab_size=case.vocab,
+        seq_length=case.seq_length,
+        micro_batch_size=case.micro_batch,
+        tp=case.tp,
+        pp=1,
+        cp=case.cp,
+        dp=1,
+        num_microbatches=1,
+        sequence_parallel=False,
+        recompute=case.recompute,  # type: ignore[arg-type]
+        distributed_optimizer=False,
+        recompute_modules=("core_attn",) if case.recompute == "selective" else (),
         device=device_model(case, device),
-    )  # fmt: skip
+    )
     return estimate(inp, gpu_memory_gib=1024.0, margin=0.0)
 
 

@@ -136,9 +136,16 @@ def trainer_table(r: Any, *, warmup: int) -> Table:
     rows = []
     for run in (r.local, r.megatron_lm):
         measured = run.iteration_tokens_per_s[warmup:]
-        rows.append((run.backend, f"{run.tokens_per_s:,.0f}", f"{run.seconds_per_iteration:.3f}",
-                     f"{run.measured_iterations} of {len(run.iteration_tokens_per_s)}",
-                     f"{min(measured):,.0f}–{max(measured):,.0f}", f"{run.launch_seconds:.1f}"))  # fmt: skip
+        rows.append(
+            (
+                run.backend,
+                f"{run.tokens_per_s:,.0f}",
+                f"{run.seconds_per_iteration:.3f}",
+                f"{run.measured_iterations} of {len(run.iteration_tokens_per_s)}",
+                f"{min(measured):,.0f}–{max(measured):,.0f}",
+                f"{run.launch_seconds:.1f}",
+            )
+        )
     columns = ("backend", "tokens/s (median)", "s/iteration", "measured", "min–max tokens/s", "launch s")
     return _table(title, columns, rows)
 
@@ -166,11 +173,19 @@ def print_memory(report: Any, con: Console) -> None:
     rows = []
     for r in report.rows:
         p = r.predicted
-        rows.append((
-            r.case.label, str(r.case.world), mib(int(p["weights"] + p["grads"] + p["optimizer"])),
-            mib(int(p["activations"])), mib(int(p["logits"])), mib(int(r.predicted_bytes)), mib(r.measured_bytes),
-            f"[{'green' if r.within else 'yellow'}]{r.ratio:.3f}[/]", f"{r.seconds_per_iteration:.2f}",
-        ))  # fmt: skip
+        rows.append(
+            (
+                r.case.label,
+                str(r.case.world),
+                mib(int(p["weights"] + p["grads"] + p["optimizer"])),
+                mib(int(p["activations"])),
+                mib(int(p["logits"])),
+                mib(int(r.predicted_bytes)),
+                mib(r.measured_bytes),
+                f"[{'green' if r.within else 'yellow'}]{r.ratio:.3f}[/]",
+                f"{r.seconds_per_iteration:.2f}",
+            )
+        )
     columns = ("configuration", "procs", "weights+grads+optim MiB", "activations MiB", "logits MiB",
                "predicted MiB", "measured MiB", "ratio", "s/iteration")  # fmt: skip
     con.print(_table(f"memory per process, predicted vs measured ({report.device_model})", columns, rows))
@@ -187,11 +202,19 @@ def print_memory(report: Any, con: Console) -> None:
 
 def print_throughput(report: Any, con: Console, *, bf16: bool) -> None:
     rows = [
-        (r.model, str(r.seq_length), str(r.cp), str(r.threads), f"{r.tokens_per_s:,.0f}",
-         f"{r.seconds_per_iteration:.3f}", f"{r.mfu:.3f}", "-" if r.mfu_datasheet is None else f"{r.mfu_datasheet:.3f}",
-         f"{r.loss_first:.3f}→{r.loss_last:.3f}")
+        (
+            r.model,
+            str(r.seq_length),
+            str(r.cp),
+            str(r.threads),
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.seconds_per_iteration:.3f}",
+            f"{r.mfu:.3f}",
+            "-" if r.mfu_datasheet is None else f"{r.mfu_datasheet:.3f}",
+            f"{r.loss_first:.3f}→{r.loss_last:.3f}",
+        )
         for r in report.rows
-    ]  # fmt: skip
+    ]
     columns = ("model", "S", "CP", "threads/proc", "tokens/s", "s/iteration", "MFU (matmul peak)", "MFU (datasheet)",
                "loss first→last")  # fmt: skip
     con.print(_table(f"local backend training throughput ({'bf16' if bf16 else 'fp32'})", columns, rows))

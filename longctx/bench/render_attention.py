@@ -29,11 +29,20 @@ def attention_table(spec: AttentionBenchSpec, report: AttentionBenchReport) -> T
         table.add_column(col, justify="right")
     for c in report.cases:
         table.add_row(
-            str(c.seq_len), "-" if c.piece is None else str(c.piece), f"{c.t_full_s:.3f}", f"{c.t_cp_s:.3f}",
-            f"{c.spread_full:.2f}/{c.spread_cp:.2f}", f"{c.efficiency:.3f}", f"{c.cpu_efficiency:.3f}",
-            mib(c.mem_full_bytes), mib(c.mem_cp_bytes), f"{c.memory_ratio:.3f}", f"{c.held_ratio:.3f}",
-            f"{c.balance_zigzag:.4f}", f"{c.balance_contiguous:.3f}",
-        )  # fmt: skip
+            str(c.seq_len),
+            "-" if c.piece is None else str(c.piece),
+            f"{c.t_full_s:.3f}",
+            f"{c.t_cp_s:.3f}",
+            f"{c.spread_full:.2f}/{c.spread_cp:.2f}",
+            f"{c.efficiency:.3f}",
+            f"{c.cpu_efficiency:.3f}",
+            mib(c.mem_full_bytes),
+            mib(c.mem_cp_bytes),
+            f"{c.memory_ratio:.3f}",
+            f"{c.held_ratio:.3f}",
+            f"{c.balance_zigzag:.4f}",
+            f"{c.balance_contiguous:.3f}",
+        )
     return table
 
 
@@ -61,17 +70,34 @@ def documents_table(run: DocumentsRun) -> Table:
     table = Table(
         title=f"causal attention within documents, {o.mix} of each window, CP={o.cp} ring: zigzag vs balanced split"
     )
-    for col in ("S", "docs", "short tok", "split", "slowest/mean", "busiest/idlest", "FLOPs/dense", "calls/rank",
-                "t slowest s", "t / dense zigzag"):  # fmt: skip
+    for col in (
+        "S",
+        "docs",
+        "short tok",
+        "split",
+        "slowest/mean",
+        "busiest/idlest",
+        "FLOPs/dense",
+        "calls/rank",
+        "t slowest s",
+        "t / dense zigzag",
+    ):
         table.add_column(col, justify="right")
     for c in run.cases:
         for f in (c.zigzag, c.balanced):
             vs = None if f.t_slowest_s is None or c.t_dense_s is None else f.t_slowest_s / c.t_dense_s
             table.add_row(
-                str(c.seq_len), str(c.documents), str(c.short_tokens), f.split, f"{f.slowest_mean:.3f}",
-                f"{f.busiest_idlest:.3f}", f"{f.flops / c.flops_dense:.3f}", str(f.kernel_calls), _t(f.t_slowest_s),
+                str(c.seq_len),
+                str(c.documents),
+                str(c.short_tokens),
+                f.split,
+                f"{f.slowest_mean:.3f}",
+                f"{f.busiest_idlest:.3f}",
+                f"{f.flops / c.flops_dense:.3f}",
+                str(f.kernel_calls),
+                _t(f.t_slowest_s),
                 _t(vs),
-            )  # fmt: skip
+            )
     return table
 
 
@@ -102,8 +128,15 @@ def document_process_table(run: DocumentsRun) -> Table:
         title=f"ring attention fwd+bwd within documents, {run.options.mix}, CP={p0.cp} real processes (gloo), "
         f"h={p0.heads}/{p0.kv_heads} d={p0.head_dim} fp32, {p0.threads} thread(s)/process: balanced vs zigzag"
     )
-    for col in ("S", "split", "median s per rank", "slowest rank s", "balanced / zigzag", "cpu s per rank",
-                "cpu balanced / zigzag"):  # fmt: skip
+    for col in (
+        "S",
+        "split",
+        "median s per rank",
+        "slowest rank s",
+        "balanced / zigzag",
+        "cpu s per rank",
+        "cpu balanced / zigzag",
+    ):
         table.add_column(col, justify="right")
     for c in cases:
         p: Any = c.processes
@@ -111,10 +144,14 @@ def document_process_table(run: DocumentsRun) -> Table:
             cpu = [statistics.median(t) for t in f.rank_cpu_s]
             last = f is p.balanced
             table.add_row(
-                str(c.seq_len), f.split, " ".join(f"{x:.3f}" for x in f.rank_medians_s), f"{f.slowest_s:.3f}",
-                f"{p.ratio:.3f}" if last else "", " ".join(f"{x:.3f}" for x in cpu),
+                str(c.seq_len),
+                f.split,
+                " ".join(f"{x:.3f}" for x in f.rank_medians_s),
+                f"{f.slowest_s:.3f}",
+                f"{p.ratio:.3f}" if last else "",
+                " ".join(f"{x:.3f}" for x in cpu),
                 f"{p.cpu_ratio:.3f}" if last else "",
-            )  # fmt: skip
+            )
     return table
 
 

@@ -66,15 +66,27 @@ class StepCase:
     def spec(self, iterations: int, threads: int) -> TrainSpec:
         """The trainer's spec; the paths are never read (no load, no data on disk, no save)."""
         return TrainSpec(
-            stage="bench", arch=self.arch(), seq_length=self.seq_length,
-            max_position_embeddings=self.seq_length, rotary_base=10_000, padded_vocab_size=self.vocab,
+            stage="bench",
+            arch=self.arch(),
+            seq_length=self.seq_length,
+            max_position_embeddings=self.seq_length,
+            rotary_base=10_000,
+            padded_vocab_size=self.vocab,
             tokenizer=TokenizerInfo(path="-", md5="0" * 32, vocab_size=self.vocab, eod_id=0),
-            data=[(None, "-")], data_cache_path="-", micro_batch_size=self.micro_batch,
-            global_batch_size=self.micro_batch, train_iters=iterations,
+            data=[(None, "-")],
+            data_cache_path="-",
+            micro_batch_size=self.micro_batch,
+            global_batch_size=self.micro_batch,
+            train_iters=iterations,
             lr=LRSchedule(lr=1e-4, min_lr=1e-5, decay_iters=max(1, iterations)),
-            tensor_parallel=self.tp, context_parallel=self.cp, recompute=self.recompute,  # type: ignore[arg-type]
-            bf16=self.bf16, save="-", save_interval=iterations + 1, threads_per_process=threads,
-        )  # fmt: skip
+            tensor_parallel=self.tp,
+            context_parallel=self.cp,
+            recompute=self.recompute,  # type: ignore[arg-type]
+            bf16=self.bf16,
+            save="-",
+            save_interval=iterations + 1,
+            threads_per_process=threads,
+        )
 
 
 @dataclass

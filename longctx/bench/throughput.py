@@ -88,11 +88,18 @@ def measure(case: StepCase, *, iterations: int, cores: int, gpu: str | None) -> 
     peak = sum(r.gemm_flops_per_s for r in ranks)
     sheet = datasheet_peak(gpu) if ranks[0].device == "cuda" and case.bf16 else None
     return ThroughputRow(
-        model=case.label, seq_length=case.seq_length, cp=case.cp, threads=threads,
-        tokens_per_s=tokens / seconds, seconds_per_iteration=seconds, mfu=achieved / peak,
+        model=case.label,
+        seq_length=case.seq_length,
+        cp=case.cp,
+        threads=threads,
+        tokens_per_s=tokens / seconds,
+        seconds_per_iteration=seconds,
+        mfu=achieved / peak,
         mfu_datasheet=achieved / (sheet * case.world) if sheet else None,
-        loss_first=ranks[0].losses[0], loss_last=ranks[0].losses[-1], ranks=ranks,
-    )  # fmt: skip
+        loss_first=ranks[0].losses[0],
+        loss_last=ranks[0].losses[-1],
+        ranks=ranks,
+    )
 
 
 def run_throughput_bench(

@@ -76,10 +76,16 @@ def preprocess_argv(
 ) -> list[str]:
     """preprocess_data.py's argv that encodes `input_path` as `tokenizer` (a LoadedTokenizer) does."""
     return [
-        "--input", os.fspath(input_path), "--output-prefix", os.fspath(output_prefix),
-        "--workers", str(workers), "--log-interval", "1000000000",
+        "--input",
+        os.fspath(input_path),
+        "--output-prefix",
+        os.fspath(output_prefix),
+        "--workers",
+        str(workers),
+        "--log-interval",
+        "1000000000",
         *megatron_preprocess_flags(tokenizer, json_key=json_key, append_eod=append_eod),
-    ]  # fmt: skip
+    ]
 
 
 def _child_env() -> dict[str, str]:
@@ -295,9 +301,15 @@ def run_tokenize_bench(
         for _ in range(repeats):
             t0, c0 = time.perf_counter(), cpu_seconds()
             sidecar = tokenize_jsonl(
-                [src], tok_path, ours, json_key=json_key, workers=workers, spec=tok.spec, force=True,
+                [src],
+                tok_path,
+                ours,
+                json_key=json_key,
+                workers=workers,
+                spec=tok.spec,
+                force=True,
                 progress=False,
-            )  # fmt: skip
+            )
             longctx.append((time.perf_counter() - t0, cpu_seconds() - c0))
         info = read_index(ours)
         identical = _same_bytes(

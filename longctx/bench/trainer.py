@@ -353,8 +353,12 @@ def build_base(rp: ResolvedPlan, root: Path, env: dict[str, str]) -> Path:
     with open(log, "wb") as out:
         proc = subprocess.run(
             [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, timeout=LAUNCH_TIMEOUT_S, check=False,
-        )  # fmt: skip
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=LAUNCH_TIMEOUT_S,
+            check=False,
+        )
     if proc.returncode != 0 or not (save / "latest_checkpointed_iteration.txt").is_file():
         raise StageError(
             f"the bench's base checkpoint was not written (local trainer exit {proc.returncode}):\n"
@@ -416,8 +420,19 @@ def stage_run_command(plan: Path, run_dir: Path, backend: Backend) -> list[str]:
     """`longctx stage run` as a user types it; no evaluation (local) and no preflight (megatron-lm: the
     plan's "local" cluster profile has no TransformerEngine, which the GPU argv's rope fusion needs)."""
     extra = ["--no-eval"] if backend == "local" else ["--no-preflight"]
-    return [sys.executable, "-m", "longctx", "stage", "run", str(plan), "--run-dir", str(run_dir),
-            "--backend", backend, *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "longctx",
+        "stage",
+        "run",
+        str(plan),
+        "--run-dir",
+        str(run_dir),
+        "--backend",
+        backend,
+        *extra,
+    ]
 
 
 def run_backend(

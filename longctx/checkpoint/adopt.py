@@ -374,8 +374,9 @@ def adopt(
     ranges = _tar_sources(resolved) if isinstance(tree, TarTree) else {}
     made = _missing_dirs(into)
     try:
-        return _adopt_into(src, tree, resolved, into, dir_name, it, it_src, sizes, ranges, mode, allow_copy,
-                           write_tracker)  # fmt: skip
+        return _adopt_into(
+            src, tree, resolved, into, dir_name, it, it_src, sizes, ranges, mode, allow_copy, write_tracker
+        )
     except BaseException:
         for d in reversed(made):  # the target directories this adopt created, where it left them empty
             with contextlib.suppress(OSError):

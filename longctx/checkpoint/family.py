@@ -169,10 +169,19 @@ def detect_family(
     keys = model_entries(shapes)
     emb, out = keys.get("embedding.word_embeddings.weight"), keys.get("output_layer.weight")
     r = FamilyReport(
-        family=None, moe=any(".mlp.router." in k for k in keys), block=_block(keys), attention="unknown",
-        objective=None, mask_id=None, mask_id_source=None, input_vocab_rows=_rows(emb), output_vocab_rows=_rows(out),
-        tied=(out is None) if emb is not None else None, vocab_padded=None, expert_layout=_expert_layout(keys),
-    )  # fmt: skip
+        family=None,
+        moe=any(".mlp.router." in k for k in keys),
+        block=_block(keys),
+        attention="unknown",
+        objective=None,
+        mask_id=None,
+        mask_id_source=None,
+        input_vocab_rows=_rows(emb),
+        output_vocab_rows=_rows(out),
+        tied=(out is None) if emb is not None else None,
+        vocab_padded=None,
+        expert_layout=_expert_layout(keys),
+    )
     vocab = r.output_vocab_rows or r.input_vocab_rows
     if vocab is not None:
         r.vocab_padded = vocab % VOCAB_PAD_MULTIPLE == 0

@@ -516,17 +516,34 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         raise Refused("an extension code (EXT1/EXT2/EXT4: copyreg's registry)")
 
     for _op, _fn in {
-        pickle.TUPLE: load_tuple, pickle.TUPLE1: load_tuple1, pickle.TUPLE2: load_tuple2,
-        pickle.TUPLE3: load_tuple3, pickle.LIST: load_list, pickle.DICT: load_dict,
-        pickle.FROZENSET: load_frozenset, pickle.BYTEARRAY8: load_bytearray8, pickle.MARK: load_mark,
+        pickle.TUPLE: load_tuple,
+        pickle.TUPLE1: load_tuple1,
+        pickle.TUPLE2: load_tuple2,
+        pickle.TUPLE3: load_tuple3,
+        pickle.LIST: load_list,
+        pickle.DICT: load_dict,
+        pickle.FROZENSET: load_frozenset,
+        pickle.BYTEARRAY8: load_bytearray8,
+        pickle.MARK: load_mark,
         pickle.FRAME: load_frame,
-        pickle.STOP: load_stop, pickle.APPEND: load_append, pickle.APPENDS: load_appends,
-        pickle.SETITEM: load_setitem, pickle.SETITEMS: load_setitems, pickle.ADDITEMS: load_additems,
-        pickle.BUILD: load_build, pickle.REDUCE: load_reduce, pickle.NEWOBJ: load_newobj,
-        pickle.NEWOBJ_EX: load_newobj_ex, pickle.GET: load_get, pickle.BINGET: load_binget,
-        pickle.LONG_BINGET: load_long_binget, pickle.DUP: load_dup, pickle.EXT1: load_ext,
-        pickle.EXT2: load_ext, pickle.EXT4: load_ext,
-    }.items():  # fmt: skip
+        pickle.STOP: load_stop,
+        pickle.APPEND: load_append,
+        pickle.APPENDS: load_appends,
+        pickle.SETITEM: load_setitem,
+        pickle.SETITEMS: load_setitems,
+        pickle.ADDITEMS: load_additems,
+        pickle.BUILD: load_build,
+        pickle.REDUCE: load_reduce,
+        pickle.NEWOBJ: load_newobj,
+        pickle.NEWOBJ_EX: load_newobj_ex,
+        pickle.GET: load_get,
+        pickle.BINGET: load_binget,
+        pickle.LONG_BINGET: load_long_binget,
+        pickle.DUP: load_dup,
+        pickle.EXT1: load_ext,
+        pickle.EXT2: load_ext,
+        pickle.EXT4: load_ext,
+    }.items():
         dispatch[_op[0]] = _fn
     del _op, _fn
 
@@ -566,10 +583,18 @@ def _sized_leaf(base: Any) -> Any:
 
 
 for _op in (
-    pickle.STRING, pickle.BINSTRING, pickle.SHORT_BINSTRING, pickle.UNICODE, pickle.BINUNICODE,
-    pickle.SHORT_BINUNICODE, pickle.BINUNICODE8, pickle.BINBYTES, pickle.SHORT_BINBYTES, pickle.BINBYTES8,
+    pickle.STRING,
+    pickle.BINSTRING,
+    pickle.SHORT_BINSTRING,
+    pickle.UNICODE,
+    pickle.BINUNICODE,
+    pickle.SHORT_BINUNICODE,
+    pickle.BINUNICODE8,
+    pickle.BINBYTES,
+    pickle.SHORT_BINBYTES,
+    pickle.BINBYTES8,
     pickle.BYTEARRAY8,
-):  # fmt: skip
+):
     GuardedUnpickler.dispatch[_op[0]] = _sized_leaf(pickle._Unpickler.dispatch[_op[0]])  # type: ignore[attr-defined]
 del _op
 

@@ -50,8 +50,9 @@ def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
         _error_document(err.to_dict())
     stopped = isinstance(err, Interrupted)
     head = "[bold yellow]" if stopped else "[bold red]error:[/] "  # Interrupted's what says "stopped by …"
-    err_console.print(f"{head}{escape(printable(err.what))}{'[/]' if stopped else ''}", highlight=False,
-                      soft_wrap=True)  # fmt: skip
+    err_console.print(
+        f"{head}{escape(printable(err.what))}{'[/]' if stopped else ''}", highlight=False, soft_wrap=True
+    )
     if err.where:
         err_console.print(f"  [red]where:[/] {escape(printable(err.where))}", highlight=False, soft_wrap=True)
     if err.fix:
@@ -137,8 +138,14 @@ def _usage_json(err: Exception) -> None:
     ctx = getattr(err, "ctx", None)
     path = ctx.command_path if ctx is not None else "longctx"
     what = err.format_message() if hasattr(err, "format_message") else str(err)
-    _error_document({"type": "UsageError", "what": what, "where": path,
-                     "fix": f"see `{path} --help` for the arguments and options it takes"})  # fmt: skip
+    _error_document(
+        {
+            "type": "UsageError",
+            "what": what,
+            "where": path,
+            "fix": f"see `{path} --help` for the arguments and options it takes",
+        }
+    )
 
 
 def _error_document(error: dict[str, Any]) -> None:

@@ -111,13 +111,36 @@ def attention_cmd(
     lens = positive_sizes(seq_lens, "--seq-lens") or []
     threads = threads or max(1, (os.cpu_count() or 1) // cp)
     if documents is not None:
-        _documents_bench(documents, lens, cp, heads, kv_heads or heads, head_dim, repeats, time_max_len, json_out,
-                         processes=processes, threads=threads, warmup=warmup)  # fmt: skip
+        _documents_bench(
+            documents,
+            lens,
+            cp,
+            heads,
+            kv_heads or heads,
+            head_dim,
+            repeats,
+            time_max_len,
+            json_out,
+            processes=processes,
+            threads=threads,
+            warmup=warmup,
+        )
         return
     spec = AttentionBenchSpec(
-        seq_lens=tuple(lens), cp=cp, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, threads=threads,
-        repeats=repeats, warmup=warmup, dtype=dtype, variant=variant, piece=piece, causal=causal,
-    )  # fmt: skip
+        seq_lens=tuple(lens),
+        cp=cp,
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        threads=threads,
+        repeats=repeats,
+        warmup=warmup,
+        dtype=dtype,
+        variant=variant,
+        piece=piece,
+        causal=causal,
+    )
     validate_spec(spec)
     with progress_bar("attention bench", total=len(lens), unit="lengths") as advance:
         report = run_attention_bench(spec, advance=advance)
@@ -127,15 +150,39 @@ def attention_cmd(
         print_attention(spec, report, console)
 
 
-def _documents_bench(mix: str, lens: list[int], cp: int, heads: int, kv_heads: int, head_dim: int, repeats: int,
-                     time_max_len: int, json_out: bool, *, processes: bool, threads: int, warmup: int) -> None:  # fmt: skip
+def _documents_bench(
+    mix: str,
+    lens: list[int],
+    cp: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    repeats: int,
+    time_max_len: int,
+    json_out: bool,
+    *,
+    processes: bool,
+    threads: int,
+    warmup: int,
+) -> None:
     from longctx.bench.documents_run import DocumentsOptions, run_documents
     from longctx.bench.render_attention import print_documents
 
-    run = run_documents(DocumentsOptions(
-        mix, tuple(lens), cp=cp, heads=heads, kv_heads=kv_heads, head_dim=head_dim, repeats=repeats,
-        time_max_len=time_max_len, processes=processes, threads=threads, warmup=warmup,
-    ))  # fmt: skip
+    run = run_documents(
+        DocumentsOptions(
+            mix,
+            tuple(lens),
+            cp=cp,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            repeats=repeats,
+            time_max_len=time_max_len,
+            processes=processes,
+            threads=threads,
+            warmup=warmup,
+        )
+    )
     if json_out:
         print_json(run.to_dict())
     else:
@@ -169,9 +216,14 @@ def data_check_cmd(
 
     with progress_bar("create dataset", int(size_gib * 2**30), unit="bytes") as advance:
         r = run_data_check_bench(
-            size_gib, tmp_dir=tmp_dir, keep=keep, workers=workers, block_bytes=block_kib * 1024,
-            repeats=repeats, advance=advance,
-        )  # fmt: skip
+            size_gib,
+            tmp_dir=tmp_dir,
+            keep=keep,
+            workers=workers,
+            block_bytes=block_kib * 1024,
+            repeats=repeats,
+            advance=advance,
+        )
     if json_out:
         print_json(r)
     else:
@@ -237,9 +289,16 @@ def index_check_cmd(
 
     with progress_bar("create prefixes", prefixes, unit="prefixes") as advance:
         r = run_index_check_bench(
-            prefixes, lengths=positive_sizes(lengths, "--lengths") or [], docs_per_prefix=docs, tmp_dir=tmp_dir, keep=keep,
-            workers=workers, repeats=repeats, big_gib=big_gib, advance=advance,
-        )  # fmt: skip
+            prefixes,
+            lengths=positive_sizes(lengths, "--lengths") or [],
+            docs_per_prefix=docs,
+            tmp_dir=tmp_dir,
+            keep=keep,
+            workers=workers,
+            repeats=repeats,
+            big_gib=big_gib,
+            advance=advance,
+        )
     if json_out:
         print_json(r)
     else:
@@ -329,11 +388,18 @@ def trainer_cmd(
     from longctx.util.progress import progress_bar
 
     settings = TrainerBenchSettings(
-        num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        seq_length=positive_size(seq_length, "--seq-length") or 256, micro_batch_size=micro_batch,
-        global_batch_size=global_batch, iterations=iterations, warmup=warmup, processes=processes,
-        threads=threads, local_bf16=local_bf16,
-    )  # fmt: skip
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        seq_length=positive_size(seq_length, "--seq-length") or 256,
+        micro_batch_size=micro_batch,
+        global_batch_size=global_batch,
+        iterations=iterations,
+        warmup=warmup,
+        processes=processes,
+        threads=threads,
+        local_bf16=local_bf16,
+    )
     settings.validate()
     checkout = megatron_lm_checkout(megatron_lm)
     with progress_bar(
@@ -475,9 +541,16 @@ def tokenize_cmd(
     spec = spec_from_options(tokenizer_type, legacy=legacy_tokenizer)
     with console.status("tokenizing with longctx and with Megatron-LM's preprocess_data.py"):
         r = run_tokenize_bench(
-            tokenizer=tokenizer, input_path=input_path, spec=spec, documents=documents, workers=workers,
-            repeats=repeats, json_key=json_key, megatron_lm=megatron_lm, work_dir=work_dir,
-        )  # fmt: skip
+            tokenizer=tokenizer,
+            input_path=input_path,
+            spec=spec,
+            documents=documents,
+            workers=workers,
+            repeats=repeats,
+            json_key=json_key,
+            megatron_lm=megatron_lm,
+            work_dir=work_dir,
+        )
     if json_out:
         print_json(r.to_dict())
     else:

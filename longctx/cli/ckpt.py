@@ -85,33 +85,68 @@ def inspect_cmd(
             [
                 ("location", report.location),
                 ("kind", report.kind),
-                ("iteration", f"{report.iteration} ({report.iteration_source})" if report.iteration is not None else None),
-                ("tracker", report.tracker and ("release" if report.tracker["release"] else report.tracker["iteration"])),
+                (
+                    "iteration",
+                    f"{report.iteration} ({report.iteration_source})"
+                    if report.iteration is not None
+                    else None,
+                ),
+                (
+                    "tracker",
+                    report.tracker
+                    and ("release" if report.tracker["release"] else report.tracker["iteration"]),
+                ),
                 ("complete", "yes" if report.complete else f"NO: {report.incomplete_reason}"),
                 ("backend", backend and f"{backend.sharded_backend} v{backend.sharded_backend_version}"),
                 ("megatron-core era", f"{report.megatron_core_era} ({report.common_state_format})"),
                 ("contents", report.contents),
-                ("optimizer layout", opt and f"{opt.layout} ({opt.layout_source}); dp groups {opt.dp_groups}; {', '.join(opt.state_names)}"),
+                (
+                    "optimizer layout",
+                    opt
+                    and f"{opt.layout} ({opt.layout_source}); dp groups {opt.dp_groups}; {', '.join(opt.state_names)}",
+                ),
                 ("optimizer bytes", opt and _gib(opt.bytes)),
-                ("RNG state / scheduler", f"{'yes' if report.has_rng_state else 'no'} / {'yes' if report.has_opt_param_scheduler else 'no'}"),
-                ("tensors", f"{report.tensor_count} ({report.model_tensor_count} model), {_gib(report.tensor_bytes)}"),
+                (
+                    "RNG state / scheduler",
+                    f"{'yes' if report.has_rng_state else 'no'} / {'yes' if report.has_opt_param_scheduler else 'no'}",
+                ),
+                (
+                    "tensors",
+                    f"{report.tensor_count} ({report.model_tensor_count} model), {_gib(report.tensor_bytes)}",
+                ),
                 ("model bytes", f"{_gib(report.model_tensor_bytes)} {report.dtypes}"),
                 ("shard files", f"{report.shard_files}, {_gib(report.files_bytes)} on disk"),
                 ("TP at save (layout)", report.tensor_model_parallel_size_from_layout),
             ],
         )
-    )  # fmt: skip
+    )
     arch = report.arch
     table = Table(title="architecture (Megatron argument names)", title_justify="left")
     table.add_column("argument", style="bold")
     table.add_column("value")
     table.add_column("from", style="dim")
     for name in (
-        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-        "normalization", "swiglu", "qk_layernorm", "untie_embeddings_and_output_weights", "add_bias_linear",
-        "add_qkv_bias", "position_embedding_type", "padded_vocab_size", "num_experts", "moe_ffn_hidden_size",
-        "moe_shared_expert_intermediate_size", "moe_router_topk", "norm_epsilon", "rotary_percent",
-    ):  # fmt: skip
+        "num_layers",
+        "hidden_size",
+        "ffn_hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "kv_channels",
+        "normalization",
+        "swiglu",
+        "qk_layernorm",
+        "untie_embeddings_and_output_weights",
+        "add_bias_linear",
+        "add_qkv_bias",
+        "position_embedding_type",
+        "padded_vocab_size",
+        "num_experts",
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "moe_router_topk",
+        "norm_epsilon",
+        "rotary_percent",
+    ):
         value = getattr(arch, name)
         if value is None and name.startswith("moe_") and not arch.num_experts:
             continue
@@ -235,8 +270,14 @@ def adopt_cmd(
     """
     from longctx.checkpoint import adopt
 
-    r = adopt(src, into, iteration=iteration, mode="move" if move else "link", allow_copy=allow_copy,
-              write_tracker=not no_tracker)  # fmt: skip
+    r = adopt(
+        src,
+        into,
+        iteration=iteration,
+        mode="move" if move else "link",
+        allow_copy=allow_copy,
+        write_tracker=not no_tracker,
+    )
     if json_out:
         print_json(_adopt_json(r))
         return
@@ -316,8 +357,16 @@ def download_cmd(
     """
     from longctx.checkpoint import download
 
-    r = download(repo_id, into, revision=revision, include=include or None, cache_dir=cache_dir, offline=offline,
-                 iteration=iteration, allow_copy=allow_copy)  # fmt: skip
+    r = download(
+        repo_id,
+        into,
+        revision=revision,
+        include=include or None,
+        cache_dir=cache_dir,
+        offline=offline,
+        iteration=iteration,
+        allow_copy=allow_copy,
+    )
     if json_out:
         print_json(
             {
@@ -397,11 +446,14 @@ def compare_cmd(
                 [
                     ("tokenizer vocab", v.vocab_size),
                     ("embedding rows", v.padded_rows),
-                    ("Megatron padding", f"{v.expected_padded_vocab_size} (÷{v.make_vocab_size_divisible_by} × TP {v.tensor_model_parallel_size})"),
+                    (
+                        "Megatron padding",
+                        f"{v.expected_padded_vocab_size} (÷{v.make_vocab_size_divisible_by} × TP {v.tensor_model_parallel_size})",
+                    ),
                     ("rows match at TP", ", ".join(map(str, v.matching_tp)) or "none"),
                 ],
             )
-        )  # fmt: skip
+        )
     print_findings(r.findings)
     if r.ok:
         console.print("[green]compatible[/]")

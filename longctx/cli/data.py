@@ -128,9 +128,17 @@ def tokenize_cmd(
     version = _release(megatron_version)
     spec = encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens, version)
     sidecar = tokenize_jsonl(
-        inputs, tokenizer, output_prefix, json_key=json_key, workers=workers, force=force, add_bos=add_bos,
-        append_eod=append_eod, spec=spec, megatron_version=version,
-    )  # fmt: skip
+        inputs,
+        tokenizer,
+        output_prefix,
+        json_key=json_key,
+        workers=workers,
+        force=force,
+        add_bos=add_bos,
+        append_eod=append_eod,
+        spec=spec,
+        megatron_version=version,
+    )
     if json_out:
         print_json(sidecar)
         return
@@ -229,12 +237,24 @@ def check_cmd(
     from longctx.data.check_request import DataCheckRequest
 
     request = DataCheckRequest(
-        prefixes=tuple(prefixes or ()), data_path=data_path, data_args_path=data_args_path, tokenizer=tokenizer,
+        prefixes=tuple(prefixes or ()),
+        data_path=data_path,
+        data_args_path=data_args_path,
+        tokenizer=tokenizer,
         spec=encoding_spec(tokenizer_type, legacy_tokenizer, hf_use_fast, hf_include_special_tokens),
-        lengths=parse_int_list(lengths) or [], budgets=_parse_budgets(budget), vocab_size=vocab_size, eod_id=eod_id,
-        strict=strict, scan=not no_scan, workers=workers, run=run, languages=names(languages), tiers=names(tiers),
-        index_only=index_only, tokenizer_manifest=tokenizer_manifest,
-    )  # fmt: skip
+        lengths=parse_int_list(lengths) or [],
+        budgets=_parse_budgets(budget),
+        vocab_size=vocab_size,
+        eod_id=eod_id,
+        strict=strict,
+        scan=not no_scan,
+        workers=workers,
+        run=run,
+        languages=names(languages),
+        tiers=names(tiers),
+        index_only=index_only,
+        tokenizer_manifest=tokenizer_manifest,
+    )
     report = _run_check(request, plan)
     if isinstance(report, ArtifactReport):
         if json_out:
@@ -279,8 +299,10 @@ def render_report(report: Any) -> None:
         console.print(summary)
         _print_problems(report.findings, show_info=True)
     else:  # one dataset: its problems, and what each stage's windows would train from it
-        _print_problems(Findings(f for f in report.findings if f.level != "info" or f.code == "distance-coverage"),
-                        show_info=True)  # fmt: skip
+        _print_problems(
+            Findings(f for f in report.findings if f.level != "info" or f.code == "distance-coverage"),
+            show_info=True,
+        )
     console.print(status_line(len(report.all_findings().errors)), highlight=False)
 
 

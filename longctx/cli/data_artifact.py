@@ -82,10 +82,19 @@ def fetch_cmd(
         raise DatasetError("give at most one of --manifests-only and --idx-only")
     content = "manifests" if manifests_only else ("idx" if idx_only else "all")
     result = fetch_artifact(
-        repo_id, into, run=run, languages=names(languages), tiers=names(tiers), revision=revision,
-        content=content, offline=True if offline else None, workers=workers, max_downloads=downloads,
-        verify=not no_verify, recheck=recheck,
-    )  # fmt: skip
+        repo_id,
+        into,
+        run=run,
+        languages=names(languages),
+        tiers=names(tiers),
+        revision=revision,
+        content=content,
+        offline=True if offline else None,
+        workers=workers,
+        max_downloads=downloads,
+        verify=not no_verify,
+        recheck=recheck,
+    )
     if json_out:
         print_json({"ok": result.ok, **vars(result)})
         exit_for(result.findings)

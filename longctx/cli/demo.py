@@ -42,8 +42,16 @@ def stages_table(rows: list[dict]) -> Table:
         loss = "—" if r["first_loss"] is None else f"{r['first_loss']:.3f} → {r['final_loss']:.3f}"
         tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         launches = " → ".join(a.removesuffix("-launch") for a in r["launches"])
-        t.add_row(r["stage"], human_length(r["seq_length"]), f"{r['rotary_base']:,}", str(r["cp"]), r["iterations"],
-                  launches, loss, tps)  # fmt: skip
+        t.add_row(
+            r["stage"],
+            human_length(r["seq_length"]),
+            f"{r['rotary_base']:,}",
+            str(r["cp"]),
+            r["iterations"],
+            launches,
+            loss,
+            tps,
+        )
     return t
 
 
@@ -110,9 +118,11 @@ def _train_base(work: Path, family: str, json_out: bool) -> None:
     recipe = recipe_for(family)
     with stdout_to_stderr(json_out):
         card = train_base(
-            work, family_dir(family), recipe=recipe,
+            work,
+            family_dir(family),
+            recipe=recipe,
             echo=lambda s: console.print(s, highlight=False, soft_wrap=True),
-        )  # fmt: skip
+        )
     if json_out:
         print_json(card.model_dump())
         return

@@ -110,17 +110,38 @@ def _depths(text: str | None) -> list[float] | None:
 
 
 def _settings(
-    rp, depths, keys, distractors, digits, filler, loss_docs, short_docs, seed, batch, packed_windows,
-    tasks=None, any_digits=None,
-):  # fmt: skip
+    rp,
+    depths,
+    keys,
+    distractors,
+    digits,
+    filler,
+    loss_docs,
+    short_docs,
+    seed,
+    batch,
+    packed_windows,
+    tasks=None,
+    any_digits=None,
+):
     """The plan's [eval] settings, each option given (not None) overriding its field."""
     from longctx.eval.runner import plan_settings
 
     return plan_settings(
-        rp, depths=_depths(depths), keys_per_cell=keys, distractors=distractors, key_digits=digits, filler=filler,
-        loss_docs=loss_docs, short_docs=short_docs, seed=seed, batch_size=batch, packed_windows=packed_windows,
-        tasks=_tasks(tasks), any_digit_keys=any_digits,
-    )  # fmt: skip
+        rp,
+        depths=_depths(depths),
+        keys_per_cell=keys,
+        distractors=distractors,
+        key_digits=digits,
+        filler=filler,
+        loss_docs=loss_docs,
+        short_docs=short_docs,
+        seed=seed,
+        batch_size=batch,
+        packed_windows=packed_windows,
+        tasks=_tasks(tasks),
+        any_digit_keys=any_digits,
+    )
 
 
 def _tasks(text: str | None) -> list[str] | None:
@@ -172,8 +193,11 @@ def _threads(n: int | None) -> None:
     if n < 1:
         from longctx.errors import EvalError
 
-        raise EvalError(f"--threads must be at least 1, got {n}", where="--threads",
-                        fix="give a thread count such as 2, or leave it out for torch's default")  # fmt: skip
+        raise EvalError(
+            f"--threads must be at least 1, got {n}",
+            where="--threads",
+            fix="give a thread count such as 2, or leave it out for torch's default",
+        )
     import torch
 
     torch.set_num_threads(n)
@@ -259,10 +283,19 @@ def run(
         any_digit_keys,
     )
     report = evaluate_path(
-        rp, checkpoint, stage=stage, lengths=parse_int_list(lengths), settings=settings, rotary_base=rotary_base,
-        extrapolate=extrapolate, base_reference=base_ref, data=data or None, out_dir=out, cp=ranks,
+        rp,
+        checkpoint,
+        stage=stage,
+        lengths=parse_int_list(lengths),
+        settings=settings,
+        rotary_base=rotary_base,
+        extrapolate=extrapolate,
+        base_reference=base_ref,
+        data=data or None,
+        out_dir=out,
+        cp=ranks,
         use_cache=not no_cache,
-    )  # fmt: skip
+    )
     _show(report, json_out)
 
 
@@ -320,8 +353,15 @@ def summary(
         tasks,
         any_digit_keys,
     )
-    report = summarize_plan(rp, lengths=parse_int_list(lengths), settings=settings, out_dir=out, data=data or None,
-                            cp=_cp(cp), use_cache=not no_cache)  # fmt: skip
+    report = summarize_plan(
+        rp,
+        lengths=parse_int_list(lengths),
+        settings=settings,
+        out_dir=out,
+        data=data or None,
+        cp=_cp(cp),
+        use_cache=not no_cache,
+    )
     _show(report, json_out)
 
 

@@ -94,8 +94,9 @@ def hf(
     from longctx.export import export_hf
 
     with stdout_to_stderr(json_out):
-        report = export_hf(checkpoint, plan, out=out, stage=stage, dtype=dtype, max_shard_bytes=shard_bytes,
-                           run_dir=run_dir)  # fmt: skip
+        report = export_hf(
+            checkpoint, plan, out=out, stage=stage, dtype=dtype, max_shard_bytes=shard_bytes, run_dir=run_dir
+        )
     if json_out:
         print_json(report.to_json())
         return

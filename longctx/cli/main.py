@@ -69,8 +69,10 @@ def _load(module_name: str) -> ModuleType:
             f"error: the `longctx {module_name}` commands cannot be loaded: {type(err).__name__}: {err}\n"
             f"  where: {full}\n"
             "  fix: reinstall longctx (pip install -e .) or repair the module the error names",
-            markup=False, highlight=False, soft_wrap=True,
-        )  # fmt: skip
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         raise SystemExit(EXIT_ERROR) from err
 
 

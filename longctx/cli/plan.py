@@ -70,17 +70,36 @@ def _print_blends(rp) -> None:
 def plan_table(rp) -> Table:
     t = narrow_table(f"{rp.name}: {rp.description}" if rp.description else rp.name)
     # short headers keep eleven columns inside 100; `plan show --json` has every number in full
-    for col in ("stage", "length", "RoPE base", "method", "TP/CP/PP/DP", "nodes", "batch", "iters", "tokens",
-                "GiB/GPU", "fits?"):  # fmt: skip
+    for col in (
+        "stage",
+        "length",
+        "RoPE base",
+        "method",
+        "TP/CP/PP/DP",
+        "nodes",
+        "batch",
+        "iters",
+        "tokens",
+        "GiB/GPU",
+        "fits?",
+    ):
         t.add_column(col, justify="right" if col not in ("stage", "method", "fits?") else "left")
     for s in rp.stages:
         m = s.memory
         fits = "[green]yes[/]" if m.fits else f"[red]no[/]: CP {s.smallest_fitting_cp or '—'}"
         t.add_row(
-            s.name, human_length(s.seq_length), f"{s.rotary_base:,}", s.rope_method, f"{s.tp}/{s.cp}/{s.pp}/{s.dp}",
-            str(s.nodes), f"{s.global_batch_size}×{human_length(s.seq_length)}", f"{s.train_iters:,}",
-            _human(s.tokens_realized), f"{_gib(m.total)}/{_gib(m.budget)}", fits,
-        )  # fmt: skip
+            s.name,
+            human_length(s.seq_length),
+            f"{s.rotary_base:,}",
+            s.rope_method,
+            f"{s.tp}/{s.cp}/{s.pp}/{s.dp}",
+            str(s.nodes),
+            f"{s.global_batch_size}×{human_length(s.seq_length)}",
+            f"{s.train_iters:,}",
+            _human(s.tokens_realized),
+            f"{_gib(m.total)}/{_gib(m.budget)}",
+            fits,
+        )
     return t
 
 

@@ -170,9 +170,15 @@ def suggest_cmd(
 
     targets = _sizes(lengths, "--lengths") or []
     dim, hd, b, n = _model_inputs(
-        checkpoint, rotary_dim, head_dim, base, from_length,
-        base_option="--base", length_option="--from-length", need_pretrain=True,
-    )  # fmt: skip
+        checkpoint,
+        rotary_dim,
+        head_dim,
+        base,
+        from_length,
+        base_option="--base",
+        length_option="--from-length",
+        need_pretrain=True,
+    )
     methods = BASE_METHODS + (SCALING_METHODS if scaling else ())
     result = suggest(
         rotary_dim=dim,
@@ -228,9 +234,15 @@ def check_cmd(
     from longctx.rope.check import check_base
 
     dim, hd, ck_base, ck_length = _model_inputs(
-        checkpoint, rotary_dim, head_dim, pretrain_base, pretrain_length,
-        base_option="--pretrain-base", length_option="--pretrain-length", need_pretrain=False,
-    )  # fmt: skip
+        checkpoint,
+        rotary_dim,
+        head_dim,
+        pretrain_base,
+        pretrain_length,
+        base_option="--pretrain-base",
+        length_option="--pretrain-length",
+        need_pretrain=False,
+    )
     the_base = parse_base(base) if base is not None else ck_base
     n = _size(length, "--length") if length is not None else (ck_length if checkpoint else None)
     result = check_base(
@@ -290,13 +302,25 @@ def plot_cmd(
 
     magic = _FIGURE_MAGIC.get(out.suffix.lower())
     if magic is not None:  # another suffix is refused by the plot itself
-        check_output_file(out, option="--out", kind=f"{out.suffix[1:].upper()} figure", suffix=out.suffix.lower(),
-                          magic=magic, force=force)  # fmt: skip
+        check_output_file(
+            out,
+            option="--out",
+            kind=f"{out.suffix[1:].upper()} figure",
+            suffix=out.suffix.lower(),
+            magic=magic,
+            force=force,
+        )
     base_list = [parse_base(t, option="--bases") for t in bases.split(",") if t.strip()]
     dim, hd, _, _ = _model_inputs(
-        checkpoint, rotary_dim, head_dim, None, None,
-        base_option="--base", length_option="--from-length", need_pretrain=False,
-    )  # fmt: skip
+        checkpoint,
+        rotary_dim,
+        head_dim,
+        None,
+        None,
+        base_option="--base",
+        length_option="--from-length",
+        need_pretrain=False,
+    )
     result = plot_cos_sum(
         base_list,
         dim,
@@ -334,13 +358,19 @@ def methods_cmd(json_out: Json = False) -> None:
             "kind": m.kind,
             "summary": m.summary,
             "params": [
-                {"name": p.name, "type": p.type.__name__, "default": None if p.default is REQUIRED else p.default,
-                 "required": p.default is REQUIRED, "help": p.help, "choices": list(p.choices)}
+                {
+                    "name": p.name,
+                    "type": p.type.__name__,
+                    "default": None if p.default is REQUIRED else p.default,
+                    "required": p.default is REQUIRED,
+                    "help": p.help,
+                    "choices": list(p.choices),
+                }
                 for p in m.params
             ],
         }
         for m in METHODS.values()
-    ]  # fmt: skip
+    ]
     if json_out:
         print_json(rows)
         return
@@ -389,9 +419,15 @@ def choose_cmd(
     from longctx.rope.render import fmt_pos
 
     dim, hd, b, n = _model_inputs(
-        checkpoint, rotary_dim, head_dim, base, from_length,
-        base_option="--base", length_option="--from-length", need_pretrain=True,
-    )  # fmt: skip
+        checkpoint,
+        rotary_dim,
+        head_dim,
+        base,
+        from_length,
+        base_option="--base",
+        length_option="--from-length",
+        need_pretrain=True,
+    )
     choice = choose_base(
         method,
         rotary_dim=dim,
@@ -466,18 +502,31 @@ def sweep_cmd(
     if dry_run:
         return
     branch = _branch_name(st, branch_index)
-    options = RunOptions(backend, until_done=True, preflight=preflight, sweep_of=None if branch else st.name,
-                         branch=branch)  # fmt: skip
+    options = RunOptions(
+        backend, until_done=True, preflight=preflight, sweep_of=None if branch else st.name, branch=branch
+    )
     with stdout_to_stderr(json_out):
-        steps = run_steps(lambda: _resolved(plan, run_dir), options, launcher=lambda: _launcher(launcher),
-                          facts=lambda r: _facts(r, None), report=_RunPrinter())  # fmt: skip
+        steps = run_steps(
+            lambda: _resolved(plan, run_dir),
+            options,
+            launcher=lambda: _launcher(launcher),
+            facts=lambda r: _facts(r, None),
+            report=_RunPrinter(),
+        )
     after = _resolved(plan, run_dir).stage(st.name)
     if not json_out and steps.result.stop == "reached":
         console.print(steps.result.reason, highlight=False, soft_wrap=True, markup=False)
     if json_out:
-        print_json({"stage": st.name, "cost": cost.as_dict(), "stop": steps.result.stop,
-                    "reason": steps.result.reason, "outcomes": steps.result.outcomes,
-                    "sweep": after.sweep.summary() if after.sweep else None})  # fmt: skip
+        print_json(
+            {
+                "stage": st.name,
+                "cost": cost.as_dict(),
+                "stop": steps.result.stop,
+                "reason": steps.result.reason,
+                "outcomes": steps.result.outcomes,
+                "sweep": after.sweep.summary() if after.sweep else None,
+            }
+        )
     if steps.result.exit_code:
         raise typer.Exit(steps.result.exit_code)
 
@@ -491,8 +540,11 @@ def _print_sweep(rp, st, cost, *, json_out: bool) -> None:
     for line in describe(st.sweep, st.branches[0].tokens_realized):
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     if cost.seconds is not None:
-        console.print(f"time at the stage's estimated pace: branches {_minutes(cost.seconds)}, the stage "
-                      f"{_minutes(cost.stage_seconds or 0)}", highlight=False)  # fmt: skip
+        console.print(
+            f"time at the stage's estimated pace: branches {_minutes(cost.seconds)}, the stage "
+            f"{_minutes(cost.stage_seconds or 0)}",
+            highlight=False,
+        )
     else:
         console.print(
             "time: no pace measured yet (the first launch of this plan measures one)", highlight=False
@@ -505,8 +557,10 @@ def _branch_name(st, index: int | None) -> str | None:
     if index >= len(st.branches):
         from longctx.errors import StageError
 
-        raise StageError(f"--branch-index {index}: stage {st.name}'s sweep has {len(st.branches)} branches",
-                         fix=f"give 0 … {len(st.branches) - 1}")  # fmt: skip
+        raise StageError(
+            f"--branch-index {index}: stage {st.name}'s sweep has {len(st.branches)} branches",
+            fix=f"give 0 … {len(st.branches) - 1}",
+        )
     return st.branches[index].name
 
 

@@ -60,8 +60,11 @@ def _render(plan, run_dir, profile, out, time, signal, qos, partition, account, 
     except ValueError as err:
         from longctx.errors import SlurmError
 
-        raise SlurmError(f"--longctx-cmd cannot be split into words: {err}", where="--longctx-cmd",
-                         fix="balance its quotes, e.g. --longctx-cmd '/opt/venv/bin/longctx'") from None  # fmt: skip
+        raise SlurmError(
+            f"--longctx-cmd cannot be split into words: {err}",
+            where="--longctx-cmd",
+            fix="balance its quotes, e.g. --longctx-cmd '/opt/venv/bin/longctx'",
+        ) from None
     return rp, render(rp, profile=profile, overrides=overrides, out_dir=out, longctx_command=cmd)
 
 
@@ -73,12 +76,20 @@ def _warn(rendered) -> None:
 @app.command("render")
 @cli_errors
 def render_cmd(
-    plan: Plan, run_dir: RunDir = None, profile: str | None = PROFILE, out: Path | None = OUT,
-    time: str | None = TIME, signal: str | None = SIGNAL, qos: str | None = QOS, partition: str | None = PARTITION,
-    account: str | None = ACCOUNT, backend: str | None = BACKEND, longctx_cmd: str | None = LONGCTX_CMD,
+    plan: Plan,
+    run_dir: RunDir = None,
+    profile: str | None = PROFILE,
+    out: Path | None = OUT,
+    time: str | None = TIME,
+    signal: str | None = SIGNAL,
+    qos: str | None = QOS,
+    partition: str | None = PARTITION,
+    account: str | None = ACCOUNT,
+    backend: str | None = BACKEND,
+    longctx_cmd: str | None = LONGCTX_CMD,
     stdout: bool = typer.Option(False, "--stdout", help="print the chain script instead of writing files"),
     json_out: Json = False,
-) -> None:  # fmt: skip
+) -> None:
     """Write the plan's batch scripts: chain.sbatch (every chain job) and, for megatron-lm, eval-STAGE.sbatch.
 
     Values come from the profile, then the plan's slurm table, then these options; QoS limits, the
@@ -95,8 +106,14 @@ def render_cmd(
         return
     written = rendered.write()
     if json_out:
-        print_json({"scripts": [str(p) for p in written], "warnings": list(rendered.warnings),
-                    "profile": rendered.settings.profile.name, "nodes": rendered.settings.nodes})  # fmt: skip
+        print_json(
+            {
+                "scripts": [str(p) for p in written],
+                "warnings": list(rendered.warnings),
+                "profile": rendered.settings.profile.name,
+                "nodes": rendered.settings.nodes,
+            }
+        )
         return
     for p in written:
         console.print(f"[green]wrote[/] {p}", highlight=False)
@@ -106,18 +123,31 @@ def render_cmd(
 @cli_errors
 def submit_cmd(
     plan: Plan,
-    chain: int | None = typer.Option(None, "--chain", help="number of jobs (default: estimated from tokens and throughput)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the estimate and the sbatch commands; submit nothing"),
+    chain: int | None = typer.Option(
+        None, "--chain", help="number of jobs (default: estimated from tokens and throughput)"
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the estimate and the sbatch commands; submit nothing"
+    ),
     force: Force = False,
-    run_dir: RunDir = None, profile: str | None = PROFILE, out: Path | None = OUT,
-    time: str | None = TIME, signal: str | None = SIGNAL, qos: str | None = QOS, partition: str | None = PARTITION,
-    account: str | None = ACCOUNT, backend: str | None = BACKEND, longctx_cmd: str | None = LONGCTX_CMD,
+    run_dir: RunDir = None,
+    profile: str | None = PROFILE,
+    out: Path | None = OUT,
+    time: str | None = TIME,
+    signal: str | None = SIGNAL,
+    qos: str | None = QOS,
+    partition: str | None = PARTITION,
+    account: str | None = ACCOUNT,
+    backend: str | None = BACKEND,
+    longctx_cmd: str | None = LONGCTX_CMD,
     preflight: bool | None = typer.Option(
-        None, "--preflight/--no-preflight",
+        None,
+        "--preflight/--no-preflight",
         help="megatron-lm backend: check every stage left with the checkout's Megatron-LM and the profile's "
-        "device facts before queueing (default: on, except with --dry-run)"),
+        "device facts before queueing (default: on, except with --dry-run)",
+    ),
     json_out: Json = False,
-) -> None:  # fmt: skip
+) -> None:
     """Render the scripts and queue N chain jobs, each `--dependency=afterany:` the previous one.
 
     Before queueing, a megatron-lm chain's stages go through the checkout's Megatron-LM (`stage args
@@ -139,8 +169,11 @@ def submit_cmd(
 
         report = preflight_chain(rp, rendered.settings.profile)
         if report is not None:
-            err_console.print(f"preflight: Megatron-LM accepts {', '.join(s.stage for s in report.stages)} "
-                              f"({report.facts.source}, {report.seconds:.0f} s)", highlight=False)  # fmt: skip
+            err_console.print(
+                f"preflight: Megatron-LM accepts {', '.join(s.stage for s in report.stages)} "
+                f"({report.facts.source}, {report.seconds:.0f} s)",
+                highlight=False,
+            )
     result = submit(rendered, rp, chain=chain, dry_run=dry_run, force=force)
     if json_out:
         print_json(result)
@@ -154,26 +187,39 @@ def submit_cmd(
         for argv in result.commands:
             typer.echo(" ".join(shlex.quote(w) for w in argv))
         return
-    console.print(f"[green]queued[/] {len(result.job_ids)} jobs (chain {result.chain_id}): {', '.join(result.job_ids)}",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"[green]queued[/] {len(result.job_ids)} jobs (chain {result.chain_id}): {', '.join(result.job_ids)}",
+        highlight=False,
+    )
 
 
 def _estimate_table(est) -> Table:
-    t = Table(title=f"chain estimate: {est.jobs} jobs ({est.spare} spare), {est.train_minutes_per_job:.0f} min of "
-              "training per job")  # fmt: skip
+    t = Table(
+        title=f"chain estimate: {est.jobs} jobs ({est.spare} spare), {est.train_minutes_per_job:.0f} min of "
+        "training per job"
+    )
     for c in ("stage", "iterations left", "tokens left", "tokens/s (job)", "hours", "jobs"):
         t.add_column(c, justify="right")
     for s in est.stages:
-        t.add_row(s.stage, f"{s.remaining_iterations:,}", f"{s.remaining_tokens:,}", f"{s.tokens_per_second:,.0f}",
-                  f"{s.train_hours:.1f}", str(s.jobs))  # fmt: skip
+        t.add_row(
+            s.stage,
+            f"{s.remaining_iterations:,}",
+            f"{s.remaining_tokens:,}",
+            f"{s.tokens_per_second:,.0f}",
+            f"{s.train_hours:.1f}",
+            str(s.jobs),
+        )
     return t
 
 
 @app.command("status")
 @cli_errors
 def status_cmd(
-    plan: Plan, run_dir: RunDir = None, profile: str | None = PROFILE, json_out: Json = False,
-) -> None:  # fmt: skip
+    plan: Plan,
+    run_dir: RunDir = None,
+    profile: str | None = PROFILE,
+    json_out: Json = False,
+) -> None:
     """Per stage: iteration / target, tokens, last checkpoint, ETA; every job of the plan and its state.
 
     Example: longctx slurm status stages/baby_9b_dense.toml --json
@@ -205,15 +251,26 @@ def _count(n: int) -> str:
 
 def _status_tables(st) -> Table:
     outer = Table.grid()
-    t = narrow_table(f"{st.plan}: next {st.next_action}" + (f" {st.next_stage}" if st.next_stage else "")
-                     + f" — {st.next_reason}")  # fmt: skip
+    t = narrow_table(
+        f"{st.plan}: next {st.next_action}"
+        + (f" {st.next_stage}" if st.next_stage else "")
+        + f" — {st.next_reason}"
+    )
     for c in ("stage", "status", "iteration", "tokens", "last save", "tokens/s", "ETA stage", "ETA plan"):
         t.add_column(c, justify="left" if c in ("stage", "status") else "right")
     for s in st.stages:
-        t.add_row(s.stage, s.status, f"{s.iteration}/{s.target}", f"{_count(s.tokens_done)}/{_count(s.tokens_target)}",
-                  "—" if s.last_checkpoint_iteration is None else str(s.last_checkpoint_iteration),
-                  "?" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}" + ("" if s.rate_source == "pace" else "~"),
-                  _hms(s.stage_eta_seconds), _hms(s.eta_seconds))  # fmt: skip
+        t.add_row(
+            s.stage,
+            s.status,
+            f"{s.iteration}/{s.target}",
+            f"{_count(s.tokens_done)}/{_count(s.tokens_target)}",
+            "—" if s.last_checkpoint_iteration is None else str(s.last_checkpoint_iteration),
+            "?"
+            if s.tokens_per_s is None
+            else f"{s.tokens_per_s:,.0f}" + ("" if s.rate_source == "pace" else "~"),
+            _hms(s.stage_eta_seconds),
+            _hms(s.eta_seconds),
+        )
     outer.add_row(t)
     for s in st.stages:
         if s.resume_jump:
@@ -224,11 +281,21 @@ def _status_tables(st) -> Table:
     for c in ("job", "kind", "state", "exit", "elapsed", "stage", "iterations", "note"):
         j.add_column(c)
     for r in st.jobs:
-        j.add_row(r.job_id, r.kind + (f" #{r.position}" if r.position else ""), r.state, r.exit_code or "",
-                  r.elapsed or "", r.stage or "", r.iterations or "", r.note or r.reason or "")  # fmt: skip
+        j.add_row(
+            r.job_id,
+            r.kind + (f" #{r.position}" if r.position else ""),
+            r.state,
+            r.exit_code or "",
+            r.elapsed or "",
+            r.stage or "",
+            r.iterations or "",
+            r.note or r.reason or "",
+        )
     outer.add_row(j)
-    outer.add_row(f"running: {', '.join(st.running) or '—'}   pending: {', '.join(st.pending) or '—'}   "
-                  f"ETA: {_hms(st.eta_seconds)}")  # fmt: skip
+    outer.add_row(
+        f"running: {', '.join(st.running) or '—'}   pending: {', '.join(st.pending) or '—'}   "
+        f"ETA: {_hms(st.eta_seconds)}"
+    )
     if st.last_failure:
         outer.add_row(f"[red]last failure:[/] {st.last_failure}")
     return outer
@@ -253,11 +320,14 @@ def cancel_cmd(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> No
 @app.command("job-end", hidden=True)
 @cli_errors
 def job_end_cmd(
-    plan: Plan, run_dir: RunDir = None,
+    plan: Plan,
+    run_dir: RunDir = None,
     exit_code: int = typer.Option(..., "--exit-code", help="exit status of `stage run` in this job"),
-    scripts_dir: Path | None = typer.Option(None, "--scripts-dir", help="where eval-STAGE.sbatch scripts are"),
+    scripts_dir: Path | None = typer.Option(
+        None, "--scripts-dir", help="where eval-STAGE.sbatch scripts are"
+    ),
     json_out: Json = False,
-) -> None:  # fmt: skip
+) -> None:
     """Run by each chain job after `stage run`: record its end, submit finished stages' eval jobs, and
     cancel the jobs queued behind when the plan is complete (or cannot go on)."""
     from longctx.slurm.chain import job_end
@@ -266,17 +336,23 @@ def job_end_cmd(
     if json_out:
         print_json(out)
         return
-    console.print(f"longctx: job {out.job_id} ended (exit {out.exit_code}, +{out.progress} iterations); next: "
-                  f"{out.next_action} — {out.reason}", highlight=False)  # fmt: skip
+    console.print(
+        f"longctx: job {out.job_id} ended (exit {out.exit_code}, +{out.progress} iterations); next: "
+        f"{out.next_action} — {out.reason}",
+        highlight=False,
+    )
     if out.cancelled:
         console.print(f"longctx: cancelled the queued jobs {', '.join(out.cancelled)}", highlight=False)
     for stage, jid in out.eval_jobs.items():
         console.print(f"longctx: queued eval job {jid} for stage {stage}", highlight=False)
     if out.sweep is not None:
         sw = out.sweep
-        console.print(f"longctx: queued stage {sw.stage}'s RoPE sweep: job array {sw.array_job or '—'} (tasks "
-                      f"{','.join(map(str, sw.tasks)) or 'none'}), choose job {sw.choose_job}"
-                      + (f"; chain job {sw.waiting} now waits for it" if sw.waiting else ""), highlight=False)  # fmt: skip
+        console.print(
+            f"longctx: queued stage {sw.stage}'s RoPE sweep: job array {sw.array_job or '—'} (tasks "
+            f"{','.join(map(str, sw.tasks)) or 'none'}), choose job {sw.choose_job}"
+            + (f"; chain job {sw.waiting} now waits for it" if sw.waiting else ""),
+            highlight=False,
+        )
 
 
 @app.command("profiles")
@@ -293,6 +369,15 @@ def profiles_cmd(json_out: Json = False) -> None:
     for c in ("name", "description", "GPUs/node", "partition", "QoS", "time", "signal", "backend", "file"):
         t.add_column(c)
     for p, path in profs:
-        t.add_row(p.name, p.description, str(p.gpus_per_node), p.partition or "", p.qos or "", p.time, p.signal,
-                  p.backend, str(path))  # fmt: skip
+        t.add_row(
+            p.name,
+            p.description,
+            str(p.gpus_per_node),
+            p.partition or "",
+            p.qos or "",
+            p.time,
+            p.signal,
+            p.backend,
+            str(path),
+        )
     console.print(t)

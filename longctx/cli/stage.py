@@ -133,10 +133,15 @@ def _status_table(rp, states, step, pace) -> Table:
         color = {"done": "green", "in-progress": "yellow", "pending": "dim"}[s.status]
         saves = str(s.complete[-1]) if s.complete else "—"
         t.add_row(
-            s.name, f"[{color}]{s.status}[/]", f"{s.iteration}/{s.target_iterations}",
-            "—" if s.tracker is None else str(s.tracker), saves + (" +inc" if s.incomplete else ""),
-            _tokens_per_s(p), _pace_text(p), _pace_text(p, plan=True),
-        )  # fmt: skip
+            s.name,
+            f"[{color}]{s.status}[/]",
+            f"{s.iteration}/{s.target_iterations}",
+            "—" if s.tracker is None else str(s.tracker),
+            saves + (" +inc" if s.incomplete else ""),
+            _tokens_per_s(p),
+            _pace_text(p),
+            _pace_text(p, plan=True),
+        )
     return t
 
 
@@ -158,13 +163,29 @@ def _state_json(rp, states, step, pace=()) -> dict:
     return {
         "plan": rp.name,
         "run_dir": str(rp.run_dir),
-        "next": {"action": step.action, "stage": step.stage, "reason": step.reason,
-                 "load": str(step.load) if step.load else None, "start_iteration": step.start_iteration},
-        "stages": [{"stage": s.name, "status": s.status, "iteration": s.iteration, "target": s.target_iterations,
-                    "tracker": s.tracker, "complete": s.complete, "incomplete": s.incomplete,
-                    "repair": s.repair.reason if s.repair else None, "save_dir": str(s.save_dir),
-                    "pace": _pace_json(by_stage.get(s.name))} for s in states],
-    }  # fmt: skip
+        "next": {
+            "action": step.action,
+            "stage": step.stage,
+            "reason": step.reason,
+            "load": str(step.load) if step.load else None,
+            "start_iteration": step.start_iteration,
+        },
+        "stages": [
+            {
+                "stage": s.name,
+                "status": s.status,
+                "iteration": s.iteration,
+                "target": s.target_iterations,
+                "tracker": s.tracker,
+                "complete": s.complete,
+                "incomplete": s.incomplete,
+                "repair": s.repair.reason if s.repair else None,
+                "save_dir": str(s.save_dir),
+                "pace": _pace_json(by_stage.get(s.name)),
+            }
+            for s in states
+        ],
+    }
 
 
 def _sweep_notes(rp, sweeps: dict) -> list[str]:
@@ -185,9 +206,13 @@ def _sweep_notes(rp, sweeps: dict) -> list[str]:
 def _pace_json(p) -> dict | None:
     if p is None:
         return None
-    return {"tokens_per_s": p.tokens_per_s, "measured": p.measured, "stage_eta_seconds": p.stage_eta_seconds,
-            "plan_eta_seconds": p.plan_eta_seconds,
-            "resume_jumps": [vars(j) for j in p.resume_jumps]}  # fmt: skip
+    return {
+        "tokens_per_s": p.tokens_per_s,
+        "measured": p.measured,
+        "stage_eta_seconds": p.stage_eta_seconds,
+        "plan_eta_seconds": p.plan_eta_seconds,
+        "resume_jumps": [vars(j) for j in p.resume_jumps],
+    }
 
 
 @app.command("status")
@@ -285,9 +310,15 @@ def _curves_out(rp, out: Path | None, force: bool) -> Path:
     inputs += [rp.tokenizer.path]
     inputs += [st.save_dir for st in rp.stages]
     return check_output_file(
-        out if out is not None else Path(rp.run_dir) / "curves.png", option="--out", kind="PNG figure",
-        suffix=".png", magic=b"\x89PNG\r\n\x1a\n", inputs=inputs, run_dir=Path(rp.run_dir), force=force,
-    )  # fmt: skip
+        out if out is not None else Path(rp.run_dir) / "curves.png",
+        option="--out",
+        kind="PNG figure",
+        suffix=".png",
+        magic=b"\x89PNG\r\n\x1a\n",
+        inputs=inputs,
+        run_dir=Path(rp.run_dir),
+        force=force,
+    )
 
 
 @app.command("next")
@@ -357,11 +388,23 @@ def run(
 
     if sweep_branches not in ("inline", "array"):
         raise StageError(f"--sweep-branches {sweep_branches!r}", fix="give --sweep-branches inline or array")
-    options = RunOptions(backend, dry_run=dry_run, force=force, until_done=until_done, eval_after=eval_after,
-                         preflight=preflight, branches_elsewhere=sweep_branches == "array")  # fmt: skip
+    options = RunOptions(
+        backend,
+        dry_run=dry_run,
+        force=force,
+        until_done=until_done,
+        eval_after=eval_after,
+        preflight=preflight,
+        branches_elsewhere=sweep_branches == "array",
+    )
     with stdout_to_stderr(json_out):
-        steps = run_steps(lambda: _resolved(plan, run_dir), options, launcher=lambda: _launcher(launcher),
-                          facts=lambda rp: _facts(rp, None), report=_RunPrinter())  # fmt: skip
+        steps = run_steps(
+            lambda: _resolved(plan, run_dir),
+            options,
+            launcher=lambda: _launcher(launcher),
+            facts=lambda rp: _facts(rp, None),
+            report=_RunPrinter(),
+        )
         result = steps.result
         if result.done:
             console.print(f"[green]{result.reason}[/]: nothing to run")
@@ -383,8 +426,10 @@ class _RunPrinter:
         )
         if lp.schedule_override:
             changed = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in lp.schedule_override.items())
-            _err(f"warning: --force: {lp.stage.name} resumes with another LR schedule ({changed}): "
-                 "--override-opt_param-scheduler")  # fmt: skip
+            _err(
+                f"warning: --force: {lp.stage.name} resumes with another LR schedule ({changed}): "
+                "--override-opt_param-scheduler"
+            )
 
     def planned(self, lp) -> None:
         console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
@@ -435,10 +480,17 @@ def _repair_text(step, before: str, after: str) -> str:
 def _planned_launch(lp) -> dict[str, Any]:
     """One --dry-run step for --json: the decision and the exact command, nothing run."""
     repair, load_repair = lp.step.repair, lp.step.load_repair
-    return {"stage": lp.stage.name, "action": lp.step.action, "reason": lp.step.reason,
-            "start_iteration": lp.step.start_iteration, "repair": repair.reason if repair else None,
-            "load_repair": load_repair.reason if load_repair else None,
-            "backend": lp.backend, "nproc": lp.nproc, "command": lp.command}  # fmt: skip
+    return {
+        "stage": lp.stage.name,
+        "action": lp.step.action,
+        "reason": lp.step.reason,
+        "start_iteration": lp.step.start_iteration,
+        "repair": repair.reason if repair else None,
+        "load_repair": load_repair.reason if load_repair else None,
+        "backend": lp.backend,
+        "nproc": lp.nproc,
+        "command": lp.command,
+    }
 
 
 def _launcher(name: str):

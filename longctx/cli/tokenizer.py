@@ -155,9 +155,16 @@ def verify_cmd(
         facts.add_column("fact")
         facts.add_column("value", overflow="fold")
         for key in (
-            "kind", "md5", "vocab_size", "model_vocab_size", "eod_id", "bos_id", "pad_id",
-            "megatron_tokenizer_type", "padded_vocab_size",
-        ):  # fmt: skip
+            "kind",
+            "md5",
+            "vocab_size",
+            "model_vocab_size",
+            "eod_id",
+            "bos_id",
+            "pad_id",
+            "megatron_tokenizer_type",
+            "padded_vocab_size",
+        ):
             facts.add_row(key, str(report.facts[key]))
         facts.add_row(
             "padded by TP",

@@ -164,8 +164,11 @@ def read_data_args(path: str | os.PathLike[str], *, check_exists: bool = True) -
             fix="write the blend as UTF-8 text: weight prefix weight prefix …",
         ) from None
     except OSError as err:
-        raise DatasetError(f"cannot read the data-args file: {err.strerror}", where=str(p),
-                           fix="check the --data-args-path value") from None  # fmt: skip
+        raise DatasetError(
+            f"cannot read the data-args file: {err.strerror}",
+            where=str(p),
+            fix="check the --data-args-path value",
+        ) from None
     return parse_blend(text, source=str(p), check_exists=check_exists)
 
 

@@ -66,10 +66,19 @@ def run_data_check(request: DataCheckRequest) -> DataReport | ArtifactReport:
     r = request
     if r.is_artifact():
         return check_artifact(
-            r.prefixes[0], run=r.run, languages=r.languages, tiers=r.tiers, tokenizer=r.tokenizer,
-            manifest=r.tokenizer_manifest, vocab_size=r.vocab_size, eod_id=r.eod_id, lengths=list(r.lengths),
-            index_only=r.index_only, workers=r.workers, strict=r.strict,
-        )  # fmt: skip
+            r.prefixes[0],
+            run=r.run,
+            languages=r.languages,
+            tiers=r.tiers,
+            tokenizer=r.tokenizer,
+            manifest=r.tokenizer_manifest,
+            vocab_size=r.vocab_size,
+            eod_id=r.eod_id,
+            lengths=list(r.lengths),
+            index_only=r.index_only,
+            workers=r.workers,
+            strict=r.strict,
+        )
     if r.index_only or r.run or r.languages or r.tiers:
         raise DatasetError(
             "--index-only, --run, --languages and --tiers apply to an artifact directory",
@@ -82,9 +91,16 @@ def run_data_check(request: DataCheckRequest) -> DataReport | ArtifactReport:
         )
     tok: Any = r.tokenizer if r.spec is None else load_tokenizer(r.tokenizer, spec=r.spec)  # type: ignore[arg-type]
     return check_datasets(
-        datasets, tokenizer=tok, vocab_size=r.vocab_size, eod_id=r.eod_id, lengths=list(r.lengths),
-        budgets=dict(r.budgets), strict=r.strict, workers=r.workers, scan=r.scan,
-    )  # fmt: skip
+        datasets,
+        tokenizer=tok,
+        vocab_size=r.vocab_size,
+        eod_id=r.eod_id,
+        lengths=list(r.lengths),
+        budgets=dict(r.budgets),
+        strict=r.strict,
+        workers=r.workers,
+        scan=r.scan,
+    )
 
 
 def _datasets(r: DataCheckRequest) -> Any:

@@ -167,8 +167,11 @@ def spot_check(info: IndexInfo, params: ScanParams, *, documents: int = SPOT_DOC
     if info.documents == 0 or info.tokens == 0:
         return res
     half = max(documents // 2, 1)
-    docs = np.unique(np.concatenate([np.arange(min(half, info.documents)),
-                                     np.arange(max(info.documents - half, 0), info.documents)]))  # fmt: skip
+    docs = np.unique(
+        np.concatenate(
+            [np.arange(min(half, info.documents)), np.arange(max(info.documents - half, 0), info.documents)]
+        )
+    )
     starts, ends = _document_bounds(info, docs)
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]

@@ -21,8 +21,13 @@ def prefix_table(report: DataReport, p: PrefixReport) -> Table:
     table = Table(title=escape(p.prefix), show_header=False, title_justify="left")
     table.add_column("fact", style="bold")
     table.add_column("value", overflow="fold")
-    for fact, value in [*_index_rows(p), *_scan_rows(report, p), *_length_rows(p.lengths), *_epoch_rows(p),
-                        *_sidecar_rows(p)]:  # fmt: skip
+    for fact, value in [
+        *_index_rows(p),
+        *_scan_rows(report, p),
+        *_length_rows(p.lengths),
+        *_epoch_rows(p),
+        *_sidecar_rows(p),
+    ]:
         table.add_row(fact, value)
     return table
 
@@ -63,8 +68,12 @@ def _length_rows(ls: LengthStats | None) -> list[tuple[str, str]]:
     if ls is None or not ls.documents:
         return []
     pct = ", ".join(f"p{k} {v:,}" for k, v in (ls.percentiles or {}).items())
-    rows = [("doc length",
-             f"min {ls.min_length:,}, {pct + ', ' if pct else ''}max {ls.max_length:,}, mean {ls.mean_length:,.0f}")]  # fmt: skip
+    rows = [
+        (
+            "doc length",
+            f"min {ls.min_length:,}, {pct + ', ' if pct else ''}max {ls.max_length:,}, mean {ls.mean_length:,.0f}",
+        )
+    ]
     bins = [
         f"{'<' + label(b.hi) if b.lo == 0 else label(b.lo) + ('–' + label(b.hi) if b.hi else '+')}: "
         f"{b.tokens / ls.tokens:.0%}"
@@ -73,15 +82,21 @@ def _length_rows(ls: LengthStats | None) -> list[tuple[str, str]]:
     ]
     rows.append(("tokens by doc length", ", ".join(bins) or "no token"))
     for cov in ls.coverage:
-        rows.append((f"≥ {label(cov.length)}",
-                     f"{cov.token_share:.1%} of tokens in {cov.documents_at_least:,} docs; "
-                     f"{cov.single_document_samples:,} single-doc / {cov.packed_samples:,} packed samples"))  # fmt: skip
+        rows.append(
+            (
+                f"≥ {label(cov.length)}",
+                f"{cov.token_share:.1%} of tokens in {cov.documents_at_least:,} docs; "
+                f"{cov.single_document_samples:,} single-doc / {cov.packed_samples:,} packed samples",
+            )
+        )
     return rows
 
 
 def _epoch_rows(p: PrefixReport) -> list[tuple[str, str]]:
-    return [(f"epochs {stage}", f"[yellow]{epochs:.2f}[/]" if epochs > 1 else f"{epochs:.2f}")
-            for stage, epochs in p.epochs.items()]  # fmt: skip
+    return [
+        (f"epochs {stage}", f"[yellow]{epochs:.2f}[/]" if epochs > 1 else f"{epochs:.2f}")
+        for stage, epochs in p.epochs.items()
+    ]
 
 
 def _sidecar_rows(p: PrefixReport) -> list[tuple[str, str]]:
@@ -104,11 +119,13 @@ def blend_table(report: DataReport) -> Table | None:
     for p in report.prefixes:
         n_err = len(p.findings.errors)
         summary.add_row(
-            escape(p.prefix), f"{p.weight:g}" if p.weight is not None else "size",
-            f"{p.share:.3f}" if p.share is not None else "-", f"{p.index['tokens']:,}" if p.index else "-",
+            escape(p.prefix),
+            f"{p.weight:g}" if p.weight is not None else "size",
+            f"{p.share:.3f}" if p.share is not None else "-",
+            f"{p.index['tokens']:,}" if p.index else "-",
             *[f"{p.epochs[s]:.2f}" if s in p.epochs else "-" for s in report.budgets],
             "[green]ok[/]" if n_err == 0 else f"[red]{n_err} error(s)[/]",
-        )  # fmt: skip
+        )
     return summary
 
 

@@ -57,8 +57,11 @@ def checked_lengths(lengths: Sequence[int]) -> list[int]:
     """Stage lengths sorted and deduplicated; refused when not positive or longer than any document."""
     wanted = sorted({int(n) for n in lengths})
     if any(n <= 0 for n in wanted):
-        raise DatasetError(f"stage lengths must be positive, got {wanted}", where="--lengths",
-                           fix="give the stage sequence lengths, e.g. --lengths 16K,64K,128K")  # fmt: skip
+        raise DatasetError(
+            f"stage lengths must be positive, got {wanted}",
+            where="--lengths",
+            fix="give the stage sequence lengths, e.g. --lengths 16K,64K,128K",
+        )
     if wanted and wanted[-1] > MAX_DOC_TOKENS:
         raise DatasetError(
             f"stage length {wanted[-1]:,} is longer than any Megatron document can be ({MAX_DOC_TOKENS:,} tokens)",

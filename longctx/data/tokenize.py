@@ -101,8 +101,11 @@ def _sentences(raw: bytes, key: str, source: str, lineno: int) -> list[str]:
     try:
         obj = json.loads(raw)
     except RecursionError:
-        raise DatasetError(f"line {lineno} nests JSON deeper than Python's parser goes", where=f"{source}:{lineno}",
-                           fix="every line of a JSONL input must be one flat JSON object") from None  # fmt: skip
+        raise DatasetError(
+            f"line {lineno} nests JSON deeper than Python's parser goes",
+            where=f"{source}:{lineno}",
+            fix="every line of a JSONL input must be one flat JSON object",
+        ) from None
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise DatasetError(
             f"line {lineno} is not valid JSON ({err})",
@@ -361,9 +364,10 @@ def tokenize_jsonl(
         if not sidecar.tokens:
             # nothing to train on: refused now rather than when a stage first samples from it
             raise DatasetError(
-                "the inputs hold no tokens", where=", ".join(str(p) for p in paths),
+                "the inputs hold no tokens",
+                where=", ".join(str(p) for p in paths),
                 fix=f"check the files and their {json_key!r} field (blank lines and empty texts are skipped)",
-            )  # fmt: skip
+            )
         builder.finalize(str(idx_path(tmp_prefix)))
         write_sidecar(tmp_prefix, sidecar, path=sidecar_path(tmp_prefix))
         _publish(tmp_files, targets, out_dir)
@@ -468,9 +472,10 @@ def _output_dir(
         for src in inputs:
             if is_within(t, src):
                 raise DatasetError(
-                    f"output {t.name} would overwrite the input {src}", where=prefix,
+                    f"output {t.name} would overwrite the input {src}",
+                    where=prefix,
                     fix="choose an --output-prefix that names no input file",
-                )  # fmt: skip
+                )
     existing = [t.name for t in targets if t.exists()]
     if existing and not force:
         raise DatasetError(
@@ -484,9 +489,10 @@ def _output_dir(
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise DatasetError(
-            f"cannot create the output directory: {err.strerror}", where=str(err.filename or out_dir),
+            f"cannot create the output directory: {err.strerror}",
+            where=str(err.filename or out_dir),
             fix="choose an --output-prefix in a writable directory",
-        ) from None  # fmt: skip
+        ) from None
     return out_dir, created
 
 

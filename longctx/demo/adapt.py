@@ -63,8 +63,9 @@ def adapt_ar_to_diffusion(
         raise CheckpointError(f"no adaptation to a {kind!r} model", fix='adapt to "mdm" or "udm"')
     info = checkpoint_info(ar_save)
     if info.objective != "ar":
-        raise CheckpointError(f"{ar_save} holds a {info.objective} model, not an autoregressive one",
-                              where=str(ar_save))  # fmt: skip
+        raise CheckpointError(
+            f"{ar_save} holds a {info.objective} model, not an autoregressive one", where=str(ar_save)
+        )
     if info.arch != arch:
         raise CheckpointError(
             f"the autoregressive model's shape is not the diffusion recipe's: {info.arch} vs {arch}",
@@ -75,9 +76,12 @@ def adapt_ar_to_diffusion(
     with eval_parallel(1) as par:
         src = load_model(info, par, max_length=seq_length).model.state_dict()
         settings = ModelSettings(
-            seq_length=seq_length, rotary_base=info.rotary_base, padded_vocab_size=input_rows, causal=False,
+            seq_length=seq_length,
+            rotary_base=info.rotary_base,
+            padded_vocab_size=input_rows,
+            causal=False,
             output_vocab_size=output_rows,
-        )  # fmt: skip
+        )
         with torch.random.fork_rng(devices=[]):
             model = build_gpt_model(arch, settings)
         state = model.state_dict()

@@ -82,8 +82,14 @@ def read_card(directory: Path) -> Card:
     """The card of the published base in `directory`, read as a bounded regular file inside it (a card that
     is a link to /dev/zero, a FIFO or a huge file is refused, not read)."""
     path = directory / CARD
-    text = read_text(path, directory, "published base's card", error=CheckpointError, max_bytes=CARD_BYTES,
-                     place=f"the published base's directory {directory}")  # fmt: skip
+    text = read_text(
+        path,
+        directory,
+        "published base's card",
+        error=CheckpointError,
+        max_bytes=CARD_BYTES,
+        place=f"the published base's directory {directory}",
+    )
     if text is None:
         raise CheckpointError(
             f"no published base in {directory} ({CARD} is missing)",
@@ -144,8 +150,11 @@ def verify_published(directory: Path) -> Card:
     card = read_card(directory)
     archive = directory / card.archive
     if not archive.is_file():
-        raise CheckpointError(f"the published base's archive is missing: {archive}", where=str(archive),
-                              fix="restore it from git, or rebuild the base with `longctx demo --train-base`")  # fmt: skip
+        raise CheckpointError(
+            f"the published base's archive is missing: {archive}",
+            where=str(archive),
+            fix="restore it from git, or rebuild the base with `longctx demo --train-base`",
+        )
     got = md5_file(archive)
     if got != card.archive_md5:
         raise CheckpointError(

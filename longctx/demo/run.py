@@ -136,15 +136,19 @@ class DemoConfig:
         (stages/tiny.toml, tiny_mdm.toml, tiny_udm.toml) unless --plan gives one; --small keeps only
         the plan (or the family's smoke plan, stages/tiny_smoke.toml for ar) and interrupts nothing unless told; otherwise --interrupt replaces the default stage."""
         if family not in FAMILY_PLANS:
-            raise StageError(f"unknown model family {family!r}", where="--family",
-                             fix=f"use one of: {', '.join(FAMILY_PLANS)}")  # fmt: skip
+            raise StageError(
+                f"unknown model family {family!r}",
+                where="--family",
+                fix=f"use one of: {', '.join(FAMILY_PLANS)}",
+            )
         if small:
             if family in PUBLISHED and family not in SMALL_PLANS and plan is None:
                 raise StageError(
                     f"the {family} demo has no small plan: it extends its published base through "
                     f"stages/{FAMILY_PLANS[family]}, whose data the small corpus does not hold",
-                    where="--small", fix=f"run `longctx demo --family {family}` without --small, or give --plan",
-                )  # fmt: skip
+                    where="--small",
+                    fix=f"run `longctx demo --family {family}` without --small, or give --plan",
+                )
             plan = plan or plans_dir() / SMALL_PLANS.get(family, FAMILY_PLANS[family])
             return cls.small(plan, interrupt_stage=interrupt)
         cfg = cls(plan=plan or plans_dir() / FAMILY_PLANS[family], published=family)
@@ -256,8 +260,9 @@ def _data(run_dir: Path, cfg: DemoConfig) -> tuple[str, bool]:
             kept += 1
             continue
         prefix.parent.mkdir(parents=True, exist_ok=True)
-        side = tokenize_jsonl([run_dir / "corpus" / f"{c.name}.jsonl"], run_dir / "tokenizer", prefix,
-                              workers=cfg.processes)  # fmt: skip
+        side = tokenize_jsonl(
+            [run_dir / "corpus" / f"{c.name}.jsonl"], run_dir / "tokenizer", prefix, workers=cfg.processes
+        )
         parts.append(f"{c.name}: {side.documents:,} documents, {side.tokens:,} tokens")
     return "; ".join(parts) or f"{run_dir / 'data'}", kept == len(cfg.corpora)
 
@@ -298,23 +303,47 @@ def _base(
     seq, rotary_base = rp.base.seq_length, rp.base.rotary_base
     first = rp.stages[0]
     spec = TrainSpec(
-        stage="base", arch=rp.arch, seq_length=seq, max_position_embeddings=seq, rotary_base=rotary_base,
-        padded_vocab_size=first.padded_vocab_size, output_vocab_size=first.output_vocab_size, objective=rp.objective,
-        tokenizer=TokenizerInfo(path=str(run_dir / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
-                                eod_id=tok.eod_id, pad_id=tok.pad_id),
-        data=[(e.weight, e.prefix) for e in stage_blend(rp, rp.stages[0]).entries], split="98,2,0",
-        data_cache_path=str(run_dir / "cache"), global_batch_size=cfg.base_global_batch, train_iters=cfg.base_iters,
-        lr=LRSchedule(lr=2e-3, min_lr=2e-4, warmup_iters=max(1, cfg.base_iters // 10), decay_iters=cfg.base_iters),
-        save=str(save), save_interval=max(1, cfg.base_iters // 3), log_interval=max(1, cfg.base_iters // 10),
+        stage="base",
+        arch=rp.arch,
+        seq_length=seq,
+        max_position_embeddings=seq,
+        rotary_base=rotary_base,
+        padded_vocab_size=first.padded_vocab_size,
+        output_vocab_size=first.output_vocab_size,
+        objective=rp.objective,
+        tokenizer=TokenizerInfo(
+            path=str(run_dir / "tokenizer"),
+            md5=tok.md5,
+            vocab_size=tok.vocab_size,
+            eod_id=tok.eod_id,
+            pad_id=tok.pad_id,
+        ),
+        data=[(e.weight, e.prefix) for e in stage_blend(rp, rp.stages[0]).entries],
+        split="98,2,0",
+        data_cache_path=str(run_dir / "cache"),
+        global_batch_size=cfg.base_global_batch,
+        train_iters=cfg.base_iters,
+        lr=LRSchedule(
+            lr=2e-3, min_lr=2e-4, warmup_iters=max(1, cfg.base_iters // 10), decay_iters=cfg.base_iters
+        ),
+        save=str(save),
+        save_interval=max(1, cfg.base_iters // 3),
+        log_interval=max(1, cfg.base_iters // 10),
         threads_per_process=max(1, (os.cpu_count() or 1) // cfg.processes),
         metrics_file=str(run_dir / "base" / "metrics.jsonl"),
-    )  # fmt: skip
+    )
     spec_path = run_dir / "base" / "train_spec.json"
     spec.dump(spec_path)
     # the stages train from this base: a launch that stopped short of base_iters (a signal) is not it
-    train_to_target(spec_path, nproc=cfg.processes, env={"OMP_NUM_THREADS": str(spec.threads_per_process), **devices},
-                    log=run_dir / "base" / "train.log", save_dir=save, target=cfg.base_iters,
-                    what="base pretraining")  # fmt: skip
+    train_to_target(
+        spec_path,
+        nproc=cfg.processes,
+        env={"OMP_NUM_THREADS": str(spec.threads_per_process), **devices},
+        log=run_dir / "base" / "train.log",
+        save_dir=save,
+        target=cfg.base_iters,
+        what="base pretraining",
+    )
     return (
         f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,}, {rp.objective.describe()} → {save}",
         False,
@@ -451,14 +480,22 @@ def _stage_rows(rp: ResolvedPlan, run_dir: Path) -> list[dict[str, Any]]:
             [json.loads(x) for x in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
         )
         launches = [r for r in records if r.get("event") == "launch" and r.get("stage") == st.name]
-        rows.append({
-            "stage": st.name, "seq_length": st.seq_length, "rotary_base": st.rotary_base, "cp": st.cp,
-            "iterations": f"{s.iteration}/{s.target_iterations}", "status": s.status,
-            "launches": [r.get("action") for r in launches],
-            "first_loss": metrics[0]["loss"] if metrics else None,
-            "final_loss": metrics[-1]["loss"] if metrics else None,
-            "tokens_per_s": (sum(m["tokens_per_s"] for m in metrics[-5:]) / min(5, len(metrics))) if metrics else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "stage": st.name,
+                "seq_length": st.seq_length,
+                "rotary_base": st.rotary_base,
+                "cp": st.cp,
+                "iterations": f"{s.iteration}/{s.target_iterations}",
+                "status": s.status,
+                "launches": [r.get("action") for r in launches],
+                "first_loss": metrics[0]["loss"] if metrics else None,
+                "final_loss": metrics[-1]["loss"] if metrics else None,
+                "tokens_per_s": (sum(m["tokens_per_s"] for m in metrics[-5:]) / min(5, len(metrics)))
+                if metrics
+                else None,
+            }
+        )
     return rows
 
 

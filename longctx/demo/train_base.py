@@ -77,9 +77,15 @@ _TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"
 
 # two layers are the fewest that hold an induction (copy) circuit; 173K parameters besides the embeddings
 BASE_ARCH = ModelArch(
-    num_layers=2, hidden_size=64, ffn_hidden_size=192, num_attention_heads=2, num_query_groups=2,
-    kv_channels=32, qk_layernorm=True, untie_embeddings_and_output_weights=True,
-)  # fmt: skip
+    num_layers=2,
+    hidden_size=64,
+    ffn_hidden_size=192,
+    num_attention_heads=2,
+    num_query_groups=2,
+    kv_channels=32,
+    qk_layernorm=True,
+    untie_embeddings_and_output_weights=True,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,21 +162,28 @@ RECIPES = {
     # are (`longctx.eval.unmask`, most confident digit first) it looks keys up where one forward for all
     # digits at once cannot (docs/demo.md has the figures of both)
     "mdm": BaseRecipe(
-        name="longctx-demo-mdm-base", family="mdm", objective=Objective(kind="mdm", mask_id=513),
-        padded_vocab_size=514, output_vocab_size=513, adapt_from="ar",
+        name="longctx-demo-mdm-base",
+        family="mdm",
+        objective=Objective(kind="mdm", mask_id=513),
+        padded_vocab_size=514,
+        output_vocab_size=513,
+        adapt_from="ar",
         phases=(
             Phase("lookup", docs=136_000, iterations=8000, seed=21, names=4, any_digit=0.5),
             Phase("anneal", docs=40_000, iterations=2000, seed=22, names=4, any_digit=0.5, anneal=True),
         ),
     ),
-}  # fmt: skip
+}
 
 
 def recipe_for(family: str) -> BaseRecipe:
     """The recipe of `family`'s published base; an error naming the families that have one."""
     if family not in RECIPES:
-        raise StageError(f"no published demo base for the {family!r} family", where="--family",
-                         fix=f"--train-base builds one of: {', '.join(RECIPES)}")  # fmt: skip
+        raise StageError(
+            f"no published demo base for the {family!r} family",
+            where="--family",
+            fix=f"--train-base builds one of: {', '.join(RECIPES)}",
+        )
     return RECIPES[family]
 
 
@@ -212,8 +225,14 @@ def _data(work: Path, r: BaseRecipe, phase: Phase) -> str:
     if Path(f"{prefix}.idx").exists():
         return f"{prefix} (kept)"
     train = _phase_dir(work, phase) / "corpus" / "train.jsonl"
-    docs = documents(phase.docs + r.heldout_docs, seed=phase.seed, min_words=r.min_words,
-                     max_words=r.max_words, names=phase.names, any_digit=phase.any_digit)  # fmt: skip
+    docs = documents(
+        phase.docs + r.heldout_docs,
+        seed=phase.seed,
+        min_words=r.min_words,
+        max_words=r.max_words,
+        names=phase.names,
+        any_digit=phase.any_digit,
+    )
     write_jsonl(train, docs)
     side = tokenize_jsonl([train], work / "tokenizer", prefix, workers=r.processes)
     return f"{side.documents:,} documents, {side.tokens:,} tokens"
@@ -234,30 +253,54 @@ def _spec(work: Path, r: BaseRecipe, phase: Phase) -> TrainSpec:
         raise StageError(
             f"the recipe's [MASK] id {r.objective.mask_id} and {r.padded_vocab_size} input rows do not follow "
             f"its tokenizer's {tok.vocab_size} ids (the [MASK] row is the first past them)",
-            where=str(work / "tokenizer"), fix="rebuild the work directory from the published tokenizer",
-        )  # fmt: skip
+            where=str(work / "tokenizer"),
+            fix="rebuild the work directory from the published tokenizer",
+        )
     if r.objective.kind == "udm" and r.padded_vocab_size != tok.vocab_size:
         raise StageError(
             f"the recipe's {r.padded_vocab_size} vocabulary rows are not its tokenizer's {tok.vocab_size} ids (a "
             "uniform-state model is built unpadded: its noise is drawn from the tokenizer's ids)",
-            where=str(work / "tokenizer"), fix="rebuild the work directory from the published tokenizer",
-        )  # fmt: skip
+            where=str(work / "tokenizer"),
+            fix="rebuild the work directory from the published tokenizer",
+        )
     threads = max(1, (os.cpu_count() or 1) // r.processes)
     d, n = _phase_dir(work, phase), phase.iterations
     return TrainSpec(
-        stage=f"base-{phase.name}", arch=r.arch, seq_length=r.seq_length, max_position_embeddings=r.seq_length,
-        rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size,
-        output_vocab_size=r.output_vocab_size, objective=r.objective,
-        tokenizer=TokenizerInfo(path=str(work / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
-                                eod_id=tok.eod_id, pad_id=tok.pad_id),
-        data=[(None, str(_prefix(work, phase)))], split=_split(r, phase), packing="documents",
-        data_cache_path=str(d / "cache"), global_batch_size=r.global_batch, train_iters=n,
-        lr=LRSchedule(lr=r.lr, min_lr=r.lr * (0.1 if phase.anneal else 1.0), warmup_iters=r.warmup, decay_iters=n,
-                      decay_style="cosine" if phase.anneal else "constant"),
-        save=str(d / "checkpoints"), save_interval=r.save_interval, log_interval=50,
-        threads_per_process=threads, metrics_file=str(d / "metrics.jsonl"),
+        stage=f"base-{phase.name}",
+        arch=r.arch,
+        seq_length=r.seq_length,
+        max_position_embeddings=r.seq_length,
+        rotary_base=r.rotary_base,
+        padded_vocab_size=r.padded_vocab_size,
+        output_vocab_size=r.output_vocab_size,
+        objective=r.objective,
+        tokenizer=TokenizerInfo(
+            path=str(work / "tokenizer"),
+            md5=tok.md5,
+            vocab_size=tok.vocab_size,
+            eod_id=tok.eod_id,
+            pad_id=tok.pad_id,
+        ),
+        data=[(None, str(_prefix(work, phase)))],
+        split=_split(r, phase),
+        packing="documents",
+        data_cache_path=str(d / "cache"),
+        global_batch_size=r.global_batch,
+        train_iters=n,
+        lr=LRSchedule(
+            lr=r.lr,
+            min_lr=r.lr * (0.1 if phase.anneal else 1.0),
+            warmup_iters=r.warmup,
+            decay_iters=n,
+            decay_style="cosine" if phase.anneal else "constant",
+        ),
+        save=str(d / "checkpoints"),
+        save_interval=r.save_interval,
+        log_interval=50,
+        threads_per_process=threads,
+        metrics_file=str(d / "metrics.jsonl"),
         tensorboard_dir=str(d / "tensorboard"),
-    )  # fmt: skip
+    )
 
 
 def _start(work: Path, r: BaseRecipe, index: int) -> Path | None:
@@ -268,9 +311,15 @@ def _start(work: Path, r: BaseRecipe, index: int) -> Path | None:
     if r.adapt_from is None:
         return None
     if read_tracker(work / "init") is None:
-        adapt_ar_to_diffusion(work / "source", work / "init", kind=r.objective.kind, arch=r.arch,
-                              seq_length=r.seq_length, input_rows=r.padded_vocab_size,
-                              output_rows=r.output_vocab_size or r.padded_vocab_size)  # fmt: skip
+        adapt_ar_to_diffusion(
+            work / "source",
+            work / "init",
+            kind=r.objective.kind,
+            arch=r.arch,
+            seq_length=r.seq_length,
+            input_rows=r.padded_vocab_size,
+            output_rows=r.output_vocab_size or r.padded_vocab_size,
+        )
     return work / "init"
 
 
@@ -291,9 +340,15 @@ def _train(work: Path, r: BaseRecipe, index: int) -> str:
     try:
         # a launch asked to stop (SIGTERM, Ctrl-C) saves and exits 0: the phase is not done, and the next
         # phase must not start from its weights (`train_to_target` checks the save against the target)
-        train_to_target(d / "train_spec.json", nproc=r.processes, env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
-                        log=d / "train.log", save_dir=d / "checkpoints", target=phase.iterations,
-                        what=f"phase {phase.name}")  # fmt: skip
+        train_to_target(
+            d / "train_spec.json",
+            nproc=r.processes,
+            env={"OMP_NUM_THREADS": str(spec.threads_per_process)},
+            log=d / "train.log",
+            save_dir=d / "checkpoints",
+            target=phase.iterations,
+            what=f"phase {phase.name}",
+        )
     finally:
         _wall(work, time.monotonic() - t0)
     return f"{phase.iterations} iterations of {r.global_batch}×{r.seq_length} tokens"
@@ -311,16 +366,24 @@ def measure(work: Path, r: BaseRecipe, lengths: tuple[int, ...] = (256, 1024, 40
     """Greedy exact match of each of the recipe's tasks at each length (beyond the window by
     extrapolation), `eval_keys` per depth."""
     settings = EvalSettings(
-        keys_per_cell=r.eval_keys, distractors=0, short_docs=0, packed_windows=0, loss_docs=1,
-        tasks=list(r.eval_tasks), any_digit_keys=r.eval_any_digit,
-    )  # fmt: skip
+        keys_per_cell=r.eval_keys,
+        distractors=0,
+        short_docs=0,
+        packed_windows=0,
+        loss_docs=1,
+        tasks=list(r.eval_tasks),
+        any_digit_keys=r.eval_any_digit,
+    )
     last = r.phases[-1]
     report = evaluate_checkpoints(
         [CheckpointRef("base", final_save(work, r), allow_extrapolation=True)],
-        lengths=list(lengths), tokenizer=load_tokenizer(work / "tokenizer"),
-        heldout=HeldOut([str(_prefix(work, last))], _split(r, last)), settings=settings,
-        short_length=r.seq_length, cache_dir=work / "eval-cache",
-    )  # fmt: skip
+        lengths=list(lengths),
+        tokenizer=load_tokenizer(work / "tokenizer"),
+        heldout=HeldOut([str(_prefix(work, last))], _split(r, last)),
+        settings=settings,
+        short_length=r.seq_length,
+        cache_dir=work / "eval-cache",
+    )
     rows: list[Retrieval] = []
     for res in sorted(report.checkpoints[0].results, key=lambda x: x.length):
         if "single" in r.eval_tasks:
@@ -430,12 +493,15 @@ _KIND = {
 def _phases_line(r: BaseRecipe) -> str:
     """What the recipe trained on, phase by phase."""
     said = [
-        f"{p.name}: {p.iterations:,} iterations on " + (
-            "one pass key per document, of distinct digits" if p.names == 1
+        f"{p.name}: {p.iterations:,} iterations on "
+        + (
+            "one pass key per document, of distinct digits"
+            if p.names == 1
             else f"1 to {p.names} named keys per document, {100 * p.any_digit:.0f} % of them of any digits"
-        ) + (", the rate decaying to a tenth" if p.anneal else "")
+        )
+        + (", the rate decaying to a tenth" if p.anneal else "")
         for p in r.phases
-    ]  # fmt: skip
+    ]
     return "the seeded demo corpus (filler sentences, pass keys restated later); " + "; then ".join(said)
 
 
@@ -496,15 +562,24 @@ def publish(work: Path, out_dir: Path, r: BaseRecipe, wall: float, retrieval: li
             shutil.copyfile(work / "tokenizer" / name, tok_out / name)
     shutil.copyfile(work / "tokenizer" / "manifest.toml", out_dir / TOKENIZER_MANIFEST)
     card = Card(
-        name=r.name, family=r.family, archive_md5=md5_file(out_dir / ARCHIVE),
-        tokenizer_md5=load_manifest(out_dir / TOKENIZER_MANIFEST).md5, iteration=iteration,
-        seq_length=r.seq_length, rotary_base=r.rotary_base, padded_vocab_size=r.padded_vocab_size,
-        output_vocab_size=r.output_vocab_size, mask_id=r.objective.mask_id, arch=r.arch,
-        tokens=r.iterations * r.global_batch * r.seq_length, wall_seconds=round(wall, 1),
+        name=r.name,
+        family=r.family,
+        archive_md5=md5_file(out_dir / ARCHIVE),
+        tokenizer_md5=load_manifest(out_dir / TOKENIZER_MANIFEST).md5,
+        iteration=iteration,
+        seq_length=r.seq_length,
+        rotary_base=r.rotary_base,
+        padded_vocab_size=r.padded_vocab_size,
+        output_vocab_size=r.output_vocab_size,
+        mask_id=r.objective.mask_id,
+        arch=r.arch,
+        tokens=r.iterations * r.global_batch * r.seq_length,
+        wall_seconds=round(wall, 1),
         machine=f"{os.cpu_count()} CPU cores ({cpu_model()}, {platform.machine()})",
         adapted_from=None if r.adapt_from is None else read_card(family_dir(r.adapt_from)).name,
-        command="longctx demo --train-base" + ("" if r.family == "ar" else f" --family {r.family}"), retrieval=retrieval,
-    )  # fmt: skip
+        command="longctx demo --train-base" + ("" if r.family == "ar" else f" --family {r.family}"),
+        retrieval=retrieval,
+    )
     atomic_write_text(out_dir / CARD, card_toml(card))
     atomic_write_text(out_dir / "MODEL_CARD.md", card_markdown(card, r))
     return card
@@ -547,8 +622,11 @@ def claim_work_dir(work: Path, r: BaseRecipe) -> None:
     record of the same recipe (a rerun resumes). Anything else is refused before anything is written:
     another run's checkpoint would be kept, measured and published as this base."""
     if work.resolve().is_relative_to(resource_dir().resolve()):
-        raise StageError("the work directory is inside the installed package", where=str(work),
-                         fix="give --dir a directory of your own (the base is published into the package)")  # fmt: skip
+        raise StageError(
+            "the work directory is inside the installed package",
+            where=str(work),
+            fix="give --dir a directory of your own (the base is published into the package)",
+        )
     record = work / RECIPE_FILE
     want = _recipe_record(r)
     if record.is_file():

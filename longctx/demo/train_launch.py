@@ -35,9 +35,15 @@ def train_to_target(
     got = reached(save_dir)
     raise_if_requested(f"{what} at iteration {got} of {target}", where=str(save_dir))
     if code != 0:
-        raise StageError(f"{what} failed (exit {code})", where=str(log),
-                         fix="read the log; rerunning resumes from the last save")  # fmt: skip
+        raise StageError(
+            f"{what} failed (exit {code})",
+            where=str(log),
+            fix="read the log; rerunning resumes from the last save",
+        )
     if got < target:
-        raise StageError(f"{what} stopped at iteration {got} of {target}", where=str(save_dir),
-                         fix="rerun the same command: it resumes from that save")  # fmt: skip
+        raise StageError(
+            f"{what} stopped at iteration {got} of {target}",
+            where=str(save_dir),
+            fix="rerun the same command: it resumes from that save",
+        )
     return got

@@ -63,8 +63,9 @@ class _Uniform:
         return self.same / (1.0 + self.kappa) + (1.0 - self.same)
 
 
-def _uniform(obj: Objective, logits: torch.Tensor, clean: torch.Tensor, noisy: torch.Tensor, t: torch.Tensor,
-             n: int) -> _Uniform:  # fmt: skip
+def _uniform(
+    obj: Objective, logits: torch.Tensor, clean: torch.Tensor, noisy: torch.Tensor, t: torch.Tensor, n: int
+) -> _Uniform:
     dev = logits.device
     a = alpha(obj, t).to(dev, torch.float64)
     kappa = n * a / (1.0 - a)
@@ -73,8 +74,9 @@ def _uniform(obj: Objective, logits: torch.Tensor, clean: torch.Tensor, noisy: t
     lp_x = logp.gather(-1, clean.to(dev)[..., None]).squeeze(-1).double()
     lp_z = logp.gather(-1, noisy.to(dev)[..., None]).squeeze(-1).double()
     same = (clean.to(dev) == noisy.to(dev)).double()
-    return _Uniform(a, kappa, lam_sum, torch.log1p(kappa * lp_x.exp()), torch.log1p(kappa * lp_z.exp()),
-                    lp_z.exp(), same)  # fmt: skip
+    return _Uniform(
+        a, kappa, lam_sum, torch.log1p(kappa * lp_x.exp()), torch.log1p(kappa * lp_z.exp()), lp_z.exp(), same
+    )
 
 
 def udlm_token_loss(

@@ -180,8 +180,12 @@ def _evaluate_one(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> 
     t0 = time.perf_counter()
     job = _start_job(ref, lengths, ctx)
     info = job.info
-    out = CheckpointEval(label=ref.label, checkpoint=info.to_json(), trained_length=info.max_position,
-                         rotary_base=info.rotary_base)  # fmt: skip
+    out = CheckpointEval(
+        label=ref.label,
+        checkpoint=info.to_json(),
+        trained_length=info.max_position,
+        rotary_base=info.rotary_base,
+    )
     results, todo = _cached_lengths(job, ctx, out.cached)
     short = _cached_short(job, ctx, out.cached)
     need_short = ctx.settings.short_docs > 0 and short is None and info.objective == "ar"
@@ -213,8 +217,10 @@ def _start_job(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> _Jo
             f"plan's {ref.expected_rotary_base:,}; evaluated with the checkpoint's"
         )
     lens = list(ref.lengths if ref.lengths is not None else lengths) if ref.passkey else []
-    extrapolated = {n: check_length(info, n, allow_extrapolation=ref.allow_extrapolation, cp=ctx.parallel.cp)
-                    for n in lens}  # fmt: skip
+    extrapolated = {
+        n: check_length(info, n, allow_extrapolation=ref.allow_extrapolation, cp=ctx.parallel.cp)
+        for n in lens
+    }
     common = (info.identity, info.rotary_base, ctx.tokenizer.md5, ctx.heldout.identity(), ctx.parallel.cp)
     return _Job(ref, info, lens, extrapolated, ctx.settings.fingerprint(*common))
 
@@ -269,13 +275,20 @@ def _measure(
             results[n] = _measure_length(job, n, items[n], loss_docs[n], score, advance, ctx)
             if within is not None and eod is not None and n in windows:
                 results[n].packed = _measure_packed(n, windows[n], score, within, eod, advance, ctx)
-            results[n].tasks = run_causal_tasks(tasks[n], n, score, ctx.tokenizer, batch_size=s.batch_size,
-                                                advance=advance)  # fmt: skip
+            results[n].tasks = run_causal_tasks(
+                tasks[n], n, score, ctx.tokenizer, batch_size=s.batch_size, advance=advance
+            )
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
         if need_short:
-            short = short_context_loss(score, short_docs, length=ctx.short_length, batch_size=s.batch_size,
-                                       cp=ctx.parallel.cp, advance=advance)  # fmt: skip
+            short = short_context_loss(
+                score,
+                short_docs,
+                length=ctx.short_length,
+                batch_size=s.batch_size,
+                cp=ctx.parallel.cp,
+                advance=advance,
+            )
             if ctx.parallel.is_main:
                 ctx.cache.put(job.short_key(ctx.short_length), short.model_dump(mode="json"))
     return short
@@ -298,19 +311,49 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
     with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
         for n in todo:
             t1 = time.perf_counter()
-            scores = score_infill(items[n], infill, kind=objective.kind, mask_id=objective.mask_id, vocab_size=vocab,
-                                  seed=s.seed, threshold=s.infill_threshold, batch_size=s.batch_size,
-                                  advance=advance)  # fmt: skip
-            elbo = context_elbo(docs[n][0], infill, objective=objective, vocab_size=vocab, window=s.elbo_window,
-                                contexts=contexts[n], t_levels=s.elbo_levels, seed=s.seed, advance=advance)  # fmt: skip
+            scores = score_infill(
+                items[n],
+                infill,
+                kind=objective.kind,
+                mask_id=objective.mask_id,
+                vocab_size=vocab,
+                seed=s.seed,
+                threshold=s.infill_threshold,
+                batch_size=s.batch_size,
+                advance=advance,
+            )
+            elbo = context_elbo(
+                docs[n][0],
+                infill,
+                objective=objective,
+                vocab_size=vocab,
+                window=s.elbo_window,
+                contexts=contexts[n],
+                t_levels=s.elbo_levels,
+                seed=s.seed,
+                advance=advance,
+            )
             natural = sum(it.natural for it in items[n]) / len(items[n])
             results[n] = LengthResult(
-                length=n, extrapolated=job.extrapolated[n], position=None, context_elbo=elbo,
-                objective=objective.kind, seconds=time.perf_counter() - t1,
+                length=n,
+                extrapolated=job.extrapolated[n],
+                position=None,
+                context_elbo=elbo,
+                objective=objective.kind,
+                seconds=time.perf_counter() - t1,
                 passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
-                tasks=run_infill_tasks(tasks[n], n, infill, ctx.tokenizer, objective=objective, seed=s.seed,
-                                       threshold=s.infill_threshold, batch_size=s.batch_size, advance=advance),
-            )  # fmt: skip
+                tasks=run_infill_tasks(
+                    tasks[n],
+                    n,
+                    infill,
+                    ctx.tokenizer,
+                    objective=objective,
+                    seed=s.seed,
+                    threshold=s.infill_threshold,
+                    batch_size=s.batch_size,
+                    advance=advance,
+                ),
+            )
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
     ctx.notes.append(
@@ -335,8 +378,12 @@ def _packed_windows(todo: list[int], ctx: _Context) -> dict[int, list[np.ndarray
             "no packed-window loss: the tokenizer has no end-of-document id to separate documents"
         )
         return {}
-    return {n: packed_windows(ctx.heldout.shuffled_documents(s.seed, eod=eod), n, s.packed_windows, eod=eod, seed=s.seed)
-            for n in todo}  # fmt: skip
+    return {
+        n: packed_windows(
+            ctx.heldout.shuffled_documents(s.seed, eod=eod), n, s.packed_windows, eod=eod, seed=s.seed
+        )
+        for n in todo
+    }
 
 
 def _measure_packed(
@@ -349,8 +396,15 @@ def _measure_packed(
     ctx: _Context,
 ) -> PackedLoss:
     s = ctx.settings
-    return packed_loss_by_position(score, within, windows, eod=eod, batch_size=s.batch_size, advance=advance,
-                                   buckets=position_buckets(n, kind=s.buckets, first=s.bucket_first))  # fmt: skip
+    return packed_loss_by_position(
+        score,
+        within,
+        windows,
+        eod=eod,
+        batch_size=s.batch_size,
+        advance=advance,
+        buckets=position_buckets(n, kind=s.buckets, first=s.bucket_first),
+    )
 
 
 def _measure_length(
@@ -373,13 +427,21 @@ def _measure_length(
             f"loss by position at {n}: no held-out document is {n} tokens long; "
             "held-out documents were packed back to back (positions are sample positions)"
         )
-    position = loss_by_position(score, docs, buckets=position_buckets(n, kind=s.buckets, first=s.bucket_first),
-                                packed=packed, batch_size=s.batch_size, advance=advance)  # fmt: skip
+    position = loss_by_position(
+        score,
+        docs,
+        buckets=position_buckets(n, kind=s.buckets, first=s.bucket_first),
+        packed=packed,
+        batch_size=s.batch_size,
+        advance=advance,
+    )
     return LengthResult(
-        length=n, extrapolated=job.extrapolated[n], position=position,
+        length=n,
+        extrapolated=job.extrapolated[n],
+        position=position,
         passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
         seconds=time.perf_counter() - t1,
-    )  # fmt: skip
+    )
 
 
 def _check_refs(refs: Sequence[CheckpointRef], lengths: Sequence[int], cp: int) -> None:
@@ -420,8 +482,15 @@ def evaluate_checkpoints(
                 )
     _check_refs(refs, lengths, cp)  # every checkpoint and length before the first one is scored
     filler = heldout.filler_tokens(2 * max(lengths, default=0)) if s.filler == "heldout" else None
-    grid = PasskeyGrid(tokenizer, seed=s.seed, key_digits=s.key_digits, distractors=s.distractors,
-                       filler=s.filler, heldout_tokens=filler, any_digit_keys=s.any_digit_keys)  # fmt: skip
+    grid = PasskeyGrid(
+        tokenizer,
+        seed=s.seed,
+        key_digits=s.key_digits,
+        distractors=s.distractors,
+        filler=s.filler,
+        heldout_tokens=filler,
+        any_digit_keys=s.any_digit_keys,
+    )
     notes: list[str] = []
     evals: list[CheckpointEval] = []
     with eval_parallel(cp) as par:
@@ -435,8 +504,11 @@ def evaluate_checkpoints(
         if base is not None and e.short is not None:
             e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
             if e is not base and e.short.doc_tokens == base.short.doc_tokens:  # type: ignore[union-attr]
-                e.short_delta_interval = paired_delta_interval(e.short.doc_nll, base.short.doc_nll,  # type: ignore[union-attr]
-                                                               e.short.doc_tokens)  # fmt: skip
+                e.short_delta_interval = paired_delta_interval(
+                    e.short.doc_nll,
+                    base.short.doc_nll,  # type: ignore[union-attr]
+                    e.short.doc_tokens,
+                )
     unnatural = [f"{e.label}@{r.length}" for e in evals for r in e.results if r.passkey.natural < 1.0]
     if unnatural:
         notes.append(
@@ -444,12 +516,16 @@ def evaluate_checkpoints(
             f"after the needle): {', '.join(unnatural)}"
         )
     return EvalReport(
-        plan=plan, stage=stage, settings=s, method=METHOD_TEXT.format(n=s.distractors), lengths=lengths,
+        plan=plan,
+        stage=stage,
+        settings=s,
+        method=METHOD_TEXT.format(n=s.distractors),
+        lengths=lengths,
         checkpoints=evals,
-        heldout={"prefixes": heldout.prefixes, "split": heldout.split,
-                 "held_out_documents": heldout.count()},
-        notes=list(dict.fromkeys(notes)), seconds=time.perf_counter() - t0,
-    )  # fmt: skip
+        heldout={"prefixes": heldout.prefixes, "split": heldout.split, "held_out_documents": heldout.count()},
+        notes=list(dict.fromkeys(notes)),
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def _earlier(out_dir: Path) -> EvalReport | None:

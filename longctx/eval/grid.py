@@ -312,10 +312,21 @@ class PasskeyGrid:
             left, right, natural = window[:start], window[start:], False
         prompt = left + needle + right + question
         item = PasskeyItem(
-            length=length, depth=depth, index=index, name=name, key=key, prompt=prompt, answer=answer,
-            distractors=distractors, needle=needle, needle_start=start, question_start=start + len(needle) + after,
-            natural=natural, digit_mask=digits if any(digits) else [True] * len(answer), closing=closing,
-        )  # fmt: skip
+            length=length,
+            depth=depth,
+            index=index,
+            name=name,
+            key=key,
+            prompt=prompt,
+            answer=answer,
+            distractors=distractors,
+            needle=needle,
+            needle_start=start,
+            question_start=start + len(needle) + after,
+            natural=natural,
+            digit_mask=digits if any(digits) else [True] * len(answer),
+            closing=closing,
+        )
         if len(item.tokens) != length or item.tokens[start : start + len(needle)] != needle:
             raise AssertionError("passkey item assembled wrongly")  # the arithmetic above guarantees it
         return item

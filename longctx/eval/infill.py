@@ -89,10 +89,19 @@ def score_infill(
     """Every item scored by infilling its key: greedy by decoding (`threshold`: `longctx.eval.unmask`),
     the distractors from the first forward's log-probs."""
     done = infill_batched(
-        items, infill, positions=key_positions, noise_key=lambda it: f"{it.length}:{it.depth}:{it.index}",
-        tag=_TAG_PASSKEY, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, threshold=threshold,
-        batch_size=batch_size, advance=advance,
-    )  # fmt: skip
+        items,
+        infill,
+        positions=key_positions,
+        noise_key=lambda it: f"{it.length}:{it.depth}:{it.index}",
+        tag=_TAG_PASSKEY,
+        kind=kind,
+        mask_id=mask_id,
+        vocab_size=vocab_size,
+        seed=seed,
+        threshold=threshold,
+        batch_size=batch_size,
+        advance=advance,
+    )
     return [score_item(it, _as_next_token_scores(it, d)) for it, d in zip(items, done, strict=True)]
 
 
@@ -144,8 +153,15 @@ def elbo_contexts(length: int, window: int) -> list[int]:
     return out
 
 
-def _window_bound(obj: Objective, lp: torch.Tensor, clean: torch.Tensor, noisy: torch.Tensor,
-                  corrupted: torch.Tensor, t: float, vocab_size: int) -> float:  # fmt: skip
+def _window_bound(
+    obj: Objective,
+    lp: torch.Tensor,
+    clean: torch.Tensor,
+    noisy: torch.Tensor,
+    corrupted: torch.Tensor,
+    t: float,
+    vocab_size: int,
+) -> float:
     """Σ over the window of the objective's per-token bound, from the log-probs `lp` [w, V] at its positions."""
     tt = torch.full((len(clean),), t, dtype=torch.float64)
     if obj.kind == "mdm":
@@ -184,8 +200,16 @@ def context_elbo(
             g = generator(_TAG_ELBO, seed, f"{d}:{k}")
             u = torch.rand(window, generator=g, dtype=torch.float64)
             corrupted = u >= float(alpha(objective, torch.tensor(t, dtype=torch.float64)))
-            noisy = torch.tensor(corrupt(objective.kind, clean_w.tolist(), corrupted.nonzero().flatten().tolist(),
-                                          mask_id=objective.mask_id, vocab_size=vocab_size, generator=g))  # fmt: skip
+            noisy = torch.tensor(
+                corrupt(
+                    objective.kind,
+                    clean_w.tolist(),
+                    corrupted.nonzero().flatten().tolist(),
+                    mask_id=objective.mask_id,
+                    vocab_size=vocab_size,
+                    generator=g,
+                )
+            )
             draws.append((corrupted, noisy))
         for ci, c in enumerate(contexts):
             left = c // 2
@@ -204,11 +228,14 @@ def context_elbo(
             if advance is not None:
                 advance(1)
     return ContextElbo(
-        window=window, contexts=list(contexts), t_levels=list(t_levels),
+        window=window,
+        contexts=list(contexts),
+        t_levels=list(t_levels),
         elbo=[float(x) for x in per.mean(axis=(1, 2))],
         elbo_by_t=[[float(x) for x in row] for row in per.mean(axis=1)],
-        per_doc=[[float(x) for x in row] for row in per.mean(axis=2)], documents=len(docs),
-    )  # fmt: skip
+        per_doc=[[float(x) for x in row] for row in per.mean(axis=2)],
+        documents=len(docs),
+    )
 
 
 __all__ = [

@@ -100,8 +100,11 @@ def checkpoint_info(path: str | os.PathLike[str], *, rotary_base: int | None = N
     """
     if rotary_base is not None and rotary_base <= 1:
         # a base of 1 or less gives every pair the same (or a NaN) frequency: losses would be NaN
-        raise EvalError(f"--rotary-base must be above 1, got {rotary_base}", where="--rotary-base",
-                        fix="give a RoPE base such as 10000, or leave it out to use the checkpoint's")  # fmt: skip
+        raise EvalError(
+            f"--rotary-base must be above 1, got {rotary_base}",
+            where="--rotary-base",
+            fix="give a RoPE base such as 10000, or leave it out to use the checkpoint's",
+        )
     p = Path(path)
     if not p.exists():
         raise EvalError(

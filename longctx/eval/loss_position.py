@@ -95,9 +95,15 @@ def loss_by_position(
         tokens.append(len(seg) * n)
     half = max(1, length // 2)
     return PositionLoss(
-        length=length, docs=n, packed=packed, buckets=[tuple(b) for b in buckets], loss=loss, tokens=tokens,
-        mean_loss=float(per_pos.mean()), long_loss=float(per_pos[half - 1 :].mean()),
-    )  # fmt: skip
+        length=length,
+        docs=n,
+        packed=packed,
+        buckets=[tuple(b) for b in buckets],
+        loss=loss,
+        tokens=tokens,
+        mean_loss=float(per_pos.mean()),
+        long_loss=float(per_pos[half - 1 :].mean()),
+    )
 
 
 # -- packed windows --------------------------------------------------------------------------------
@@ -202,11 +208,16 @@ def packed_loss_by_position(
         curves[name] = [float(per_pos[lo - 1 : hi - 1].mean()) if hi > lo else None for lo, hi in buckets]
     n_later = int(later.sum())
     return PackedLoss(
-        length=length, windows=n, documents=int(sum(document_index(w, eod)[-1] + 1 for w in windows)),
-        buckets=[tuple(b) for b in buckets], plain=curves["plain"], within=curves["within"],
+        length=length,
+        windows=n,
+        documents=int(sum(document_index(w, eod)[-1] + 1 for w in windows)),
+        buckets=[tuple(b) for b in buckets],
+        plain=curves["plain"],
+        within=curves["within"],
         tokens=[(hi - lo) * n for lo, hi in buckets],
-        plain_loss=float(per_tok["plain"].mean()), within_loss=float(per_tok["within"].mean()),
+        plain_loss=float(per_tok["plain"].mean()),
+        within_loss=float(per_tok["within"].mean()),
         later_tokens=n_later,
         plain_later_loss=float(per_tok["plain"][later].mean()) if n_later else None,
         within_later_loss=float(per_tok["within"][later].mean()) if n_later else None,
-    )  # fmt: skip
+    )

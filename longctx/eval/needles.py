@@ -137,11 +137,22 @@ class TaskGrid:
         tokens = filled + tail + reference
         slots = self._slots(haystack, tail, asked, keys, spec) if closed else []
         item = TaskItem(
-            task=spec.name, spec=spec, length=length, depth=depth, index=index,
+            task=spec.name,
+            spec=spec,
+            length=length,
+            depth=depth,
+            index=index,
             needles=[Needle(n, k, s, t) for n, k, s, t in zip(stated, keys, starts, needles, strict=True)],
-            asked=asked, expected=list(expected), tokens=tokens, haystack=haystack, answer_start=haystack + len(tail),
-            reference=reference, slots=slots, natural=natural, closed=closed,
-        )  # fmt: skip
+            asked=asked,
+            expected=list(expected),
+            tokens=tokens,
+            haystack=haystack,
+            answer_start=haystack + len(tail),
+            reference=reference,
+            slots=slots,
+            natural=natural,
+            closed=closed,
+        )
         if len(tokens) != length or any(
             tokens[s : s + len(t)] != t for s, t in zip(starts, needles, strict=True)
         ):
@@ -170,8 +181,10 @@ class TaskGrid:
         while len(keys) < n:
             tries += 1
             if tries > _MAX_KEY_TRIES * n:
-                raise EvalError(f"could not draw {n} distinct keys of {width} tokens",
-                                fix="use fewer needles or more --key-digits")  # fmt: skip
+                raise EvalError(
+                    f"could not draw {n} distinct keys of {width} tokens",
+                    fix="use fewer needles or more --key-digits",
+                )
             k = self.grid.new_key(rng)
             if k not in keys and len(self.grid.answer_tokens(name, k)) == width:
                 keys.append(k)
@@ -224,8 +237,10 @@ class TaskGrid:
             slots.append(Slot(name, key, digits or list(range(start, start + len(answer))), answer, start))
             at += len(segment_tokens(self.tok, passkey_statement(name, key)))
         if at != haystack + len(tail):
-            raise EvalError("the tokenizer splits a restatement differently from its question and key",
-                            fix="evaluate with a tokenizer that splits on whitespace (SentencePiece, GPT-2 BPE)")  # fmt: skip
+            raise EvalError(
+                "the tokenizer splits a restatement differently from its question and key",
+                fix="evaluate with a tokenizer that splits on whitespace (SentencePiece, GPT-2 BPE)",
+            )
         return slots
 
     # -- the haystack ----------------------------------------------------------------------------
@@ -258,8 +273,10 @@ class TaskGrid:
     def _heldout(self, need: int, rng: random.Random) -> list[int]:
         held = self.grid.heldout
         if len(held) < need:
-            raise EvalError(f"held-out filler has {len(held)} tokens, this item needs {need}",
-                            fix="use --filler synthetic or more held-out data")  # fmt: skip
+            raise EvalError(
+                f"held-out filler has {len(held)} tokens, this item needs {need}",
+                fix="use --filler synthetic or more held-out data",
+            )
         offset = rng.randrange(len(held) - need + 1)
         return held[offset : offset + need]
 
@@ -273,8 +290,10 @@ def place_others(haystack: int, start: int, size: int, others: list[int], rng: r
     for n in others:
         fits = [s for s in (0, 1) if room[s] >= n]
         if not fits:
-            raise EvalError(f"no room for {len(others) + 1} needles in a haystack of {haystack} tokens",
-                            fix="use longer lengths or fewer needles")  # fmt: skip
+            raise EvalError(
+                f"no room for {len(others) + 1} needles in a haystack of {haystack} tokens",
+                fix="use longer lengths or fewer needles",
+            )
         side = rng.choices(fits, weights=[room[s] for s in fits])[0]
         side_of.append(side)
         room[side] -= n

@@ -90,16 +90,18 @@ def task_panel(ce: CheckpointEval, task: str, depths: list[float], lengths: list
 
 def _draw_panel(plt, ax, panel: NiahPanel, ce: CheckpointEval, depths: list[float], lengths: list[int]):
     for i, j in panel.hatched:  # hatched: the interval reaches chance, the colour means nothing
-        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
-                                   edgecolor="0.45", linewidth=0))  # fmt: skip
+        ax.add_patch(
+            plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////", edgecolor="0.45", linewidth=0)
+        )
     for i, row in enumerate(panel.text):
         for j, label in enumerate(row):
             if label:
                 ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
     image = ax.imshow(panel.colour, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(lengths)))
-    ax.set_xticklabels([human_length(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "")
-                        for n in lengths])  # fmt: skip
+    ax.set_xticklabels(
+        [human_length(n) + ("*" if (r := ce.at(n)) is not None and r.extrapolated else "") for n in lengths]
+    )
     ax.set_yticks(range(len(depths)))
     ax.set_yticklabels([f"{d:.0%}" for d in depths])
     ax.set_xlabel("context length (tokens)")
@@ -131,8 +133,15 @@ def niah_figure(report: EvalReport):
     depths = sorted({c.depth for ce in evals for r in ce.results for c in r.passkey.cells})
     lengths = report.lengths
     tasks = report.settings.tasks
-    fig, axes = plt.subplots(len(tasks), len(evals), figsize=(1.2 + 1.25 * len(lengths) * len(evals) + 0.6 * len(evals), (1.2 + 0.62 * len(depths)) * len(tasks)),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(tasks),
+        len(evals),
+        figsize=(
+            1.2 + 1.25 * len(lengths) * len(evals) + 0.6 * len(evals),
+            (1.2 + 0.62 * len(depths)) * len(tasks),
+        ),
+        squeeze=False,
+    )
     image = None
     for ax, ce in zip(axes[0], evals, strict=True):
         image = _draw_panel(plt, ax, niah_panel(ce, depths, lengths), ce, depths, lengths)
@@ -150,12 +159,18 @@ def niah_figure(report: EvalReport):
         fig.subplots_adjust(hspace=0.6, top=1.0 - 0.9 / fig.get_figheight())
     if image is not None:
         fig.colorbar(image, ax=list(axes.flat), fraction=0.04, pad=0.02, label="greedy exact-match accuracy")
-    ll = (f"; ll = log-likelihood vs {report.settings.distractors} distractors"
-          if report.settings.distractors else "")  # fmt: skip
-    fig.suptitle(f"passkey retrieval (colour = greedy exact match; g = greedy exact keys, ± = margin in nats{ll}; "
-                 f"* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood interval does; effective = greedy ≥ "
-                 f"{report.effective_threshold:.0%} at every depth up to that length",
-                 fontsize=9, y=1.0 + 0.35 / fig.get_figheight())  # fmt: skip
+    ll = (
+        f"; ll = log-likelihood vs {report.settings.distractors} distractors"
+        if report.settings.distractors
+        else ""
+    )
+    fig.suptitle(
+        f"passkey retrieval (colour = greedy exact match; g = greedy exact keys, ± = margin in nats{ll}; "
+        f"* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood interval does; effective = greedy ≥ "
+        f"{report.effective_threshold:.0%} at every depth up to that length",
+        fontsize=9,
+        y=1.0 + 0.35 / fig.get_figheight(),
+    )
     return fig
 
 
@@ -216,11 +231,19 @@ def _difference_panel(ax, positions: list, labels: list[str], colors: list[str])
         cur, prev = positions[k], positions[k - 1]
         if cur.buckets != prev.buckets:
             continue  # measured at different lengths: no bucket-by-bucket difference
-        pts = [(x, a - b) for x, a, b in zip(cur.centers(), cur.loss, prev.loss, strict=True)
-               if a is not None and b is not None]  # fmt: skip
+        pts = [
+            (x, a - b)
+            for x, a, b in zip(cur.centers(), cur.loss, prev.loss, strict=True)
+            if a is not None and b is not None
+        ]
         if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, color=colors[k % len(colors)],
-                    label=f"{labels[k]} − {labels[k - 1]}")  # fmt: skip
+            ax.plot(
+                *zip(*pts, strict=True),
+                marker="o",
+                markersize=3,
+                color=colors[k % len(colors)],
+                label=f"{labels[k]} − {labels[k - 1]}",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the sequence (tokens)")
     ax.set_ylabel("Δ loss vs previous")
@@ -246,8 +269,11 @@ def _packed_panel(ax, evals: list[CheckpointEval], packed_of: dict, colors: list
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the window (tokens)")
     ax.set_ylabel("mean token loss (nats)")
-    ax.set_title(f"windows of several held-out documents at {human_length(length)}: attention across (solid) "
-                 "vs within documents (dashed)", fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"windows of several held-out documents at {human_length(length)}: attention across (solid) "
+        "vs within documents (dashed)",
+        fontsize=9,
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
 

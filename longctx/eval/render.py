@@ -66,17 +66,23 @@ def _legend(report: EvalReport, *, terminal: bool = False) -> str:
     method = f"log-likelihood vs {n} distractors" if n else "greedy"
     if terminal:
         return _terminal_legend(report, method)
-    text = (f"cells: greedy exact keys / keys (ll = accuracy by {method}) and margin in nats │ mean "
-            "loss at positions ≥ length/2; ~ = the 95 % interval of some depth reaches chance; "
-            "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
-            f"keeps greedy ≥ {report.effective_threshold:.0%}; short = loss on short held-out documents "
-            f"(change vs base [95 % interval over the documents]); {HEATMAP_LEGEND}")  # fmt: skip
+    text = (
+        f"cells: greedy exact keys / keys (ll = accuracy by {method}) and margin in nats │ mean "
+        "loss at positions ≥ length/2; ~ = the 95 % interval of some depth reaches chance; "
+        "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
+        f"keeps greedy ≥ {report.effective_threshold:.0%}; short = loss on short held-out documents "
+        f"(change vs base [95 % interval over the documents]); {HEATMAP_LEGEND}"
+    )
     if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
-        text += ("; elbo = diffusion models (passkey by infilling the restated key): the bound of a window "
-                 "(nats per token) with the widest clean context around it")  # fmt: skip
+        text += (
+            "; elbo = diffusion models (passkey by infilling the restated key): the bound of a window "
+            "(nats per token) with the widest clean context around it"
+        )
     if _has_packed(report):
-        text += ("; packed = windows of several held-out documents: loss on the documents after the "
-                 "first, attention across → within documents, @ window length")  # fmt: skip
+        text += (
+            "; packed = windows of several held-out documents: loss on the documents after the "
+            "first, attention across → within documents, @ window length"
+        )
     return text
 
 
@@ -173,8 +179,13 @@ def _task_row(report: EvalReport, t: TaskSummary, first: bool) -> list[str]:
 
 def _task_headers(report: EvalReport) -> list[str]:
     s = report.settings
-    return ["task", "checkpoint", *(human_length(n) for n in report.lengths),
-            f"RULER ≥{s.ruler_threshold:.1%}", f"rel ≥{s.relative_threshold:g}×"]  # fmt: skip
+    return [
+        "task",
+        "checkpoint",
+        *(human_length(n) for n in report.lengths),
+        f"RULER ≥{s.ruler_threshold:.1%}",
+        f"rel ≥{s.relative_threshold:g}×",
+    ]
 
 
 def task_rows(report: EvalReport) -> list[list[list[str]]]:
@@ -264,11 +275,13 @@ def _markdown_tasks(report: EvalReport) -> list[str]:
 
 def _terminal_legend(report: EvalReport, method: str) -> str:
     acc = f"; % = passkey accuracy by {method}" if report.settings.distractors else ""
-    text = (f"passkey: greedy exact keys / keys{acc}; ~ = the 95 % interval of some depth reaches chance; "
-            "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
-            f"keeps greedy ≥ {report.effective_threshold:.0%}. loss: mean loss at positions ≥ length/2. "
-            "short: loss on short held-out documents and its change vs the base [95 % interval over the "
-            f"documents]. Margins and every interval: --json. {HEATMAP_LEGEND}.")  # fmt: skip
+    text = (
+        f"passkey: greedy exact keys / keys{acc}; ~ = the 95 % interval of some depth reaches chance; "
+        "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
+        f"keeps greedy ≥ {report.effective_threshold:.0%}. loss: mean loss at positions ≥ length/2. "
+        "short: loss on short held-out documents and its change vs the base [95 % interval over the "
+        f"documents]. Margins and every interval: --json. {HEATMAP_LEGEND}."
+    )
     if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
         text += (
             " elbo (diffusion, passkey by infilling): a window's bound in nats/token, widest clean context."

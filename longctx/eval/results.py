@@ -117,8 +117,11 @@ class PasskeyResult(BaseModel):
 
     def loglik_depths_at_chance(self) -> list[float]:
         """Depths whose log-likelihood interval reaches 1/(distractors + 1)."""
-        return [c.depth for c in self.cells
-                if c.loglik_interval is not None and spans(c.loglik_interval, chance_loglik(self.distractors))]  # fmt: skip
+        return [
+            c.depth
+            for c in self.cells
+            if c.loglik_interval is not None and spans(c.loglik_interval, chance_loglik(self.distractors))
+        ]
 
     @classmethod
     def from_items(
@@ -129,12 +132,16 @@ class PasskeyResult(BaseModel):
             group = [s for s in scores if s.depth == depth]
             cells.append(_cell(depth, group))
         return cls(
-            length=length, distractors=distractors, cells=cells, items=list(scores),
+            length=length,
+            distractors=distractors,
+            cells=cells,
+            items=list(scores),
             greedy_accuracy=_mean([float(s.greedy) for s in scores]),
             loglik_accuracy=_mean_opt([None if s.loglik is None else float(s.loglik) for s in scores]),
             loglik_margin=_mean_opt([s.loglik_margin for s in scores]),
-            token_margin=_mean([s.token_margin for s in scores]), natural=natural,
-        )  # fmt: skip
+            token_margin=_mean([s.token_margin for s in scores]),
+            natural=natural,
+        )
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -148,13 +155,15 @@ def _mean_opt(xs: Sequence[float | None]) -> float | None:
 
 def _cell(depth: float, group: Sequence[ItemScore]) -> PasskeyCell:
     return PasskeyCell(
-        depth=depth, needle_starts=[s.needle_start for s in group], keys=len(group),
+        depth=depth,
+        needle_starts=[s.needle_start for s in group],
+        keys=len(group),
         greedy_accuracy=_mean([float(s.greedy) for s in group]),
         loglik_accuracy=_mean_opt([None if s.loglik is None else float(s.loglik) for s in group]),
         loglik_margin=_mean_opt([s.loglik_margin for s in group]),
         token_margin=_mean([s.token_margin for s in group]),
         digit_accuracy=_mean([s.digit_accuracy for s in group]),
-    )  # fmt: skip
+    )
 
 
 class ContextElbo(BaseModel):
@@ -213,16 +222,27 @@ def task_length(r: LengthResult, task: str) -> TaskLength | None:
     """The score of `task` in one LengthResult (single: the passkey grid's greedy exact match)."""
     if task == "single":
         p = r.passkey
-        return TaskLength(length=r.length, hits=p.greedy_hits, keys=p.keys, accuracy=p.greedy_accuracy,
-                          interval=p.greedy_interval, extrapolated=r.extrapolated)  # fmt: skip
+        return TaskLength(
+            length=r.length,
+            hits=p.greedy_hits,
+            keys=p.keys,
+            accuracy=p.greedy_accuracy,
+            interval=p.greedy_interval,
+            extrapolated=r.extrapolated,
+        )
     t = r.task(task)
     if t is None:
         return None
     return TaskLength(
-        length=r.length, hits=t.hits, keys=t.keys, accuracy=t.accuracy, interval=t.interval,
-        present=t.present if t.control else None, present_interval=t.present_interval if t.control else None,
+        length=r.length,
+        hits=t.hits,
+        keys=t.keys,
+        accuracy=t.accuracy,
+        interval=t.interval,
+        present=t.present if t.control else None,
+        present_interval=t.present_interval if t.control else None,
         extrapolated=r.extrapolated,
-    )  # fmt: skip
+    )
 
 
 def task_summary(ce: CheckpointEval, task: str, settings: EvalSettings) -> TaskSummary:
@@ -230,10 +250,15 @@ def task_summary(ce: CheckpointEval, task: str, settings: EvalSettings) -> TaskS
     control = parse_task(task).control
     scores = {x.length: x.accuracy for x in rows}
     return TaskSummary(
-        checkpoint=ce.label, task=task, control=control, lengths=rows,
+        checkpoint=ce.label,
+        task=task,
+        control=control,
+        lengths=rows,
         ruler_effective_length=None if control else ruler_effective_length(scores, settings.ruler_threshold),
-        relative_effective_length=None if control else relative_effective_length(scores, settings.relative_threshold),
-    )  # fmt: skip
+        relative_effective_length=None
+        if control
+        else relative_effective_length(scores, settings.relative_threshold),
+    )
 
 
 class CheckpointEval(BaseModel):
@@ -290,8 +315,12 @@ class EvalReport(BaseModel):
     def task_summary(self) -> list[TaskSummary]:
         """Per task (settings order), per checkpoint with results: the score at each length and the
         effective lengths by RULER's and NoLiMa's rules (longctx.eval.stats)."""
-        return [task_summary(ce, t, self.settings) for t in self.settings.tasks
-                for ce in self.checkpoints if ce.results]  # fmt: skip
+        return [
+            task_summary(ce, t, self.settings)
+            for t in self.settings.tasks
+            for ce in self.checkpoints
+            if ce.results
+        ]
 
     def identity(self) -> str:
         """What makes two reports comparable: the measured settings, the lengths and the held-out data
@@ -313,25 +342,42 @@ class EvalReport(BaseModel):
             }
             for n in self.lengths:
                 r = ce.at(n)
-                row[str(n)] = None if r is None else {
-                    "passkey": r.passkey.accuracy, "greedy": r.passkey.greedy_accuracy,
-                    "greedy_hits": r.passkey.greedy_hits, "keys": r.passkey.keys,
-                    "greedy_interval": r.passkey.greedy_interval,
-                    "depths_at_chance": r.passkey.depths_at_chance,
-                    "margin": r.passkey.loglik_margin if r.passkey.loglik_margin is not None else r.passkey.token_margin,
-                    "long_loss": r.position.long_loss if r.position is not None else None,
-                    "extrapolated": r.extrapolated,
-                    "elbo_widest_context": r.context_elbo.elbo[-1] if r.context_elbo is not None else None,
-                }  # fmt: skip
+                row[str(n)] = (
+                    None
+                    if r is None
+                    else {
+                        "passkey": r.passkey.accuracy,
+                        "greedy": r.passkey.greedy_accuracy,
+                        "greedy_hits": r.passkey.greedy_hits,
+                        "keys": r.passkey.keys,
+                        "greedy_interval": r.passkey.greedy_interval,
+                        "depths_at_chance": r.passkey.depths_at_chance,
+                        "margin": r.passkey.loglik_margin
+                        if r.passkey.loglik_margin is not None
+                        else r.passkey.token_margin,
+                        "long_loss": r.position.long_loss if r.position is not None else None,
+                        "extrapolated": r.extrapolated,
+                        "elbo_widest_context": r.context_elbo.elbo[-1]
+                        if r.context_elbo is not None
+                        else None,
+                    }
+                )
             row["effective_length"] = ce.effective_length
             row["short_loss"] = ce.short.loss if ce.short else None
             row["short_delta_vs_base"] = ce.short_delta_vs_base
             row["short_delta_interval"] = ce.short_delta_interval
             pk = ce.packed_result()
-            row["packed"] = None if pk is None else {
-                "length": pk.length, "plain_loss": pk.plain_loss, "within_loss": pk.within_loss,
-                "plain_later_loss": pk.plain_later_loss, "within_later_loss": pk.within_later_loss,
-            }  # fmt: skip
+            row["packed"] = (
+                None
+                if pk is None
+                else {
+                    "length": pk.length,
+                    "plain_loss": pk.plain_loss,
+                    "within_loss": pk.within_loss,
+                    "plain_later_loss": pk.plain_later_loss,
+                    "within_later_loss": pk.within_later_loss,
+                }
+            )
             rows.append(row)
         return rows
 

@@ -80,9 +80,11 @@ def plan_settings(rp: ResolvedPlan, **overrides: object) -> EvalSettings:
         first = err.errors()[0]
         field = ".".join(str(x) for x in first["loc"]) or "settings"
         msg = first["msg"].removeprefix("Value error, ")
-        raise EvalError(f"bad evaluation setting {field}: {msg}",
-                        where=f"[eval].{field} of plan {rp.name}, or the option that overrides it",
-                        fix="give a value the plan's [eval] table accepts (docs/evaluation.md)") from None  # fmt: skip
+        raise EvalError(
+            f"bad evaluation setting {field}: {msg}",
+            where=f"[eval].{field} of plan {rp.name}, or the option that overrides it",
+            fix="give a value the plan's [eval] table accepts (docs/evaluation.md)",
+        ) from None
 
 
 def settings_origin(rp: ResolvedPlan, settings: EvalSettings) -> str:
@@ -115,14 +117,20 @@ def _ladder_refs(
     refs: list[CheckpointRef] = []
     base = base or _base_path(rp)
     if base is not None and base.exists():
-        refs.append(CheckpointRef(BASE_LABEL, base, allow_extrapolation=True,
-                                  expected_rotary_base=int(rp.base.rotary_base)))  # fmt: skip
+        refs.append(
+            CheckpointRef(
+                BASE_LABEL, base, allow_extrapolation=True, expected_rotary_base=int(rp.base.rotary_base)
+            )
+        )
     else:
         notes.append(f"the base checkpoint ({base or rp.base.hub_id}) is not on disk; not evaluated")
     for st in rp.stages[: upto + 1]:
         if _has_checkpoint(st.save_dir):
-            refs.append(CheckpointRef(st.name, st.save_dir, allow_extrapolation=True,
-                                      expected_rotary_base=st.rotary_base))  # fmt: skip
+            refs.append(
+                CheckpointRef(
+                    st.name, st.save_dir, allow_extrapolation=True, expected_rotary_base=st.rotary_base
+                )
+            )
         else:
             notes.append(f"stage {st.name} has no finished checkpoint in {st.save_dir}; not evaluated")
     return refs
@@ -142,17 +150,27 @@ def evaluate_finished_stage(
     """
     st = rp.stage(stage_name)  # PlanError naming the stages for unknown names
     if not _has_checkpoint(st.save_dir):
-        raise EvalError(f"stage {stage_name} has no finished checkpoint", where=str(st.save_dir),
-                        fix="finish the stage first (longctx stage run), then evaluate it")  # fmt: skip
+        raise EvalError(
+            f"stage {stage_name} has no finished checkpoint",
+            where=str(st.save_dir),
+            fix="finish the stage first (longctx stage run), then evaluate it",
+        )
     notes: list[str] = []
     refs = _ladder_refs(rp, st.index, notes)
     log = _stderr_log if echo else None
     settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
-        refs, lengths=plan_lengths(rp, st.index), tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
-        settings=settings, short_length=int(rp.base.seq_length), cache_dir=_run_dir_cache(rp),
-        plan=rp.name, stage=stage_name, log=log,
-    )  # fmt: skip
+        refs,
+        lengths=plan_lengths(rp, st.index),
+        tokenizer=_plan_tokenizer(rp),
+        heldout=heldout_for_stage(rp, st),
+        settings=settings,
+        short_length=int(rp.base.seq_length),
+        cache_dir=_run_dir_cache(rp),
+        plan=rp.name,
+        stage=stage_name,
+        log=log,
+    )
     report.notes = notes + report.notes
     report.settings_origin = settings_origin(rp, settings)
     write_outputs(report, st.stage_dir / "eval")
@@ -179,15 +197,25 @@ def summarize_plan(
     notes: list[str] = []
     refs = _ladder_refs(rp, len(rp.stages) - 1, notes, base)
     if not refs:
-        raise EvalError("no checkpoint of this plan is on disk yet", where=str(rp.run_dir),
-                        fix="run the stages first (longctx stage run --until-done)")  # fmt: skip
+        raise EvalError(
+            "no checkpoint of this plan is on disk yet",
+            where=str(rp.run_dir),
+            fix="run the stages first (longctx stage run --until-done)",
+        )
     last = rp.stages[-1]
     settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
-        refs, lengths=list(lengths) if lengths else plan_lengths(rp), tokenizer=_plan_tokenizer(rp),
-        heldout=heldout_for_stage(rp, last, data), settings=settings, short_length=int(rp.base.seq_length),
-        cp=cp, cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.name, stage=None,
-    )  # fmt: skip
+        refs,
+        lengths=list(lengths) if lengths else plan_lengths(rp),
+        tokenizer=_plan_tokenizer(rp),
+        heldout=heldout_for_stage(rp, last, data),
+        settings=settings,
+        short_length=int(rp.base.seq_length),
+        cp=cp,
+        cache_dir=_run_dir_cache(rp) if use_cache else None,
+        plan=rp.name,
+        stage=None,
+    )
     report.notes = notes + report.notes
     report.settings_origin = settings_origin(rp, settings)
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / "summary")
@@ -257,8 +285,11 @@ def evaluate_path(
             if extrapolate or info.max_position is None or n <= info.max_position
         ]
         if not lens:
-            raise EvalError(f"none of the plan's lengths fit the checkpoint's window ({info.max_position})",
-                            where=info.path, fix="give --lengths, or --extrapolate")  # fmt: skip
+            raise EvalError(
+                f"none of the plan's lengths fit the checkpoint's window ({info.max_position})",
+                where=info.path,
+                fix="give --lengths, or --extrapolate",
+            )
     label = info.stage or Path(info.path).parent.parent.name or "checkpoint"
     expected = st.rotary_base if stage is not None else None
     refs = []
@@ -270,14 +301,28 @@ def evaluate_path(
         label = f"{BASE_LABEL}-{Path(info.path).name}"
     if not is_base and base_reference and base is not None and base.exists():
         refs.append(CheckpointRef(BASE_LABEL, base, passkey=False))
-    refs.append(CheckpointRef(label, Path(checkpoint), rotary_base=rotary_base, allow_extrapolation=extrapolate,
-                              expected_rotary_base=expected))  # fmt: skip
+    refs.append(
+        CheckpointRef(
+            label,
+            Path(checkpoint),
+            rotary_base=rotary_base,
+            allow_extrapolation=extrapolate,
+            expected_rotary_base=expected,
+        )
+    )
     settings = settings or plan_settings(rp)
     report = evaluate_checkpoints(
-        refs, lengths=lens, tokenizer=_plan_tokenizer(rp), heldout=heldout_for_stage(rp, st, data),
-        settings=settings, short_length=int(rp.base.seq_length), cp=cp,
-        cache_dir=_run_dir_cache(rp) if use_cache else None, plan=rp.name, stage=stage,
-    )  # fmt: skip
+        refs,
+        lengths=lens,
+        tokenizer=_plan_tokenizer(rp),
+        heldout=heldout_for_stage(rp, st, data),
+        settings=settings,
+        short_length=int(rp.base.seq_length),
+        cp=cp,
+        cache_dir=_run_dir_cache(rp) if use_cache else None,
+        plan=rp.name,
+        stage=stage,
+    )
     report.settings_origin = settings_origin(rp, settings)
     return write_outputs(report, out_dir or Path(rp.run_dir) / "eval" / label)
 

@@ -91,8 +91,9 @@ def model_scorer(loaded: LoadedModel, *, eod: int | None = None) -> ScoreFn:
         if eod is not None:
             packed = document_params(eod_document_bounds(tokens, eod).to(dev), s)
         if par.cp > 1:
-            tokens, labels, positions = (zigzag_split(t, par.rank, par.cp, seq_dim=1).contiguous()
-                                         for t in (tokens, labels, positions))  # fmt: skip
+            tokens, labels, positions = (
+                zigzag_split(t, par.rank, par.cp, seq_dim=1).contiguous() for t in (tokens, labels, positions)
+            )
         with torch.inference_mode():
             logits = model(tokens.to(dev), positions.to(dev), None, packed_seq_params=packed)
             lp, am, mg = scores_from_logits(logits, labels.to(dev))
@@ -140,13 +141,20 @@ def score_item(item: PasskeyItem, scores: TokenScores) -> ItemScore:
     others = [float(x) for x in lp[1:]]
     best_other = max(others) if others else None
     return ItemScore(
-        length=item.length, depth=item.depth, index=item.index, key=item.key, needle_start=item.needle_start,
-        greedy=bool(hits.all()), greedy_tokens=[int(x) for x in scores.argmax[0, a0:a1]],
-        digit_accuracy=float(hits[digits].mean()), token_margin=float(scores.margin[0, a0:a1][digits].mean()),
-        logprob=true_lp, distractor_logprobs=others,
+        length=item.length,
+        depth=item.depth,
+        index=item.index,
+        key=item.key,
+        needle_start=item.needle_start,
+        greedy=bool(hits.all()),
+        greedy_tokens=[int(x) for x in scores.argmax[0, a0:a1]],
+        digit_accuracy=float(hits[digits].mean()),
+        token_margin=float(scores.margin[0, a0:a1][digits].mean()),
+        logprob=true_lp,
+        distractor_logprobs=others,
         loglik=None if best_other is None else bool(true_lp > best_other),
         loglik_margin=None if best_other is None else true_lp - best_other,
-    )  # fmt: skip
+    )
 
 
 def length_chunks(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:

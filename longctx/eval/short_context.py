@@ -61,5 +61,11 @@ def short_context_loss(
     count = sum(doc_tokens)
     if count == 0:
         raise EvalError("the short documents are too short to score")
-    return ShortLoss(length=length, docs=len(doc_nll), tokens=count, loss=sum(doc_nll) / count, doc_nll=doc_nll,
-                     doc_tokens=doc_tokens)  # fmt: skip
+    return ShortLoss(
+        length=length,
+        docs=len(doc_nll),
+        tokens=count,
+        loss=sum(doc_nll) / count,
+        doc_nll=doc_nll,
+        doc_tokens=doc_tokens,
+    )

@@ -65,8 +65,17 @@ def score_task_infill(
         if not it.closed:
             raise ValueError("infilling scores closed items (TaskGrid.item(..., closed=True))")
     done = infill_batched(
-        items, infill, positions=corrupted_positions, noise_key=lambda it: f"{it.task}:{it.length}:{it.depth}:{it.index}",
-        tag=_TAG, kind=kind, mask_id=mask_id, vocab_size=vocab_size, seed=seed, threshold=threshold,
-        batch_size=batch_size, advance=advance,
-    )  # fmt: skip
+        items,
+        infill,
+        positions=corrupted_positions,
+        noise_key=lambda it: f"{it.task}:{it.length}:{it.depth}:{it.index}",
+        tag=_TAG,
+        kind=kind,
+        mask_id=mask_id,
+        vocab_size=vocab_size,
+        seed=seed,
+        threshold=threshold,
+        batch_size=batch_size,
+        advance=advance,
+    )
     return [judge(it, *_infilled(it, d, decode)) for it, d in zip(items, done, strict=True)]

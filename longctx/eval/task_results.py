@@ -80,8 +80,14 @@ class TaskResult(BaseModel):
         cells = []
         for depth in sorted({s.depth for s in scores}):
             group = [s for s in scores if s.depth == depth]
-            cells.append(TaskCell(depth=depth, items=len(group), hits=sum(s.hit for s in group),
-                                  present=sum(s.present_key is not None for s in group)))  # fmt: skip
+            cells.append(
+                TaskCell(
+                    depth=depth,
+                    items=len(group),
+                    hits=sum(s.hit for s in group),
+                    present=sum(s.present_key is not None for s in group),
+                )
+            )
         return cls(
             task=task, length=length, control=control, cells=cells, items=list(scores), natural=natural
         )

@@ -36,8 +36,13 @@ def task_items(grid: PasskeyGrid, settings: EvalSettings, length: int, *, closed
 
 
 def _result(length: int, items: list[TaskItem], scores: list[TaskItemScore]) -> TaskResult:
-    return TaskResult.from_items(items[0].task, length, scores, natural_share([it.natural for it in items]),
-                                 control=items[0].spec.control)  # fmt: skip
+    return TaskResult.from_items(
+        items[0].task,
+        length,
+        scores,
+        natural_share([it.natural for it in items]),
+        control=items[0].spec.control,
+    )
 
 
 def run_causal_tasks(
@@ -77,8 +82,17 @@ def run_infill_tasks(
     for items in by_task.values():
         if not items:
             continue
-        scores = score_task_infill(items, infill, tokenizer.decode, kind=objective.kind, mask_id=objective.mask_id,
-                                   vocab_size=tokenizer.vocab_size, seed=seed, threshold=threshold,
-                                   batch_size=batch_size, advance=advance)  # fmt: skip
+        scores = score_task_infill(
+            items,
+            infill,
+            tokenizer.decode,
+            kind=objective.kind,
+            mask_id=objective.mask_id,
+            vocab_size=tokenizer.vocab_size,
+            seed=seed,
+            threshold=threshold,
+            batch_size=batch_size,
+            advance=advance,
+        )
         out.append(_result(length, items, scores))
     return out

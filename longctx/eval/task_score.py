@@ -71,10 +71,20 @@ def judge(item: TaskItem, outputs: Sequence[str], tokens: list[int]) -> TaskItem
         found = [returned(text, k) for k in item.expected]
     present = next((k for k in item.present if returned(text, k)), None) if item.spec.control else None
     return TaskItemScore(
-        task=item.task, length=item.length, depth=item.depth, index=item.index, asked=item.asked,
-        expected=item.expected, present=item.present, needle_starts=[n.start for n in item.needles],
-        output=text, output_tokens=tokens, found=found, hit=bool(found) and all(found), present_key=present,
-    )  # fmt: skip
+        task=item.task,
+        length=item.length,
+        depth=item.depth,
+        index=item.index,
+        asked=item.asked,
+        expected=item.expected,
+        present=item.present,
+        needle_starts=[n.start for n in item.needles],
+        output=text,
+        output_tokens=tokens,
+        found=found,
+        hit=bool(found) and all(found),
+        present_key=present,
+    )
 
 
 def greedy_answers(

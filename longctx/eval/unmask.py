@@ -54,8 +54,15 @@ class Infilled:
     tokens: list[int]
 
 
-def corrupt(kind: ObjectiveKind, tokens: list[int], positions: Sequence[int], *, mask_id: int | None,
-             vocab_size: int, generator: torch.Generator) -> list[int]:  # fmt: skip
+def corrupt(
+    kind: ObjectiveKind,
+    tokens: list[int],
+    positions: Sequence[int],
+    *,
+    mask_id: int | None,
+    vocab_size: int,
+    generator: torch.Generator,
+) -> list[int]:
     """`tokens` with `positions` replaced by [MASK] (MDM) or by uniformly drawn tokens (UDM)."""
     out = list(tokens)
     if kind == "mdm":
@@ -79,8 +86,9 @@ def fix_confident(logprobs: torch.Tensor, left: list[int], threshold: float) -> 
     return [(left[k], int(best[k])) for k in range(len(left)) if k == top or bool(sure[k])]
 
 
-def _decode_chunk(inputs: torch.Tensor, wants: list[torch.Tensor], infill: InfillFn,
-                  threshold: float) -> list[Infilled]:  # fmt: skip
+def _decode_chunk(
+    inputs: torch.Tensor, wants: list[torch.Tensor], infill: InfillFn, threshold: float
+) -> list[Infilled]:
     first: dict[int, torch.Tensor] = {}
     fixed: list[list[int]] = [[-1] * len(w) for w in wants]
     left = [list(range(len(w))) for w in wants]

@@ -107,8 +107,14 @@ class _Dims:
 
     @classmethod
     def of(cls, arch: ModelArch) -> _Dims:
-        return cls(arch.num_layers, arch.hidden_size, arch.ffn_hidden_size, arch.num_attention_heads,
-                   arch.query_groups, arch.head_dim)  # fmt: skip
+        return cls(
+            arch.num_layers,
+            arch.hidden_size,
+            arch.ffn_hidden_size,
+            arch.num_attention_heads,
+            arch.query_groups,
+            arch.head_dim,
+        )
 
 
 class _Builder:
@@ -217,9 +223,15 @@ def _layer(b: _Builder, i: int, d: _Dims, family: Family) -> None:
     q_rows, kv_rows = d.heads * d.head_dim, d.groups * d.head_dim
     b.one(b.layer(INPUT_NORM, i, (d.hidden,)), f"{p}.input_layernorm.weight", (d.hidden,))
     qkv = b.layer(("self_attention.linear_qkv.weight",), i, (q_rows + 2 * kv_rows, d.hidden))
-    b.add(qkv, [HfTensor(f"{attn}.q_proj.weight", (q_rows, d.hidden)),
-                HfTensor(f"{attn}.k_proj.weight", (kv_rows, d.hidden)),
-                HfTensor(f"{attn}.v_proj.weight", (kv_rows, d.hidden))], _qkv_split(attn, d))  # fmt: skip
+    b.add(
+        qkv,
+        [
+            HfTensor(f"{attn}.q_proj.weight", (q_rows, d.hidden)),
+            HfTensor(f"{attn}.k_proj.weight", (kv_rows, d.hidden)),
+            HfTensor(f"{attn}.v_proj.weight", (kv_rows, d.hidden)),
+        ],
+        _qkv_split(attn, d),
+    )
     if family == "qwen3":
         b.one(
             b.layer(("self_attention.q_layernorm.weight",), i, (d.head_dim,)),
@@ -231,12 +243,21 @@ def _layer(b: _Builder, i: int, d: _Dims, family: Family) -> None:
             f"{attn}.k_norm.weight",
             (d.head_dim,),
         )
-    b.one(b.layer(("self_attention.linear_proj.weight",), i, (d.hidden, q_rows)), f"{attn}.o_proj.weight",
-          (d.hidden, q_rows))  # fmt: skip
+    b.one(
+        b.layer(("self_attention.linear_proj.weight",), i, (d.hidden, q_rows)),
+        f"{attn}.o_proj.weight",
+        (d.hidden, q_rows),
+    )
     b.one(b.layer(PRE_MLP_NORM, i, (d.hidden,)), f"{p}.post_attention_layernorm.weight", (d.hidden,))
     fc1 = b.layer(("mlp.linear_fc1.weight",), i, (2 * d.ffn, d.hidden))
-    b.add(fc1, [HfTensor(f"{mlp}.gate_proj.weight", (d.ffn, d.hidden)),
-                HfTensor(f"{mlp}.up_proj.weight", (d.ffn, d.hidden))], _fc1_split(mlp, d))  # fmt: skip
+    b.add(
+        fc1,
+        [
+            HfTensor(f"{mlp}.gate_proj.weight", (d.ffn, d.hidden)),
+            HfTensor(f"{mlp}.up_proj.weight", (d.ffn, d.hidden)),
+        ],
+        _fc1_split(mlp, d),
+    )
     b.one(
         b.layer(("mlp.linear_fc2.weight",), i, (d.hidden, d.ffn)),
         f"{mlp}.down_proj.weight",

@@ -119,9 +119,10 @@ def _check_out(out: Path) -> None:
         )
     if out.is_dir() and any(out.iterdir()):
         raise ExportError(
-            "the output directory is not empty", where=str(out),
+            "the output directory is not empty",
+            where=str(out),
             fix="give a new or empty directory as --out (nothing is overwritten)",
-        )  # fmt: skip
+        )
 
 
 def _checkpoint(path: Path) -> tuple[CheckpointReport, Path]:
@@ -132,8 +133,11 @@ def _checkpoint(path: Path) -> tuple[CheckpointReport, Path]:
             f"cannot read the checkpoint: {err.what}", where=err.where or str(path), fix=err.fix
         ) from err
     if not report.complete:
-        raise ExportError(f"the checkpoint is incomplete: {report.incomplete_reason}", where=report.location,
-                          fix="export a complete save (longctx ckpt check PATH)")  # fmt: skip
+        raise ExportError(
+            f"the checkpoint is incomplete: {report.incomplete_reason}",
+            where=report.location,
+            fix="export a complete save (longctx ckpt check PATH)",
+        )
     directory = report.resolved.path if report.resolved is not None else None
     if directory is None:
         raise ExportError(
@@ -163,8 +167,11 @@ def _arch(
     # what no transformers class computes is refused first: no plan could make it exportable
     family = choose_family(arch, report.arch, args, where)
     mine, plan = arch.normalized(), rp.arch.normalized()
-    wrong = {k: (getattr(plan, k), getattr(mine, k)) for k in (*_ARCH_FIELDS, "norm_epsilon", "rotary_percent")
-             if getattr(plan, k) != getattr(mine, k)}  # fmt: skip
+    wrong = {
+        k: (getattr(plan, k), getattr(mine, k))
+        for k in (*_ARCH_FIELDS, "norm_epsilon", "rotary_percent")
+        if getattr(plan, k) != getattr(mine, k)
+    }
     if wrong:
         shown = "; ".join(f"{k}: plan {a!r}, checkpoint {b!r}" for k, (a, b) in wrong.items())
         raise ExportError(
@@ -218,8 +225,20 @@ def _inputs(
     tensor_plan = build_plan(reader, arch, family, tok.vocab_size, where=where)
     if args.get("rotary_base") is None:
         notes.append(f"the checkpoint's args do not record a rotary base; the {choice.name} base is used")
-    return _Inputs(rp, report, directory, arch, family, choice, tok, manifest, reader, tensor_plan,
-                   _dtype(dtype, report), notes)  # fmt: skip
+    return _Inputs(
+        rp,
+        report,
+        directory,
+        arch,
+        family,
+        choice,
+        tok,
+        manifest,
+        reader,
+        tensor_plan,
+        _dtype(dtype, report),
+        notes,
+    )
 
 
 def _write_weights(inp: _Inputs, staging: Path, max_shard_bytes: int) -> SafetensorsWriter:
@@ -280,9 +299,16 @@ def export_hf(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        cfg = hf_config(inp.family, inp.arch, vocab_size=inp.tokenizer.vocab_size, stage=inp.stage,
-                        manifest=inp.manifest, dtype=dtype_name, transformers_version=version,
-                        scaling=inp.stage.rope_scaling)  # fmt: skip
+        cfg = hf_config(
+            inp.family,
+            inp.arch,
+            vocab_size=inp.tokenizer.vocab_size,
+            stage=inp.stage,
+            manifest=inp.manifest,
+            dtype=dtype_name,
+            transformers_version=version,
+            scaling=inp.stage.rope_scaling,
+        )
         atomic_write_json(staging / "config.json", cfg)
         atomic_write_json(staging / "generation_config.json", generation_config(inp.manifest, version))
         check_config(staging, cfg)
@@ -302,17 +328,30 @@ def export_hf(
         raise
     files = sorted(p.name for p in out_dir.iterdir())
     return ExportReport(
-        out=str(out_dir), architecture=HF_ARCHITECTURE[inp.family], family=inp.family, checkpoint=str(inp.directory),
-        iteration=inp.report.iteration, plan=inp.rp.where, stage=inp.stage.name,
-        stage_source=inp.stage.source, rotary_base=inp.stage.rotary_base,
-        max_position_embeddings=inp.stage.max_position_embeddings, rope_parameters=cfg["rope_parameters"],
+        out=str(out_dir),
+        architecture=HF_ARCHITECTURE[inp.family],
+        family=inp.family,
+        checkpoint=str(inp.directory),
+        iteration=inp.report.iteration,
+        plan=inp.rp.where,
+        stage=inp.stage.name,
+        stage_source=inp.stage.source,
+        rotary_base=inp.stage.rotary_base,
+        max_position_embeddings=inp.stage.max_position_embeddings,
+        rope_parameters=cfg["rope_parameters"],
         vocab_size=inp.tokenizer.vocab_size,
-        padded_vocab_size=int(inp.report.padded_vocab_size or 0), dtype=dtype_name, tensors=len(inp.plan.tensors),
-        parameters=sum(t.numel for t in inp.plan.tensors), weight_bytes=writer.total_bytes, files=files,
+        padded_vocab_size=int(inp.report.padded_vocab_size or 0),
+        dtype=dtype_name,
+        tensors=len(inp.plan.tensors),
+        parameters=sum(t.numel for t in inp.plan.tensors),
+        weight_bytes=writer.total_bytes,
+        files=files,
         shards=len([f for f in weight_files if f.endswith(".safetensors")]),
-        largest_read_bytes=inp.reader.largest_read, tokenizer=tok, notes=inp.notes + tok.notes,
+        largest_read_bytes=inp.reader.largest_read,
+        tokenizer=tok,
+        notes=inp.notes + tok.notes,
         seconds=time.perf_counter() - t0,
-    )  # fmt: skip
+    )
 
 
 __all__ = ["DEFAULT_MAX_SHARD_BYTES", "DTYPES", "ExportReport", "export_hf"]

@@ -45,9 +45,13 @@ def _by_name(rp: ResolvedPlan, name: str, source: str) -> StageChoice:
     for st in rp.stages:
         if st.name == name:
             return StageChoice(
-                st.name, int(st.rotary_base), int(st.max_position_embeddings), int(st.seq_length), source,
+                st.name,
+                int(st.rotary_base),
+                int(st.max_position_embeddings),
+                int(st.seq_length),
+                source,
                 st.rope_scaling,
-            )  # fmt: skip
+            )
     raise ExportError(
         f"plan {rp.name!r} has no stage {name!r}",
         where=rp.where,

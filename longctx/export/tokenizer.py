@@ -89,8 +89,12 @@ def _token(tok: LoadedTokenizer, idx: int | None) -> str | None:
 def _fast_config(tok: LoadedTokenizer, max_length: int) -> dict[str, Any]:
     cfg: dict[str, Any] = {"tokenizer_class": FAST_CLASS, "clean_up_tokenization_spaces": False,
                            "model_max_length": max_length}  # fmt: skip
-    for key, idx in (("bos_token", tok.bos_id), ("eos_token", tok.eos_id), ("unk_token", tok.unk_id),
-                     ("pad_token", tok.pad_id)):  # fmt: skip
+    for key, idx in (
+        ("bos_token", tok.bos_id),
+        ("eos_token", tok.eos_id),
+        ("unk_token", tok.unk_id),
+        ("pad_token", tok.pad_id),
+    ):
         if (name := _token(tok, idx)) is not None:
             cfg[key] = name
     return cfg
@@ -98,8 +102,15 @@ def _fast_config(tok: LoadedTokenizer, max_length: int) -> dict[str, Any]:
 
 def _gpt2_config(tok: LoadedTokenizer, max_length: int) -> dict[str, Any]:
     eod = _token(tok, tok.eod_id)
-    return {"tokenizer_class": "GPT2Tokenizer", "bos_token": eod, "eos_token": eod, "unk_token": eod,
-            "add_prefix_space": False, "clean_up_tokenization_spaces": False, "model_max_length": max_length}  # fmt: skip
+    return {
+        "tokenizer_class": "GPT2Tokenizer",
+        "bos_token": eod,
+        "eos_token": eod,
+        "unk_token": eod,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
 
 
 def _tokenizer_json(tok: LoadedTokenizer, out: Path, written: list[str]) -> None:
@@ -160,8 +171,11 @@ def export_tokenizer(
         copied.append(src.name)
     md5 = tokenizer_md5(out)
     if md5 != tok.md5:
-        raise ExportError(f"the copied tokenizer's md5 {md5} differs from its source's {tok.md5}", where=str(out),
-                          fix="the copy was damaged (disk full?); run the export again")  # fmt: skip
+        raise ExportError(
+            f"the copied tokenizer's md5 {md5} differs from its source's {tok.md5}",
+            where=str(out),
+            fix="the copy was damaged (disk full?); run the export again",
+        )
     if not (out / "tokenizer_config.json").is_file():
         if tok.kind == "gpt2-bpe":
             cfg = _gpt2_config(tok, max_length)
@@ -195,8 +209,14 @@ def export_tokenizer(
             fix="give the plan a tokenizer directory whose tokenizer.json and tokenizer_config.json load in "
             "transformers as the model's tokenizer",
         )
-    return TokenizerExport(md5=md5, copied=copied, written=written, tokenizer_class=_class_of(out),
-                           samples_checked=len(texts), notes=notes)  # fmt: skip
+    return TokenizerExport(
+        md5=md5,
+        copied=copied,
+        written=written,
+        tokenizer_class=_class_of(out),
+        samples_checked=len(texts),
+        notes=notes,
+    )
 
 
 __all__ = ["TokenizerExport", "check_identity", "export_tokenizer", "first_difference", "samples"]

@@ -81,9 +81,17 @@ class LocalLauncher:
         with stop_on_signals(), launch_log(log) as (logf, log_errors):
             try:
                 for rank in range(nproc):
-                    wenv = dict(os.environ, **env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                PYTHONUNBUFFERED="1")  # fmt: skip
+                    wenv = dict(
+                        os.environ,
+                        **env,
+                        RANK=str(rank),
+                        LOCAL_RANK=str(rank),
+                        WORLD_SIZE=str(nproc),
+                        LOCAL_WORLD_SIZE=str(nproc),
+                        MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port),
+                        PYTHONUNBUFFERED="1",
+                    )
                     p = spawn(argv, env=wenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                     procs.append(p)
                     sinks: list[IO[bytes]] = [logf]

@@ -58,8 +58,10 @@ class SrunLauncher:
         env = os.environ if environ is None else environ
         job = env.get("SLURM_JOB_ID")
         if not job:
-            raise SlurmError("--launcher srun runs inside a Slurm job, but SLURM_JOB_ID is not set",
-                             fix="submit with `longctx slurm submit`, or use --launcher local outside Slurm")  # fmt: skip
+            raise SlurmError(
+                "--launcher srun runs inside a Slurm job, but SLURM_JOB_ID is not set",
+                fix="submit with `longctx slurm submit`, or use --launcher local outside Slurm",
+            )
         nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1")
         nodelist = _hostnames(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
         raw = env.get(SRUN_CONFIG_ENV, "")
@@ -70,10 +72,17 @@ class SrunLauncher:
                 f"${SRUN_CONFIG_ENV} is not JSON: {err}", fix="render the batch script again"
             ) from None
         cpus = cfg.get("cpus_per_task") or env.get("SLURM_CPUS_PER_TASK")
-        return cls(nodes=nodes, nodelist=nodelist, job_id=job, torchrun=cfg.get("torchrun") or "torchrun",
-                   master_addr=cfg.get("master_addr") or "hostname", master_port=cfg.get("master_port"),
-                   cpus_per_task=int(cpus) if cpus else None, srun_args=list(cfg.get("srun_args") or []),
-                   container=cfg.get("container"))  # fmt: skip
+        return cls(
+            nodes=nodes,
+            nodelist=nodelist,
+            job_id=job,
+            torchrun=cfg.get("torchrun") or "torchrun",
+            master_addr=cfg.get("master_addr") or "hostname",
+            master_port=cfg.get("master_port"),
+            cpus_per_task=int(cpus) if cpus else None,
+            srun_args=list(cfg.get("srun_args") or []),
+            container=cfg.get("container"),
+        )
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -105,15 +114,42 @@ class SrunLauncher:
         host, port = self.master()
         shim = f'exec {shlex.quote(self.torchrun)} --node-rank "$SLURM_NODEID" "$@"'
         return [
-            *self.step_prefix(nodes), *self.container_prefix(), "bash", "-c", shim, "torchrun",
-            "--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "static",
-            "--rdzv-endpoint", f"{host}:{port}", "--master-addr", host, "--master-port", str(port),
-            "--max-restarts", "0", *argv,
-        ]  # fmt: skip
+            *self.step_prefix(nodes),
+            *self.container_prefix(),
+            "bash",
+            "-c",
+            shim,
+            "torchrun",
+            "--nnodes",
+            str(nodes),
+            "--nproc-per-node",
+            str(nproc),
+            "--rdzv-backend",
+            "static",
+            "--rdzv-endpoint",
+            f"{host}:{port}",
+            "--master-addr",
+            host,
+            "--master-port",
+            str(port),
+            "--max-restarts",
+            "0",
+            *argv,
+        ]
 
     def local_command(self, argv: Sequence[str], *, nproc: int, log: Path) -> list[str]:
-        return [*self.step_prefix(1), sys.executable, "-m", "longctx.launch.local_step", "--nproc", str(nproc),
-                "--log", str(log), "--", *argv]  # fmt: skip
+        return [
+            *self.step_prefix(1),
+            sys.executable,
+            "-m",
+            "longctx.launch.local_step",
+            "--nproc",
+            str(nproc),
+            "--log",
+            str(log),
+            "--",
+            *argv,
+        ]
 
     def command(
         self, argv: Sequence[str], *, nproc: int, env: Mapping[str, str], log: Path
@@ -123,12 +159,16 @@ class SrunLauncher:
             return self.local_command(argv, nproc=nproc, log=log), False
         argv = torchrun_words(argv)
         if not argv or not (str(argv[0]).endswith(".py") or argv[0] == "-m"):
-            raise SlurmError(f"the srun launcher runs a Python script under torchrun or the local trainer, got {argv[:3]}",
-                             fix="launch through `longctx stage run`")  # fmt: skip
+            raise SlurmError(
+                f"the srun launcher runs a Python script under torchrun or the local trainer, got {argv[:3]}",
+                fix="launch through `longctx stage run`",
+            )
         nodes = int(env.get(NODES_ENV) or self.nodes)
         if nodes > self.nodes:
-            raise SlurmError(f"the launch needs {nodes} nodes, the job holds {self.nodes}",
-                             fix="render the batch script again (it allocates the plan's largest stage)")  # fmt: skip
+            raise SlurmError(
+                f"the launch needs {nodes} nodes, the job holds {self.nodes}",
+                fix="render the batch script again (it allocates the plan's largest stage)",
+            )
         return self.torchrun_command(argv, nproc=nproc, nodes=nodes), True
 
     # -- run ----------------------------------------------------------------------------------------
@@ -141,8 +181,13 @@ class SrunLauncher:
         # with forward=False (`longctx.launch.stop`): the signal is recorded, and this process only stays
         # alive to record the launch's end.
         with stop_on_signals():
-            proc = spawn(cmd, env={**os.environ, **env}, forward=False, stdout=subprocess.PIPE if tee else None,
-                         stderr=subprocess.STDOUT if tee else None)  # fmt: skip
+            proc = spawn(
+                cmd,
+                env={**os.environ, **env},
+                forward=False,
+                stdout=subprocess.PIPE if tee else None,
+                stderr=subprocess.STDOUT if tee else None,
+            )
             if not tee:
                 return wait(proc)
             with launch_log(log) as (logf, log_errors):
@@ -177,8 +222,13 @@ def _hostnames(nodelist: str) -> list[str]:
     if not nodelist:
         return []
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=30, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
         return [h for h in out.split() if h]
     except (OSError, subprocess.SubprocessError):
         return [nodelist] if all(c not in nodelist for c in "[,") else []

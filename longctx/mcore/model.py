@@ -87,8 +87,11 @@ def transformer_config(arch: ModelArch, s: ModelSettings) -> TransformerConfig:
         attention_softmax_in_fp32=True,
     )
     if s.recompute == "full":
-        kwargs.update(recompute_granularity="full", recompute_method=s.recompute_method,
-                      recompute_num_layers=s.recompute_num_layers)  # fmt: skip
+        kwargs.update(
+            recompute_granularity="full",
+            recompute_method=s.recompute_method,
+            recompute_num_layers=s.recompute_num_layers,
+        )
     elif s.recompute == "selective":
         kwargs.update(recompute_granularity="selective")
     if arch.num_experts:
@@ -165,9 +168,15 @@ def _own_output_layer(model: GPTModel, config: TransformerConfig, arch: ModelArc
             fix="set [model] untie_embeddings_and_output_weights = true, or give equal input_rows and output_rows",
         )
     model.output_layer = tensor_parallel.ColumnParallelLinear(
-        config.hidden_size, s.output_vocab_size, config=config, init_method=config.init_method, bias=False,
-        skip_bias_add=False, gather_output=not model.parallel_output, tp_group=model.pg_collection.tp,
-    )  # fmt: skip
+        config.hidden_size,
+        s.output_vocab_size,
+        config=config,
+        init_method=config.init_method,
+        bias=False,
+        skip_bias_add=False,
+        gather_output=not model.parallel_output,
+        tp_group=model.pg_collection.tp,
+    )
 
 
 def cast_parameters(model: GPTModel, dtype: torch.dtype) -> GPTModel:

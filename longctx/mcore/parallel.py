@@ -117,9 +117,10 @@ def visible_device_count(env: Mapping[str, str] | None = None) -> int | None:
             return int(override)
         except ValueError:
             raise ParallelError(
-                f"{DEVICE_COUNT_ENV}={override!r} is not an integer", where="the environment",
+                f"{DEVICE_COUNT_ENV}={override!r} is not an integer",
+                where="the environment",
                 fix=f"set {DEVICE_COUNT_ENV} to the number of GPUs, or unset it",
-            ) from None  # fmt: skip
+            ) from None
     return torch.cuda.device_count() if uses_cuda() else None
 
 

@@ -70,9 +70,11 @@ def read_layout(checkpoint_dir: str | Path) -> StoredLayout:
     buffers: dict[str, torch.Tensor] = {}
     if wanted:
         loaded = dist_checkpointing.load(
-            wanted, str(checkpoint_dir), strict=StrictHandling.ASSUME_OK_UNEXPECTED,
+            wanted,
+            str(checkpoint_dir),
+            strict=StrictHandling.ASSUME_OK_UNEXPECTED,
             common_strategy=common_strategy(checkpoint_dir),
-        )  # fmt: skip
+        )
         buffers = {k: loaded[k].detach().clone() for k in wanted}
     return StoredLayout(block, buffers)
 

@@ -31,9 +31,13 @@ def coverage_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend) -> Find
     ]
     try:
         cov = distance_coverage(
-            [i.document_lengths() for i in infos], weights, st.seq_length, packing=st.data.packing,
-            causal=rp.objective.causal, names=[e.prefix for e in blend.entries],
-        )  # fmt: skip
+            [i.document_lengths() for i in infos],
+            weights,
+            st.seq_length,
+            packing=st.data.packing,
+            causal=rp.objective.causal,
+            names=[e.prefix for e in blend.entries],
+        )
     except LongctxError as err:  # a dataset without a token: no window to measure
         out.error("distance-coverage", f"stage {st.name}: {err.what}", where=err.where, fix=err.fix)
         return out
@@ -56,20 +60,36 @@ def coverage_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend) -> Find
     # the outer 2·(S − edge) tokens, bidirectional
     whole = min(1.0, (st.seq_length - edge) * (1 if rp.objective.causal else 2) / st.seq_length)
     where = ", ".join(Path(e.prefix).name for e in blend.entries)
-    fix = ("add documents longer than the window to the blend (or raise their weight), or evaluate this "
-           f"stage at lengths up to {cov.longest_piece:,}")  # fmt: skip
+    fix = (
+        "add documents longer than the window to the blend (or raise their weight), or evaluate this "
+        f"stage at lengths up to {cov.longest_piece:,}"
+    )
     seen = top * st.tokens_realized
     if cov.longest_piece < edge:
-        out.warning("distance-coverage", said + ": no training window shows the model the distances an "
-                    "evaluation at the full window reads", where=where, fix=fix)  # fmt: skip
+        out.warning(
+            "distance-coverage",
+            said + ": no training window shows the model the distances an "
+            "evaluation at the full window reads",
+            where=where,
+            fix=fix,
+        )
     elif seen < st.seq_length:
-        out.warning("distance-coverage", said + f": over the stage's {st.tokens_realized:,} tokens about "
-                    f"{seen:,.0f} see those distances, less than one window holds", where=where, fix=fix)  # fmt: skip
+        out.warning(
+            "distance-coverage",
+            said + f": over the stage's {st.tokens_realized:,} tokens about "
+            f"{seen:,.0f} see those distances, less than one window holds",
+            where=where,
+            fix=fix,
+        )
     elif top < SPARSE * whole:
-        out.warning("distance-coverage", said + f": {top / whole:.1%} of what whole windows would give "
-                    f"({100 * whole:.2f} %), so an evaluation at the full window meets attention at distances "
-                    "training barely showed (a RoPE base whose frequencies realign there fails)",
-                    where=where, fix=fix)  # fmt: skip
+        out.warning(
+            "distance-coverage",
+            said + f": {top / whole:.1%} of what whole windows would give "
+            f"({100 * whole:.2f} %), so an evaluation at the full window meets attention at distances "
+            "training barely showed (a RoPE base whose frequencies realign there fails)",
+            where=where,
+            fix=fix,
+        )
     else:
         out.info("distance-coverage", said + f"; about {seen:,.0f} of the stage's tokens see them")
     return out

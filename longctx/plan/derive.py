@@ -130,7 +130,10 @@ class ResolvedStage:
             "rope_method": self.rope_method,
             "rope_scaling": scaling_summary(self.rope_scaling),
             "rope_sweep": self.sweep.summary() if self.sweep else None,
-            "tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp,
+            "tp": self.tp,
+            "pp": self.pp,
+            "cp": self.cp,
+            "dp": self.dp,
             "nodes": self.nodes,
             "global_batch_size": self.global_batch_size,
             "micro_batch_size": self.micro_batch_size,
@@ -140,8 +143,11 @@ class ResolvedStage:
             "memory_gib": self.memory.to_gib(),
             "memory_fits": self.memory.fits,
             "smallest_fitting_cp": self.smallest_fitting_cp,
-            "vocab_rows": {"input": self.padded_vocab_size, "output": self.output_vocab_size or self.padded_vocab_size},
-        }  # fmt: skip
+            "vocab_rows": {
+                "input": self.padded_vocab_size,
+                "output": self.output_vocab_size or self.padded_vocab_size,
+            },
+        }
 
 
 def scaling_summary(scaling: RopeScaling | None) -> dict[str, Any] | None:
@@ -390,10 +396,15 @@ def _sweep_rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch) -> _Rope:
 
     def method_base(method: str, params: dict[str, Any]) -> int:
         choice = choose_base(
-            method, rotary_dim=arch.rotary_dim, head_dim=arch.head_dim, pretrain_base=plan.base.rotary_base,
+            method,
+            rotary_dim=arch.rotary_dim,
+            head_dim=arch.head_dim,
+            pretrain_base=plan.base.rotary_base,
             pretrain_length=_rope_window(plan, plan.base.seq_length),
-            target_length=_rope_window(plan, stage.seq_length), with_diagnostics=False, **params,
-        )  # fmt: skip
+            target_length=_rope_window(plan, stage.seq_length),
+            with_diagnostics=False,
+            **params,
+        )
         if choice.scaling is not None:
             raise RopeError(
                 f"{method} scales RoPE beyond its base", fix="sweep base methods or explicit bases"
@@ -401,9 +412,14 @@ def _sweep_rope(plan: Plan, i: int, stage: StageSpec, arch: ModelArch) -> _Rope:
         return choice.base
 
     sweep = resolve_sweep(
-        stage.name, stage.rope, stage_tokens=stage.tokens, directory=paths.stage_dir(plan, stage.name) / SWEEP_DIR,
-        run_dir=paths.run_dir(plan), method_base=method_base, where=_where(plan, i, "rope.sweep"),
-    )  # fmt: skip
+        stage.name,
+        stage.rope,
+        stage_tokens=stage.tokens,
+        directory=paths.stage_dir(plan, stage.name) / SWEEP_DIR,
+        run_dir=paths.run_dir(plan),
+        method_base=method_base,
+        where=_where(plan, i, "rope.sweep"),
+    )
     bases = ", ".join(f"{b:,}" for b in sweep.bases)
     if sweep.chosen is not None:
         why = f"chosen by rope sweep among {bases}: {sweep.chosen.reason}"
@@ -468,8 +484,9 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
     objective = resolve_objective(plan.objective, vocab)
     check_schedule(plan.objective, _where(plan, field="objective"), findings)
     check_entry_script(plan.megatron.entry_script, _where(plan, field="megatron.entry_script"), findings)
-    check_family_args(list(plan.megatron.family_args), objective, _where(plan, field="megatron.family_args"),
-                      findings)  # fmt: skip
+    check_family_args(
+        list(plan.megatron.family_args), objective, _where(plan, field="megatron.family_args"), findings
+    )
     stages: list[ResolvedStage] = []
     prev_base = plan.base.rotary_base
     prev_len = plan.base.seq_length
@@ -480,12 +497,26 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
         prev_base, prev_len = st.rotary_base, st.seq_length
         stages.append(st)
     return ResolvedPlan(
-        plan=plan, name=plan.name, description=plan.description, source=plan.plan_path,
-        run_dir=paths.run_dir(plan), tokenizer=resolve_tokenizer(plan, manifest_path, manifest),
-        base=resolve_base(plan), megatron=resolve_megatron(plan), cluster=plan.cluster, local=plan.local,
-        slurm=slurm_table(plan), wandb=resolve_wandb(plan), arch=arch, vocab_size=vocab,
-        make_vocab_size_divisible_by=divisible_by, stages=stages, findings=findings, objective=objective, eval=plan.eval,
-    )  # fmt: skip
+        plan=plan,
+        name=plan.name,
+        description=plan.description,
+        source=plan.plan_path,
+        run_dir=paths.run_dir(plan),
+        tokenizer=resolve_tokenizer(plan, manifest_path, manifest),
+        base=resolve_base(plan),
+        megatron=resolve_megatron(plan),
+        cluster=plan.cluster,
+        local=plan.local,
+        slurm=slurm_table(plan),
+        wandb=resolve_wandb(plan),
+        arch=arch,
+        vocab_size=vocab,
+        make_vocab_size_divisible_by=divisible_by,
+        stages=stages,
+        findings=findings,
+        objective=objective,
+        eval=plan.eval,
+    )
 
 
 def _check_documents_on_megatron(plan: Plan, st: ResolvedStage, findings: Findings) -> None:
@@ -1002,8 +1033,14 @@ def _resolve_stage(
     objective = resolve_objective(plan.objective, vocab)
     padded, out_rows = vocab_rows(objective, vocab, divisible_by, s.tp)
     if i == 0:
-        check_vocab_rows(objective, vocab, (padded, out_rows), arch.untie_embeddings_and_output_weights,
-                         _where(plan, field="objective"), findings)  # fmt: skip
+        check_vocab_rows(
+            objective,
+            vocab,
+            (padded, out_rows),
+            arch.untie_embeddings_and_output_weights,
+            _where(plan, field="objective"),
+            findings,
+        )
     rope = _rope(plan, i, spec, arch, findings)
     _check_parallelism(ctx, s, arch)
     _check_recompute(ctx, s, arch)
@@ -1020,24 +1057,54 @@ def _resolve_stage(
     load_from = _load_from(plan, i)
     gbs, mbs = sizing.gbs, s.mbs
     main = ResolvedStage(
-        index=i, name=spec.name, spec=spec, seq_length=s.seq, max_position_embeddings=s.max_pos,
-        rotary_base=int(rope.base), rope_method=rope.method, rope_explanation=rope.explanation,
-        tp=s.tp, pp=s.pp, cp=cp, dp=dp, nodes=nodes, gpus_per_node=s.gpn, sequence_parallel=s.sp,
-        recompute=s.recompute, recompute_method=s.recompute_method, recompute_num_layers=s.recompute_num_layers,
-        recompute_modules=s.recompute_modules, attention_backend=s.attention_backend,
-        micro_batch_size=mbs, global_batch_size=gbs,
-        num_microbatches=max(1, gbs // max(1, mbs * dp)), train_iters=sched.iters, tokens_planned=spec.tokens,
-        tokens_realized=sched.iters * sched.tokens_per_iter, lr=sched.lr, warmup_iters=sched.warmup,
-        wsd_decay_iters=sched.wsd, save_interval=sched.save_interval,
-        eval_interval=ctx.merged("eval_interval", None), eval_iters=ctx.merged("eval_iters", 0),
+        index=i,
+        name=spec.name,
+        spec=spec,
+        seq_length=s.seq,
+        max_position_embeddings=s.max_pos,
+        rotary_base=int(rope.base),
+        rope_method=rope.method,
+        rope_explanation=rope.explanation,
+        tp=s.tp,
+        pp=s.pp,
+        cp=cp,
+        dp=dp,
+        nodes=nodes,
+        gpus_per_node=s.gpn,
+        sequence_parallel=s.sp,
+        recompute=s.recompute,
+        recompute_method=s.recompute_method,
+        recompute_num_layers=s.recompute_num_layers,
+        recompute_modules=s.recompute_modules,
+        attention_backend=s.attention_backend,
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        num_microbatches=max(1, gbs // max(1, mbs * dp)),
+        train_iters=sched.iters,
+        tokens_planned=spec.tokens,
+        tokens_realized=sched.iters * sched.tokens_per_iter,
+        lr=sched.lr,
+        warmup_iters=sched.warmup,
+        wsd_decay_iters=sched.wsd,
+        save_interval=sched.save_interval,
+        eval_interval=ctx.merged("eval_interval", None),
+        eval_iters=ctx.merged("eval_iters", 0),
         log_interval=ctx.merged("log_interval", 1),
         exit_duration_in_mins=ctx.merged("exit_duration_in_mins", None),
-        data=data, extra_args=extra, seed=ctx.merged("seed", 1234), padded_vocab_size=padded,
-        memory=est, smallest_fitting_cp=smallest, save_dir=paths.stage_save_dir(plan, spec.name),
-        load_from=load_from, stage_dir=paths.stage_dir(plan, spec.name),
+        data=data,
+        extra_args=extra,
+        seed=ctx.merged("seed", 1234),
+        padded_vocab_size=padded,
+        memory=est,
+        smallest_fitting_cp=smallest,
+        save_dir=paths.stage_save_dir(plan, spec.name),
+        load_from=load_from,
+        stage_dir=paths.stage_dir(plan, spec.name),
         wandb=stage_wandb(resolve_wandb(plan), spec.name, paths.stage_dir(plan, spec.name)),
-        output_vocab_size=out_rows, rope_scaling=rope.scaling, sweep=rope.sweep,
-    )  # fmt: skip
+        output_vocab_size=out_rows,
+        rope_scaling=rope.scaling,
+        sweep=rope.sweep,
+    )
     if rope.sweep is None:
         return main
     return dataclasses.replace(main, branches=_branches(ctx, main, rope.sweep))
@@ -1047,22 +1114,39 @@ def _branches(ctx: _StageContext, main: ResolvedStage, sweep: ResolvedSweep) -> 
     """One branch stage per sweep candidate: the stage at its candidate base, shortened to the sweep's
     tokens (its LR schedule fitted to them), saved under the sweep's directory."""
     local = Findings()
-    short = dataclasses.replace(ctx, spec=ctx.spec.model_copy(update={"tokens": sweep.branch_tokens}),
-                                findings=local)  # fmt: skip
+    short = dataclasses.replace(
+        ctx, spec=ctx.spec.model_copy(update={"tokens": sweep.branch_tokens}), findings=local
+    )
     sched = _schedule(short, main.seq_length, main.global_batch_size)
     for f in local.errors:
-        ctx.findings.append(dataclasses.replace(f, message=f"sweep branches: {f.message}",
-                                                where=ctx.where("rope.tokens")))  # fmt: skip
+        ctx.findings.append(
+            dataclasses.replace(f, message=f"sweep branches: {f.message}", where=ctx.where("rope.tokens"))
+        )
     out = []
     for cand in sweep.candidates:
         home = sweep.branch_dir(cand)
-        out.append(dataclasses.replace(
-            main, name=sweep.branch_name(cand), rotary_base=cand.base, rope_method="sweep branch",
-            rope_explanation="; ".join(cand.sources), train_iters=sched.iters, tokens_planned=sweep.branch_tokens,
-            tokens_realized=sched.iters * sched.tokens_per_iter, lr=sched.lr, warmup_iters=sched.warmup,
-            wsd_decay_iters=sched.wsd, save_interval=min(sched.save_interval, sched.iters), save_dir=home / "checkpoints",
-            stage_dir=home, wandb=None, sweep=None, branches=(), branch_of=main.name,
-        ))  # fmt: skip
+        out.append(
+            dataclasses.replace(
+                main,
+                name=sweep.branch_name(cand),
+                rotary_base=cand.base,
+                rope_method="sweep branch",
+                rope_explanation="; ".join(cand.sources),
+                train_iters=sched.iters,
+                tokens_planned=sweep.branch_tokens,
+                tokens_realized=sched.iters * sched.tokens_per_iter,
+                lr=sched.lr,
+                warmup_iters=sched.warmup,
+                wsd_decay_iters=sched.wsd,
+                save_interval=min(sched.save_interval, sched.iters),
+                save_dir=home / "checkpoints",
+                stage_dir=home,
+                wandb=None,
+                sweep=None,
+                branches=(),
+                branch_of=main.name,
+            )
+        )
     return tuple(out)
 
 

@@ -42,26 +42,41 @@ def check_family_args(plan_args: list[str], obj: Objective, where: str, findings
         try:
             names = _fields(word)
         except ValueError as err:
-            findings.error("family-args", f"family_args word {word!r}: {err}", where=where,
-                           fix=f"write placeholders as {{name}} (one of {known}) and literal braces as {{{{ }}}}")  # fmt: skip
+            findings.error(
+                "family-args",
+                f"family_args word {word!r}: {err}",
+                where=where,
+                fix=f"write placeholders as {{name}} (one of {known}) and literal braces as {{{{ }}}}",
+            )
             continue
         try:  # a conversion (`!z`) or a nested field in a format spec (`{x:{nope}}`) fails only here
             word.format_map(dict.fromkeys(PLACEHOLDERS, 1))
         except (ValueError, KeyError, IndexError, AttributeError, TypeError) as err:
             if all(n in PLACEHOLDERS for n in names):
-                findings.error("family-args", f"family_args word {word!r} cannot be filled in "
-                               f"({type(err).__name__}: {err})", where=where,
-                               fix=f"write placeholders as plain {{name}} (one of {known}), without conversions "
-                               "or format specs")  # fmt: skip
+                findings.error(
+                    "family-args",
+                    f"family_args word {word!r} cannot be filled in ({type(err).__name__}: {err})",
+                    where=where,
+                    fix=f"write placeholders as plain {{name}} (one of {known}), without conversions "
+                    "or format specs",
+                )
                 continue
         for name in names:
             if name not in PLACEHOLDERS:
-                findings.error("family-args", f"family_args word {word!r} asks for {{{name}}}, which the plan "
-                               "does not define", where=where, fix=f"use one of {known}")  # fmt: skip
+                findings.error(
+                    "family-args",
+                    f"family_args word {word!r} asks for {{{name}}}, which the plan does not define",
+                    where=where,
+                    fix=f"use one of {known}",
+                )
             elif name == "mask_id" and obj.kind != "mdm":
-                findings.error("family-args", f"family_args word {word!r} asks for the [MASK] id, but a "
-                               f"{obj.describe()} model has none", where=where,
-                               fix="drop the word, or train the masked objective (objective.kind = \"mdm\")")  # fmt: skip
+                findings.error(
+                    "family-args",
+                    f"family_args word {word!r} asks for the [MASK] id, but a "
+                    f"{obj.describe()} model has none",
+                    where=where,
+                    fix='drop the word, or train the masked objective (objective.kind = "mdm")',
+                )
 
 
 def family_values(obj: Objective, vocab: int, rows: tuple[int, int | None]) -> dict[str, int]:

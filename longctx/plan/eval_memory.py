@@ -44,8 +44,16 @@ class EvalMemory(Budgeted):
     margin: float
 
 
-def eval_memory(arch: ModelArch, padded_vocab_size: int, seq_length: int, cp: int, *, batch: int,
-                gpu_memory_gib: float, margin: float) -> EvalMemory:  # fmt: skip
+def eval_memory(
+    arch: ModelArch,
+    padded_vocab_size: int,
+    seq_length: int,
+    cp: int,
+    *,
+    batch: int,
+    gpu_memory_gib: float,
+    margin: float,
+) -> EvalMemory:
     """The evaluation's peak per GPU at context-parallel size `cp` (the module docstring)."""
     tokens = batch * seq_length / cp
     layer = sum(activation_terms(arch, 1, False).values()) + 2.0 * 2 * arch.hidden_size
@@ -64,16 +72,31 @@ def eval_memory(arch: ModelArch, padded_vocab_size: int, seq_length: int, cp: in
 BATCHES = (4, 2, 1)  # eval run's default --batch-size first; long lengths fall back to fewer per forward
 
 
-def eval_cp(arch: ModelArch, padded_vocab_size: int, seq_length: int, *, max_cp: int, gpu_memory_gib: float,
-            margin: float, where: str | None = None) -> tuple[EvalMemory, int]:  # fmt: skip
+def eval_cp(
+    arch: ModelArch,
+    padded_vocab_size: int,
+    seq_length: int,
+    *,
+    max_cp: int,
+    gpu_memory_gib: float,
+    margin: float,
+    where: str | None = None,
+) -> tuple[EvalMemory, int]:
     """The smallest power-of-two CP ≤ `max_cp` (the length splitting into 2·CP chunks) at which some
     batch of `BATCHES` fits, with the largest such batch: (its estimate, the batch)."""
     cp, tried = 1, []
     while cp <= max(1, max_cp):
         if cp == 1 or seq_length % (2 * cp) == 0:
             for batch in BATCHES:
-                est = eval_memory(arch, padded_vocab_size, seq_length, cp, batch=batch,
-                                  gpu_memory_gib=gpu_memory_gib, margin=margin)  # fmt: skip
+                est = eval_memory(
+                    arch,
+                    padded_vocab_size,
+                    seq_length,
+                    cp,
+                    batch=batch,
+                    gpu_memory_gib=gpu_memory_gib,
+                    margin=margin,
+                )
                 if est.fits:
                     return est, batch
             tried.append(est)

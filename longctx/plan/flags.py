@@ -84,8 +84,12 @@ def check_user_flags(words: list[str], list_name: str, where: str, findings: Fin
     for word in words:
         name = flag_name(word)
         if name in FORBIDDEN_FLAGS:
-            findings.error("forbidden-flag", f"{list_name} has {name}: {FORBIDDEN_FLAGS[name]}", where=where,
-                           fix=f"remove {name}")  # fmt: skip
+            findings.error(
+                "forbidden-flag",
+                f"{list_name} has {name}: {FORBIDDEN_FLAGS[name]}",
+                where=where,
+                fix=f"remove {name}",
+            )
         elif name in OWNED_FLAGS:
             findings.error(
                 "owned-flag",

@@ -120,26 +120,47 @@ class DeviceModel:
 
 GPU_FUSED = DeviceModel(
     "GPU, bf16 with fp32 main grads and masters, TransformerEngine / flash kernels",
-    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="fused",
-    logit_bytes=float(LOGIT_BYTES), overhead_bytes=float(OVERHEAD_BYTES),
-)  # fmt: skip
+    weight_bytes=2.0,
+    grad_bytes=4.0,
+    optimizer_bytes=12.0,
+    element_bytes=2.0,
+    kernels="fused",
+    logit_bytes=float(LOGIT_BYTES),
+    overhead_bytes=float(OVERHEAD_BYTES),
+)
 CPU_LOCAL_FP32 = DeviceModel(
     "CPU, fp32 (the masters are the weights), megatron-core local spec with longctx attention",
-    weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, element_bytes=4.0, kernels="local",
-    logit_bytes=12.0, overhead_bytes=0.0,
-)  # fmt: skip
+    weight_bytes=4.0,
+    grad_bytes=4.0,
+    optimizer_bytes=8.0,
+    element_bytes=4.0,
+    kernels="local",
+    logit_bytes=12.0,
+    overhead_bytes=0.0,
+)
 CPU_LOCAL_BF16 = DeviceModel(
     "CPU, bf16 with fp32 grads and masters, megatron-core local spec with longctx attention",
-    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="local",
-    logit_bytes=12.0, overhead_bytes=0.0,
-)  # fmt: skip
+    weight_bytes=2.0,
+    grad_bytes=4.0,
+    optimizer_bytes=12.0,
+    element_bytes=2.0,
+    kernels="local",
+    logit_bytes=12.0,
+    overhead_bytes=0.0,
+)
 # measured on one H200 (torch 2.11, CUDA 13): 8 CP 1 configurations between 0.92 and 1.00 of this
 # (tests/plan/data/gpu_local_bf16_peaks.json); allocations only, so no CUDA context (~0.5 GiB) in it
 GPU_LOCAL_BF16 = DeviceModel(
     "GPU, bf16 with fp32 grads and masters, megatron-core local spec with longctx attention",
-    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0, element_bytes=2.0, kernels="local",
-    logit_bytes=12.0, overhead_bytes=0.0, norm_fp32_copies=False,
-)  # fmt: skip
+    weight_bytes=2.0,
+    grad_bytes=4.0,
+    optimizer_bytes=12.0,
+    element_bytes=2.0,
+    kernels="local",
+    logit_bytes=12.0,
+    overhead_bytes=0.0,
+    norm_fp32_copies=False,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,8 +33,9 @@ def resolve_objective(obj: Objective, vocab: int) -> Objective:
     return obj
 
 
-def check_vocab_rows(obj: Objective, vocab: int, rows: tuple[int, int | None], untied: bool, where: str,
-                     findings: Findings) -> None:  # fmt: skip
+def check_vocab_rows(
+    obj: Objective, vocab: int, rows: tuple[int, int | None], untied: bool, where: str, findings: Findings
+) -> None:
     """Rows that cannot hold the objective's tokens."""
     inp, out = rows
     if inp < vocab or (out or inp) < vocab:
@@ -60,8 +61,9 @@ def check_vocab_rows(obj: Objective, vocab: int, rows: tuple[int, int | None], u
         )
 
 
-def check_against_base(obj: Objective, family: FamilyReport, rows: tuple[int, int | None], where: str,
-                       findings: Findings) -> None:  # fmt: skip
+def check_against_base(
+    obj: Objective, family: FamilyReport, rows: tuple[int, int | None], where: str, findings: Findings
+) -> None:
     """The plan's objective and vocabulary rows against the family the base checkpoint was trained as."""
     if family.time_conditioning_keys:
         findings.error(
@@ -147,10 +149,18 @@ def check_schedule(obj: Objective, where: str, findings: Findings) -> None:
     if obj.kind == "ar":
         return
     if obj.t_min is not None and obj.t_min > MAX_T_MIN:
-        findings.error("diffusion-schedule", f"objective.t_min {obj.t_min} trains only noise levels t ≥ {obj.t_min}: "
-                       "the model never learns to denoise lightly masked text", where=where,
-                       fix=f"keep t_min at most {MAX_T_MIN} (default: 1e-6 for mdm, 1e-3 for udm)")  # fmt: skip
+        findings.error(
+            "diffusion-schedule",
+            f"objective.t_min {obj.t_min} trains only noise levels t ≥ {obj.t_min}: "
+            "the model never learns to denoise lightly masked text",
+            where=where,
+            fix=f"keep t_min at most {MAX_T_MIN} (default: 1e-6 for mdm, 1e-3 for udm)",
+        )
     if obj.eps > MAX_EPS:
-        findings.error("diffusion-schedule", f"objective.eps {obj.eps} keeps α_1 = {obj.eps}: at full noise that "
-                       "share of tokens stays clean, so the prior the sampler starts from is not the one trained",
-                       where=where, fix=f"keep eps at most {MAX_EPS} (default 1e-3)")  # fmt: skip
+        findings.error(
+            "diffusion-schedule",
+            f"objective.eps {obj.eps} keeps α_1 = {obj.eps}: at full noise that "
+            "share of tokens stays clean, so the prior the sampler starts from is not the one trained",
+            where=where,
+            fix=f"keep eps at most {MAX_EPS} (default 1e-3)",
+        )

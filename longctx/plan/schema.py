@@ -390,9 +390,11 @@ class EvalSpec(_Strict):
     def describe(self) -> str:
         """One line: `20 keys per cell × 5 depths (0–100 %), 2 distractors, 5-digit keys, …`."""
         depths = ", ".join(f"{d:.0%}" for d in self.depths)
-        return (f"{self.keys_per_cell} keys per cell × {len(self.depths)} depths ({depths}), "
-                f"{self.distractors} distractors, {self.key_digits}-digit keys, {self.filler} filler, "
-                f"seed {self.seed}") + self._describe_tasks()  # fmt: skip
+        return (
+            f"{self.keys_per_cell} keys per cell × {len(self.depths)} depths ({depths}), "
+            f"{self.distractors} distractors, {self.key_digits}-digit keys, {self.filler} filler, "
+            f"seed {self.seed}"
+        ) + self._describe_tasks()
 
     def _describe_tasks(self) -> str:
         """`, tasks single, multikey-2, keys of any digits` where they differ from the defaults; else empty."""

@@ -172,10 +172,17 @@ def stage_data_report(
     report = _ARTIFACT_CHECKS.get(key)
     if report is None:
         report = check_artifact(
-            art.root, run=art.run, languages=langs, tiers=tiers, tokenizer=tokenizer,
-            manifest=manifest if manifest.is_file() else None, lengths=lengths, index_only=not scan,
-            workers=workers, progress=progress,
-        )  # fmt: skip
+            art.root,
+            run=art.run,
+            languages=langs,
+            tiers=tiers,
+            tokenizer=tokenizer,
+            manifest=manifest if manifest.is_file() else None,
+            lengths=lengths,
+            index_only=not scan,
+            workers=workers,
+            progress=progress,
+        )
         _ARTIFACT_CHECKS[key] = report
     supply = blend_supply(
         tb,

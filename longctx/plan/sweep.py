@@ -185,8 +185,10 @@ def describe(sweep: ResolvedSweep, branch_tokens_realized: int) -> list[str]:
         shown = ""
         if e is not None:
             loss = e.get("far_loss")
-            shown = (f": greedy {'/'.join(str(h) for h in e['greedy_hits'])} of {e['keys']} by depth at "
-                     f"{e['length']:,}" + (f", far-end loss {loss:.4f}" if isinstance(loss, float) else ""))  # fmt: skip
+            shown = (
+                f": greedy {'/'.join(str(h) for h in e['greedy_hits'])} of {e['keys']} by depth at "
+                f"{e['length']:,}" + (f", far-end loss {loss:.4f}" if isinstance(loss, float) else "")
+            )
         mark = " ← chosen" if sweep.chosen and sweep.chosen.base == c.base else ""
         lines.append(f"  {c.base:>14,}  from {', '.join(c.sources)}{shown}{mark}")
     if sweep.stale:

@@ -450,15 +450,27 @@ def _scaling_base(inp: RopeInputs, p: dict[str, Any]) -> int:
     "scaling",
     "YaRN NTK-by-parts interpolation with attention temperature",
     _BASE_PARAM,
-    Param("factor", float, None, "s (default target / original length; published models use 4 to 40)",
-          at_least=1.0, at_most=MAX_SCALE),
-    Param("original_length", int, None, "original context (default the pretraining length)", above=0,
-          at_most=MAX_LENGTH),
+    Param(
+        "factor",
+        float,
+        None,
+        "s (default target / original length; published models use 4 to 40)",
+        at_least=1.0,
+        at_most=MAX_SCALE,
+    ),
+    Param(
+        "original_length",
+        int,
+        None,
+        "original context (default the pretraining length)",
+        above=0,
+        at_most=MAX_LENGTH,
+    ),
     Param("beta_fast", float, 32.0, "β_fast (default 32), above β_slow", above=0, at_most=MAX_BETA),
     Param("beta_slow", float, 1.0, "β_slow (default 1), below β_fast", above=0, at_most=MAX_BETA),
     Param("mscale", float, 1.0, "mscale (default 1.0)", at_least=0, at_most=MAX_MSCALE),
     Param("mscale_all_dim", float, 0.0, "mscale_all_dim (default 0.0)", at_least=0, at_most=MAX_MSCALE),
-)  # fmt: skip
+)
 def _yarn(inp: RopeInputs, p: dict[str, Any]) -> Outcome:
     base = _scaling_base(inp, p)
     original = inp.pretrain_length if p["original_length"] is None else p["original_length"]

@@ -34,12 +34,14 @@ def suggest_table(result: Any) -> Table:
             star = c.scaling is None and c.base == row.recommended and c.method == row.recommended_by
             base_text = fmt_base(c.base) if d.passes_bound else f"[yellow]{fmt_base(c.base)}![/]"
             table.add_row(
-                f"{row.length:,}" if i == 0 else "", c.method + (" ★" if star else ""), base_text,
+                f"{row.length:,}" if i == 0 else "",
+                c.method + (" ★" if star else ""),
+                base_text,
                 f"{c.base / row.men_bound:.2f}" if c.scaling is None else "–",
                 fmt_pos(d.first_failing_position, d.search_cap) if d.first_failing_position else "none",
                 f"{d.min_cos_sum:+.2f}",
                 fmt_base(round(d.liu_limit_after_tuning)) if d.liu_limit_after_tuning else "–",
-            )  # fmt: skip
+            )
         table.add_section()
     return table
 
@@ -57,8 +59,10 @@ def suggest_lines(result: Any) -> list[str]:
     for row in result.lengths:
         paper = f", paper {fmt_base(row.men_paper)}" if row.men_paper else ""
         fit = f", fit {fmt_base(round(row.men_fit))}" if row.men_fit else ""
-        lines.append(f"{row.length:>9,}: recommended [bold green]--rotary-base {row.recommended}[/] "
-                     f"(by {row.recommended_by}; Men's bound: exact {row.men_bound:,}{paper}{fit})")  # fmt: skip
+        lines.append(
+            f"{row.length:>9,}: recommended [bold green]--rotary-base {row.recommended}[/] "
+            f"(by {row.recommended_by}; Men's bound: exact {row.men_bound:,}{paper}{fit})"
+        )
     lines.append(
         "[dim]×bound: base / Men's exact bound; first<0: first m with Σcos(m·θ_i) < 0 (searched to 4 × length); "
         "min B<L: minimum of that sum below the length (of "

@@ -166,8 +166,11 @@ def submit(
         estimate = estimate_chain(rp, settings)
         chain = estimate.jobs
         if chain == 0:
-            raise SlurmError("every stage of the plan is done: nothing to submit", where=str(run_dir),
-                             fix="`longctx slurm status` shows the stages")  # fmt: skip
+            raise SlurmError(
+                "every stage of the plan is done: nothing to submit",
+                where=str(run_dir),
+                fix="`longctx slurm status` shows the stages",
+            )
     if chain < 1:
         raise SlurmError(f"--chain {chain}: a chain has at least one job", fix="give --chain 1 or more")
     if chain > MAX_CHAIN_JOBS:
@@ -203,15 +206,27 @@ def submit(
             job = commands.parse_parsable(commands.run(argv).stdout)
         except SlurmError as err:
             if ids:
-                raise SlurmError(f"{err.what} after {len(ids)} of {chain} jobs were queued ({', '.join(ids)})",
-                                 where=err.where, fix="the queued jobs form a valid shorter chain; "
-                                 "submit again later to extend it") from None  # fmt: skip
+                raise SlurmError(
+                    f"{err.what} after {len(ids)} of {chain} jobs were queued ({', '.join(ids)})",
+                    where=err.where,
+                    fix="the queued jobs form a valid shorter chain; submit again later to extend it",
+                ) from None
             raise
-        ledger.append(run_dir, {
-            "event": "submit", "kind": "chain", "slurm_job_id": job, "chain_id": chain_id, "position": i + 1,
-            "chain_length": chain, "dependency": prev, "script": str(script), "profile": settings.profile.name,
-            "backend": settings.backend,
-        })  # fmt: skip
+        ledger.append(
+            run_dir,
+            {
+                "event": "submit",
+                "kind": "chain",
+                "slurm_job_id": job,
+                "chain_id": chain_id,
+                "position": i + 1,
+                "chain_length": chain,
+                "dependency": prev,
+                "script": str(script),
+                "profile": settings.profile.name,
+                "backend": settings.backend,
+            },
+        )
         ids.append(job)
         prev = job
     return SubmitResult(chain_id, cmds, ids, estimate, False, paths)
@@ -245,9 +260,18 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
         max(0, int(r.get("end_iteration") or 0) - int(r.get("start_iteration") or 0)) for r in ends
     )
     finished = [str(r["stage"]) for r in ends if r.get("status") == "done"]
-    ledger.append(run_dir, {"event": "job-end", "exit_code": exit_code, "progress": progress,
-                            "next": step.action, "next_stage": step.stage, "reason": step.reason,
-                            "finished_stages": finished})  # fmt: skip
+    ledger.append(
+        run_dir,
+        {
+            "event": "job-end",
+            "exit_code": exit_code,
+            "progress": progress,
+            "next": step.action,
+            "next_stage": step.stage,
+            "reason": step.reason,
+            "finished_stages": finished,
+        },
+    )
 
     evals: dict[str, str] = {}
     if scripts_dir is not None:
@@ -263,13 +287,27 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
                     run_dir, {"event": "submit-failed", "kind": "eval", "stage": stage, "error": err.what}
                 )
                 continue
-            ledger.append(run_dir, {"event": "submit", "kind": "eval", "slurm_job_id": jid, "stage": stage,
-                                    "script": str(script)})  # fmt: skip
+            ledger.append(
+                run_dir,
+                {
+                    "event": "submit",
+                    "kind": "eval",
+                    "slurm_job_id": jid,
+                    "stage": stage,
+                    "script": str(script),
+                },
+            )
             evals[stage] = jid
 
     sweep = _sweep_jobs(rp, step, scripts_dir, job)
-    why = chain_stop_reason(step.action, step.reason, ledger.read(run_dir), job=job, exit_code=exit_code,
-                            lock_holder=_live_holder(run_dir, job))  # fmt: skip
+    why = chain_stop_reason(
+        step.action,
+        step.reason,
+        ledger.read(run_dir),
+        job=job,
+        exit_code=exit_code,
+        lock_holder=_live_holder(run_dir, job),
+    )
     cancelled = cancel_behind(rp, reason=why) if why else []
     return JobEnd(job, exit_code, progress, step.action, step.stage, step.reason, cancelled, evals, sweep)
 
@@ -286,8 +324,9 @@ def _sweep_jobs(
     try:
         return submit_sweep(rp, rp.stage(st.branch_of), scripts_dir, job=job)
     except SlurmError as err:
-        ledger.append(rp.run_dir, {"event": "submit-failed", "kind": "sweep", "stage": st.branch_of,
-                                   "error": err.what})  # fmt: skip
+        ledger.append(
+            rp.run_dir, {"event": "submit-failed", "kind": "sweep", "stage": st.branch_of, "error": err.what}
+        )
         return None
 
 

@@ -45,18 +45,26 @@ def available(binary: str = "sbatch") -> bool:
 
 def run(argv: Sequence[str], *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     if shutil.which(argv[0]) is None:
-        raise SlurmError(f"{argv[0]} is not on PATH: this host is not a Slurm client",
-                         where=" ".join(argv),
-                         fix="run on a login node of the cluster (or start the local one: scripts/slurm/local-cluster up)")  # fmt: skip
+        raise SlurmError(
+            f"{argv[0]} is not on PATH: this host is not a Slurm client",
+            where=" ".join(argv),
+            fix="run on a login node of the cluster (or start the local one: scripts/slurm/local-cluster up)",
+        )
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s", where=" ".join(argv),
-                         fix="check that slurmctld is up (sinfo)") from None  # fmt: skip
+        raise SlurmError(
+            f"{argv[0]} did not answer within {timeout:.0f} s",
+            where=" ".join(argv),
+            fix="check that slurmctld is up (sinfo)",
+        ) from None
     if check and proc.returncode != 0:
         msg = (proc.stderr or proc.stdout).strip().splitlines()
-        raise SlurmError(f"{argv[0]} failed (exit {proc.returncode}): {msg[-1] if msg else 'no message'}",
-                         where=" ".join(argv), fix="read the message above; `sinfo` and `squeue` show the cluster's state")  # fmt: skip
+        raise SlurmError(
+            f"{argv[0]} failed (exit {proc.returncode}): {msg[-1] if msg else 'no message'}",
+            where=" ".join(argv),
+            fix="read the message above; `sinfo` and `squeue` show the cluster's state",
+        )
     return proc
 
 
@@ -136,8 +144,15 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
         if len(parts) < 6 or not parts[0]:
             continue
         jid, state, used, limit, reason, start = parts[:6]
-        out[jid] = JobInfo(jid, state.upper(), "squeue", reason=None if reason in ("None", "") else reason,
-                           elapsed=used, time_limit=limit, start=None if start in ("N/A", "") else start)  # fmt: skip
+        out[jid] = JobInfo(
+            jid,
+            state.upper(),
+            "squeue",
+            reason=None if reason in ("None", "") else reason,
+            elapsed=used,
+            time_limit=limit,
+            start=None if start in ("N/A", "") else start,
+        )
     return out
 
 
@@ -167,9 +182,15 @@ def parse_sacct(text: str) -> dict[str, JobInfo]:
             continue
         jid, state, code, elapsed, start, end = parts[:6]
         # "CANCELLED by 0" → CANCELLED
-        out[jid] = JobInfo(jid, state.split()[0].upper(), "sacct", exit_code=code, elapsed=elapsed,
-                           start=None if start in ("Unknown", "None") else start,
-                           end=None if end in ("Unknown", "None") else end)  # fmt: skip
+        out[jid] = JobInfo(
+            jid,
+            state.split()[0].upper(),
+            "sacct",
+            exit_code=code,
+            elapsed=elapsed,
+            start=None if start in ("Unknown", "None") else start,
+            end=None if end in ("Unknown", "None") else end,
+        )
     return out
 
 
@@ -204,10 +225,17 @@ def scontrol_job(job_id: str) -> JobInfo | None:
     if proc.returncode != 0 or "JobId=" not in proc.stdout:
         return None
     kv = parse_key_values(proc.stdout.strip().splitlines()[0])
-    return JobInfo(job_id, kv.get("JobState", "UNKNOWN").upper(), "scontrol",
-                   reason=None if kv.get("Reason") in (None, "None") else kv.get("Reason"),
-                   exit_code=kv.get("ExitCode"), elapsed=kv.get("RunTime"), time_limit=kv.get("TimeLimit"),
-                   start=kv.get("StartTime"), end=kv.get("EndTime"))  # fmt: skip
+    return JobInfo(
+        job_id,
+        kv.get("JobState", "UNKNOWN").upper(),
+        "scontrol",
+        reason=None if kv.get("Reason") in (None, "None") else kv.get("Reason"),
+        exit_code=kv.get("ExitCode"),
+        elapsed=kv.get("RunTime"),
+        time_limit=kv.get("TimeLimit"),
+        start=kv.get("StartTime"),
+        end=kv.get("EndTime"),
+    )
 
 
 def config() -> dict[str, str]:
@@ -230,8 +258,15 @@ def parse_jobcomp(text: str, job_ids: Iterable[str]) -> dict[str, JobInfo]:
         kv = parse_key_values(line)
         jid = kv.get("JobId", "")
         if jid in wanted:
-            out[jid] = JobInfo(jid, kv.get("JobState", "UNKNOWN").upper(), "jobcomp", exit_code=kv.get("ExitCode"),
-                               time_limit=kv.get("TimeLimit"), start=kv.get("StartTime"), end=kv.get("EndTime"))  # fmt: skip
+            out[jid] = JobInfo(
+                jid,
+                kv.get("JobState", "UNKNOWN").upper(),
+                "jobcomp",
+                exit_code=kv.get("ExitCode"),
+                time_limit=kv.get("TimeLimit"),
+                start=kv.get("StartTime"),
+                end=kv.get("EndTime"),
+            )
     return out
 
 
@@ -278,8 +313,9 @@ def job_states(job_ids: Iterable[str]) -> dict[str, JobInfo]:
 # -- the Megatron-LM preflight of a chain -----------------------------------------------------------
 
 
-def preflight_facts(profile: Profile, *, gpu_memory_gib: float | None = None,
-                    environ: Mapping[str, str] | None = None) -> DeviceFacts:  # fmt: skip
+def preflight_facts(
+    profile: Profile, *, gpu_memory_gib: float | None = None, environ: Mapping[str, str] | None = None
+) -> DeviceFacts:
     """The device facts of a profile's nodes, for `longctx.stage.preflight` on a login node.
 
     The launch environment is what a chain job's workers get: the submitting shell's (sbatch exports it),
@@ -290,12 +326,19 @@ def preflight_facts(profile: Profile, *, gpu_memory_gib: float | None = None,
         return DeviceFacts.cpu(source + " (no GPU)", env=env)
     te = profile.transformer_engine
     te_version = None if te is False else (DEFAULT_TE_VERSION if te is True else str(te))
-    return DeviceFacts(source, gpu_arch=parse_arch(profile.gpu_arch or "8.0"), gpu_name=profile.gpu_name,
-                       gpu_memory_gib=gpu_memory_gib, transformer_engine=te_version, env=env)  # fmt: skip
+    return DeviceFacts(
+        source,
+        gpu_arch=parse_arch(profile.gpu_arch or "8.0"),
+        gpu_name=profile.gpu_name,
+        gpu_memory_gib=gpu_memory_gib,
+        transformer_engine=te_version,
+        env=env,
+    )
 
 
-def preflight_chain(rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str, str] | None = None,
-                    rotary: bool = True) -> PreflightReport | None:  # fmt: skip
+def preflight_chain(
+    rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str, str] | None = None, rotary: bool = True
+) -> PreflightReport | None:
     """Every stage a chain may still launch (not done on disk) through the checkout's Megatron-LM with the
     profile's device facts (a profile without GPUs: the launch of the CPU runner, the only one its nodes
     run); None when nothing is left. Raises PreflightError when Megatron-LM refuses one."""
@@ -308,8 +351,12 @@ def preflight_chain(rp: ResolvedPlan, profile: Profile, *, environ: Mapping[str,
     else:
         # nodes without a GPU run Megatron-LM only through the CPU runner: `stage run` there appends the CPU
         # flags and the runner stands in an A100-class device without TE, so that is the launch to check
-        facts = DeviceFacts(f"{facts.source}: Megatron-LM on the CPU (the CPU runner's A100-class device)",
-                            gpu_arch=(8, 0), transformer_engine=None, env=facts.env)  # fmt: skip
+        facts = DeviceFacts(
+            f"{facts.source}: Megatron-LM on the CPU (the CPU runner's A100-class device)",
+            gpu_arch=(8, 0),
+            transformer_engine=None,
+            env=facts.env,
+        )
         jobs = []
         for st in rp.launchable(pending):
             job = stage_job(rp, st, rotary=rotary)

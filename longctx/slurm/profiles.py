@@ -150,8 +150,11 @@ def load_profile(name: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        raise SlurmError(f"invalid profile: {_describe(err)}", where=str(path),
-                         fix="see longctx/resources/slurm/profiles/generic.toml for every key") from None  # fmt: skip
+        raise SlurmError(
+            f"invalid profile: {_describe(err)}",
+            where=str(path),
+            fix="see longctx/resources/slurm/profiles/generic.toml for every key",
+        ) from None
 
 
 def _describe(err: ValidationError) -> str:

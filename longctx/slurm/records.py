@@ -11,9 +11,11 @@ from longctx.stage import ledger
 def submitted(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The ledger's submit records (oldest first), optionally of one kind ("chain" or "eval"); a record
     without a job id (damaged, or written by hand) names no job and is left out."""
-    return [r for r in ledger.read(run_dir)
-            if r.get("event") == "submit" and (kind is None or r.get("kind") == kind)
-            and job_id_of(r) is not None]  # fmt: skip
+    return [
+        r
+        for r in ledger.read(run_dir)
+        if r.get("event") == "submit" and (kind is None or r.get("kind") == kind) and job_id_of(r) is not None
+    ]
 
 
 def job_id_of(record: dict[str, Any]) -> str | None:

@@ -137,49 +137,87 @@ def render(
     where = str(settings.plan_path)
 
     env = _environment(settings, where)
-    chain_directives = _directives(settings, nodes=settings.nodes, time=eff.time.strip(),
-                                   name=settings.job_name, signal=True)  # fmt: skip
+    chain_directives = _directives(
+        settings, nodes=settings.nodes, time=eff.time.strip(), name=settings.job_name, signal=True
+    )
     scripts = [
-        Script(CHAIN_SCRIPT, "chain", fill(template("chain"), {
-            "title": _comment(f"longctx chain job: plan {settings.plan_name}, profile {eff.name}, "
-                              f"backend {settings.backend}"),
-            "directives": chain_directives,
-            "environment": env,
-            "longctx": sh_words(command, "longctx command"),
-            "plan": sh(settings.plan_path, "plan path"),
-            "backend": sh(settings.backend),
-            "launcher": sh(settings.launcher),
-            "stage_options": _stage_options(settings) + (
-                " --sweep-branches array" if any(st.sweep for st in rp.stages) else ""),
-            "scripts_dir": sh(out, "scripts directory"),
-        }, where=f"template {CHAIN_SCRIPT}")),
-    ]  # fmt: skip
+        Script(
+            CHAIN_SCRIPT,
+            "chain",
+            fill(
+                template("chain"),
+                {
+                    "title": _comment(
+                        f"longctx chain job: plan {settings.plan_name}, profile {eff.name}, "
+                        f"backend {settings.backend}"
+                    ),
+                    "directives": chain_directives,
+                    "environment": env,
+                    "longctx": sh_words(command, "longctx command"),
+                    "plan": sh(settings.plan_path, "plan path"),
+                    "backend": sh(settings.backend),
+                    "launcher": sh(settings.launcher),
+                    "stage_options": _stage_options(settings)
+                    + (" --sweep-branches array" if any(st.sweep for st in rp.stages) else ""),
+                    "scripts_dir": sh(out, "scripts directory"),
+                },
+                where=f"template {CHAIN_SCRIPT}",
+            ),
+        ),
+    ]
     scripts += _sweep_scripts(rp, settings, env, command)
     notes: list[str] = []
     if settings.backend == "megatron-lm":
         for st in rp.stages:
-            directives = _directives(settings, nodes=eff.eval_nodes, time=eff.eval_time.strip(),
-                                     name=f"{settings.job_name}-eval-{st.name}", signal=False)  # fmt: skip
+            directives = _directives(
+                settings,
+                nodes=eff.eval_nodes,
+                time=eff.eval_time.strip(),
+                name=f"{settings.job_name}-eval-{st.name}",
+                signal=False,
+            )
             final = st.save_dir / iter_dir_name(st.train_iters)
-            est, batch = eval_cp(rp.arch, st.padded_vocab_size, st.seq_length, max_cp=settings.gpus_per_node,
-                                 gpu_memory_gib=rp.cluster.gpu_memory_gib,
-                                 margin=rp.cluster.memory_margin, where=f"{where}: stage {st.name}")  # fmt: skip
+            est, batch = eval_cp(
+                rp.arch,
+                st.padded_vocab_size,
+                st.seq_length,
+                max_cp=settings.gpus_per_node,
+                gpu_memory_gib=rp.cluster.gpu_memory_gib,
+                margin=rp.cluster.memory_margin,
+                where=f"{where}: stage {st.name}",
+            )
             launch, note = eval_launch(command, est.cp)
             if note and note not in notes:
                 notes.append(note)
-            scripts.append(Script(eval_script_name(st.name), "eval", fill(template("eval"), {
-                "title": _comment(f"longctx eval job: plan {settings.plan_name}, stage {st.name}, profile {eff.name}"),
-                "directives": directives,
-                "environment": env,
-                "longctx": sh_words(launch, "longctx command"),
-                "checkpoint": sh(final, "checkpoint path"),
-                "plan": sh(settings.plan_path, "plan path"),
-                "stage": sh(st.name, "stage name"),
-                "eval_options": "" if est.cp == 1 and batch == BATCHES[0] else
-                f" --cp {est.cp} --batch-size {batch}",
-                "memory": _comment(f"memory per GPU (longctx.plan.eval_memory): {est.total / GiB:.1f} of "
-                                   f"{est.budget / GiB:.1f} GiB at CP {est.cp}, {batch} per forward"),
-            }, where=f"template {eval_script_name(st.name)}"), stage=st.name))  # fmt: skip
+            scripts.append(
+                Script(
+                    eval_script_name(st.name),
+                    "eval",
+                    fill(
+                        template("eval"),
+                        {
+                            "title": _comment(
+                                f"longctx eval job: plan {settings.plan_name}, stage {st.name}, profile {eff.name}"
+                            ),
+                            "directives": directives,
+                            "environment": env,
+                            "longctx": sh_words(launch, "longctx command"),
+                            "checkpoint": sh(final, "checkpoint path"),
+                            "plan": sh(settings.plan_path, "plan path"),
+                            "stage": sh(st.name, "stage name"),
+                            "eval_options": ""
+                            if est.cp == 1 and batch == BATCHES[0]
+                            else f" --cp {est.cp} --batch-size {batch}",
+                            "memory": _comment(
+                                f"memory per GPU (longctx.plan.eval_memory): {est.total / GiB:.1f} of "
+                                f"{est.budget / GiB:.1f} GiB at CP {est.cp}, {batch} per forward"
+                            ),
+                        },
+                        where=f"template {eval_script_name(st.name)}",
+                    ),
+                    stage=st.name,
+                )
+            )
     return Rendered(settings, out, scripts, inputs=plan_inputs(rp), notes=notes)
 
 
@@ -202,17 +240,40 @@ def _sweep_scripts(rp: ResolvedPlan, settings: JobSettings, env: str, command: l
             continue
         for role in ("branches", "choose"):
             name = sweep_script_name(st.name, role)  # type: ignore[arg-type]
-            directives = _directives(settings, nodes=st.nodes, time=eff.time.strip(),
-                                     name=f"{settings.job_name}-{role}-{st.name}", signal=True)  # fmt: skip
+            directives = _directives(
+                settings,
+                nodes=st.nodes,
+                time=eff.time.strip(),
+                name=f"{settings.job_name}-{role}-{st.name}",
+                signal=True,
+            )
             extra = ' --branch-index "$SLURM_ARRAY_TASK_ID"' if role == "branches" else ""
-            out.append(Script(name, "sweep", fill(template("sweep"), {
-                "title": _comment(f"longctx RoPE sweep ({role}): plan {settings.plan_name}, stage {st.name}, "
-                                  f"profile {eff.name}"),
-                "directives": directives, "role": _comment(_SWEEP_ROLES[role]), "environment": env,
-                "longctx": sh_words(command, "longctx command"), "plan": sh(settings.plan_path, "plan path"),
-                "stage": sh(st.name, "stage name"), "backend": sh(settings.backend), "launcher": sh(settings.launcher),
-                "sweep_options": _stage_options(settings) + extra,
-            }, where=f"template {name}"), stage=st.name))  # fmt: skip
+            out.append(
+                Script(
+                    name,
+                    "sweep",
+                    fill(
+                        template("sweep"),
+                        {
+                            "title": _comment(
+                                f"longctx RoPE sweep ({role}): plan {settings.plan_name}, stage {st.name}, "
+                                f"profile {eff.name}"
+                            ),
+                            "directives": directives,
+                            "role": _comment(_SWEEP_ROLES[role]),
+                            "environment": env,
+                            "longctx": sh_words(command, "longctx command"),
+                            "plan": sh(settings.plan_path, "plan path"),
+                            "stage": sh(st.name, "stage name"),
+                            "backend": sh(settings.backend),
+                            "launcher": sh(settings.launcher),
+                            "sweep_options": _stage_options(settings) + extra,
+                        },
+                        where=f"template {name}",
+                    ),
+                    stage=st.name,
+                )
+            )
     return out
 
 
@@ -223,10 +284,20 @@ def eval_launch(command: list[str], cp: int) -> tuple[list[str], str | None]:
     if cp == 1:
         return command, None
     if len(command) >= 3 and command[1:3] == ["-m", "longctx"]:
-        return [command[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cp}",
-                "-m", "longctx", *command[3:]], None  # fmt: skip
-    note = (f"the eval jobs run {cp} processes (context parallelism) through `torchrun --no-python` from the "
-            f"job's PATH, since the longctx command {' '.join(command)!r} is not `PYTHON -m longctx`")  # fmt: skip
+        return [
+            command[0],
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={cp}",
+            "-m",
+            "longctx",
+            *command[3:],
+        ], None
+    note = (
+        f"the eval jobs run {cp} processes (context parallelism) through `torchrun --no-python` from the "
+        f"job's PATH, since the longctx command {' '.join(command)!r} is not `PYTHON -m longctx`"
+    )
     return ["torchrun", "--standalone", f"--nproc-per-node={cp}", "--no-python", *command], note
 
 
@@ -278,8 +349,11 @@ def _directives(s: JobSettings, *, nodes: int, time: str, name: str, signal: boo
     lines = [f"#SBATCH --{k}" if v is None else f"#SBATCH --{k}={sbatch_word(v, f'--{k}')}" for k, v in d]
     for extra in eff.extra_sbatch:
         if not extra.startswith("--"):
-            raise SlurmError(f"extra_sbatch entry {extra!r} is not a long option", where=str(s.plan_path),
-                             fix='write each entry as "--option=value"')  # fmt: skip
+            raise SlurmError(
+                f"extra_sbatch entry {extra!r} is not a long option",
+                where=str(s.plan_path),
+                fix='write each entry as "--option=value"',
+            )
         lines.append(f"#SBATCH {sbatch_word(extra, 'extra_sbatch')}")
     return "\n".join(lines)
 
@@ -304,8 +378,11 @@ def _environment(s: JobSettings, where: str) -> str:
     reserved = {RUN_DIR_ENV, SRUN_CONFIG_ENV, MEGATRON_ENV}
     clash = sorted(reserved & set(env))
     if clash:
-        raise SlurmError(f"env sets {', '.join(clash)}, which the renderer owns", where=where,
-                         fix="remove them from the plan's slurm.env and the profile's env table")  # fmt: skip
+        raise SlurmError(
+            f"env sets {', '.join(clash)}, which the renderer owns",
+            where=where,
+            fix="remove them from the plan's slurm.env and the profile's env table",
+        )
     lines = [f"export {env_name(k, where)}={sh(v, f'env {k}')}" for k, v in sorted(env.items())]
     lines.append(f"export {RUN_DIR_ENV}={sh(s.run_dir, 'run_dir')}")
     if s.megatron_lm:

@@ -139,16 +139,22 @@ def _merge(profile: Profile, given: PlanSlurm, where: str) -> tuple[Profile, str
             try:
                 container = ContainerSpec.model_validate({**base, **given.container})
             except ValidationError as err:
-                raise SlurmError(f"invalid slurm.container: {err.errors()[0]['msg']}", where=where,
-                                 fix="give an image path, or a table with runtime, image, binds, options") from None  # fmt: skip
+                raise SlurmError(
+                    f"invalid slurm.container: {err.errors()[0]['msg']}",
+                    where=where,
+                    fix="give an image path, or a table with runtime, image, binds, options",
+                ) from None
     if given.binds is not None:
         container = (container or ContainerSpec()).model_copy(update={"binds": list(given.binds)})
     update["container"] = container
     try:
         merged = Profile.model_validate({**profile.model_dump(), **update})
     except ValidationError as err:
-        raise SlurmError(f"invalid Slurm settings: {err.errors()[0]['msg']}", where=where,
-                         fix="check the plan's slurm table and the command-line options") from None  # fmt: skip
+        raise SlurmError(
+            f"invalid Slurm settings: {err.errors()[0]['msg']}",
+            where=where,
+            fix="check the plan's slurm table and the command-line options",
+        ) from None
     return merged, given.job_name, given.megatron_lm
 
 
@@ -199,8 +205,11 @@ def job_settings(
             fix=f"set gpus_per_node = {eff.gpus_per_node} in the plan, or use the profile of the cluster it was planned for",
         )
     if eff.backend == "local" and nodes > 1:
-        raise SlurmError(f"the local backend runs on one node; the plan asks {nodes}", where=where,
-                         fix="use the megatron-lm backend (--backend megatron-lm) or nodes = 1")  # fmt: skip
+        raise SlurmError(
+            f"the local backend runs on one node; the plan asks {nodes}",
+            where=where,
+            fix="use the megatron-lm backend (--backend megatron-lm) or nodes = 1",
+        )
 
     _check_exit_duration(rp, eff, time_s, where, warnings)
     _check_qos(eff, nodes, time_s, where, job="chain job")
@@ -208,11 +217,20 @@ def job_settings(
         _check_qos(eff, eff.eval_nodes, eval_s, where, job="eval job")
 
     return JobSettings(
-        profile=eff, plan_name=rp.name, plan_path=Path(rp.source or where).resolve(), run_dir=rp.run_dir,
-        job_name=job_name or f"longctx-{rp.name}", nodes=nodes, gpus_per_node=gpn, time_seconds=time_s,
-        signal=sig, eval_time_seconds=eval_s, megatron_lm=megatron, warnings=tuple(warnings),
+        profile=eff,
+        plan_name=rp.name,
+        plan_path=Path(rp.source or where).resolve(),
+        run_dir=rp.run_dir,
+        job_name=job_name or f"longctx-{rp.name}",
+        nodes=nodes,
+        gpus_per_node=gpn,
+        time_seconds=time_s,
+        signal=sig,
+        eval_time_seconds=eval_s,
+        megatron_lm=megatron,
+        warnings=tuple(warnings),
         job_preflight=True if job_preflight is None else job_preflight,
-    )  # fmt: skip
+    )
 
 
 def _check_signal(eff: Profile, sig: SignalSpec, time_s: int, where: str) -> None:
@@ -262,8 +280,11 @@ def _check_qos(eff: Profile, nodes: int, time_s: int, where: str, *, job: str) -
         return
     lim = eff.qos_limits[eff.qos]
     fits = [name for name, q in eff.qos_limits.items() if _qos_fits(q, nodes, time_s)]
-    hint = f"QoS that fit {nodes} nodes for {format_seconds(time_s)}: {', '.join(fits)}" if fits else (
-        "no QoS of the profile fits; lower the node count or the time limit")  # fmt: skip
+    hint = (
+        f"QoS that fit {nodes} nodes for {format_seconds(time_s)}: {', '.join(fits)}"
+        if fits
+        else ("no QoS of the profile fits; lower the node count or the time limit")
+    )
     if lim.max_nodes is not None and nodes > lim.max_nodes:
         raise SlurmError(
             f"the {job} needs {nodes} nodes, but QoS {eff.qos!r} of profile {eff.name!r} allows at most {lim.max_nodes}",

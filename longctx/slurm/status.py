@@ -157,8 +157,9 @@ def _profile_rate(rp: ResolvedPlan, st: ResolvedStage, profile: str | None) -> f
     return st.tokens_per_iteration / tps if tps else None
 
 
-def stage_progress(rp: ResolvedPlan, states: list[StageState], records: list[dict[str, Any]],
-                   profile: str | None = None) -> list[StageProgress]:  # fmt: skip
+def stage_progress(
+    rp: ResolvedPlan, states: list[StageState], records: list[dict[str, Any]], profile: str | None = None
+) -> list[StageProgress]:
     out: list[StageProgress] = []
     eta: float | None = 0.0
     paces = plan_pace(rp, states, read_plan_curves(rp), records)
@@ -176,14 +177,24 @@ def stage_progress(rp: ResolvedPlan, states: list[StageState], records: list[dic
         stage_eta = stage_eta if stage_eta is None or stage_eta <= MAX_ETA_SECONDS else None
         eta = None if eta is None or stage_eta is None else eta + stage_eta
         ck_it, ck_time = _last_checkpoint(s)
-        out.append(StageProgress(
-            stage=st.name, status=s.status, iteration=s.iteration, target=st.train_iters,
-            tokens_done=s.iteration * st.tokens_per_iteration, tokens_target=st.tokens_realized,
-            last_checkpoint_iteration=ck_it, last_checkpoint_time=ck_time, seconds_per_iteration=rate,
-            rate_source=source if rate is not None else None, eta_seconds=eta,
-            tokens_per_s=st.tokens_per_iteration / rate if rate else None, stage_eta_seconds=stage_eta,
-            resume_jump=pace.flag() or None,
-        ))  # fmt: skip
+        out.append(
+            StageProgress(
+                stage=st.name,
+                status=s.status,
+                iteration=s.iteration,
+                target=st.train_iters,
+                tokens_done=s.iteration * st.tokens_per_iteration,
+                tokens_target=st.tokens_realized,
+                last_checkpoint_iteration=ck_it,
+                last_checkpoint_time=ck_time,
+                seconds_per_iteration=rate,
+                rate_source=source if rate is not None else None,
+                eta_seconds=eta,
+                tokens_per_s=st.tokens_per_iteration / rate if rate else None,
+                stage_eta_seconds=stage_eta,
+                resume_jump=pace.flag() or None,
+            )
+        )
     return out
 
 
@@ -197,11 +208,20 @@ def _jobs_from_ledger(records: list[dict[str, Any]]) -> tuple[list[JobRow], dict
             jid = job_id_of(r)
             if jid is None:
                 continue
-            rows[jid] = JobRow(jid, str(r.get("kind", "chain")), r.get("position"), "SUBMITTED", "ledger",
-                               stage=r.get("stage"))  # fmt: skip
+            rows[jid] = JobRow(
+                jid,
+                str(r.get("kind", "chain")),
+                r.get("position"),
+                "SUBMITTED",
+                "ledger",
+                stage=r.get("stage"),
+            )
         elif ev in ("chain-cancel", "cancel"):
-            why = (f"cancelled by job {r.get('job_id')}: {r.get('reason')}" if ev == "chain-cancel"
-                   else "cancelled by `slurm cancel`")  # fmt: skip
+            why = (
+                f"cancelled by job {r.get('job_id')}: {r.get('reason')}"
+                if ev == "chain-cancel"
+                else "cancelled by `slurm cancel`"
+            )
             ids = r.get("slurm_job_ids")
             cancelled_by_us.update((str(j), why) for j in (ids if isinstance(ids, list) else []))
     launches: dict[str, dict[str, Any]] = {}
@@ -297,7 +317,17 @@ def chain_status(rp: ResolvedPlan, *, profile: str | None = None, query_slurm: b
     pending = [r.job_id for r in rows if r.state == "PENDING"]
     eta = stages[-1].eta_seconds if stages else None
     return ChainStatus(
-        plan=rp.name, run_dir=str(run_dir), next_action=step.action, next_stage=step.stage,
-        next_reason=step.reason, stages=stages, jobs=rows, running=running, pending=pending, eta_seconds=eta,
-        last_failure=_last_failure(rows, records, run_dir, cancelled), job_source=source, slurm=slurm_ok,
-    )  # fmt: skip
+        plan=rp.name,
+        run_dir=str(run_dir),
+        next_action=step.action,
+        next_stage=step.stage,
+        next_reason=step.reason,
+        stages=stages,
+        jobs=rows,
+        running=running,
+        pending=pending,
+        eta_seconds=eta,
+        last_failure=_last_failure(rows, records, run_dir, cancelled),
+        job_source=source,
+        slurm=slurm_ok,
+    )

@@ -48,8 +48,11 @@ def active_with_tasks(job_ids: list[str]) -> list[str]:
 
 
 def _live_sweep_jobs(rp: ResolvedPlan, stage: str) -> list[str]:
-    ids = [job_id_of(r) for r in submitted(rp.run_dir) if r.get("kind") in (ARRAY_KIND, CHOOSE_KIND)
-           and r.get("stage") == stage]  # fmt: skip
+    ids = [
+        job_id_of(r)
+        for r in submitted(rp.run_dir)
+        if r.get("kind") in (ARRAY_KIND, CHOOSE_KIND) and r.get("stage") == stage
+    ]
     return active_with_tasks([i for i in ids if i is not None])
 
 
@@ -76,23 +79,46 @@ def submit_sweep(
     branches, choose = (Path(scripts_dir) / sweep_script_name(st.name, r) for r in ("branches", "choose"))
     for script in (branches, choose):
         if not script.is_file():
-            raise SlurmError(f"the sweep's batch script {script} is missing", where=str(scripts_dir),
-                             fix="render the plan's scripts again (`longctx slurm render` / `slurm submit`)")  # fmt: skip
+            raise SlurmError(
+                f"the sweep's batch script {script} is missing",
+                where=str(scripts_dir),
+                fix="render the plan's scripts again (`longctx slurm render` / `slurm submit`)",
+            )
     array = ""
     if tasks:
         argv = commands.sbatch_argv(branches, extra=[f"--array={','.join(map(str, tasks))}"])
         array = commands.parse_parsable(commands.run(argv).stdout)
-        ledger.append(rp.run_dir, {"event": "submit", "kind": ARRAY_KIND, "slurm_job_id": array, "stage": st.name,
-                                   "tasks": tasks, "branches": [st.branches[i].name for i in tasks],
-                                   "script": str(branches)})  # fmt: skip
+        ledger.append(
+            rp.run_dir,
+            {
+                "event": "submit",
+                "kind": ARRAY_KIND,
+                "slurm_job_id": array,
+                "stage": st.name,
+                "tasks": tasks,
+                "branches": [st.branches[i].name for i in tasks],
+                "script": str(branches),
+            },
+        )
     chosen = commands.sbatch(choose, dependency=array or None)
-    ledger.append(rp.run_dir, {"event": "submit", "kind": CHOOSE_KIND, "slurm_job_id": chosen, "stage": st.name,
-                               "dependency": array or None, "script": str(choose)})  # fmt: skip
+    ledger.append(
+        rp.run_dir,
+        {
+            "event": "submit",
+            "kind": CHOOSE_KIND,
+            "slurm_job_id": chosen,
+            "stage": st.name,
+            "dependency": array or None,
+            "script": str(choose),
+        },
+    )
     waiting = _next_chain_job(rp, job)
     if waiting is not None:
         commands.run(["scontrol", "update", f"JobId={waiting}", f"Dependency=afterany:{chosen}"])
-        ledger.append(rp.run_dir, {"event": "chain-wait", "slurm_job_id": waiting, "waits_for": chosen,
-                                   "stage": st.name})  # fmt: skip
+        ledger.append(
+            rp.run_dir,
+            {"event": "chain-wait", "slurm_job_id": waiting, "waits_for": chosen, "stage": st.name},
+        )
     return SweepJobs(st.name, array, tasks, chosen, waiting)
 
 

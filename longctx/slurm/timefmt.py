@@ -81,15 +81,22 @@ def parse_signal(text: str, where: str = "signal") -> SignalSpec:
     if sig.isdigit():
         by_number = {v: k for k, v in SIGNALS.items()}
         if int(sig) not in by_number:
-            raise SlurmError(f"--signal={s}: signal {sig} is not one the trainers save on", where=where,
-                             fix=f"use one of {', '.join(SIGNALS)}")  # fmt: skip
+            raise SlurmError(
+                f"--signal={s}: signal {sig} is not one the trainers save on",
+                where=where,
+                fix=f"use one of {', '.join(SIGNALS)}",
+            )
         sig = by_number[int(sig)]
     if sig not in SIGNALS:
-        raise SlurmError(f"--signal={s}: {sig} is not a signal the trainers save on", where=where,
-                         fix=f"use one of {', '.join(SIGNALS)} (TERM is what Megatron-LM's --exit-signal-handler "
-                         "and the local trainer handle by default)")  # fmt: skip
+        raise SlurmError(
+            f"--signal={s}: {sig} is not a signal the trainers save on",
+            where=where,
+            fix=f"use one of {', '.join(SIGNALS)} (TERM is what Megatron-LM's --exit-signal-handler "
+            "and the local trainer handle by default)",
+        )
     seconds = int(secs) if secs is not None else 60  # Slurm's default lead time
     if seconds <= 0 or seconds > 65535:
-        raise SlurmError(f"--signal={s}: the lead time must be 1–65535 seconds", where=where,
-                         fix='write e.g. "TERM@240"')  # fmt: skip
+        raise SlurmError(
+            f"--signal={s}: the lead time must be 1–65535 seconds", where=where, fix='write e.g. "TERM@240"'
+        )
     return SignalSpec(sig, seconds, reservation="R" in flags)

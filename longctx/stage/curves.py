@@ -168,8 +168,10 @@ def _from_events(curve: StageCurve, tb_dir: Path, run_dir: Path, problems: list[
         read_any = True
         tail = _truncated_tail(path, run_dir)
         if tail:
-            problems.append(f"{path}: truncated ({tail} bytes of an unfinished record at the end); "
-                            f"read its {len(loss)} complete loss events")  # fmt: skip
+            problems.append(
+                f"{path}: truncated ({tail} bytes of an unfinished record at the end); "
+                f"read its {len(loss)} complete loss events"
+            )
         steps = [s for _, s, _ in loss]
         if max(steps) > curve.target_iterations:
             problems.append(
@@ -178,9 +180,12 @@ def _from_events(curve: StageCurve, tb_dir: Path, run_dir: Path, problems: list[
             )
             continue
         skipped = 0
-        for series, points in ((curve.loss, loss), (curve.lr, scalars.get(tags.LEARNING_RATE, [])),
-                               (curve.validation, scalars.get(tags.VALIDATION_LOSS, [])),
-                               (curve.tokens_per_s, _rates(curve, scalars, loss))):  # fmt: skip
+        for series, points in (
+            (curve.loss, loss),
+            (curve.lr, scalars.get(tags.LEARNING_RATE, [])),
+            (curve.validation, scalars.get(tags.VALIDATION_LOSS, [])),
+            (curve.tokens_per_s, _rates(curve, scalars, loss)),
+        ):
             skipped += sum(not curve.add(series, s, v) for _, s, v in points)
         if skipped:
             problems.append(
@@ -305,8 +310,10 @@ def _from_logs(curve: StageCurve, logs: list[tuple[str, Path]], run_dir: Path, p
                 curve.add(curve.lr, it, lr)
                 curve.add(curve.tokens_per_s, it, tps)
         if skipped:
-            problems.append(f"{log}: {skipped} iteration lines with a loss that is not a finite number or an "
-                            "iteration outside the stage; skipped")  # fmt: skip
+            problems.append(
+                f"{log}: {skipped} iteration lines with a loss that is not a finite number or an "
+                "iteration outside the stage; skipped"
+            )
     return bool(curve.loss)
 
 
@@ -334,8 +341,16 @@ def _launch_marks(
         c = curves[stage]
         if rec.get("event") == "launch":
             start = min(max(int(rec.get("start_iteration") or 0), 0), c.target_iterations)
-            mark = LaunchMark(stage, str(rec.get("action")), start, None, c.tokens_at(start), None, "running",
-                              str(rec.get("time", "")))  # fmt: skip
+            mark = LaunchMark(
+                stage,
+                str(rec.get("action")),
+                start,
+                None,
+                c.tokens_at(start),
+                None,
+                "running",
+                str(rec.get("time", "")),
+            )
             marks.append(mark)
             open_launch[stage] = (mark, rec)
         elif rec.get("event") == "end" and stage in open_launch:
@@ -395,8 +410,10 @@ def _read_stage(
     for recorded in filter(None, launched):
         log = stage_log(root, recorded)
         if log is None:
-            problems.append(f"{recorded}: the ledger names this as stage {st.name}'s log, but it is no launch log "
-                            f"of the run (they are {root / 'logs'}/*.log); not read")  # fmt: skip
+            problems.append(
+                f"{recorded}: the ledger names this as stage {st.name}'s log, but it is no launch log "
+                f"of the run (they are {root / 'logs'}/*.log); not read"
+            )
         elif log not in [p for _, p in logs]:
             logs.append((str(recorded), log))
     for source, read in (
@@ -412,5 +429,7 @@ def _read_stage(
             return
     c.loss, c.lr, c.tokens_per_s, c.validation = [], [], [], []
     if launched:  # launched, yet no curve: say where it looked
-        problems.append(f"{root}: stage {st.name} was launched but neither tensorboard/, metrics.jsonl nor its "
-                        "logs hold a readable loss")  # fmt: skip
+        problems.append(
+            f"{root}: stage {st.name} was launched but neither tensorboard/, metrics.jsonl nor its "
+            "logs hold a readable loss"
+        )

@@ -57,8 +57,17 @@ def _mark(ax, curve: StageCurve, m: LaunchMark, seen: set[str]) -> None:
         marker, colour, label = style
         ax.axvline(m.start_tokens, color=colour, lw=0.8, ls=":", alpha=0.7)
         # hollow and larger: a resume's ring surrounds the mark of the launch that stopped at the same point
-        ax.plot([m.start_tokens], [y], marker, color=colour, ms=14, mfc="none", mew=2, clip_on=False,
-                label=None if label in seen else label)  # fmt: skip
+        ax.plot(
+            [m.start_tokens],
+            [y],
+            marker,
+            color=colour,
+            ms=14,
+            mfc="none",
+            mew=2,
+            clip_on=False,
+            label=None if label in seen else label,
+        )
         seen.add(label)
     end = END_STYLE.get(m.ended)
     if end and m.end_tokens is not None and m.end_iteration is not None:
@@ -77,10 +86,15 @@ def _boundaries(axes, curves: PlanCurves) -> None:
         name = "" if c.stage == human_length(c.seq_length) or c.stage == str(c.seq_length) else f"{c.stage}: "
         top.annotate(
             f"{name}length {human_length(c.seq_length)}\nRoPE base {c.rotary_base:,}",
-            xy=(c.token_offset, 0.0), xycoords=("data", "axes fraction"), xytext=(4, 4),
-            textcoords="offset points", va="bottom", ha="left", fontsize=8,
+            xy=(c.token_offset, 0.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, 4),
+            textcoords="offset points",
+            va="bottom",
+            ha="left",
+            fontsize=8,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.7", "alpha": 0.85},
-        )  # fmt: skip
+        )
 
 
 def plot_curves(curves: PlanCurves, path: Path) -> Path:
@@ -93,11 +107,23 @@ def plot_curves(curves: PlanCurves, path: Path) -> Path:
     for i, c in enumerate(curves.stages):
         colour = f"C{i % 10}"
         if c.loss:
-            loss_ax.plot([p[1] for p in c.loss], [p[2] for p in c.loss], color=colour, lw=1.4,
-                         label=f"{c.stage} loss ({c.source})")  # fmt: skip
+            loss_ax.plot(
+                [p[1] for p in c.loss],
+                [p[2] for p in c.loss],
+                color=colour,
+                lw=1.4,
+                label=f"{c.stage} loss ({c.source})",
+            )
         if c.validation:
-            loss_ax.plot([p[1] for p in c.validation], [p[2] for p in c.validation], "D--", color=colour,
-                         ms=4, lw=1, label=f"{c.stage} validation loss ({human_length(c.seq_length)})")  # fmt: skip
+            loss_ax.plot(
+                [p[1] for p in c.validation],
+                [p[2] for p in c.validation],
+                "D--",
+                color=colour,
+                ms=4,
+                lw=1,
+                label=f"{c.stage} validation loss ({human_length(c.seq_length)})",
+            )
         if c.lr:
             lr_ax.plot([p[1] for p in c.lr], [p[2] for p in c.lr], color=colour, lw=1.2)
         if c.tokens_per_s:

@@ -143,8 +143,10 @@ def _mistyped(rec: dict[str, Any]) -> str | None:
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, types):
-            want = " or ".join({int: "an integer", float: "a number", str: "text", dict: "an object",
-                                list: "a list"}[t] for t in types)  # fmt: skip
+            want = " or ".join(
+                {int: "an integer", float: "a number", str: "text", dict: "an object", list: "a list"}[t]
+                for t in types
+            )
             return f"{key} is {json.dumps(v)[:60]}, not {want}"
     schedule = rec.get("binding", {}).get("schedule") if isinstance(rec.get("binding"), dict) else None
     if schedule is not None and not isinstance(schedule, dict):

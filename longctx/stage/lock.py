@@ -156,8 +156,11 @@ def run_lock(run_dir: Path, stage: str) -> Iterator[dict[str, Any] | None]:
             taken = read_holder(run_dir)
             if taken is not None:
                 raise _held(path, taken)
-            raise StageError("another launcher took the run lock at the same moment", where=str(path),
-                             fix="run `longctx stage status` to see the holder, then try again")  # fmt: skip
+            raise StageError(
+                "another launcher took the run lock at the same moment",
+                where=str(path),
+                fix="run `longctx stage status` to see the holder, then try again",
+            )
     try:
         yield replaced
     finally:

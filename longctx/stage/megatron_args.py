@@ -156,8 +156,10 @@ def launch_notes(rp: ResolvedPlan, st: ResolvedStage) -> list[str]:
     meg = rp.megatron
     notes = []
     if PurePath(meg.entry_script).name != UPSTREAM_SCRIPT:
-        notes.append(f"the launch runs the fork's entry script {meg.entry_script}, with "
-                     f"{len(meg.family_args)} words of its own flags ([megatron].family_args)")  # fmt: skip
+        notes.append(
+            f"the launch runs the fork's entry script {meg.entry_script}, with "
+            f"{len(meg.family_args)} words of its own flags ([megatron].family_args)"
+        )
     if rp.objective.kind != "ar" and st.cp > 1:
         notes.append(
             f"stage {st.name} runs {meg.entry_script} with context parallel {st.cp}: the fork must draw t and the "
@@ -355,8 +357,11 @@ def _refuse_unhonoured(flags: list[Flag], version: str, known: MegatronFacts, wh
     for f in flags:
         if known.has_flag(f.name) is False:
             added, removed = first_version(f.name), removed_version(f.name)
-            when = (f"removed in {'.'.join(map(str, removed))}" if removed and known.version >= removed
-                    else f"added in {'.'.join(map(str, added or (0, 0, 0)))}")  # fmt: skip
+            when = (
+                f"removed in {'.'.join(map(str, removed))}"
+                if removed and known.version >= removed
+                else f"added in {'.'.join(map(str, added or (0, 0, 0)))}"
+            )
             raise StageError(
                 f"{f.name} does not exist in Megatron-LM {version} ({when}): its parser would refuse the launch",
                 where=str(where) if where else None,

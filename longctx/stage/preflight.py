@@ -48,8 +48,14 @@ _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 class PreflightError(StageError):
     """Megatron-LM (or the model its entry script builds) refuses a stage's argv; `report` says how."""
 
-    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None,
-                 report: PreflightReport | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        what: str,
+        *,
+        where: str | None = None,
+        fix: str | None = None,
+        report: PreflightReport | None = None,
+    ) -> None:
         super().__init__(what, where=where, fix=fix)
         self.report = report
 
@@ -76,8 +82,10 @@ class DeviceFacts:
         else:
             a, b = self.gpu_arch
             name = self.gpu_name or f"compute capability {a}.{b}"
-            dev = (f"torch.cuda: is_available True, device_count = GPUs per node, get_device_properties / "
-                   f"get_device_capability = {name} ({a}.{b})")  # fmt: skip
+            dev = (
+                f"torch.cuda: is_available True, device_count = GPUs per node, get_device_properties / "
+                f"get_device_capability = {name} ({a}.{b})"
+            )
         te = (
             f"TransformerEngine {self.transformer_engine}"
             if self.transformer_engine
@@ -94,11 +102,15 @@ class DeviceFacts:
         ]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "gpu_arch": None if self.gpu_arch is None else ".".join(map(str, self.gpu_arch)),
-                "gpu_name": self.gpu_name, "gpu_memory_gib": self.gpu_memory_gib,
-                "transformer_engine": self.transformer_engine,
-                "cuda_device_max_connections": self.env.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-                "stand_ins": self.stand_ins()}  # fmt: skip
+        return {
+            "source": self.source,
+            "gpu_arch": None if self.gpu_arch is None else ".".join(map(str, self.gpu_arch)),
+            "gpu_name": self.gpu_name,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "transformer_engine": self.transformer_engine,
+            "cuda_device_max_connections": self.env.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "stand_ins": self.stand_ins(),
+        }
 
 
 def parse_arch(text: str | None) -> tuple[int, int] | None:
@@ -109,8 +121,10 @@ def parse_arch(text: str | None) -> tuple[int, int] | None:
     try:
         return int(major), int(minor or 0)
     except ValueError:
-        raise StageError(f"GPU arch {text!r} is not a compute capability like 8.0",
-                         fix='write gpu_arch = "8.0" (A100), "9.0" (H100) or "10.0" (B200)') from None  # fmt: skip
+        raise StageError(
+            f"GPU arch {text!r} is not a compute capability like 8.0",
+            fix='write gpu_arch = "8.0" (A100), "9.0" (H100) or "10.0" (B200)',
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,14 +191,28 @@ class PreflightReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "script": self.script, "seconds": round(self.seconds, 2), "facts": self.facts.as_dict(),
-            "stood_in": list(self.stood_in), "error": self.error,
-            "stages": [{"stage": s.stage, "ok": s.ok, "world_size": s.world_size, "seconds": s.seconds,
-                        "passed": s.passed(), "model_provider": s.model_provider, "device_calls": s.device_calls,
-                        "failure": None if s.failure is None else dataclasses.asdict(s.failure),
-                        "checks": [dataclasses.asdict(c) for c in s.checks], "rotary": s.rotary}
-                       for s in self.stages],
-        }  # fmt: skip
+            "ok": self.ok,
+            "script": self.script,
+            "seconds": round(self.seconds, 2),
+            "facts": self.facts.as_dict(),
+            "stood_in": list(self.stood_in),
+            "error": self.error,
+            "stages": [
+                {
+                    "stage": s.stage,
+                    "ok": s.ok,
+                    "world_size": s.world_size,
+                    "seconds": s.seconds,
+                    "passed": s.passed(),
+                    "model_provider": s.model_provider,
+                    "device_calls": s.device_calls,
+                    "failure": None if s.failure is None else dataclasses.asdict(s.failure),
+                    "checks": [dataclasses.asdict(c) for c in s.checks],
+                    "rotary": s.rotary,
+                }
+                for s in self.stages
+            ],
+        }
 
     def lines(self) -> list[str]:
         """A human report: each stage's checks, Megatron's message on failure."""
@@ -209,13 +237,21 @@ class PreflightReport:
 # -- running ----------------------------------------------------------------------------------------
 
 
-def run_preflight(script: str | os.PathLike[str], jobs: Sequence[StageJob], facts: DeviceFacts, *,
-                  timeout: float | None = None) -> PreflightReport:  # fmt: skip
+def run_preflight(
+    script: str | os.PathLike[str],
+    jobs: Sequence[StageJob],
+    facts: DeviceFacts,
+    *,
+    timeout: float | None = None,
+) -> PreflightReport:
     """Check `jobs` against the entry script `script` (pretrain_gpt.py of a checkout) in one child process."""
     script = Path(script)
     if not script.is_file():
-        raise StageError(f"no entry script {script}", where=str(script),
-                         fix="point $LONGCTX_MEGATRON_LM at a Megatron-LM checkout (the directory with pretrain_gpt.py)")  # fmt: skip
+        raise StageError(
+            f"no entry script {script}",
+            where=str(script),
+            fix="point $LONGCTX_MEGATRON_LM at a Megatron-LM checkout (the directory with pretrain_gpt.py)",
+        )
     t0 = time.monotonic()
     cdmc = facts.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     pythonpath = [
@@ -247,8 +283,14 @@ def run_preflight(script: str | os.PathLike[str], jobs: Sequence[StageJob], fact
         error = None
         with open(log_path, "wb") as log:
             try:
-                proc = subprocess.run([sys.executable, "-m", WORKER, str(req_path)], stdout=log,
-                                      stderr=subprocess.STDOUT, env=env, timeout=limit, check=False)  # fmt: skip
+                proc = subprocess.run(
+                    [sys.executable, "-m", WORKER, str(req_path)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    timeout=limit,
+                    check=False,
+                )
                 if proc.returncode != 0:
                     error = f"exit {proc.returncode}"
             except subprocess.TimeoutExpired:
@@ -263,24 +305,44 @@ def run_preflight(script: str | os.PathLike[str], jobs: Sequence[StageJob], fact
         error = result["error"]
         tail = (result.get("traceback") or "") + "\n" + tail
     stages = [
-        StageReport(stage=s["stage"], world_size=next((j.world_size for j in jobs if j.name == s["stage"]), 0),
-                    checks=[Check(**c) for c in s.get("checks", [])], seconds=float(s.get("seconds", 0.0)),
-                    rotary=s.get("rotary"), model_provider=s.get("model_provider"),
-                    device_calls=dict(s.get("device_calls") or {}), traceback=s.get("traceback"))
+        StageReport(
+            stage=s["stage"],
+            world_size=next((j.world_size for j in jobs if j.name == s["stage"]), 0),
+            checks=[Check(**c) for c in s.get("checks", [])],
+            seconds=float(s.get("seconds", 0.0)),
+            rotary=s.get("rotary"),
+            model_provider=s.get("model_provider"),
+            device_calls=dict(s.get("device_calls") or {}),
+            traceback=s.get("traceback"),
+        )
         for s in result.get("stages", [])
-    ]  # fmt: skip
-    return PreflightReport(str(script), facts, stages, time.monotonic() - t0, list(result.get("stood_in") or []),
-                           error, tail)  # fmt: skip
+    ]
+    return PreflightReport(
+        str(script), facts, stages, time.monotonic() - t0, list(result.get("stood_in") or []), error, tail
+    )
 
 
 def stage_job(rp: ResolvedPlan, st: ResolvedStage, *, rotary: bool = True) -> StageJob:
     """The stage's exact argv (longctx.stage.megatron_args) and what its model must apply."""
-    return StageJob(st.name, argv(rp, st)[1:], st.world, st.gpus_per_node, rotary_base=float(st.rotary_base),
-                    seq_length=st.seq_length, rotary=rotary)  # fmt: skip
+    return StageJob(
+        st.name,
+        argv(rp, st)[1:],
+        st.world,
+        st.gpus_per_node,
+        rotary_base=float(st.rotary_base),
+        seq_length=st.seq_length,
+        rotary=rotary,
+    )
 
 
-def preflight_plan(rp: ResolvedPlan, facts: DeviceFacts, *, stages: Sequence[str] | None = None,
-                   script: str | os.PathLike[str] | None = None, rotary: bool = True) -> PreflightReport:  # fmt: skip
+def preflight_plan(
+    rp: ResolvedPlan,
+    facts: DeviceFacts,
+    *,
+    stages: Sequence[str] | None = None,
+    script: str | os.PathLike[str] | None = None,
+    rotary: bool = True,
+) -> PreflightReport:
     """Every stage of the plan (or the named ones) through the checkout's Megatron-LM, in one child process
     (a stage whose RoPE sweep is pending: its branches)."""
     if script is None:
@@ -298,9 +360,10 @@ def require_passed(report: PreflightReport, *, where: str | None = None) -> Pref
         raise PreflightError(
             f"the Megatron-LM preflight did not finish ({report.error}); last lines: "
             + " | ".join(report.log_tail.splitlines()[-3:]),
-            where=report.script, fix="run `longctx stage args PLAN STAGE --check` to see the whole report",
+            where=report.script,
+            fix="run `longctx stage args PLAN STAGE --check` to see the whole report",
             report=report,
-        )  # fmt: skip
+        )
     bad = report.failures()[0]
     c = bad.failure
     assert c is not None

@@ -115,11 +115,13 @@ def _device(facts: dict[str, Any], calls: dict[str, int]) -> Iterator[None]:
         major, minor = int(gpu[0]), int(gpu[1])
         props = types.SimpleNamespace(
             name=facts.get("gpu_name") or f"GPU (compute capability {major}.{minor})",
-            major=major, minor=minor,
+            major=major,
+            minor=minor,
             total_memory=int(float(facts.get("gpu_memory_gib") or 80) * 2**30),
             multi_processor_count=int(facts.get("multi_processor_count") or 108),
-            is_integrated=False, is_multi_gpu_board=False,
-        )  # fmt: skip
+            is_integrated=False,
+            is_multi_gpu_board=False,
+        )
         fns = {
             "is_available": lambda: True,
             "device_count": lambda: max(count, 1),
@@ -254,8 +256,11 @@ def _capture_entry(script: Path, argv: list[str]) -> dict[str, Any]:
         got.update(kwargs)
         raise _Captured
 
-    def parse_recorder(extra_args_provider: Any = None, ignore_unknown_args: bool = False,
-                       args_defaults: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def parse_recorder(
+        extra_args_provider: Any = None,
+        ignore_unknown_args: bool = False,
+        args_defaults: dict[str, Any] | None = None,
+    ) -> None:
         got.update(extra_args_provider=extra_args_provider, args_defaults=dict(args_defaults or {}))
         got["entry_style"] = "parse_and_validate_args"
         raise _Captured
@@ -297,8 +302,11 @@ def _provider_name(provider: Any) -> str:
 
     parts = []
     while isinstance(provider, functools.partial):
-        parts += [getattr(a, "__module__", "?") + "." + getattr(a, "__qualname__", repr(a)) for a in provider.args
-                  if callable(a)]  # fmt: skip
+        parts += [
+            getattr(a, "__module__", "?") + "." + getattr(a, "__qualname__", repr(a))
+            for a in provider.args
+            if callable(a)
+        ]
         provider = provider.func
     head = f"{getattr(provider, '__module__', '?')}.{getattr(provider, '__qualname__', repr(provider))}"
     return head + (f"({', '.join(parts)})" if parts else "")
@@ -404,8 +412,11 @@ def _rotary_check(provider: Any, args: argparse.Namespace, expect: dict[str, Any
     name, mod = mods[0]
     inv = mod.inv_freq.detach().to("cpu", torch.float64)
     applied = _applied_base(inv, dim)
-    info.update(module=f"{name} ({type(mod).__module__}.{type(mod).__qualname__})", applied_base=applied,
-                inv_freq_len=len(inv))  # fmt: skip
+    info.update(
+        module=f"{name} ({type(mod).__module__}.{type(mod).__qualname__})",
+        applied_base=applied,
+        inv_freq_len=len(inv),
+    )
     if len(inv) != len(want):
         info["problem"] = (
             f"{cls}'s rotary module {name} has {len(inv)} frequencies, 1/base^(2i/d) for rotary dim {dim} "
@@ -457,8 +468,14 @@ def _rotary_check(provider: Any, args: argparse.Namespace, expect: dict[str, Any
 # -- one stage --------------------------------------------------------------------------------------
 
 
-def _check(checks: list[dict[str, Any]], name: str, ok: bool, detail: str = "", message: str | None = None,
-           where: str | None = None) -> bool:  # fmt: skip
+def _check(
+    checks: list[dict[str, Any]],
+    name: str,
+    ok: bool,
+    detail: str = "",
+    message: str | None = None,
+    where: str | None = None,
+) -> bool:
     checks.append({"name": name, "ok": ok, "detail": detail, "message": message, "where": where})
     return ok
 
@@ -505,8 +522,16 @@ class _Stage:
         self.out["traceback"] = traceback.format_exc()
 
 
-def _run_stage(script: Path, argv: list[str], job: dict[str, Any], facts: dict[str, Any], stood_in: list[str],
-               checks: list[dict[str, Any]], calls: dict[str, int], out: dict[str, Any]) -> None:  # fmt: skip
+def _run_stage(
+    script: Path,
+    argv: list[str],
+    job: dict[str, Any],
+    facts: dict[str, Any],
+    stood_in: list[str],
+    checks: list[dict[str, Any]],
+    calls: dict[str, int],
+    out: dict[str, Any],
+) -> None:
     """The checks in order; each step records its result and the first failure ends the stage."""
     s = _Stage(script, argv, job, facts, stood_in, checks, calls, out)
     entry = _entry_step(s)
@@ -529,16 +554,24 @@ def _entry_step(s: _Stage) -> dict[str, Any] | None:
         # calls parse_args(ignore_unknown_args=True)) and argparse refused it
         msg = seen[-1] if seen else f"{s.script.name} exited with {err.code}"
         s.check("entry-script", True, f"{s.script.name} imports")
-        s.check("parse_args", False, f"Megatron-LM's parser refuses the argv (while {s.script.name} starts)",
-                msg, f"{s.script}")  # fmt: skip
+        s.check(
+            "parse_args",
+            False,
+            f"Megatron-LM's parser refuses the argv (while {s.script.name} starts)",
+            msg,
+            f"{s.script}",
+        )
         return None
     except Exception as err:
         s.failed("entry-script", f"{s.script} did not get to megatron.training.pretrain", err)
         return None
     name = _provider_name(entry["model_provider"])
     if entry.get("entry_style") == "parse_and_validate_args":
-        s.check("entry-script", True, f"{s.script.name} parses through parse_and_validate_args and builds "
-                f"its model with {name}")  # fmt: skip
+        s.check(
+            "entry-script",
+            True,
+            f"{s.script.name} parses through parse_and_validate_args and builds its model with {name}",
+        )
     else:
         s.check("entry-script", True, f"{s.script.name} hands pretrain the model provider {name}")
     s.out["model_provider"] = name
@@ -555,8 +588,13 @@ def _parse_step(s: _Stage, entry: dict[str, Any]) -> Any:
             args = arguments.parse_args(entry.get("extra_args_provider"), ignore_unknown_args=False)
     except SystemExit as err:
         msg = seen[-1] if seen else f"argparse exited with {err.code}"
-        s.check("parse_args", False, "Megatron-LM's parser refuses the argv", msg,
-                f"{arguments.__file__} parse_args")  # fmt: skip
+        s.check(
+            "parse_args",
+            False,
+            "Megatron-LM's parser refuses the argv",
+            msg,
+            f"{arguments.__file__} parse_args",
+        )
         return None
     except Exception as err:
         s.check("parse_args", False, "Megatron-LM's parser raised", _message(err), _where(err))
@@ -590,9 +628,14 @@ def _config_step(s: _Stage, args: Any) -> bool:
         return False
     s.check("transformer_config", True, f"{type(config).__name__} built")
     if te is None and getattr(args, "transformer_impl", None) == "transformer_engine":
-        s.check("transformer_impl", False, "longctx's check",
-                "--transformer-impl transformer_engine (Megatron-LM's default) needs TransformerEngine, which "
-                "the target does not have", None)  # fmt: skip
+        s.check(
+            "transformer_impl",
+            False,
+            "longctx's check",
+            "--transformer-impl transformer_engine (Megatron-LM's default) needs TransformerEngine, which "
+            "the target does not have",
+            None,
+        )
         return False
     return True
 
@@ -611,9 +654,12 @@ def _rotary_step(s: _Stage, provider: Any, args: Any) -> None:
     if "problem" in info:
         s.check("rotary", False, info["problem"], info["problem"], s.script.as_posix())
         return
-    s.check("rotary", True,
-            f"{info['model_class']} applies base {info['applied_base']:.6g} (rotary dim {info['rotary_dim']}, "
-            f"{info.get('positions', '?')} positions checked)")  # fmt: skip
+    s.check(
+        "rotary",
+        True,
+        f"{info['model_class']} applies base {info['applied_base']:.6g} (rotary dim {info['rotary_dim']}, "
+        f"{info.get('positions', '?')} positions checked)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,13 +133,17 @@ _LOG_PATTERNS = (
 _LOG_TAIL_BYTES = 4 << 20
 _LOG_SHOWN = 6
 _HINTS = (
-    ("Unable to load rng state",
-     "the save has no RNG state this launch can load (written by the local backend, or TP/PP changed): "
-     "add --no-load-rng to the stage's extra_args, or resume with the parallelism it was saved with"),
-    ("missing checkpoint",
-     "Megatron-LM found no tracker in --load nor in --pretrained-checkpoint: check the stage's save dir "
-     "and the previous stage's (`longctx stage status`, `longctx ckpt check`)"),
-)  # fmt: skip
+    (
+        "Unable to load rng state",
+        "the save has no RNG state this launch can load (written by the local backend, or TP/PP changed): "
+        "add --no-load-rng to the stage's extra_args, or resume with the parallelism it was saved with",
+    ),
+    (
+        "missing checkpoint",
+        "Megatron-LM found no tracker in --load nor in --pretrained-checkpoint: check the stage's save dir "
+        "and the previous stage's (`longctx stage status`, `longctx ckpt check`)",
+    ),
+)
 
 
 def relevant_log_lines(log: Path, *, limit: int = _LOG_SHOWN) -> list[str]:
@@ -160,8 +164,9 @@ def relevant_log_lines(log: Path, *, limit: int = _LOG_SHOWN) -> list[str]:
     return hits[-limit:]
 
 
-def no_progress_message(stage: str, exit_code: int, iteration: int, save_dir: Path, log: Path,
-                        lines: list[str]) -> str:  # fmt: skip
+def no_progress_message(
+    stage: str, exit_code: int, iteration: int, save_dir: Path, log: Path, lines: list[str]
+) -> str:
     """Why a launch made no progress, quoting its log."""
     head = (
         f"stage {stage} made no progress: the launch exited {exit_code} at iteration {iteration} and "
@@ -332,33 +337,64 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
     threads = rp.local.threads_per_process or max(1, (os.cpu_count() or 1) // nproc)
     stage_root = st.stage_dir
     spec = TrainSpec(
-        stage=st.name, arch=rp.arch, seq_length=st.seq_length, max_position_embeddings=st.max_position_embeddings,
-        rotary_base=st.rotary_base, padded_vocab_size=st.padded_vocab_size, output_vocab_size=st.output_vocab_size,
-        make_vocab_size_divisible_by=rp.make_vocab_size_divisible_by, objective=rp.objective,
-        tokenizer=TokenizerInfo(path=str(tok_path), md5=tok.md5, vocab_size=tok.vocab_size, eod_id=tok.eod_id,
-                                pad_id=tok.pad_id,
-                                megatron_type=rp.tokenizer.megatron_type or "HuggingFaceTokenizer"),
+        stage=st.name,
+        arch=rp.arch,
+        seq_length=st.seq_length,
+        max_position_embeddings=st.max_position_embeddings,
+        rotary_base=st.rotary_base,
+        padded_vocab_size=st.padded_vocab_size,
+        output_vocab_size=st.output_vocab_size,
+        make_vocab_size_divisible_by=rp.make_vocab_size_divisible_by,
+        objective=rp.objective,
+        tokenizer=TokenizerInfo(
+            path=str(tok_path),
+            md5=tok.md5,
+            vocab_size=tok.vocab_size,
+            eod_id=tok.eod_id,
+            pad_id=tok.pad_id,
+            megatron_type=rp.tokenizer.megatron_type or "HuggingFaceTokenizer",
+        ),
         data=[(e.weight, e.prefix) for e in blend.entries],
         split=st.data.split if st.data else "99,1,0",
         data_cache_path=str(rp.run_dir / "cache"),
-        packing=packing, reset_position_ids=bool(st.data and st.data.reset_position_ids),
-        seed=st.seed, micro_batch_size=st.micro_batch_size, global_batch_size=st.global_batch_size,
+        packing=packing,
+        reset_position_ids=bool(st.data and st.data.reset_position_ids),
+        seed=st.seed,
+        micro_batch_size=st.micro_batch_size,
+        global_batch_size=st.global_batch_size,
         train_iters=st.train_iters,
-        lr=LRSchedule(lr=st.lr.lr, min_lr=st.lr.min_lr, warmup_iters=st.warmup_iters, decay_iters=st.train_iters,
-                      decay_style=st.lr.decay_style, wsd_decay_iters=st.wsd_decay_iters,
-                      wsd_decay_style=st.lr.wsd_decay_style, weight_decay=st.lr.weight_decay,
-                      adam_beta1=st.lr.adam_beta1, adam_beta2=st.lr.adam_beta2, adam_eps=st.lr.adam_eps,
-                      clip_grad=st.lr.clip_grad),
-        tensor_parallel=1, context_parallel=st.cp, attention=rp.local.attention, cp_comm=rp.local.cp_comm,
+        lr=LRSchedule(
+            lr=st.lr.lr,
+            min_lr=st.lr.min_lr,
+            warmup_iters=st.warmup_iters,
+            decay_iters=st.train_iters,
+            decay_style=st.lr.decay_style,
+            wsd_decay_iters=st.wsd_decay_iters,
+            wsd_decay_style=st.lr.wsd_decay_style,
+            weight_decay=st.lr.weight_decay,
+            adam_beta1=st.lr.adam_beta1,
+            adam_beta2=st.lr.adam_beta2,
+            adam_eps=st.lr.adam_eps,
+            clip_grad=st.lr.clip_grad,
+        ),
+        tensor_parallel=1,
+        context_parallel=st.cp,
+        attention=rp.local.attention,
+        cp_comm=rp.local.cp_comm,
         bf16=rp.local.bf16,
         recompute="none" if st.recompute == "selective" else st.recompute,
-        recompute_method=st.recompute_method or "uniform", recompute_num_layers=st.recompute_num_layers or 1,
-        save=str(st.save_dir), pretrained=str(st.load_from) if st.load_from else None,
-        save_interval=st.save_interval, exit_duration_in_mins=st.exit_duration_in_mins,
-        log_interval=st.log_interval, threads_per_process=threads,
-        metrics_file=str(stage_root / "metrics.jsonl"), tensorboard_dir=str(stage_root / "tensorboard"),
+        recompute_method=st.recompute_method or "uniform",
+        recompute_num_layers=st.recompute_num_layers or 1,
+        save=str(st.save_dir),
+        pretrained=str(st.load_from) if st.load_from else None,
+        save_interval=st.save_interval,
+        exit_duration_in_mins=st.exit_duration_in_mins,
+        log_interval=st.log_interval,
+        threads_per_process=threads,
+        metrics_file=str(stage_root / "metrics.jsonl"),
+        tensorboard_dir=str(stage_root / "tensorboard"),
         wandb=stage_wandb(st),
-    )  # fmt: skip
+    )
     return spec, nproc
 
 
@@ -470,8 +506,9 @@ def launch_plan(
         # flags (LaunchPlan.command); one share of the cores per process
         threads = rp.local.threads_per_process or max(1, (os.cpu_count() or 1) // max(1, st.gpus_per_node))
         env["OMP_NUM_THREADS"] = str(threads)
-    return LaunchPlan(step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu,
-                      schedule_override=override)  # fmt: skip
+    return LaunchPlan(
+        step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu, schedule_override=override
+    )
 
 
 def refuse_python_megatron_cannot_resume() -> None:
@@ -558,19 +595,29 @@ def _execute_locked(
     if lp.spec_path is not None and lp.train_spec is not None:
         lp.spec_path.parent.mkdir(parents=True, exist_ok=True)
         lp.train_spec.dump(lp.spec_path)
-    ledger.append(run_dir, {
-        "event": "launch", "stage": lp.stage.name, "action": lp.step.action, "backend": lp.backend,
-        "start_iteration": lp.step.start_iteration, "target_iterations": lp.stage.train_iters,
-        "argv_digest": hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
-        "argv": lp.argv[1:],
-        "cpu": {"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp)} if lp.cpu else None,
-        "binding": lp.binding.as_dict(), "log": str(lp.log),
-        "repair": _repair_record(repair), "load_repair": _repair_record(load_repair),
-        "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
-        "schedule_override": {k: list(v) for k, v in lp.schedule_override.items()} if lp.schedule_override
-        else None,
-        "stale_lock": stale,
-    })  # fmt: skip
+    ledger.append(
+        run_dir,
+        {
+            "event": "launch",
+            "stage": lp.stage.name,
+            "action": lp.step.action,
+            "backend": lp.backend,
+            "start_iteration": lp.step.start_iteration,
+            "target_iterations": lp.stage.train_iters,
+            "argv_digest": hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
+            "argv": lp.argv[1:],
+            "cpu": {"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp)} if lp.cpu else None,
+            "binding": lp.binding.as_dict(),
+            "log": str(lp.log),
+            "repair": _repair_record(repair),
+            "load_repair": _repair_record(load_repair),
+            "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
+            "schedule_override": {k: list(v) for k, v in lp.schedule_override.items()}
+            if lp.schedule_override
+            else None,
+            "stale_lock": stale,
+        },
+    )
     saves_before = set(complete_iterations(lp.stage.save_dir))
     partial_before = set(partial_saves(lp.stage.save_dir))
     signals_before = len(signals_received())
@@ -596,14 +643,27 @@ def _execute_locked(
     )
     if not outcome.progressed and not outcome.interrupted:
         outcome.log_lines = relevant_log_lines(lp.log)
-        outcome.no_progress = no_progress_message(lp.stage.name, code, lp.step.start_iteration, lp.stage.save_dir,
-                                                  lp.log, outcome.log_lines)  # fmt: skip
-    ledger.append(run_dir, {"event": "end", "stage": lp.stage.name, "exit_code": code,
-                            "start_iteration": lp.step.start_iteration, "end_iteration": after.iteration,
-                            "status": after.status, "seconds": round(outcome.seconds, 1),
-                            "new_saves": outcome.new_saves, "outcome": outcome.verdict,
-                            "no_progress": outcome.no_progress, "log_lines": outcome.log_lines or None,
-                            "discarded": discarded or None, "storage": outcome.storage})  # fmt: skip
+        outcome.no_progress = no_progress_message(
+            lp.stage.name, code, lp.step.start_iteration, lp.stage.save_dir, lp.log, outcome.log_lines
+        )
+    ledger.append(
+        run_dir,
+        {
+            "event": "end",
+            "stage": lp.stage.name,
+            "exit_code": code,
+            "start_iteration": lp.step.start_iteration,
+            "end_iteration": after.iteration,
+            "status": after.status,
+            "seconds": round(outcome.seconds, 1),
+            "new_saves": outcome.new_saves,
+            "outcome": outcome.verdict,
+            "no_progress": outcome.no_progress,
+            "log_lines": outcome.log_lines or None,
+            "discarded": discarded or None,
+            "storage": outcome.storage,
+        },
+    )
     return outcome
 
 
@@ -612,8 +672,12 @@ def _refuse_moved_on(rp: ResolvedPlan, lp: LaunchPlan) -> None:
     this one's planning and its taking the lock."""
     if lp.stage.branch_of is not None:  # branches run side by side: only this branch's own progress counts
         mine = stage_state(lp.stage)
-        now = NextStep("all-done" if mine.status == "done" else lp.step.action, lp.stage.name, "",
-                       start_iteration=mine.iteration)  # fmt: skip
+        now = NextStep(
+            "all-done" if mine.status == "done" else lp.step.action,
+            lp.stage.name,
+            "",
+            start_iteration=mine.iteration,
+        )
     else:
         now = next_step(rp, plan_state(rp))
     planned = (lp.step.action, lp.step.stage, lp.step.start_iteration)

@@ -41,13 +41,15 @@ def read_run_text(
 ) -> str | None:
     """The whole file as UTF-8 text (None when absent), through the checks of `check_run_file` and the
     size bound."""
-    return confined_read.read_text(Path(path), Path(run_dir), what, error=StageError, max_bytes=max_bytes,
-                                   single_link=appended)  # fmt: skip
+    return confined_read.read_text(
+        Path(path), Path(run_dir), what, error=StageError, max_bytes=max_bytes, single_link=appended
+    )
 
 
 def run_file_lines(
     path: Path, run_dir: Path, what: str, *, max_bytes: int
 ) -> Iterator[tuple[int, str | None]]:
     """(line number, text or None for an over-long line) of a run file read as a stream."""
-    return confined_read.iter_lines(Path(path), Path(run_dir), what, error=StageError, max_bytes=max_bytes,
-                                    max_line=LINE_BYTES)  # fmt: skip
+    return confined_read.iter_lines(
+        Path(path), Path(run_dir), what, error=StageError, max_bytes=max_bytes, max_line=LINE_BYTES
+    )

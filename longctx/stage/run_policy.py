@@ -152,8 +152,9 @@ def run_steps(
     if options.branch is not None:
         name = options.branch
         next_of = lambda rp: branch_step(rp, rp.stage(name))  # noqa: E731
-    result = run_until_done(resolve, launch, until_done=options.until_done, choose=choose, until=until,
-                            next_of=next_of)  # fmt: skip
+    result = run_until_done(
+        resolve, launch, until_done=options.until_done, choose=choose, until=until, next_of=next_of
+    )
     return StageRun(result, planned)
 
 
@@ -170,15 +171,21 @@ def sweep_until(stage: str) -> Callable[[ResolvedPlan, NextStep], str | None]:
     def until(rp: ResolvedPlan, step: NextStep) -> str | None:
         st = rp.stage(stage)
         if st.sweep is None:
-            raise StageError(f"stage {stage} has no RoPE sweep", where=rp.where,
-                             fix="give it rope = { sweep = [...], tokens = N }, or name a stage that has one")  # fmt: skip
+            raise StageError(
+                f"stage {stage} has no RoPE sweep",
+                where=rp.where,
+                fix="give it rope = { sweep = [...], tokens = N }, or name a stage that has one",
+            )
         if not st.sweep.pending:
             return f"stage {stage}: RoPE {st.sweep.chosen.reason if st.sweep.chosen else ''}"
         if step.stage in {b.name for b in st.branches} or (step.action == "choose" and step.stage == stage):
             return None
         if step.stage == stage:
-            raise StageError(f"stage {stage} has started without a choice on disk: its sweep is over",
-                             where=str(st.sweep.choice_path), fix="`longctx stage status PLAN` shows the stage")  # fmt: skip
+            raise StageError(
+                f"stage {stage} has started without a choice on disk: its sweep is over",
+                where=str(st.sweep.choice_path),
+                fix="`longctx stage status PLAN` shows the stage",
+            )
         raise StageError(
             f"stage {stage}'s sweep branches start from what the stages before it finish, and the next "
             f"step is {step.action} of {step.stage}",

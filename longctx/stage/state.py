@@ -172,10 +172,14 @@ def branch_step(rp: ResolvedPlan, branch: ResolvedStage, load_repair: Repair | N
     if b.status == "done":
         return NextStep("all-done", branch.name, f"sweep branch {branch.name} is done")
     if b.status == "in-progress":
-        return NextStep("resume", branch.name,
-                        f"sweep branch {branch.name} resumes at iteration {b.iteration}/{b.target_iterations}",
-                        load=branch.save_dir / iter_dir_name(b.iteration), start_iteration=b.iteration,
-                        repair=b.repair)  # fmt: skip
+        return NextStep(
+            "resume",
+            branch.name,
+            f"sweep branch {branch.name} resumes at iteration {b.iteration}/{b.target_iterations}",
+            load=branch.save_dir / iter_dir_name(b.iteration),
+            start_iteration=b.iteration,
+            repair=b.repair,
+        )
     why = base_ready(rp) if branch.index == 0 else None
     if why:
         return NextStep("blocked", branch.name, why, load=branch.load_from)
@@ -185,9 +189,14 @@ def branch_step(rp: ResolvedPlan, branch: ResolvedStage, load_repair: Repair | N
         prev = rp.stages[branch.index - 1]
         origin = f"stage {prev.name}'s final weights"
         load_repair = load_repair or stage_state(prev).repair
-    return NextStep("first-launch", branch.name,
-                    f"sweep branch {branch.name} (RoPE base {branch.rotary_base:,}) starts from {origin}",
-                    load=branch.load_from, repair=b.repair, load_repair=load_repair)  # fmt: skip
+    return NextStep(
+        "first-launch",
+        branch.name,
+        f"sweep branch {branch.name} (RoPE base {branch.rotary_base:,}) starts from {origin}",
+        load=branch.load_from,
+        repair=b.repair,
+        load_repair=load_repair,
+    )
 
 
 def _sweep_step(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None) -> NextStep | None:
@@ -198,8 +207,12 @@ def _sweep_step(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None)
         step = branch_step(rp, branch, load_repair)
         if step.action != "all-done":
             return step
-    return NextStep("choose", st.name, f"stage {st.name}: all {len(st.branches)} sweep branches are done; "
-                    "evaluate them and choose its RoPE base")  # fmt: skip
+    return NextStep(
+        "choose",
+        st.name,
+        f"stage {st.name}: all {len(st.branches)} sweep branches are done; "
+        "evaluate them and choose its RoPE base",
+    )
 
 
 def next_step(rp: ResolvedPlan, states: list[StageState] | None = None) -> NextStep:

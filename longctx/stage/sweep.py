@@ -66,11 +66,19 @@ class BranchEvidence:
         lo, hi = wilson_interval(self.worst, self.keys)
         n = self.keys * len(self.hits)
         return {
-            "branch": self.branch, "base": self.base, "from": list(self.sources), "tokens": self.tokens,
-            "length": self.length, "depths": list(self.depths), "greedy_hits": list(self.hits), "keys": self.keys,
-            "worst_depth": self.worst / self.keys if self.keys else 0.0, "worst_interval": [lo, hi],
-            "greedy": self.total / n if n else 0.0, "far_loss": self.far_loss,
-        }  # fmt: skip
+            "branch": self.branch,
+            "base": self.base,
+            "from": list(self.sources),
+            "tokens": self.tokens,
+            "length": self.length,
+            "depths": list(self.depths),
+            "greedy_hits": list(self.hits),
+            "keys": self.keys,
+            "worst_depth": self.worst / self.keys if self.keys else 0.0,
+            "worst_interval": [lo, hi],
+            "greedy": self.total / n if n else 0.0,
+            "far_loss": self.far_loss,
+        }
 
 
 def _far_loss(ev: CheckpointEval, length: int) -> float | None:
@@ -92,12 +100,18 @@ def branch_evidence(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> 
     """Evaluate every branch of `st`'s sweep at the stage's length (StageError while one is unfinished).
     Results are cached with the plan's other evaluations, so a second choice re-uses them."""
     if st.sweep is None:
-        raise StageError(f"stage {st.name} has no RoPE sweep", where=rp.where,
-                         fix="give the stage rope = { sweep = [...], tokens = N }")  # fmt: skip
+        raise StageError(
+            f"stage {st.name} has no RoPE sweep",
+            where=rp.where,
+            fix="give the stage rope = { sweep = [...], tokens = N }",
+        )
     left = _unfinished(st)
     if left:
-        raise StageError(f"sweep branches not finished: {', '.join(left)}", where=str(st.sweep.directory),
-                         fix="run them first: `longctx stage run PLAN --until-done` (or `longctx rope sweep`)")  # fmt: skip
+        raise StageError(
+            f"sweep branches not finished: {', '.join(left)}",
+            where=str(st.sweep.directory),
+            fix="run them first: `longctx stage run PLAN --until-done` (or `longctx rope sweep`)",
+        )
     refs = [CheckpointRef(b.name, b.save_dir, expected_rotary_base=b.rotary_base) for b in st.branches]
     # what the rule reads, no more: the single-needle grid's greedy matches and the far-end loss (no
     # distractor scoring, other needle tasks, short-context or packed-window losses), so the choice costs
@@ -106,21 +120,36 @@ def branch_evidence(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> 
         update={"distractors": 0, "short_docs": 0, "packed_windows": 0, "tasks": ["single"]}
     )
     report = evaluate_checkpoints(
-        refs, lengths=[st.seq_length], tokenizer=plan_tokenizer(rp), heldout=heldout_for_stage(rp, st),
-        settings=settings, short_length=int(rp.base.seq_length), cache_dir=Path(rp.run_dir) / "eval" / "cache",
-        plan=rp.name, stage=st.name, log=log,
-    )  # fmt: skip
+        refs,
+        lengths=[st.seq_length],
+        tokenizer=plan_tokenizer(rp),
+        heldout=heldout_for_stage(rp, st),
+        settings=settings,
+        short_length=int(rp.base.seq_length),
+        cache_dir=Path(rp.run_dir) / "eval" / "cache",
+        plan=rp.name,
+        stage=st.name,
+        log=log,
+    )
     out = []
     for b, ev in zip(st.branches, report.checkpoints, strict=True):
         res = ev.at(st.seq_length)
         if res is None:
             raise StageError(f"branch {b.name} was not evaluated at {st.seq_length}", where=str(b.save_dir))
         cells = sorted(res.passkey.cells, key=lambda c: c.depth)
-        out.append(BranchEvidence(
-            b.name, b.rotary_base, next(c.sources for c in st.sweep.candidates if c.base == b.rotary_base),
-            b.tokens_realized, st.seq_length, tuple(c.depth for c in cells), tuple(c.greedy_hits for c in cells),
-            min(c.keys for c in cells), _far_loss(ev, st.seq_length),
-        ))  # fmt: skip
+        out.append(
+            BranchEvidence(
+                b.name,
+                b.rotary_base,
+                next(c.sources for c in st.sweep.candidates if c.base == b.rotary_base),
+                b.tokens_realized,
+                st.seq_length,
+                tuple(c.depth for c in cells),
+                tuple(c.greedy_hits for c in cells),
+                min(c.keys for c in cells),
+                _far_loss(ev, st.seq_length),
+            )
+        )
     return out
 
 
@@ -146,8 +175,14 @@ def record_choice(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> Sw
     evidence = branch_evidence(rp, st, log=log)  # StageError without a sweep, or with a branch unfinished
     assert st.sweep is not None
     base, reason = choose(evidence)
-    choice = SweepChoice(base=base, rule=RULE, reason=reason, candidates=st.sweep.bases,
-                         branch_tokens=st.sweep.branch_tokens, evidence=tuple(e.as_dict() for e in evidence))  # fmt: skip
+    choice = SweepChoice(
+        base=base,
+        rule=RULE,
+        reason=reason,
+        candidates=st.sweep.bases,
+        branch_tokens=st.sweep.branch_tokens,
+        evidence=tuple(e.as_dict() for e in evidence),
+    )
     with run_lock(rp.run_dir, st.name):
         atomic_write_json(st.sweep.choice_path, choice.as_dict())
         ledger.append(rp.run_dir, {"event": "rope-sweep", "stage": st.name, **choice.as_dict()})
@@ -182,8 +217,9 @@ def sweep_cost(rp: ResolvedPlan, st: ResolvedStage) -> SweepCost:
     rate = next((p.tokens_per_s for p in stage_pace(rp, plan_state(rp)) if p.stage == st.name), None)
     secs = total / rate if rate else None
     stage_secs = st.tokens_realized / rate if rate else None
-    return SweepCost(st.name, len(st.branches), st.branches[0].tokens_realized, total, st.tokens_realized, secs,
-                     stage_secs)  # fmt: skip
+    return SweepCost(
+        st.name, len(st.branches), st.branches[0].tokens_realized, total, st.tokens_realized, secs, stage_secs
+    )
 
 
 def sweep_status(st: ResolvedStage) -> dict[str, Any]:
@@ -192,8 +228,16 @@ def sweep_status(st: ResolvedStage) -> dict[str, Any]:
     branches = []
     for b in st.branches:
         s = stage_state(b)
-        branches.append({"branch": b.name, "base": b.rotary_base, "status": s.status, "iteration": s.iteration,
-                         "target": s.target_iterations, "save_dir": str(b.save_dir)})  # fmt: skip
+        branches.append(
+            {
+                "branch": b.name,
+                "base": b.rotary_base,
+                "status": s.status,
+                "iteration": s.iteration,
+                "target": s.target_iterations,
+                "save_dir": str(b.save_dir),
+            }
+        )
     return {**st.sweep.summary(), "branches": branches}
 
 
@@ -203,13 +247,19 @@ def sweep_stage(rp: ResolvedPlan, name: str | None) -> ResolvedStage:
     if name is not None:
         st = rp.stage(name)
         if st.sweep is None:
-            raise StageError(f"stage {name} has no RoPE sweep", where=rp.where,
-                             fix="give it rope = { sweep = [...], tokens = N }, or name a stage that has one")  # fmt: skip
+            raise StageError(
+                f"stage {name} has no RoPE sweep",
+                where=rp.where,
+                fix="give it rope = { sweep = [...], tokens = N }, or name a stage that has one",
+            )
         return st
     swept = [st for st in rp.stages if st.sweep is not None]
     if not swept:
-        raise StageError("no stage of this plan has a RoPE sweep", where=rp.where,
-                         fix="give a stage rope = { sweep = [candidates], tokens = N } (docs/stages.md)")  # fmt: skip
+        raise StageError(
+            "no stage of this plan has a RoPE sweep",
+            where=rp.where,
+            fix="give a stage rope = { sweep = [candidates], tokens = N } (docs/stages.md)",
+        )
     return next((st for st in swept if st.sweep is not None and st.sweep.pending), swept[0])
 
 

@@ -134,8 +134,9 @@ def run_until_done(
             return UntilDone(stop[0], stop[1], outcomes)
 
 
-def preflight_launch(lp: LaunchPlan, facts: DeviceFacts, *, enabled: bool = True,
-                     environ: Mapping[str, str] | None = None) -> PreflightReport | None:  # fmt: skip
+def preflight_launch(
+    lp: LaunchPlan, facts: DeviceFacts, *, enabled: bool = True, environ: Mapping[str, str] | None = None
+) -> PreflightReport | None:
     """Check a megatron-lm launch before it starts (None: nothing to check — disabled, or another backend).
 
     `facts` are the target's devices (the plan's cluster profile); the environment is the launch's own, the
@@ -152,11 +153,21 @@ def preflight_launch(lp: LaunchPlan, facts: DeviceFacts, *, enabled: bool = True
     flags = words[words.index(script) + 1 :] if script in words else list(lp.argv[2:])
     if getattr(lp, "cpu", False):
         # Megatron-LM on this machine's CPU: its runner reports an A100-class device, and there is no TE
-        facts = DeviceFacts("this machine: Megatron-LM on the CPU (the CPU runner's A100-class device)",
-                            gpu_arch=(8, 0), transformer_engine=None, env=env)  # fmt: skip
+        facts = DeviceFacts(
+            "this machine: Megatron-LM on the CPU (the CPU runner's A100-class device)",
+            gpu_arch=(8, 0),
+            transformer_engine=None,
+            env=env,
+        )
     st = lp.stage
-    job = StageJob(st.name, flags, st.world, st.gpus_per_node, rotary_base=float(st.rotary_base),
-                   seq_length=st.seq_length)  # fmt: skip
+    job = StageJob(
+        st.name,
+        flags,
+        st.world,
+        st.gpus_per_node,
+        rotary_base=float(st.rotary_base),
+        seq_length=st.seq_length,
+    )
     return require_passed(run_preflight(script, [job], facts), where=script)
 
 

@@ -128,17 +128,26 @@ def train_sentencepiece(
     added = {OELLM_PAD: vocab_size} if hf and layout == "oellm" else {}
     if hf:
         write_hf_side_files(
-            model, out, added=added, specials=(unk, bos, eos), tokenizer_class=hf_class, legacy=hf_legacy,
-            add_bos_token=add_bos_token, add_eos_token=add_eos_token,
-        )  # fmt: skip
+            model,
+            out,
+            added=added,
+            specials=(unk, bos, eos),
+            tokenizer_class=hf_class,
+            legacy=hf_legacy,
+            add_bos_token=add_bos_token,
+            add_eos_token=add_eos_token,
+        )
     if tokenizer_json:
         # with the HF side files, tokenizer.json must add BOS/EOS as tokenizer_config.json says: transformers
         # 5 takes them from tokenizer.json's post-processor when there is one, from the config when it
         # converts tokenizer.model, and the two must give the same ids
         write_tokenizer_json(
-            model, out / "tokenizer.json", added=added,
-            bos=bos if hf and add_bos_token else None, eos=eos if hf and add_eos_token else None,
-        )  # fmt: skip
+            model,
+            out / "tokenizer.json",
+            added=added,
+            bos=bos if hf and add_bos_token else None,
+            eos=eos if hf and add_eos_token else None,
+        )
     return model
 
 

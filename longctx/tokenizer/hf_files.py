@@ -117,9 +117,10 @@ def _added_tokens_json(path: Path) -> list[tuple[str, int, str]]:
     data = read_json(path)
     if not isinstance(data, dict):
         raise TokenizerError(
-            "added_tokens.json is not a JSON object", where=str(path),
+            "added_tokens.json is not a JSON object",
+            where=str(path),
             fix='it maps each added token to its id: {"<pad>": 512}',
-        )  # fmt: skip
+        )
     out = []
     for content, idx in data.items():
         if isinstance(idx, bool) or not isinstance(idx, int):

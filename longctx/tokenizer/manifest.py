@@ -73,8 +73,13 @@ class TokenizerManifest(BaseModel):
 def _check_encoding_digest(enc: EncodingFingerprint) -> None:
     """[encoding]'s digest is computed from its fields: an edited field (or digest) no longer matches, and
     comparisons by digest alone would trust fields nobody measured."""
-    digest = behaviour_digest(enc.probe_ids, enc.probe_ids_with_special_tokens, vocab_size=enc.vocab_size,
-                              eod_id=enc.eod_id, bos_id=enc.bos_id)  # fmt: skip
+    digest = behaviour_digest(
+        enc.probe_ids,
+        enc.probe_ids_with_special_tokens,
+        vocab_size=enc.vocab_size,
+        eod_id=enc.eod_id,
+        bos_id=enc.bos_id,
+    )
     if digest != enc.digest:
         raise ValueError(
             f"[encoding] digest {enc.digest[:16]}… is not the digest of its own fields ({digest[:16]}…): the "
@@ -95,8 +100,11 @@ def load_manifest(path: str | os.PathLike[str]) -> TokenizerManifest:
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise TokenizerError(f"tokenizer manifest is not valid TOML: {err}", where=str(p),
-                             fix="restore it, or write it again with `longctx tokenizer fingerprint PATH --write FILE`") from None  # fmt: skip
+        raise TokenizerError(
+            f"tokenizer manifest is not valid TOML: {err}",
+            where=str(p),
+            fix="restore it, or write it again with `longctx tokenizer fingerprint PATH --write FILE`",
+        ) from None
     return manifest_from_dict(data, where=str(p))
 
 

@@ -184,8 +184,12 @@ def _consistency(tok: LoadedTokenizer, f: Findings) -> EncodingFingerprint | Non
     try:
         encoding = tok.encoding_fingerprint()
     except TokenizerError as err:
-        f.error("encoding", f"{tok.spec.tokenizer_type} cannot encode with this tokenizer: {err.what}",
-                where=err.where or str(tok.path), fix=err.fix)  # fmt: skip
+        f.error(
+            "encoding",
+            f"{tok.spec.tokenizer_type} cannot encode with this tokenizer: {err.what}",
+            where=err.where or str(tok.path),
+            fix=err.fix,
+        )
         return None
     for problem in tok.backend_problems():
         f.error(
@@ -270,8 +274,11 @@ def _compare_pinned_options(
     pinned = manifest.encoding if manifest is not None else None
     if pinned is None:
         return
-    diffs = [f"{k} {getattr(pinned, k)!r}, checked as {getattr(found, k)!r}" for k in _SPEC_FIELDS
-             if getattr(pinned, k) != getattr(found, k)]  # fmt: skip
+    diffs = [
+        f"{k} {getattr(pinned, k)!r}, checked as {getattr(found, k)!r}"
+        for k in _SPEC_FIELDS
+        if getattr(pinned, k) != getattr(found, k)
+    ]
     if diffs:
         getattr(f, level)(
             "encoding-options",

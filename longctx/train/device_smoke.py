@@ -47,9 +47,14 @@ from longctx.util.machine import cpu_model
 FWD_TOL = 2.5e-2
 BWD_TOL = 5e-2
 SMOKE_ARCH = ModelArch(
-    num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=8, num_query_groups=2,
-    kv_channels=16, qk_layernorm=True,
-)  # fmt: skip
+    num_layers=2,
+    hidden_size=128,
+    ffn_hidden_size=256,
+    num_attention_heads=8,
+    num_query_groups=2,
+    kv_channels=16,
+    qk_layernorm=True,
+)
 
 
 @dataclass
@@ -207,11 +212,18 @@ def checks_in_order(device: torch.device) -> list[tuple[str, Callable[[], str]]]
             for causal in (True, False):
                 for d in (64, 128):
                     name = f"kernel {kernel.name} {'causal' if causal else 'full'} d{d}{' strided' if strided else ''}"
-                    checks.append((name, lambda k=kernel, c=causal, hd=d, st=strided: kernel_check(k, device, c, hd, st)))  # fmt: skip
-    checks += [("model loss+grads vs math", lambda: model_kernel_check(device)),
-               ("bf16 norm dtype", lambda: norm_dtype_check(device)),
-               ("bf16 train step", lambda: train_step_check(device)),
-               ("all_reduce", lambda: all_reduce_check(device))]  # fmt: skip
+                    checks.append(
+                        (
+                            name,
+                            lambda k=kernel, c=causal, hd=d, st=strided: kernel_check(k, device, c, hd, st),
+                        )
+                    )
+    checks += [
+        ("model loss+grads vs math", lambda: model_kernel_check(device)),
+        ("bf16 norm dtype", lambda: norm_dtype_check(device)),
+        ("bf16 train step", lambda: train_step_check(device)),
+        ("all_reduce", lambda: all_reduce_check(device)),
+    ]
     return checks
 
 

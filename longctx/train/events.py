@@ -63,9 +63,17 @@ class TrainingEvents:
                 )
 
     def iteration(
-        self, iteration: int, consumed_samples: int, *, loss: float, lr: float, grad_norm: float,
-        batch_size: int, seconds: float, tokens_per_second: float,
-    ) -> None:  # fmt: skip
+        self,
+        iteration: int,
+        consumed_samples: int,
+        *,
+        loss: float,
+        lr: float,
+        grad_norm: float,
+        batch_size: int,
+        seconds: float,
+        tokens_per_second: float,
+    ) -> None:
         """One training iteration's scalars, against the iteration and against consumed samples."""
         values = {LOSS: loss, LEARNING_RATE: lr, GRAD_NORM: grad_norm, BATCH_SIZE: float(batch_size)}
         for tag, value in values.items():

@@ -122,13 +122,20 @@ class Trainer:
         spec = self.spec
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         return ModelSettings(
-            seq_length=spec.seq_length, rotary_base=spec.rotary_base, padded_vocab_size=spec.padded_vocab_size,
-            tensor_model_parallel_size=spec.tensor_parallel, context_parallel_size=spec.context_parallel,
-            params_dtype=dtype, recompute=None if spec.recompute == "none" else spec.recompute,
-            recompute_method=spec.recompute_method, recompute_num_layers=spec.recompute_num_layers,
-            attention=spec.attention, cp_comm=spec.cp_comm, causal=spec.objective.causal,
+            seq_length=spec.seq_length,
+            rotary_base=spec.rotary_base,
+            padded_vocab_size=spec.padded_vocab_size,
+            tensor_model_parallel_size=spec.tensor_parallel,
+            context_parallel_size=spec.context_parallel,
+            params_dtype=dtype,
+            recompute=None if spec.recompute == "none" else spec.recompute,
+            recompute_method=spec.recompute_method,
+            recompute_num_layers=spec.recompute_num_layers,
+            attention=spec.attention,
+            cp_comm=spec.cp_comm,
+            causal=spec.objective.causal,
             output_vocab_size=spec.output_vocab_size,
-        )  # fmt: skip
+        )
 
     # -- load ----------------------------------------------------------------------------------
     def load(self) -> str:
@@ -355,9 +362,15 @@ class Trainer:
             metrics.flush()
         if self.events is not None:
             self.events.iteration(
-                self.iteration, self.consumed, loss=loss, lr=lr, grad_norm=gnorm,
-                batch_size=spec.global_batch_size, seconds=dt, tokens_per_second=tokens_per_iter / dt,
-            )  # fmt: skip
+                self.iteration,
+                self.consumed,
+                loss=loss,
+                lr=lr,
+                grad_norm=gnorm,
+                batch_size=spec.global_batch_size,
+                seconds=dt,
+                tokens_per_second=tokens_per_iter / dt,
+            )
         if self.iteration % spec.log_interval == 0 or self.iteration == spec.train_iters:
             _log(
                 f"[longctx] {spec.stage} iteration {self.iteration}/{spec.train_iters} loss {loss:.4f} "
@@ -398,14 +411,21 @@ class Trainer:
 
     def _save(self, model_sd: dict) -> Path:
         return save_checkpoint(
-            self.spec.save, self.iteration, model=self.model,
+            self.spec.save,
+            self.iteration,
+            model=self.model,
             args=checkpoint_args(self.spec, self.iteration, self.consumed, self.bf16),
-            sharded_extra={"optimizer": sharded_state_dict(self.optimizer, model_sd, self.model_params),
-                           "rng_state": rng_sharded_object(self.spec.seed)},
-            common_extra={"opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
-                          "num_floating_point_operations_so_far": 0},
-            content_metadata=optim.CONTENT_METADATA, model_state=model_sd,
-        )  # fmt: skip
+            sharded_extra={
+                "optimizer": sharded_state_dict(self.optimizer, model_sd, self.model_params),
+                "rng_state": rng_sharded_object(self.spec.seed),
+            },
+            common_extra={
+                "opt_param_scheduler": self.scheduler.megatron_state(self.spec.global_batch_size),
+                "num_floating_point_operations_so_far": 0,
+            },
+            content_metadata=optim.CONTENT_METADATA,
+            model_state=model_sd,
+        )
 
 
 # -- what a checkpoint holds besides the model and optimizer ------------------------------------
@@ -416,27 +436,59 @@ def checkpoint_args(spec: TrainSpec, iteration: int, consumed: int, bf16: bool =
     a = spec.arch
     world = dist.get_world_size() if dist.is_initialized() else 1
     ns = argparse.Namespace(
-        num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
-        num_attention_heads=a.num_attention_heads, num_query_groups=a.query_groups,
-        group_query_attention=a.query_groups != a.num_attention_heads, kv_channels=a.head_dim,
-        normalization=a.normalization, norm_epsilon=a.norm_epsilon, swiglu=a.swiglu, qk_layernorm=a.qk_layernorm,
+        num_layers=a.num_layers,
+        hidden_size=a.hidden_size,
+        ffn_hidden_size=a.ffn_hidden_size,
+        num_attention_heads=a.num_attention_heads,
+        num_query_groups=a.query_groups,
+        group_query_attention=a.query_groups != a.num_attention_heads,
+        kv_channels=a.head_dim,
+        normalization=a.normalization,
+        norm_epsilon=a.norm_epsilon,
+        swiglu=a.swiglu,
+        qk_layernorm=a.qk_layernorm,
         untie_embeddings_and_output_weights=a.untie_embeddings_and_output_weights,
-        add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias, init_method_std=a.init_method_std,
-        position_embedding_type="rope", rotary_base=spec.rotary_base, rotary_percent=a.rotary_percent,
-        rotary_interleaved=False, seq_length=spec.seq_length, max_position_embeddings=spec.max_position_embeddings,
-        padded_vocab_size=spec.padded_vocab_size, make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by,
-        vocab_size=spec.tokenizer.vocab_size, tokenizer_type=spec.tokenizer.megatron_type,
-        tokenizer_model=spec.tokenizer.path, tensor_model_parallel_size=spec.tensor_parallel,
-        pipeline_model_parallel_size=1, context_parallel_size=spec.context_parallel,
-        data_parallel_size=world // (spec.tensor_parallel * spec.context_parallel), world_size=world,
-        micro_batch_size=spec.micro_batch_size, global_batch_size=spec.global_batch_size,
-        train_iters=spec.train_iters, lr=spec.lr.lr, min_lr=spec.lr.min_lr, lr_decay_style=spec.lr.decay_style,
-        lr_warmup_iters=spec.lr.warmup_iters, weight_decay=spec.lr.weight_decay, clip_grad=spec.lr.clip_grad,
-        seed=spec.seed, bf16=bf16, fp16=False, ckpt_format="torch_dist", iteration=iteration,
-        consumed_train_samples=consumed, skipped_train_samples=0, consumed_valid_samples=0,
-        num_experts=a.num_experts, longctx_stage=spec.stage, longctx_tokenizer_md5=spec.tokenizer.md5,
+        add_bias_linear=a.add_bias_linear,
+        add_qkv_bias=a.add_qkv_bias,
+        init_method_std=a.init_method_std,
+        position_embedding_type="rope",
+        rotary_base=spec.rotary_base,
+        rotary_percent=a.rotary_percent,
+        rotary_interleaved=False,
+        seq_length=spec.seq_length,
+        max_position_embeddings=spec.max_position_embeddings,
+        padded_vocab_size=spec.padded_vocab_size,
+        make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by,
+        vocab_size=spec.tokenizer.vocab_size,
+        tokenizer_type=spec.tokenizer.megatron_type,
+        tokenizer_model=spec.tokenizer.path,
+        tensor_model_parallel_size=spec.tensor_parallel,
+        pipeline_model_parallel_size=1,
+        context_parallel_size=spec.context_parallel,
+        data_parallel_size=world // (spec.tensor_parallel * spec.context_parallel),
+        world_size=world,
+        micro_batch_size=spec.micro_batch_size,
+        global_batch_size=spec.global_batch_size,
+        train_iters=spec.train_iters,
+        lr=spec.lr.lr,
+        min_lr=spec.lr.min_lr,
+        lr_decay_style=spec.lr.decay_style,
+        lr_warmup_iters=spec.lr.warmup_iters,
+        weight_decay=spec.lr.weight_decay,
+        clip_grad=spec.lr.clip_grad,
+        seed=spec.seed,
+        bf16=bf16,
+        fp16=False,
+        ckpt_format="torch_dist",
+        iteration=iteration,
+        consumed_train_samples=consumed,
+        skipped_train_samples=0,
+        consumed_valid_samples=0,
+        num_experts=a.num_experts,
+        longctx_stage=spec.stage,
+        longctx_tokenizer_md5=spec.tokenizer.md5,
         longctx_objective=spec.objective.kind,
-    )  # fmt: skip
+    )
     return ns
 
 

@@ -148,9 +148,10 @@ def load_weights(
     main.set_masters_from_state(model, template)
     if any(bool(m.isnan().any()) for m in main.masters):
         raise TrainError(
-            "a weight of the checkpoint did not load into its fp32 master", where=str(directory),
+            "a weight of the checkpoint did not load into its fp32 master",
+            where=str(directory),
             fix="load it with bf16 = false, or report the checkpoint's layout",
-        )  # fmt: skip
+        )
 
 
 def _accumulate_into(master: torch.nn.Parameter) -> Callable[[torch.Tensor], None]:

@@ -70,8 +70,12 @@ def check_output_file(
     target = Path(os.path.abspath(target))
     name = f"a {kind}"
     if target.suffix.lower() != suffix:
-        raise _refuse(target, option, f"the name does not end in {suffix}, and this command writes {name}",
-                      f"name the file …{suffix}, e.g. {option} {target.with_suffix(suffix)}")  # fmt: skip
+        raise _refuse(
+            target,
+            option,
+            f"the name does not end in {suffix}, and this command writes {name}",
+            f"name the file …{suffix}, e.g. {option} {target.with_suffix(suffix)}",
+        )
     try:
         st = target.lstat()
     except FileNotFoundError:
@@ -84,20 +88,36 @@ def check_output_file(
     real = _refuse_protected(target, option, f"the {kind}")
     for source in inputs:
         if is_within(real, source):
-            raise _refuse(target, option, f"it would land on the input {source}, which this command reads",
-                          f"write the {kind} elsewhere, e.g. into the run directory")  # fmt: skip
+            raise _refuse(
+                target,
+                option,
+                f"it would land on the input {source}, which this command reads",
+                f"write the {kind} elsewhere, e.g. into the run directory",
+            )
     if run_dir is not None and is_within(real, run_dir) and real.parent != Path(os.path.realpath(run_dir)):
-        raise _refuse(target, option, f"it lies in a subdirectory of the run {run_dir}, which holds the "
-                          "run's checkpoints, logs, events and data",
-                          f"write it directly into the run directory, e.g. {option} {Path(run_dir) / target.name}")  # fmt: skip
+        raise _refuse(
+            target,
+            option,
+            f"it lies in a subdirectory of the run {run_dir}, which holds the "
+            "run's checkpoints, logs, events and data",
+            f"write it directly into the run directory, e.g. {option} {Path(run_dir) / target.name}",
+        )
     if st is None:
         return target
     if _tracked_by_git(real):
-        raise _refuse(target, option, "it is a file git tracks in this checkout",
-                      f"write the {kind} to a new file, or outside the checkout")  # fmt: skip
+        raise _refuse(
+            target,
+            option,
+            "it is a file git tracks in this checkout",
+            f"write the {kind} to a new file, or outside the checkout",
+        )
     if not force and not _starts_with(real, magic):
-        raise _refuse(target, option, f"the file exists and is not {name} (an earlier output would be)",
-                      f"choose a new file name, or pass --force to replace {target} with the {kind}")  # fmt: skip
+        raise _refuse(
+            target,
+            option,
+            f"the file exists and is not {name} (an earlier output would be)",
+            f"choose a new file name, or pass --force to replace {target} with the {kind}",
+        )
     return target
 
 
@@ -133,8 +153,12 @@ def _refuse_protected(target: Path, option: str, what: str) -> Path:
     real = Path(os.path.realpath(target))
     package = Path(os.path.realpath(Path(longctx.__file__).parent))
     if is_within(real, package):
-        raise _refuse(target, option, f"it lies inside the installed longctx package ({package})",
-                      f"write {what} outside the package, e.g. into the run directory")  # fmt: skip
+        raise _refuse(
+            target,
+            option,
+            f"it lies inside the installed longctx package ({package})",
+            f"write {what} outside the package, e.g. into the run directory",
+        )
     if ".git" in real.parts:
         raise _refuse(
             target, option, "it lies inside a git repository's .git directory", f"write {what} elsewhere"

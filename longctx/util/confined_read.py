@@ -73,8 +73,11 @@ def check_file(
     except FileNotFoundError:
         st = None
     except OSError as err:
-        raise error(f"cannot inspect the {what}: {err.strerror}", where=str(path),
-                    fix="check the directory's permissions") from None  # fmt: skip
+        raise error(
+            f"cannot inspect the {what}: {err.strerror}",
+            where=str(path),
+            fix="check the directory's permissions",
+        ) from None
     if st is not None:
         _check_stat(path, st, what, error, max_bytes, single_link, place)
     _check_inside(path, root, what, error, place)
@@ -150,13 +153,17 @@ def open_file(
         yield None
         return
     except OSError as err:
-        raise error(f"cannot read the {what}: {err.strerror}", where=str(path),
-                    fix="check the file's permissions") from None  # fmt: skip
+        raise error(
+            f"cannot read the {what}: {err.strerror}", where=str(path), fix="check the file's permissions"
+        ) from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
-            raise error(f"the {what} was replaced while it was being opened", where=str(path),
-                        fix="make sure nothing else writes the run directory, then run the command again")  # fmt: skip
+            raise error(
+                f"the {what} was replaced while it was being opened",
+                where=str(path),
+                fix="make sure nothing else writes the run directory, then run the command again",
+            )
         _check_stat(path, st, what, error, max_bytes, single_link, place)
         yield fh
 
@@ -180,11 +187,17 @@ def read_bytes(
         try:
             data = fh.read(max_bytes + 1)
         except OSError as err:
-            raise error(f"cannot read the {what}: {err.strerror}", where=str(path),
-                        fix="check the file system, then run the command again") from None  # fmt: skip
+            raise error(
+                f"cannot read the {what}: {err.strerror}",
+                where=str(path),
+                fix="check the file system, then run the command again",
+            ) from None
     if len(data) > max_bytes:  # it grew after the check
-        raise error(f"the {what} grew past {_size(max_bytes)} while it was read", where=str(path),
-                    fix="make sure nothing else writes it, then run the command again")  # fmt: skip
+        raise error(
+            f"the {what} grew past {_size(max_bytes)} while it was read",
+            where=str(path),
+            fix="make sure nothing else writes it, then run the command again",
+        )
     return data
 
 
@@ -207,8 +220,11 @@ def read_text(
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise error(f"the {what} is not UTF-8 text (byte {err.start})", where=str(path),
-                    fix=f"restore the {what}, or move it away") from None  # fmt: skip
+        raise error(
+            f"the {what} is not UTF-8 text (byte {err.start})",
+            where=str(path),
+            fix=f"restore the {what}, or move it away",
+        ) from None
 
 
 def iter_lines(

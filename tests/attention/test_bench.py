@@ -39,9 +39,26 @@ def test_spec_errors_name_the_numbers():
 def test_cli_runs_and_reports_json():
     result = runner.invoke(
         app,
-        ["bench", "attention", "--seq-lens", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-         "--repeats", "1", "--warmup", "0", "--threads", "1", "--json"],
-    )  # fmt: skip
+        [
+            "bench",
+            "attention",
+            "--seq-lens",
+            "256",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     (case,) = report["cases"]
@@ -59,9 +76,25 @@ def test_cli_runs_and_reports_json():
 def test_cli_non_causal_balances_every_split():
     result = runner.invoke(
         app,
-        ["bench", "attention", "--seq-lens", "256", "--heads", "2", "--head-dim", "16", "--non-causal",
-         "--repeats", "2", "--warmup", "0", "--threads", "1", "--json"],
-    )  # fmt: skip
+        [
+            "bench",
+            "attention",
+            "--seq-lens",
+            "256",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--non-causal",
+            "--repeats",
+            "2",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["spec"]["causal"] is False
@@ -76,9 +109,24 @@ def test_a_failing_worker_stops_the_others_and_exits_2(monkeypatch):
     monkeypatch.setenv("LONGCTX_ATTN_KERNEL", "flash_attn")
     result = runner.invoke(
         app,
-        ["bench", "attention", "--seq-lens", "256", "--heads", "2", "--head-dim", "16",
-         "--repeats", "1", "--warmup", "0", "--threads", "1", "--json"],
-    )  # fmt: skip
+        [
+            "bench",
+            "attention",
+            "--seq-lens",
+            "256",
+            "--heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    )
     assert result.exit_code == 2
     report = json.loads(result.stdout)
     assert report["ok"] is False
@@ -115,8 +163,17 @@ def test_document_bench_counts_against_hand_computed_cases():
 
     lengths = document_lengths(4096, 0.25, 512)
     assert sum(lengths) == 4096 and sum(n for n in lengths if n < 512) >= 1024
-    (case,) = run_document_bench((4096,), cp=2, short_fraction=0.25, short_max=512, heads=2, kv_heads=1,
-                                 head_dim=8, repeats=1, time_max_len=0)  # fmt: skip
+    (case,) = run_document_bench(
+        (4096,),
+        cp=2,
+        short_fraction=0.25,
+        short_max=512,
+        heads=2,
+        kv_heads=1,
+        head_dim=8,
+        repeats=1,
+        time_max_len=0,
+    )
     # dense causal over the window: 4·h·d·S(S+1)/2; within documents: the same sum per document
     assert case.flops_dense == 4 * 2 * 8 * 4096 * 4097 // 2
     for f in (case.zigzag, case.balanced):
@@ -126,8 +183,22 @@ def test_document_bench_counts_against_hand_computed_cases():
 
 
 def test_document_bench_json_is_one_document():
-    r = runner.invoke(app, ["bench", "attention", "--documents", "10%<1K", "--seq-lens", "8K", "--cp", "4",
-                            "--time-max-len", "1", "--json"])  # fmt: skip
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "attention",
+            "--documents",
+            "10%<1K",
+            "--seq-lens",
+            "8K",
+            "--cp",
+            "4",
+            "--time-max-len",
+            "1",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     (case,) = json.loads(r.stdout)["cases"]
     assert case["balanced"]["slowest_mean"] <= case["zigzag"]["slowest_mean"]
@@ -174,9 +245,16 @@ def test_balanced_split_evens_document_work_at_cp8(mix):
 
     fraction, short_max = parse_document_mix(mix)
     cases = run_document_bench(
-        (16384, 65536, 131072), cp=8, short_fraction=fraction, short_max=short_max, heads=8, kv_heads=8,
-        head_dim=64, repeats=1, time_max_len=0,
-    )  # fmt: skip
+        (16384, 65536, 131072),
+        cp=8,
+        short_fraction=fraction,
+        short_max=short_max,
+        heads=8,
+        kv_heads=8,
+        head_dim=64,
+        repeats=1,
+        time_max_len=0,
+    )
     for c in cases:
         assert c.balanced.slowest_mean <= 1.05 and c.balanced.busiest_idlest <= 1.1, c
         assert c.balanced.flops == c.zigzag.flops  # the same pairs, only placed differently
@@ -209,8 +287,22 @@ def test_documents_from_data_read_the_index_only(oellm_artifact, tmp_path):
     one = read_data_mix(f"from:{prefixes[0]}")
     assert one.lengths.tolist() == read_index(prefixes[0]).document_lengths().tolist()
 
-    r = runner.invoke(app, ["bench", "attention", "--documents", f"from:{idx_only}*16", "--seq-lens", "16K,64K",
-                            "--cp", "8", "--time-max-len", "1", "--json"])  # fmt: skip
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "attention",
+            "--documents",
+            f"from:{idx_only}*16",
+            "--seq-lens",
+            "16K,64K",
+            "--cp",
+            "8",
+            "--time-max-len",
+            "1",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["data"]["documents"] == len(lengths) and out["data"]["scale"] == 16
@@ -232,9 +324,31 @@ def test_documents_from_a_missing_data_set_exit_2(tmp_path):
 def test_document_processes_time_both_splits_in_real_ranks():
     """`--processes`: ring attention within documents in CP spawned processes, both splits of the same
     window alternating; every rank's times come back, and the ratio is of the slowest ranks."""
-    r = runner.invoke(app, ["bench", "attention", "--documents", "25%<256", "--seq-lens", "1K", "--cp", "2",
-                            "--processes", "--threads", "1", "--heads", "1", "--head-dim", "8", "--repeats", "2",
-                            "--warmup", "0", "--json"])  # fmt: skip
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "attention",
+            "--documents",
+            "25%<256",
+            "--seq-lens",
+            "1K",
+            "--cp",
+            "2",
+            "--processes",
+            "--threads",
+            "1",
+            "--heads",
+            "1",
+            "--head-dim",
+            "8",
+            "--repeats",
+            "2",
+            "--warmup",
+            "0",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     (case,) = json.loads(r.stdout)["cases"]
     p = case["processes"]

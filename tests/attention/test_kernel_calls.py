@@ -21,10 +21,18 @@ from longctx.errors import AttentionError
 
 @torch.library.custom_op("longctx_test::flash_fwd", mutates_args=())
 def _fa_forward(
-    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool,
-    window_size_left: int, window_size_right: int, softcap: float, alibi_slopes: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Tensor | None,
     return_softmax: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     assert window_size_left == window_size_right == -1 and dropout_p == 0.0 and not return_softmax
     out, lse = kernels.MATH.forward(q, k, v, causal, softmax_scale)
     return out, lse, q.new_empty(0), torch.zeros(2, dtype=torch.int64)
@@ -32,11 +40,25 @@ def _fa_forward(
 
 @torch.library.custom_op("longctx_test::flash_bwd", mutates_args=("dq", "dk", "dv"))
 def _fa_backward(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, dq: Tensor, dk: Tensor,
-    dv: Tensor, dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
-    window_size_right: int, softcap: float, alibi_slopes: Tensor | None, deterministic: bool,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Tensor | None,
+    deterministic: bool,
     rng_state: Tensor | None = None,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     gq, gk, gv = kernels.MATH.backward(dout, q, k, v, out, softmax_lse, causal, softmax_scale)
     dq.copy_(gq), dk.copy_(gk), dv.copy_(gv)
     return softmax_lse.clone()

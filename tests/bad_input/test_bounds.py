@@ -50,12 +50,44 @@ def test_common_pt_amplification_is_refused(flat_snapshot: Path, tmp_path: Path)
 @pytest.mark.parametrize(
     "args",
     [
-        ["rope", "suggest", "--rotary-dim", "128", "--base", "500000", "--from-length", "4096",
-         "--lengths", "1152921504606846976"],
-        ["rope", "suggest", "--rotary-dim", "128", "--base", "500000", "--from-length", "4096", "--lengths", "64M"],
-        ["rope", "plot", "--bases", "5000000", "--rotary-dim", "128", "--lengths", "40000000", "--out", "{tmp}/c.png"],
+        [
+            "rope",
+            "suggest",
+            "--rotary-dim",
+            "128",
+            "--base",
+            "500000",
+            "--from-length",
+            "4096",
+            "--lengths",
+            "1152921504606846976",
+        ],
+        [
+            "rope",
+            "suggest",
+            "--rotary-dim",
+            "128",
+            "--base",
+            "500000",
+            "--from-length",
+            "4096",
+            "--lengths",
+            "64M",
+        ],
+        [
+            "rope",
+            "plot",
+            "--bases",
+            "5000000",
+            "--rotary-dim",
+            "128",
+            "--lengths",
+            "40000000",
+            "--out",
+            "{tmp}/c.png",
+        ],
     ],
-)  # fmt: skip
+)
 def test_lengths_beyond_any_context_are_refused(args: list[str], tmp_path: Path) -> None:
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     refused(argv, [tmp_path], needle="beyond what longctx plans for")
@@ -89,8 +121,11 @@ def test_an_index_with_an_impossible_shape_is_refused(
     ck = tmp_path / "ck"
     shutil.copytree(flat_snapshot, ck)
     meta = pickle.loads((ck / ".metadata").read_bytes())
-    key = next(k for k, v in meta.state_dict_metadata.items()
-               if isinstance(v, TensorStorageMetadata) and "word_embeddings" in k)  # fmt: skip
+    key = next(
+        k
+        for k, v in meta.state_dict_metadata.items()
+        if isinstance(v, TensorStorageMetadata) and "word_embeddings" in k
+    )
     meta.state_dict_metadata[key].size = torch.Size(shape)
     (ck / ".metadata").write_bytes(pickle.dumps(meta))
     msg = " ".join(refused(["ckpt", command, ck], [tmp_path], needle="no model has it").split())

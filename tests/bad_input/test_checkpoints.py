@@ -123,8 +123,14 @@ def test_a_save_without_common_state_fails_verify(
     refused(["ckpt", "check", ck], [tmp_path], needle="megatron-core cannot load this save")
 
 
-@pytest.mark.parametrize(("content", "needle"), [(b"", "lists no files"), (b"# only a comment\n", "lists no files"),
-                                                 (b"\xff" * 64 + b"  common.pt\n", "not UTF-8")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"", "lists no files"),
+        (b"# only a comment\n", "lists no files"),
+        (b"\xff" * 64 + b"  common.pt\n", "not UTF-8"),
+    ],
+)
 def test_deep_check_against_an_unusable_manifest(
     snapshot: Path, tmp_path: Path, content: bytes, needle: str
 ) -> None:

@@ -97,22 +97,31 @@ def test_tokenize_onto_a_full_disk(tmpfs: Mount, tok: Path, tmp_path: Path) -> N
     corpus = tmp_path / "in.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} " * 400}) + "\n" for i in range(200)))
     tmpfs.set("size=64k")
-    refused(["data", "tokenize", corpus, "-t", tok, "-o", tmpfs.path / "ds"], [tmpfs.path, tmp_path],
-            needle="No space left on device")  # fmt: skip
+    refused(
+        ["data", "tokenize", corpus, "-t", tok, "-o", tmpfs.path / "ds"],
+        [tmpfs.path, tmp_path],
+        needle="No space left on device",
+    )
     assert not any(tmpfs.path.iterdir()), "partial output left on the full disk"
 
 
 def test_fingerprint_write_onto_a_read_only_disk(tmpfs: Mount, tok: Path, tmp_path: Path) -> None:
     tmpfs.set("ro")
-    refused(["tokenizer", "fingerprint", tok, "--write", tmpfs.path / "manifest.toml"],
-            [tmpfs.path, tmp_path], needle="Read-only file system")  # fmt: skip
+    refused(
+        ["tokenizer", "fingerprint", tok, "--write", tmpfs.path / "manifest.toml"],
+        [tmpfs.path, tmp_path],
+        needle="Read-only file system",
+    )
 
 
 def test_slurm_render_onto_a_read_only_disk(tmpfs: Mount, fresh_run: Path, tmp_path: Path) -> None:
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     tmpfs.set("ro")
-    refused(["slurm", "render", plan, "--out", tmpfs.path / "jobs"], [tmpfs.path, fresh_run, tmp_path],
-            needle="Read-only file system")  # fmt: skip
+    refused(
+        ["slurm", "render", plan, "--out", tmpfs.path / "jobs"],
+        [tmpfs.path, fresh_run, tmp_path],
+        needle="Read-only file system",
+    )
 
 
 def test_storage_problem_names_read_only_and_full(tmpfs: Mount) -> None:

@@ -23,9 +23,11 @@ from tests.bad_input.harness import tree_state
 from tests.fixtures.data import write_indexed_dataset
 
 FUZZ = settings(
-    max_examples=40, deadline=None, derandomize=True,
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)  # fmt: skip
+)
 
 
 @st.composite
@@ -69,10 +71,13 @@ def valid(tmp_path_factory: pytest.TempPathFactory, flat_snapshot: Path) -> dict
         archive = buf.getvalue()
     plan = (Path(__file__).resolve().parents[2] / "stages" / "tiny.toml").read_bytes()
     return {
-        "idx": Path(prefix + ".idx").read_bytes(), "bin": Path(prefix + ".bin").read_bytes(),
-        "metadata": (flat_snapshot / ".metadata").read_bytes(), "common": (flat_snapshot / "common.pt").read_bytes(),
-        "tar": archive, "plan": plan,
-    }  # fmt: skip
+        "idx": Path(prefix + ".idx").read_bytes(),
+        "bin": Path(prefix + ".bin").read_bytes(),
+        "metadata": (flat_snapshot / ".metadata").read_bytes(),
+        "common": (flat_snapshot / "common.pt").read_bytes(),
+        "tar": archive,
+        "plan": plan,
+    }
 
 
 @pytest.fixture

@@ -54,8 +54,17 @@ def test_owned_flag_is_refused_in_every_list(where: str, flag: str, fresh_run: P
 
 def test_every_owned_flag_names_a_field() -> None:
     assert all(OWNED_FLAGS.values())
-    for flag in ("--rotary-base", "--seq-length", "--save", "--load", "--context-parallel-size", "--data-path",
-                 "--tokenizer-type", "--train-iters", "--max-position-embeddings"):  # fmt: skip
+    for flag in (
+        "--rotary-base",
+        "--seq-length",
+        "--save",
+        "--load",
+        "--context-parallel-size",
+        "--data-path",
+        "--tokenizer-type",
+        "--train-iters",
+        "--max-position-embeddings",
+    ):
         assert flag in OWNED_FLAGS
 
 

@@ -107,12 +107,33 @@ def test_a_base_out_of_bounds_is_refused(
     "args",
     [
         ["rope", "check", "--base", str(BIG), "--rotary-dim", "128", "--length", "4096"],
-        ["rope", "plot", "--bases", f"5000000,{BIG}", "--rotary-dim", "128", "--lengths", "4096",
-         "--out", "{tmp}/c.png"],
-        ["rope", "suggest", "--rotary-dim", "128", "--base", "1e300", "--from-length", "4096", "--lengths", "16K"],
+        [
+            "rope",
+            "plot",
+            "--bases",
+            f"5000000,{BIG}",
+            "--rotary-dim",
+            "128",
+            "--lengths",
+            "4096",
+            "--out",
+            "{tmp}/c.png",
+        ],
+        [
+            "rope",
+            "suggest",
+            "--rotary-dim",
+            "128",
+            "--base",
+            "1e300",
+            "--from-length",
+            "4096",
+            "--lengths",
+            "16K",
+        ],
     ],
     ids=["check", "plot", "suggest"],
-)  # fmt: skip
+)
 def test_rope_options_hold_a_base_to_the_same_bound(args: list[str], tmp_path: Path) -> None:
     refused([a.replace("{tmp}", str(tmp_path)) for a in args], [tmp_path], needle="at most 10^15")
 
@@ -157,9 +178,20 @@ def test_a_sweep_costing_its_whole_stage_is_allowed(oellm_like_manifest: Path, t
 
 
 def _choice(**changes: object) -> dict:
-    evidence = [{"branch": f"s2.rope-{b}", "base": b, "from": [f"explicit base {b:,}"], "tokens": 2048,
-                 "length": 256, "depths": [0.0, 1.0], "greedy_hits": [1, 1], "keys": 1, "far_loss": 5.5}
-                for b in (100_000, 200_000)]  # fmt: skip
+    evidence = [
+        {
+            "branch": f"s2.rope-{b}",
+            "base": b,
+            "from": [f"explicit base {b:,}"],
+            "tokens": 2048,
+            "length": 256,
+            "depths": [0.0, 1.0],
+            "greedy_hits": [1, 1],
+            "keys": 1,
+            "far_loss": 5.5,
+        }
+        for b in (100_000, 200_000)
+    ]
     doc = {"base": 200_000, "rule": RULE, "reason": "base 200,000: test", "candidates": [100_000, 200_000],
            "branch_tokens": 2048, "evidence": evidence}  # fmt: skip
     doc.update(changes)
@@ -235,8 +267,11 @@ def test_eval_settings_are_refused_by_plan_check_as_by_eval_run(
     table, needle = EVAL[case]
     run.plan.write_text(run.plan.read_text() + "\n[eval]\n" + table)
     checked = refused(["plan", "check", run.plan], [run.root, tmp_path], needle=needle)
-    evaluated = refused(["eval", "run", run.stage("s1"), "--plan", run.plan, "--out", tmp_path / "out"],
-                        [run.root, tmp_path], needle=needle)  # fmt: skip
+    evaluated = refused(
+        ["eval", "run", run.stage("s1"), "--plan", run.plan, "--out", tmp_path / "out"],
+        [run.root, tmp_path],
+        needle=needle,
+    )
     assert "distinct keys an item needs" in checked and "distinct keys an item needs" in evaluated
 
 

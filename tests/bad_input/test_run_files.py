@@ -312,9 +312,11 @@ def test_escape_sequences_in_the_lock_are_printed_escaped(
     fresh_run: Path, plan: Path, tmp_path: Path
 ) -> None:
     """A lock held on another host (it cannot be checked from here): status shows it, run is refused."""
-    lock_path(fresh_run).write_text(json.dumps(
-        {"host": HOSTILE_HOST, "pid": 4242, "job_id": HOSTILE_JOB, "since": "2026-01-01", "stage": "s1"}
-    ))  # fmt: skip
+    lock_path(fresh_run).write_text(
+        json.dumps(
+            {"host": HOSTILE_HOST, "pid": 4242, "job_id": HOSTILE_JOB, "since": "2026-01-01", "stage": "s1"}
+        )
+    )
     status = runner.invoke(app, ["stage", "status", str(plan)])
     assert status.exit_code == 0, status.output
     for text in (status.output, refused(["stage", "run", plan], [fresh_run, tmp_path], needle="locked by")):
@@ -407,8 +409,11 @@ def test_eval_with_a_rank_that_is_no_rank_is_refused(
     monkeypatch.setenv(name, value)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     ckpt = fresh_run / "base" / "checkpoints"
-    refused(["eval", "run", ckpt, "--plan", plan, "--out", tmp_path / "ev"], [fresh_run, tmp_path],
-            needle=f"{name} is {value!r}")  # fmt: skip
+    refused(
+        ["eval", "run", ckpt, "--plan", plan, "--out", tmp_path / "ev"],
+        [fresh_run, tmp_path],
+        needle=f"{name} is {value!r}",
+    )
     refused(["eval", "summary", plan], [fresh_run, tmp_path], needle=f"{name} is {value!r}")
 
 
@@ -430,8 +435,11 @@ def test_adopt_with_copy_onto_a_full_disk_says_so_and_leaves_no_directory(
 ) -> None:
     into = small_tmpfs / "new" / "checkpoints"
     src = fresh_run / "base" / "checkpoints"
-    msg = refused(["ckpt", "adopt", src, "--into", into, "--allow-copy"], [small_tmpfs, fresh_run],
-                  needle="no space left")  # fmt: skip
+    msg = refused(
+        ["ckpt", "adopt", src, "--into", into, "--allow-copy"],
+        [small_tmpfs, fresh_run],
+        needle="no space left",
+    )
     assert "cannot hard-link" not in msg and not (small_tmpfs / "new").exists()
 
 
@@ -454,10 +462,13 @@ def test_rope_plot_out_never_lands_on_a_file_it_must_not_write(tmp_path: Path, r
 
 @pytest.mark.parametrize(
     "line",
-    ['{"event": "submit", "kind": "chain"}', '{"event": "submit", "kind": "chain", "slurm_job_id": [1]}',
-     '{"event": "submit", "kind": "chain", "slurm_job_id": "$(rm -rf x)"}',
-     '{"event": "chain-cancel", "slurm_job_ids": "123"}'],
-)  # fmt: skip
+    [
+        '{"event": "submit", "kind": "chain"}',
+        '{"event": "submit", "kind": "chain", "slurm_job_id": [1]}',
+        '{"event": "submit", "kind": "chain", "slurm_job_id": "$(rm -rf x)"}',
+        '{"event": "chain-cancel", "slurm_job_ids": "123"}',
+    ],
+)
 def test_slurm_status_reads_past_a_submit_record_without_a_job(
     line: str, fresh_run: Path, plan: Path, tmp_path: Path
 ) -> None:
@@ -483,8 +494,11 @@ def test_an_output_directory_inside_the_package_or_a_file_is_refused(
     from longctx.util.shipped import resource_dir
 
     package_dir = resource_dir("demo", "new-outputs")
-    refused([*args, plan, "--out", package_dir], [fresh_run, tmp_path, resource_dir("demo")],
-            needle="inside the installed longctx package")  # fmt: skip
+    refused(
+        [*args, plan, "--out", package_dir],
+        [fresh_run, tmp_path, resource_dir("demo")],
+        needle="inside the installed longctx package",
+    )
     assert not package_dir.exists()
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("x")

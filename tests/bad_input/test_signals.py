@@ -31,14 +31,21 @@ def _keyboard_interrupt(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize(
     ("stop", "code", "name"),
-    [(_signal(signal.SIGTERM), 143, "SIGTERM"), (_signal(signal.SIGINT), 130, "SIGINT"),
-     (_keyboard_interrupt, 143, "SIGTERM")],
+    [
+        (_signal(signal.SIGTERM), 143, "SIGTERM"),
+        (_signal(signal.SIGINT), 130, "SIGINT"),
+        (_keyboard_interrupt, 143, "SIGTERM"),
+    ],
     ids=["sigterm", "sigint", "keyboard-interrupt"],
-)  # fmt: skip
+)
 def test_a_command_stopped_with_nothing_running_says_so_cleanly(
-    fresh_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: Callable[..., None], code: int,
+    fresh_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stop: Callable[..., None],
+    code: int,
     name: str,
-) -> None:  # fmt: skip
+) -> None:
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     # the signal comes as `stage run` is about to launch: nothing started yet, so it stops on the spot
     monkeypatch.setattr("longctx.stage.run_policy.execute", stop)

@@ -120,9 +120,12 @@ def artifact(oellm_artifact: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("listing", "entry"),
-    [("checksums.json", "../outside.txt"), ("checksums.json", "/etc/hostname"),
-     ("checksums.sha256", "bin/../../outside.txt")],
-)  # fmt: skip
+    [
+        ("checksums.json", "../outside.txt"),
+        ("checksums.json", "/etc/hostname"),
+        ("checksums.sha256", "bin/../../outside.txt"),
+    ],
+)
 def test_checksum_lists_naming_files_outside_the_artifact(
     listing: str, entry: str, artifact: Path, tmp_path: Path
 ) -> None:

@@ -38,15 +38,21 @@ def test_tokenize_lines_that_are_not_text(case: str, tok: Path, tmp_path: Path) 
     content, needle = LINES[case]
     p = tmp_path / "in.jsonl"
     p.write_bytes(b'{"text": "fine"}\n' * 3 + content.replace(b"line 1", b""))
-    msg = refused(["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"], [tmp_path],
-                  needle=needle.replace("line 1", "line 4"))  # fmt: skip
+    msg = refused(
+        ["data", "tokenize", p, "-t", tok, "-o", tmp_path / "out" / "ds"],
+        [tmp_path],
+        needle=needle.replace("line 1", "line 4"),
+    )
     assert "in.jsonl:4" in "".join(msg.split())
 
 
 @pytest.mark.parametrize("size", ["9" * 400, "1e400", "99999999999999999999TB"])
 def test_export_a_shard_size_beyond_any_file(size: str, tmp_path: Path) -> None:
-    refused(["export", "hf", tmp_path, "--plan", "p.toml", "--max-shard-size", size, "--out", tmp_path / "o"],
-            [tmp_path], needle="--max-shard-size")  # fmt: skip
+    refused(
+        ["export", "hf", tmp_path, "--plan", "p.toml", "--max-shard-size", size, "--out", tmp_path / "o"],
+        [tmp_path],
+        needle="--max-shard-size",
+    )
 
 
 @pytest.mark.parametrize("knob", ["t_min = 0.9", "eps = 0.99"])

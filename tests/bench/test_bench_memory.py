@@ -51,8 +51,14 @@ def test_recompute_trains_the_same_steps_on_the_cpu() -> None:
 
 
 def test_local_terms_by_precision() -> None:
-    arch = ModelArch(num_layers=1, hidden_size=256, ffn_hidden_size=768, num_attention_heads=8, num_query_groups=2,
-                     kv_channels=64)  # fmt: skip
+    arch = ModelArch(
+        num_layers=1,
+        hidden_size=256,
+        ffn_hidden_size=768,
+        num_attention_heads=8,
+        num_query_groups=2,
+        kv_channels=64,
+    )
     h, ak, gk, f = 256, 512, 128, 768
     fp32 = activation_terms(arch, 1, False, device=CPU_LOCAL_FP32)
     bf16 = activation_terms(arch, 1, False, device=CPU_LOCAL_BF16)
@@ -92,8 +98,14 @@ def test_gpu_local_model_against_peaks_measured_on_a_gpu() -> None:
 
 
 def test_gpu_norms_keep_their_input_and_rstd_only() -> None:
-    arch = ModelArch(num_layers=1, hidden_size=256, ffn_hidden_size=768, num_attention_heads=8, num_query_groups=2,
-                     kv_channels=64)  # fmt: skip
+    arch = ModelArch(
+        num_layers=1,
+        hidden_size=256,
+        ffn_hidden_size=768,
+        num_attention_heads=8,
+        num_query_groups=2,
+        kv_channels=64,
+    )
     gpu = activation_terms(arch, 1, False, device=GPU_LOCAL_BF16)
     cpu = activation_terms(arch, 1, False, device=CPU_LOCAL_BF16)
     assert gpu["norm_inputs"] == 2 * 2 * 256 and gpu["norm_scaled"] == 0.0 and gpu["qk_norm"] == 4 * (8 + 2)

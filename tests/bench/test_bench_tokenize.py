@@ -20,9 +20,22 @@ def test_bench_tokenize_measures_both_and_compares_bytes(megatron_lm: Path, tmp_
     work = tmp_path / "work"
     res = runner.invoke(
         app,
-        ["bench", "tokenize", "--documents", "6", "--repeats", "1", "--workers", "2",
-         "--megatron-lm", str(megatron_lm), "--work-dir", str(work), "--json"],
-    )  # fmt: skip
+        [
+            "bench",
+            "tokenize",
+            "--documents",
+            "6",
+            "--repeats",
+            "1",
+            "--workers",
+            "2",
+            "--megatron-lm",
+            str(megatron_lm),
+            "--work-dir",
+            str(work),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output + res.stderr
     r = json.loads(res.stdout)
     assert r["identical"] is True and r["documents"] == 6 and r["tokens"] > 1000

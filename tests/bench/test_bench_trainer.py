@@ -25,8 +25,12 @@ ITERATIONS, WARMUP = 3, 1
 def _bench(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "longctx", "bench", "trainer", *args, "--json"],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
 
 
 @pytest.mark.skipif(

@@ -88,8 +88,12 @@ def test_archives_are_extracted(ermine_archives: dict[str, Path], tmp_path: Path
         r = adopt(ermine_archives[key], tmp_path / key)
         assert (r.iteration, r.method, r.files) == (5, "extract", 5)
         assert sorted(p.name for p in r.checkpoint_dir.iterdir()) == [
-            ".metadata", "__0_0.distcp", "__0_1.distcp", "common.pt", "metadata.json",
-        ]  # fmt: skip
+            ".metadata",
+            "__0_0.distcp",
+            "__0_1.distcp",
+            "common.pt",
+            "metadata.json",
+        ]
         assert read_tracker(tmp_path / key).iteration == 5
         assert r.verify.ok
     res = cli("ckpt", "adopt", ermine_archives["moe"], "--into", tmp_path / "moe")
@@ -113,13 +117,22 @@ def _member(name: str, data: bytes = b"evil") -> tuple[tarfile.TarInfo, bytes]:
 @pytest.mark.parametrize(
     ("kind", "message"),
     [
-        ("dotdot", "refusing to extract the archive: member 'x_model_only/../../evil.sh' is unsafe (path with '..' leaving the target directory)"),
+        (
+            "dotdot",
+            "refusing to extract the archive: member 'x_model_only/../../evil.sh' is unsafe (path with '..' leaving the target directory)",
+        ),
         ("absolute", "refusing to extract the archive: member '/etc/cron.d/evil' is unsafe (absolute path)"),
-        ("symlink", "refusing to extract the archive: member 'x_model_only/iter_0000005/link' is unsafe (link to '../../../../home' leaving the target directory)"),
-        ("abs-symlink", "refusing to extract the archive: member 'x_model_only/ssh' is unsafe (link to absolute path '/root/.ssh')"),
+        (
+            "symlink",
+            "refusing to extract the archive: member 'x_model_only/iter_0000005/link' is unsafe (link to '../../../../home' leaving the target directory)",
+        ),
+        (
+            "abs-symlink",
+            "refusing to extract the archive: member 'x_model_only/ssh' is unsafe (link to absolute path '/root/.ssh')",
+        ),
         ("device", "refusing to extract the archive: member 'x_model_only/dev' is unsafe (device or FIFO)"),
     ],
-)  # fmt: skip
+)
 def test_unsafe_archives_are_refused(
     megatron_checkpoints: CheckpointFixtures, tmp_path: Path, kind: str, message: str
 ) -> None:

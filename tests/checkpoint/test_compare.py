@@ -48,8 +48,10 @@ def test_tokenizer_fits(megatron_checkpoints: CheckpointFixtures, oellm_like_hf_
     r = compare(megatron_checkpoints.save_dir("gqa"), oellm_like_hf_dir)
     assert r.ok and r.mode == "tokenizer"
     assert (r.vocab.vocab_size, r.vocab.padded_rows, r.vocab.expected_padded_vocab_size) == (
-        OELLM_LIKE_VOCAB + 1, 640, 640,
-    )  # fmt: skip
+        OELLM_LIKE_VOCAB + 1,
+        640,
+        640,
+    )
     r = compare(megatron_checkpoints.save_dir("tp2"), oellm_like_hf_dir)
     assert r.ok and r.vocab.tensor_model_parallel_size == 2 and r.vocab.matching_tp == [2]
     res = cli("ckpt", "compare", megatron_checkpoints.save_dir("gqa"), oellm_like_hf_dir, "--json")

@@ -93,9 +93,14 @@ def test_every_reader(megatron_checkpoints: CheckpointFixtures) -> None:
     assert not [f for f in v.findings if "common" in f.code]
     # the saved-schedule check of `stage run` (read with no index at hand)
     assert checkpoint_schedule(save) == {
-        "lr": 3e-4, "min_lr": 3e-5, "lr_warmup_iters": 6, "lr_decay_iters": 60, "lr_decay_style": "cosine",
-        "weight_decay": 0.1, "global_batch_size": 8,
-    }  # fmt: skip
+        "lr": 3e-4,
+        "min_lr": 3e-5,
+        "lr_warmup_iters": 6,
+        "lr_decay_iters": 60,
+        "lr_decay_style": "cosine",
+        "weight_decay": 0.1,
+        "global_batch_size": 8,
+    }
     # the ledger binding names the save by its tracker's iteration and index
     ident = checkpoint_identity(save)
     assert ident.startswith(f"{save}@iter_0000006:") and not ident.endswith("no-metadata")

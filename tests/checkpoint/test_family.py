@@ -65,8 +65,9 @@ def test_undecided_objective_is_an_explicit_unknown(diffusion_checkpoints: Path)
 def test_time_conditioning_and_unknown_keys_are_listed(diffusion_checkpoints: Path) -> None:
     timed = inspect_checkpoint(diffusion_checkpoints / "udm_time")
     assert timed.family.time_conditioning_keys == [
-        "encoder.layers.0.adaLN_modulation.1.weight", "time_embed.linear_1.weight",
-    ]  # fmt: skip
+        "encoder.layers.0.adaLN_modulation.1.weight",
+        "time_embed.linear_1.weight",
+    ]
     assert [f.code for f in timed.findings.warnings] == ["time-conditioning"]
     odd = verify_checkpoint(diffusion_checkpoints / "odd_keys")
     assert odd.ok and odd.family is not None and odd.family.family == "MDM"

@@ -28,13 +28,20 @@ def test_inferred_arch_matches_build_config(megatron_checkpoints: CheckpointFixt
     a = report.arch
     heads, groups = cfg["num_attention_heads"], cfg["num_query_groups"] or cfg["num_attention_heads"]
     assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.num_query_groups, a.kv_channels) == (
-        cfg["num_layers"], cfg["hidden_size"], heads, groups, cfg["kv_channels"],
-    )  # fmt: skip
+        cfg["num_layers"],
+        cfg["hidden_size"],
+        heads,
+        groups,
+        cfg["kv_channels"],
+    )
     assert a.group_query_attention == (groups != heads)
     assert a.ffn_hidden_size == cfg["ffn_hidden_size"]
     assert (a.swiglu, a.qk_layernorm, a.untie_embeddings_and_output_weights, a.normalization) == (
-        cfg["swiglu"], cfg["qk_layernorm"], cfg["untie_embeddings_and_output_weights"], cfg["normalization"],
-    )  # fmt: skip
+        cfg["swiglu"],
+        cfg["qk_layernorm"],
+        cfg["untie_embeddings_and_output_weights"],
+        cfg["normalization"],
+    )
     assert a.padded_vocab_size == report.padded_vocab_size == spec["padded"]
     assert a.num_experts == cfg.get("num_experts")
     assert a.moe_ffn_hidden_size == cfg.get("moe_ffn_hidden_size")
@@ -60,8 +67,10 @@ def test_inferred_arch_matches_build_config(megatron_checkpoints: CheckpointFixt
         assert getattr(bare, field) == getattr(a, field), field
     if cfg["qk_layernorm"]:  # QK-norm weights carry the head dim
         assert (bare.kv_channels, bare.num_attention_heads, bare.num_query_groups) == (
-            cfg["kv_channels"], heads, groups,
-        )  # fmt: skip
+            cfg["kv_channels"],
+            heads,
+            groups,
+        )
     # convertible to the plan's ModelArch, identical to the config it was built from
     built = ModelArch(**cfg, norm_epsilon=1e-5)
     inferred = report.to_model_arch()
@@ -81,9 +90,13 @@ def test_inferred_arch_matches_build_config(megatron_checkpoints: CheckpointFixt
     ],
 )
 def test_optimizer_layouts(
-    megatron_checkpoints: CheckpointFixtures, name: str, contents: str, layout: str | None, source: str | None,
+    megatron_checkpoints: CheckpointFixtures,
+    name: str,
+    contents: str,
+    layout: str | None,
+    source: str | None,
     groups: int | None,
-) -> None:  # fmt: skip
+) -> None:
     r = inspect_checkpoint(megatron_checkpoints.save_dir(name))
     assert r.contents == contents
     if layout is None:
@@ -150,8 +163,17 @@ def test_cli_inspect_json_uses_megatron_names(megatron_checkpoints: CheckpointFi
     data = json.loads(res.stdout)
     assert data["iteration"] == 10 and data["padded_vocab_size"] == 640
     arch = data["arch"]
-    for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                "kv_channels", "untie_embeddings_and_output_weights", "qk_layernorm", "num_experts"):  # fmt: skip
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "ffn_hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "kv_channels",
+        "untie_embeddings_and_output_weights",
+        "qk_layernorm",
+        "num_experts",
+    ):
         assert key in arch
     assert data["saved_args"]["rotary_base"] == 10000 and data["args"]["seq_length"] == 64
     assert data["optimizer"]["layout"] == "dp_reshardable"

@@ -257,8 +257,13 @@ def test_deep_nesting_is_refused() -> None:
 
 def test_a_lazy_range_is_charged_before_anything_iterates_it() -> None:
     # torch.Size(range(10**9)): the range is lazy, torch.Size would build a tuple of 10**9
-    data = (hp.PROTO + hp.glob("torch", "Size") + hp.glob("builtins", "range") + b"J\x00\xca\x9a\x3b\x85R\x85R"
-            + hp.STOP)  # fmt: skip
+    data = (
+        hp.PROTO
+        + hp.glob("torch", "Size")
+        + hp.glob("builtins", "range")
+        + b"J\x00\xca\x9a\x3b\x85R\x85R"
+        + hp.STOP
+    )
     _refused_quickly(data, "a call range(…) of 1,000,000,000+ elements")
     assert safe_unpickle(data.replace(b"J\x00\xca\x9a\x3b", b"K\x03")) == torch.Size([0, 1, 2])
 
@@ -281,8 +286,17 @@ def test_a_numpy_dtype_from_a_pickle_is_never_the_shared_one() -> None:
     numpy = pytest.importorskip("numpy")
     # dtype("f8", False, False) is numpy's shared float64; the BUILD would make it big-endian process-wide
     state = b"(K\x03" + hp.text(">") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00t"
-    data = (hp.PROTO + hp.glob("numpy", "dtype") + b"(" + hp.text("f8") + b"\x89\x89t" + b"R" + state + b"b"
-            + hp.STOP)  # fmt: skip
+    data = (
+        hp.PROTO
+        + hp.glob("numpy", "dtype")
+        + b"("
+        + hp.text("f8")
+        + b"\x89\x89t"
+        + b"R"
+        + state
+        + b"b"
+        + hp.STOP
+    )
     loaded = safe_unpickle(data)
     assert loaded.byteorder == ">" and numpy.dtype("f8").byteorder == "="
 
@@ -293,9 +307,16 @@ def test_plain_args_read_under_every_protocol(protocol: int) -> None:
     Namespace with shared, nested and enum values."""
     shared = [1, 2, {"k": (3.5, "x" * 200)}]
     args = argparse.Namespace(
-        seq_length=4096, a=shared, b=shared, nested={"deep": [[[[1]]]]}, sig=signal.SIGTERM,
-        blob=b"\x00" * 100, s=frozenset({1, 2}), st={3}, none=None,
-    )  # fmt: skip
+        seq_length=4096,
+        a=shared,
+        b=shared,
+        nested={"deep": [[[[1]]]]},
+        sig=signal.SIGTERM,
+        blob=b"\x00" * 100,
+        s=frozenset({1, 2}),
+        st={3},
+        none=None,
+    )
     loaded = safe_unpickle(pickle.dumps({"args": args, "iteration": 7}, protocol=protocol))
     assert loaded == {"args": args, "iteration": 7}
     assert loaded["args"].a is loaded["args"].b and loaded["args"].sig is signal.SIGTERM

@@ -51,7 +51,7 @@ def test_missing_shard(megatron_checkpoints: CheckpointFixtures, tmp_path: Path)
     ck = copy_checkpoint(megatron_checkpoints.iter_dir("gqa_opt"), tmp_path / "iter_0000010")
     (ck / "__1_0.distcp").unlink()
     report = verify_checkpoint(ck)
-    (code, msg), = _errors(report)  # fmt: skip
+    ((code, msg),) = _errors(report)
     assert code == "missing-shard"
     assert msg.startswith("shard __1_0.distcp is missing (") and msg.endswith("stored items reference it)")
     _cli_fails_with(ck, "shard __1_0.distcp is missing")
@@ -126,7 +126,7 @@ def test_corrupt_dot_metadata(megatron_checkpoints: CheckpointFixtures, tmp_path
     data = (ck / ".metadata").read_bytes()
     (ck / ".metadata").write_bytes(data[: len(data) // 2])
     report = verify_checkpoint(ck)
-    (code, msg), = _errors(report)  # fmt: skip
+    ((code, msg),) = _errors(report)
     assert code == "dcp-metadata"
     assert (
         msg
@@ -135,7 +135,7 @@ def test_corrupt_dot_metadata(megatron_checkpoints: CheckpointFixtures, tmp_path
     _cli_fails_with(ck, "cannot read the DCP index (.metadata): corrupt or not a pickle")
     # a valid pickle of something else
     (ck / ".metadata").write_bytes(pickle.dumps({"a": 1}))
-    (code, msg), = _errors(verify_checkpoint(ck))  # fmt: skip
+    ((code, msg),) = _errors(verify_checkpoint(ck))
     assert msg.startswith("corrupt .metadata: it holds a dict, not torch DCP Metadata")
 
 
@@ -151,7 +151,7 @@ def test_common_state_with_forbidden_global(megatron_checkpoints: CheckpointFixt
     ck = copy_checkpoint(megatron_checkpoints.iter_dir("gqa"), tmp_path / "iter_0000005")
     torch.save({"args": argparse.Namespace(num_layers=2, hook=Evil()), "iteration": 5}, ck / "common.pt")
     report = verify_checkpoint(ck)
-    (code, msg), = _errors(report)  # fmt: skip
+    ((code, msg),) = _errors(report)
     assert code == "common-state"
     assert msg.startswith("refusing to unpickle: the pickle asks for posix.system, which is not on")
     _cli_fails_with(ck, "refusing to unpickle: the pickle asks for posix.system")
@@ -280,8 +280,12 @@ def test_sparse_baby_layout_reads_no_shard(tmp_path: Path) -> None:
     assert not [p for p in opened if p.endswith(".distcp")]
     a = report.arch
     assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups) == (
-        36, 4096, 12288, 32, 8,
-    )  # fmt: skip
+        36,
+        4096,
+        12288,
+        32,
+        8,
+    )
     assert (a.kv_channels, a.padded_vocab_size, report.iteration) == (128, 262656, 76800)
     assert report.optimizer.layout == "dp_reshardable" and report.optimizer.dp_groups == 4
     assert report.files_bytes > 100 * 2**30  # ~119 GiB of sparse shards

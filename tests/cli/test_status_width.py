@@ -21,10 +21,24 @@ BABY = Path(__file__).resolve().parents[2] / "stages" / "baby_9b_dense.toml"
 def _worst(rp) -> tuple[list[StageState], list[StagePace]]:
     states, pace = [], []
     for i, st in enumerate(rp.stages):
-        states.append(StageState(st.name, i, 123_456, Path("/x") / st.name, 123_400, [123_000, 123_200, 123_400],
-                                 [123_450], "in-progress", 123_400))  # fmt: skip
-        pace.append(StagePace(st.name, 1_234_567.0, i == 0, 9 * 86400.0, 99 * 86400.0,
-                              [ResumeJump(120_000, 2.1234, 7.9876)]))  # fmt: skip
+        states.append(
+            StageState(
+                st.name,
+                i,
+                123_456,
+                Path("/x") / st.name,
+                123_400,
+                [123_000, 123_200, 123_400],
+                [123_450],
+                "in-progress",
+                123_400,
+            )
+        )
+        pace.append(
+            StagePace(
+                st.name, 1_234_567.0, i == 0, 9 * 86400.0, 99 * 86400.0, [ResumeJump(120_000, 2.1234, 7.9876)]
+            )
+        )
     return states, pace
 
 
@@ -58,8 +72,33 @@ def test_slurm_status_table_fits() -> None:
         )
         for st in rp.stages
     ]
-    jobs = [JobRow("1234567", "chain", 12, "COMPLETED", "sacct", "0:0", None, "1-00:00:00", stage="64k",
-                   iterations="120000 → 123400")]  # fmt: skip
-    st = ChainStatus(rp.plan.name, "/runs/baby", "resume", "64k", "resume 64k from iteration 123400", stages, jobs,
-                     [], [], 99 * 86400.0, None, "sacct", True)  # fmt: skip
+    jobs = [
+        JobRow(
+            "1234567",
+            "chain",
+            12,
+            "COMPLETED",
+            "sacct",
+            "0:0",
+            None,
+            "1-00:00:00",
+            stage="64k",
+            iterations="120000 → 123400",
+        )
+    ]
+    st = ChainStatus(
+        rp.plan.name,
+        "/runs/baby",
+        "resume",
+        "64k",
+        "resume 64k from iteration 123400",
+        stages,
+        jobs,
+        [],
+        [],
+        99 * 86400.0,
+        None,
+        "sacct",
+        True,
+    )
     assert natural_width(_status_tables(st)) <= TERMINAL_COLUMNS

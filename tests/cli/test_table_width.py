@@ -34,9 +34,17 @@ def test_plan_show_tables_fit(name: str) -> None:
 
 
 def test_demo_stages_table_fits() -> None:
-    row = dict(stage="4k", seq_length=4096, rotary_base=31_000_000, cp=2, iterations="1200/1200",
-               launches=["first-launch", "resume", "resume"], first_loss=10.123, final_loss=3.456,
-               tokens_per_s=123_456.0)  # fmt: skip
+    row = dict(
+        stage="4k",
+        seq_length=4096,
+        rotary_base=31_000_000,
+        cp=2,
+        iterations="1200/1200",
+        launches=["first-launch", "resume", "resume"],
+        first_loss=10.123,
+        final_loss=3.456,
+        tokens_per_s=123_456.0,
+    )
     assert natural_width(stages_table([row, {**row, "stage": "128k"}])) <= TERMINAL_COLUMNS
 
 
@@ -60,14 +68,38 @@ def _length_result(length: int, keys: int, extrapolated: bool) -> LengthResult:
         for d in (0.0, 0.25, 0.5, 0.75, 1.0)
         for i in range(keys)
     ]
-    position = PositionLoss(length=length, docs=1, packed=False, buckets=[(0, length)], loss=[12.345],
-                            tokens=[length], mean_loss=12.345, long_loss=12.345)  # fmt: skip
-    packed = PackedLoss(length=length, windows=4, documents=12, buckets=[(0, length)], plain=[12.345],
-                        within=[12.345], tokens=[length], plain_loss=12.345, within_loss=12.345, later_tokens=9,
-                        plain_later_loss=12.345, within_later_loss=12.345)  # fmt: skip
-    return LengthResult(length=length, extrapolated=extrapolated,
-                        passkey=PasskeyResult.from_items(length, 2, items, 1.0), position=position,
-                        packed=packed, seconds=0.0)  # fmt: skip
+    position = PositionLoss(
+        length=length,
+        docs=1,
+        packed=False,
+        buckets=[(0, length)],
+        loss=[12.345],
+        tokens=[length],
+        mean_loss=12.345,
+        long_loss=12.345,
+    )
+    packed = PackedLoss(
+        length=length,
+        windows=4,
+        documents=12,
+        buckets=[(0, length)],
+        plain=[12.345],
+        within=[12.345],
+        tokens=[length],
+        plain_loss=12.345,
+        within_loss=12.345,
+        later_tokens=9,
+        plain_later_loss=12.345,
+        within_later_loss=12.345,
+    )
+    return LengthResult(
+        length=length,
+        extrapolated=extrapolated,
+        passkey=PasskeyResult.from_items(length, 2, items, 1.0),
+        position=position,
+        packed=packed,
+        seconds=0.0,
+    )
 
 
 def baby_sized_report() -> EvalReport:
@@ -92,8 +124,15 @@ def baby_sized_report() -> EvalReport:
         )
     ]
     settings = EvalSettings(depths=[0.0, 0.25, 0.5, 0.75, 1.0], keys_per_cell=100)
-    return EvalReport(plan="baby_9b_dense", stage="128k", settings=settings, method="", lengths=lengths,
-                      checkpoints=checkpoints, heldout={})  # fmt: skip
+    return EvalReport(
+        plan="baby_9b_dense",
+        stage="128k",
+        settings=settings,
+        method="",
+        lengths=lengths,
+        checkpoints=checkpoints,
+        heldout={},
+    )
 
 
 def test_evaluation_tables_fit_and_keep_what_a_user_decides_from() -> None:
@@ -122,10 +161,25 @@ def test_the_needle_task_table_fits() -> None:
         for r in ce.results:
             for task in tasks:
                 control = task.startswith("absent")
-                items = [TaskItemScore(task=task, length=r.length, depth=d, index=i, asked=["kalo"], expected=[],
-                                       present=["12345"], needle_starts=[0], output="12345", output_tokens=[],
-                                       found=[], hit=not control, present_key="12345" if control else None)
-                         for d in settings.depths for i in range(100)]  # fmt: skip
+                items = [
+                    TaskItemScore(
+                        task=task,
+                        length=r.length,
+                        depth=d,
+                        index=i,
+                        asked=["kalo"],
+                        expected=[],
+                        present=["12345"],
+                        needle_starts=[0],
+                        output="12345",
+                        output_tokens=[],
+                        found=[],
+                        hit=not control,
+                        present_key="12345" if control else None,
+                    )
+                    for d in settings.depths
+                    for i in range(100)
+                ]
                 r.tasks.append(TaskResult.from_items(task, r.length, items, 1.0, control=control))
     report = report.model_copy(update={"settings": settings})
     tables = report_tables(report)

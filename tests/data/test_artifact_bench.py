@@ -34,9 +34,20 @@ def test_bench_runs_small_and_cleans_up(tmp_path: Path) -> None:
 def test_bench_cli_json(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         app,
-        ["bench", "index-check", "--prefixes", "24", "--docs", "2", "--repeats", "1", "--tmp-dir", str(tmp_path),
-         "--json"],
-    )  # fmt: skip
+        [
+            "bench",
+            "index-check",
+            "--prefixes",
+            "24",
+            "--docs",
+            "2",
+            "--repeats",
+            "1",
+            "--tmp-dir",
+            str(tmp_path),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["index_ok"] and data["full_ok"] and data["prefixes"] == 24

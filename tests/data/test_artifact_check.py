@@ -46,9 +46,14 @@ def test_artifact_passes_with_its_tokenizer(
     oellm_artifact: Path, oellm_like_hf_dir: Path, oellm_like_manifest: Path, index_only: bool
 ) -> None:
     rep = check_artifact(
-        oellm_artifact, tokenizer=oellm_like_hf_dir, manifest=oellm_like_manifest, lengths=LENGTHS,
-        index_only=index_only, progress=False, strict=True,
-    )  # fmt: skip
+        oellm_artifact,
+        tokenizer=oellm_like_hf_dir,
+        manifest=oellm_like_manifest,
+        lengths=LENGTHS,
+        index_only=index_only,
+        progress=False,
+        strict=True,
+    )
     assert rep.ok, rep.findings.errors
     assert rep.checked == rep.chunks == 11 and rep.dtypes == {"int32": 11}
     assert "build-tokenizer" in rep.findings.codes("info")  # the recorded Hub id is the manifest's name
@@ -124,8 +129,14 @@ def test_tokenizer_names_in_build_info(
         root, tokenizer=oellm_like_hf_dir, manifest=oellm_like_manifest, index_only=True, progress=False
     )
     assert rep.ok and "build-tokenizer" in rep.findings.codes("warning")
-    rep = check_artifact(root, tokenizer=oellm_like_hf_dir, manifest=oellm_like_manifest, index_only=True,
-                         progress=False, strict=True)  # fmt: skip
+    rep = check_artifact(
+        root,
+        tokenizer=oellm_like_hf_dir,
+        manifest=oellm_like_manifest,
+        index_only=True,
+        progress=False,
+        strict=True,
+    )
     assert not rep.ok
     # another Megatron tokenizer class: a warning, the token-id checks decide
     _set_build_info(root, tokenizer_model=TOKENIZER_MODEL, tokenizer_type="GPT2BPETokenizer")
@@ -168,8 +179,14 @@ def test_missing_files_and_index_only_downloads(
     root = copy_artifact(oellm_artifact, tmp_path / "a")
     for c in open_artifact(root).chunks:
         c.bin_path.unlink()  # an --idx-only download
-    rep = check_artifact(root, tokenizer=oellm_like_hf_dir, manifest=oellm_like_manifest, lengths=LENGTHS,
-                         index_only=True, progress=False)  # fmt: skip
+    rep = check_artifact(
+        root,
+        tokenizer=oellm_like_hf_dir,
+        manifest=oellm_like_manifest,
+        lengths=LENGTHS,
+        index_only=True,
+        progress=False,
+    )
     assert rep.ok and rep.checked == 11 and "index-only-download" in rep.findings.codes("info")
     assert rep.total.documents == sum(sum(v) for v in LAYOUT.values())
     full = check_artifact(root, tokenizer=oellm_like_hf_dir, progress=False)

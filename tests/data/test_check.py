@@ -77,8 +77,13 @@ def test_lengths_and_budgets(oellm_like_hf_dir: Path, tmp_path: Path) -> None:
     lengths = [100, 300, 1000, 3000]
     docs = [[*np.full(n - 1, 7).tolist(), EOD] for n in lengths]
     prefix = write_indexed_dataset(tmp_path / "len", docs, np.uint16)
-    report = check_datasets([prefix], tokenizer=oellm_like_hf_dir, lengths=[256, 1024],
-                            budgets={"short": 2000, "long": 8800}, progress=False)  # fmt: skip
+    report = check_datasets(
+        [prefix],
+        tokenizer=oellm_like_hf_dir,
+        lengths=[256, 1024],
+        budgets={"short": 2000, "long": 8800},
+        progress=False,
+    )
     stats = report.prefixes[0].lengths
     assert stats is not None
     assert (stats.min_length, stats.max_length, stats.tokens) == (100, 3000, 4400)

@@ -77,8 +77,16 @@ def test_plan_check_warns_when_too_few_tokens_see_the_top(tmp_path: Path) -> Non
     rp = type("RP", (), {"objective": type("O", (), {"causal": True})()})()
 
     def stage(tokens: int):
-        return type("S", (), {"name": "4k", "seq_length": 4096, "tokens_realized": tokens,
-                              "data": type("D", (), {"packing": "documents"})()})()  # fmt: skip
+        return type(
+            "S",
+            (),
+            {
+                "name": "4k",
+                "seq_length": 4096,
+                "tokens_realized": tokens,
+                "data": type("D", (), {"packing": "documents"})(),
+            },
+        )()
 
     few = coverage_findings(rp, stage(100_000), blend)  # type: ignore[arg-type]
     assert [f.code for f in few.warnings] == ["distance-coverage"], few

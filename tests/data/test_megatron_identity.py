@@ -93,9 +93,14 @@ def identity_runs(
         tok = load_tokenizer(request.getfixturevalue(case.tokenizer), spec=case.spec)
         ours = root / "longctx" / name
         tokenize_jsonl(
-            [src], tok, ours, json_key=case.json_key, workers=case.workers, append_eod=case.append_eod,
+            [src],
+            tok,
+            ours,
+            json_key=case.json_key,
+            workers=case.workers,
+            append_eod=case.append_eod,
             progress=False,
-        )  # fmt: skip
+        )
         theirs = root / "megatron" / name
         theirs.parent.mkdir(parents=True, exist_ok=True)
         jobs.append(

@@ -52,8 +52,14 @@ def test_scan_matches_brute_force(docs, block_items, task_items, workers, dtype)
         prefix = write_indexed_dataset(f"{tmp}/d", docs, dtype)
         info = read_index(prefix)
         item = info.itemsize
-        [res] = scan_datasets([info], [ScanParams(VOCAB, EOD, BOS)], workers=workers,
-                              block_bytes=block_items * item, task_bytes=task_items * item, progress=False)  # fmt: skip
+        [res] = scan_datasets(
+            [info],
+            [ScanParams(VOCAB, EOD, BOS)],
+            workers=workers,
+            block_bytes=block_items * item,
+            task_bytes=task_items * item,
+            progress=False,
+        )
         want = _brute(docs)
         got = {k: getattr(res, k) for k in want}
         assert got == want
@@ -63,7 +69,12 @@ def test_scan_matches_brute_force(docs, block_items, task_items, workers, dtype)
 def test_several_prefixes_in_parallel(tmp_path) -> None:
     a = write_indexed_dataset(tmp_path / "a", [[3, 4, EOD]] * 50, np.uint16)
     b = write_indexed_dataset(tmp_path / "b", [[VOCAB + 1, EOD], [7, 8]], np.int32)
-    ra, rb = scan_datasets([read_index(a), read_index(b)], [ScanParams(VOCAB, EOD, None)] * 2,
-                           workers=2, task_bytes=16, progress=False)  # fmt: skip
+    ra, rb = scan_datasets(
+        [read_index(a), read_index(b)],
+        [ScanParams(VOCAB, EOD, None)] * 2,
+        workers=2,
+        task_bytes=16,
+        progress=False,
+    )
     assert (ra.out_of_range, ra.documents_without_eod, ra.eod_count) == (0, 0, 50)
     assert (rb.out_of_range, rb.first_out_of_range, rb.documents_without_eod) == (1, (0, VOCAB + 1), 1)

@@ -266,8 +266,13 @@ def test_supply_per_stage(plan_file: Path, oellm_artifact: Path) -> None:
 def test_supply_warns_when_the_budget_repeats_data(
     tmp_path: Path, oellm_artifact: Path, oellm_like_hf_dir: Path, oellm_like_manifest: Path
 ) -> None:
-    plan = _plan(tmp_path / "plan.toml", oellm_artifact, oellm_like_hf_dir, oellm_like_manifest,
-                 s512_tokens=400 * 512 * 4)  # fmt: skip
+    plan = _plan(
+        tmp_path / "plan.toml",
+        oellm_artifact,
+        oellm_like_hf_dir,
+        oellm_like_manifest,
+        s512_tokens=400 * 512 * 4,
+    )
     rp = resolve_plan(load_plan(plan))
     rep = stage_supply(rp, rp.stage("s512"))
     assert rep.sequences_without_repeat is not None and rep.sequences_without_repeat < rep.sequences_needed

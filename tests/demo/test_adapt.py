@@ -57,15 +57,23 @@ def test_a_source_it_cannot_adapt_is_refused(ar_save: Path, tmp_path: Path) -> N
             mdm, tmp_path / "b", arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513
         )
     with pytest.raises(CheckpointError, match="no adaptation to a 'ar' model"):
-        adapt_ar_to_diffusion(ar_save, tmp_path / "c", kind="ar", arch=CARD.arch, seq_length=256, input_rows=513,
-                              output_rows=513)  # fmt: skip
+        adapt_ar_to_diffusion(
+            ar_save,
+            tmp_path / "c",
+            kind="ar",
+            arch=CARD.arch,
+            seq_length=256,
+            input_rows=513,
+            output_rows=513,
+        )
     assert not any((tmp_path / x).exists() for x in "abc")
 
 
 def test_the_uniform_state_adaptation_has_no_mask_row(ar_save: Path, tmp_path: Path) -> None:
     out = tmp_path / "udm"
-    it = adapt_ar_to_diffusion(ar_save, out, kind="udm", arch=CARD.arch, seq_length=256, input_rows=513,
-                               output_rows=513)  # fmt: skip
+    it = adapt_ar_to_diffusion(
+        ar_save, out, kind="udm", arch=CARD.arch, seq_length=256, input_rows=513, output_rows=513
+    )
     src = saved_tensors(ar_save / f"iter_{it:07d}", prefixes=PREFIXES)
     dst = saved_tensors(out / f"iter_{it:07d}", prefixes=PREFIXES)
     emb = "embedding.word_embeddings.weight"

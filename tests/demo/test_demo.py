@@ -104,8 +104,13 @@ def test_small_masked_diffusion_demo(tmp_path: Path) -> None:
     """`demo --family mdm` on the small plan: the base pretrained with the masked-diffusion objective,
     the stages continued from it (CP 2 in s2, SIGTERM + resume), every checkpoint evaluated by infilling."""
     run_dir = tmp_path / "demo"
-    plan = write_plan(tmp_path / "plan.toml", run_dir, s2_tokens=8 * 2 * 256, s2_save=2,
-                      extra='\n[objective]\nkind = "mdm"\n')  # fmt: skip
+    plan = write_plan(
+        tmp_path / "plan.toml",
+        run_dir,
+        s2_tokens=8 * 2 * 256,
+        s2_save=2,
+        extra='\n[objective]\nkind = "mdm"\n',
+    )
     report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=[].append)
     rows = {r["stage"]: r for r in report.stages}
     assert rows["s1"]["status"] == rows["s2"]["status"] == "done"

@@ -33,14 +33,21 @@ def test_stage_corpus_fills_whole_windows(name: str) -> None:
     rng = np.random.default_rng(0)
 
     def lengths(c) -> np.ndarray:  # + the EOD tokenization appends
-        docs = documents(SAMPLE, seed=c.seed, min_words=c.min_words, max_words=c.max_words, names=c.names,
-                         any_digit=c.any_digit)  # fmt: skip
+        docs = documents(
+            SAMPLE,
+            seed=c.seed,
+            min_words=c.min_words,
+            max_words=c.max_words,
+            names=c.names,
+            any_digit=c.any_digit,
+        )
         return rng.choice(np.array([len(tok.encode(text)) + 1 for text in docs]), size=c.docs)
 
     top = s - s // 32
     # mixed as the demo's plans mix them: 70 % pass-key documents, 30 % the base's short ones
-    got = distance_coverage([lengths(corpus), lengths(short)], [0.7, 0.3], s, packing="documents",
-                            causal=False).share_at(top)  # fmt: skip
+    got = distance_coverage(
+        [lengths(corpus), lengths(short)], [0.7, 0.3], s, packing="documents", causal=False
+    ).share_at(top)
     whole = 2 * (s - top) / s  # a whole window: its outer 2·(S − d) tokens see a distance ≥ d
     assert got >= SPARSE * whole, (
         f"{name}: {got:.3%} of the training tokens see a distance ≥ {top:,} of the {s:,}-token window; "

@@ -24,8 +24,16 @@ def _tiny(recipe: BaseRecipe, *iterations: int) -> BaseRecipe:
     phases = tuple(
         dataclasses.replace(p, docs=60, iterations=n) for p, n in zip(recipe.phases, iterations, strict=True)
     )
-    return dataclasses.replace(recipe, phases=phases, heldout_docs=40, save_interval=2, global_batch=4, warmup=1,
-                               eval_keys=1, publish_bar=0.0)  # fmt: skip
+    return dataclasses.replace(
+        recipe,
+        phases=phases,
+        heldout_docs=40,
+        save_interval=2,
+        global_batch=4,
+        warmup=1,
+        eval_keys=1,
+        publish_bar=0.0,
+    )
 
 
 @pytest.mark.slow
@@ -109,8 +117,14 @@ def test_udm_base_is_published_without_a_mask(tmp_path: Path) -> None:
     objective, published in the same layout as the MDM minus the mask; it reads back as a UDM."""
     out = tmp_path / "published"
     # no uniform-state base is published (none has reached the bar yet): the recipe is the MDM's, unmasked
-    udm = dataclasses.replace(RECIPES["mdm"], name="longctx-demo-udm-base", family="udm", objective=Objective(kind="udm"),
-                              padded_vocab_size=513, output_vocab_size=None)  # fmt: skip
+    udm = dataclasses.replace(
+        RECIPES["mdm"],
+        name="longctx-demo-udm-base",
+        family="udm",
+        objective=Objective(kind="udm"),
+        padded_vocab_size=513,
+        output_vocab_size=None,
+    )
     card = train_base(tmp_path / "work", out, recipe=_tiny(udm, 2, 2), echo=[].append)
     assert card.family == "udm" and card.mask_id is None and card.padded_vocab_size == 513
     assert card.adapted_from == "longctx-demo-ar-base" and "AR → UDM" in (out / "MODEL_CARD.md").read_text()

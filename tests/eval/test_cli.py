@@ -21,8 +21,20 @@ def cli(*args: object):
 
 def test_run_json_and_files(eval_run_copy: EvalRun, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    res = cli("run", eval_run_copy.stage("s2"), "--plan", eval_run_copy.plan, "--stage", "s2", "--lengths", "128,256",
-              *FAST, "--out", out, "--json")  # fmt: skip
+    res = cli(
+        "run",
+        eval_run_copy.stage("s2"),
+        "--plan",
+        eval_run_copy.plan,
+        "--stage",
+        "s2",
+        "--lengths",
+        "128,256",
+        *FAST,
+        "--out",
+        out,
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["lengths"] == [S1_LEN, S2_LEN]
@@ -104,8 +116,18 @@ def test_the_plans_eval_settings_are_the_default_and_an_option_overrides_one(
     assert len([p for p in (run_dir / "eval").iterdir() if p.name.startswith("summary-")]) == 1
 
     # `eval run` takes the plan's settings too
-    res = cli("run", eval_run_copy.stage("s1"), "--plan", plan, "--lengths", S1_LEN, "--no-base", "--json",
-              "--out", tmp_path / "one")  # fmt: skip
+    res = cli(
+        "run",
+        eval_run_copy.stage("s1"),
+        "--plan",
+        plan,
+        "--lengths",
+        S1_LEN,
+        "--no-base",
+        "--json",
+        "--out",
+        tmp_path / "one",
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["settings"]["keys_per_cell"] == 1
 
@@ -130,18 +152,32 @@ def test_bad_inputs(eval_run: EvalRun, tmp_path: Path) -> None:
     plan = eval_run.plan
     s1 = eval_run.stage("s1")
     _fails(cli("run", tmp_path / "nope", "--plan", plan, "--out", tmp_path / "o"), "checkpoint not found")
-    _fails(cli("run", s1, "--plan", plan, "--stage", "s9", "--out", tmp_path / "o"),
-           "plan 'evaltiny' has no stage 's9'", "use one of: s1, s2")  # fmt: skip
-    _fails(cli("run", s1, "--plan", plan, "--lengths", "256", *FAST, "--out", tmp_path / "o"),
-           "length 256 is above the checkpoint's max position 128", "--extrapolate")  # fmt: skip
-    _fails(cli("run", s1, "--plan", plan, "--lengths", "126", "--cp", "2", *FAST, "--out", tmp_path / "o"),
-           "length 126 does not split into 2·CP = 4 equal chunks")  # fmt: skip
-    _fails(cli("run", s1, "--plan", plan, "--lengths", "128", "--cp", "2", *FAST, "--out", tmp_path / "o"),
-           "evaluation with CP = 2 needs exactly 2 process(es)")  # fmt: skip
-    _fails(cli("run", s1, "--plan", plan, "--depths", "0,2", "--out", tmp_path / "o"),
-           "needle depths must be fractions in [0, 1]")  # fmt: skip
-    _fails(cli("run", s1, "--plan", plan, "--filler", "lorem", "--out", tmp_path / "o"),
-           "bad evaluation setting filler")  # fmt: skip
+    _fails(
+        cli("run", s1, "--plan", plan, "--stage", "s9", "--out", tmp_path / "o"),
+        "plan 'evaltiny' has no stage 's9'",
+        "use one of: s1, s2",
+    )
+    _fails(
+        cli("run", s1, "--plan", plan, "--lengths", "256", *FAST, "--out", tmp_path / "o"),
+        "length 256 is above the checkpoint's max position 128",
+        "--extrapolate",
+    )
+    _fails(
+        cli("run", s1, "--plan", plan, "--lengths", "126", "--cp", "2", *FAST, "--out", tmp_path / "o"),
+        "length 126 does not split into 2·CP = 4 equal chunks",
+    )
+    _fails(
+        cli("run", s1, "--plan", plan, "--lengths", "128", "--cp", "2", *FAST, "--out", tmp_path / "o"),
+        "evaluation with CP = 2 needs exactly 2 process(es)",
+    )
+    _fails(
+        cli("run", s1, "--plan", plan, "--depths", "0,2", "--out", tmp_path / "o"),
+        "needle depths must be fractions in [0, 1]",
+    )
+    _fails(
+        cli("run", s1, "--plan", plan, "--filler", "lorem", "--out", tmp_path / "o"),
+        "bad evaluation setting filler",
+    )
     _fails(cli("run", s1, "--plan", tmp_path / "missing.toml"), "plan file not found")
     assert not (tmp_path / "o").exists()  # nothing written on failure
 

@@ -27,8 +27,9 @@ def _check_item(tok: Any, it: Any) -> None:
     # the needle starts exactly where the depth says
     haystack = it.length - len(segment_tokens(tok, f"the pass key of {it.name} is")) - len(it.answer)
     assert it.needle_start == round(it.depth * (haystack - len(it.needle)))
-    assert it.needle_start == needle_start(it.length, it.depth, it.length - it.question_start - len(it.answer),
-                                           len(it.answer), len(it.needle))  # fmt: skip
+    assert it.needle_start == needle_start(
+        it.length, it.depth, it.length - it.question_start - len(it.answer), len(it.answer), len(it.needle)
+    )
     assert tokens[it.needle_start : it.needle_start + len(it.needle)] == it.needle
     # ... and only there; the question ends the prompt; the key is the last tokens
     assert _occurrences(tokens, it.needle) == [it.needle_start]

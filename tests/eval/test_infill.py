@@ -38,9 +38,16 @@ def test_passkey_by_infilling_masks_only_the_restated_key(tiny_run: Path, kind: 
     items = [grid.item(256, d, i, closed=True) for d in (0.0, 0.5, 1.0) for i in range(2)]
     seen: list[torch.Tensor] = []
     for right in (True, False):
-        scores = score_infill(items, _per_item_oracle(items, vocab, right, seen), kind=kind,
-                              mask_id=MASK if kind == "mdm" else None, vocab_size=vocab, seed=1, threshold=0.9,
-                              batch_size=4)  # fmt: skip
+        scores = score_infill(
+            items,
+            _per_item_oracle(items, vocab, right, seen),
+            kind=kind,
+            mask_id=MASK if kind == "mdm" else None,
+            vocab_size=vocab,
+            seed=1,
+            threshold=0.9,
+            batch_size=4,
+        )
         assert all(s.greedy == right and (s.loglik is right) for s in scores)
         assert all((s.digit_accuracy == 1.0) == right for s in scores)
     rows = torch.cat(seen)[: len(items)]
@@ -154,8 +161,13 @@ def test_a_diffusion_checkpoint_is_evaluated_by_infilling(
 
 
 def _infill_worker(rank: int, world: int, port: int, ckpt: str, tokens: np.ndarray, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     with eval_parallel(world) as par:
         infill = model_infiller(load_model(checkpoint_info(ckpt), par, max_length=tokens.shape[1]), VOCAB)
@@ -176,7 +188,8 @@ def test_context_parallel_infilling_matches_a_single_process(
         infill = model_infiller(load_model(checkpoint_info(ckpt), par, max_length=64), VOCAB)
         ref = torch.stack(infill(torch.from_numpy(tokens), [torch.arange(64)] * 2)).numpy()
     out = str(tmp_path / "cp")
-    mp.start_processes(_infill_worker, args=(2, _free_port(), str(ckpt), tokens, out), nprocs=2,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _infill_worker, args=(2, _free_port(), str(ckpt), tokens, out), nprocs=2, start_method="spawn"
+    )
     for rank in range(2):
         np.testing.assert_allclose(np.load(f"{out}.{rank}.npy"), ref, atol=1e-4)

@@ -74,8 +74,13 @@ def _free_port() -> int:
 
 
 def _cp_worker(rank: int, world: int, port: int, ckpt: str, tokens: np.ndarray, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     with eval_parallel(world) as par:
         loaded = load_model(checkpoint_info(ckpt), par, max_length=tokens.shape[1])
@@ -97,8 +102,12 @@ def test_context_parallel_scores_match_a_single_process(eval_run: EvalRun, tmp_p
             torch.from_numpy(tokens)
         )
     out = str(tmp_path / "cp")
-    mp.start_processes(_cp_worker, args=(2, _free_port(), str(eval_run.stage("s2")), tokens, out), nprocs=2,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _cp_worker,
+        args=(2, _free_port(), str(eval_run.stage("s2")), tokens, out),
+        nprocs=2,
+        start_method="spawn",
+    )
     for rank in range(2):
         got = np.load(f"{out}.{rank}.npz")
         np.testing.assert_allclose(got["logprob"], ref.logprob, atol=1e-4)
@@ -182,12 +191,16 @@ def test_checkpoints_of_other_layouts_and_eras(megatron_checkpoints: Any, tmp_pa
         for k, v in inspect_checkpoint(era).args.items()
         if isinstance(v, int | float | str | bool | None)
     }
-    torch.save({"args": argparse.Namespace(**plain), "checkpoint_version": 3.0,
-                "iteration": 6}, restored / "common.pt")  # fmt: skip
+    torch.save(
+        {"args": argparse.Namespace(**plain), "checkpoint_version": 3.0, "iteration": 6},
+        restored / "common.pt",
+    )
     got = {}
     with eval_parallel(1) as par:
-        for name, path in [*((n, megatron_checkpoints.save_dir(n)) for n in ("gqa", "tp2", "tied", "era019")),
-                           ("restored", restored)]:  # fmt: skip
+        for name, path in [
+            *((n, megatron_checkpoints.save_dir(n)) for n in ("gqa", "tp2", "tied", "era019")),
+            ("restored", restored),
+        ]:
             res = model_scorer(load_model(checkpoint_info(path), par, max_length=64))(tokens)
             assert np.isfinite(res.logprob).all() and res.logprob.shape == (2, 63)
             got[name] = res.logprob

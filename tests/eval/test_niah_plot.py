@@ -14,9 +14,21 @@ from longctx.eval.settings import EvalSettings
 
 
 def _item(depth: float, index: int, *, greedy: bool, loglik: bool) -> ItemScore:
-    return ItemScore(length=1024, depth=depth, index=index, key="12345", needle_start=10, greedy=greedy,
-                     greedy_tokens=[], digit_accuracy=1.0, token_margin=0.5, logprob=-1.0,
-                     distractor_logprobs=[-2.0, -3.0], loglik=loglik, loglik_margin=0.7)  # fmt: skip
+    return ItemScore(
+        length=1024,
+        depth=depth,
+        index=index,
+        key="12345",
+        needle_start=10,
+        greedy=greedy,
+        greedy_tokens=[],
+        digit_accuracy=1.0,
+        token_margin=0.5,
+        logprob=-1.0,
+        distractor_logprobs=[-2.0, -3.0],
+        loglik=loglik,
+        loglik_margin=0.7,
+    )
 
 
 def _report() -> EvalReport:
@@ -24,11 +36,23 @@ def _report() -> EvalReport:
     # 100 % in the demo: log-likelihood green, greedy 0/20); depth 1: the other way round
     items = [_item(0.0, i, greedy=False, loglik=True) for i in range(20)]
     items += [_item(1.0, i, greedy=True, loglik=i < 5) for i in range(20)]
-    result = LengthResult(length=1024, extrapolated=True, passkey=PasskeyResult.from_items(1024, 2, items, 1.0),
-                          position=None, seconds=0.0)  # fmt: skip
+    result = LengthResult(
+        length=1024,
+        extrapolated=True,
+        passkey=PasskeyResult.from_items(1024, 2, items, 1.0),
+        position=None,
+        seconds=0.0,
+    )
     ce = CheckpointEval(label="base", checkpoint={}, trained_length=256, rotary_base=10_000, results=[result])
-    return EvalReport(plan="tiny", stage=None, settings=EvalSettings(depths=[0.0, 1.0], keys_per_cell=20),
-                      method="", lengths=[1024], checkpoints=[ce], heldout={})  # fmt: skip
+    return EvalReport(
+        plan="tiny",
+        stage=None,
+        settings=EvalSettings(depths=[0.0, 1.0], keys_per_cell=20),
+        method="",
+        lengths=[1024],
+        checkpoints=[ce],
+        heldout={},
+    )
 
 
 def test_the_colour_is_greedy_and_the_text_gives_log_likelihood_too() -> None:

@@ -89,8 +89,10 @@ def test_within_documents_equals_each_document_alone(cp1: dict[str, Any]) -> Non
         if a > 0:
             across.append(float(np.abs(plain[w, a : b - 1] - lp).mean()))
     assert len(first) == 2 and len(later) >= 2
-    print(f"within vs alone: first documents {max(first):.2e}, later {max(later):.2e}; "
-          f"across vs alone (mean per later document) min {min(across):.3f}")  # fmt: skip
+    print(
+        f"within vs alone: first documents {max(first):.2e}, later {max(later):.2e}; "
+        f"across vs alone (mean per later document) min {min(across):.3f}"
+    )
     assert max(first) <= 1e-5 and max(later) <= 1e-5
     # the first document of a window has nothing before it: both scorings agree there
     for w, a, b, _ in cp1["alone"]:
@@ -111,8 +113,10 @@ def test_packed_summary_numbers(cp1: dict[str, Any]) -> None:
     assert len(pk.plain) == len(pk.within) == len(pk.buckets) and all(x is not None for x in pk.within)
     assert pk.plain[0] == pytest.approx(pk.within[0], abs=1e-5)  # the first bucket is in the first document
     assert pk.plain_later_loss != pytest.approx(pk.within_later_loss, abs=1e-3)
-    print(f"later documents: across {pk.plain_later_loss:.4f}, within {pk.within_later_loss:.4f} nats "
-          f"({pk.later_tokens} tokens, {pk.documents} documents in {pk.windows} windows)")  # fmt: skip
+    print(
+        f"later documents: across {pk.plain_later_loss:.4f}, within {pk.within_later_loss:.4f} nats "
+        f"({pk.later_tokens} tokens, {pk.documents} documents in {pk.windows} windows)"
+    )
 
 
 def _free_port() -> int:
@@ -122,8 +126,13 @@ def _free_port() -> int:
 
 
 def _cp_worker(rank: int, world: int, port: int, ckpt: str, windows: np.ndarray, eod: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     with eval_parallel(world) as par:
         loaded = load_model(checkpoint_info(ckpt), par, max_length=windows.shape[1])
@@ -157,11 +166,34 @@ def test_context_parallel_packed_equals_a_single_process(
 
 def test_report_json_table_and_plot(eval_run_copy: EvalRun, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, [
-        "eval", "run", str(eval_run_copy.stage("s2")), "--plan", str(eval_run_copy.plan), "--lengths", str(S2_LEN),
-        "--depths", "0", "--keys", "1", "--distractors", "0", "--loss-docs", "1", "--short-docs", "0",
-        "--packed-windows", "2", "--no-base", "--out", str(out), "--json",
-    ])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "run",
+            str(eval_run_copy.stage("s2")),
+            "--plan",
+            str(eval_run_copy.plan),
+            "--lengths",
+            str(S2_LEN),
+            "--depths",
+            "0",
+            "--keys",
+            "1",
+            "--distractors",
+            "0",
+            "--loss-docs",
+            "1",
+            "--short-docs",
+            "0",
+            "--packed-windows",
+            "2",
+            "--no-base",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["settings"]["packed_windows"] == 2
@@ -176,11 +208,34 @@ def test_report_json_table_and_plot(eval_run_copy: EvalRun, tmp_path: Path) -> N
     assert (out / "loss_by_position.png").read_bytes()[:4] == b"\x89PNG"
     # the setting is part of the cache fingerprint; 0 turns the measurement off
     assert EvalSettings(packed_windows=2).fingerprint() != EvalSettings(packed_windows=0).fingerprint()
-    off = CliRunner().invoke(app, [
-        "eval", "run", str(eval_run_copy.stage("s1")), "--plan", str(eval_run_copy.plan), "--lengths", "64",
-        "--depths", "0", "--keys", "1", "--distractors", "0", "--loss-docs", "1", "--short-docs", "0",
-        "--packed-windows", "0", "--no-base", "--out", str(tmp_path / "off"), "--json",
-    ])  # fmt: skip
+    off = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "run",
+            str(eval_run_copy.stage("s1")),
+            "--plan",
+            str(eval_run_copy.plan),
+            "--lengths",
+            "64",
+            "--depths",
+            "0",
+            "--keys",
+            "1",
+            "--distractors",
+            "0",
+            "--loss-docs",
+            "1",
+            "--short-docs",
+            "0",
+            "--packed-windows",
+            "0",
+            "--no-base",
+            "--out",
+            str(tmp_path / "off"),
+            "--json",
+        ],
+    )
     assert off.exit_code == 0, off.output
     assert json.loads(off.stdout)["checkpoints"][0]["results"][0]["packed"] is None
     assert "packed" not in (tmp_path / "off" / "summary.md").read_text().split("\n")[2]

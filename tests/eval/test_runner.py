@@ -100,8 +100,14 @@ def test_summary_and_single_checkpoint(eval_run_copy: EvalRun, tmp_path: Path) -
 def test_rotary_base_differing_from_the_plan_is_noted(eval_run_copy: EvalRun) -> None:
     text = eval_run_copy.plan.read_text().replace("rope = { base = 40000 }", "rope = { base = 80000 }")
     eval_run_copy.plan.write_text(text)
-    report = evaluate_path(eval_run_copy.resolved(), eval_run_copy.stage("s2"), stage="s2", settings=FAST,
-                           lengths=[S2_LEN], base_reference=False)  # fmt: skip
+    report = evaluate_path(
+        eval_run_copy.resolved(),
+        eval_run_copy.stage("s2"),
+        stage="s2",
+        settings=FAST,
+        lengths=[S2_LEN],
+        base_reference=False,
+    )
     assert any("rotary base 40,000 differs from the plan's 80,000" in n for n in report.notes)
 
 

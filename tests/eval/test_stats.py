@@ -17,9 +17,15 @@ from longctx.eval.stats import effective_length, spans, wilson_interval
 
 @pytest.mark.parametrize(
     ("hits", "n", "lo", "hi"),
-    [(0, 20, 0.0, 0.16113), (20, 20, 0.83887, 1.0), (10, 20, 0.29930, 0.70070), (14, 20, 0.48103, 0.85452),
-     (1, 2, 0.09453, 0.90547), (0, 0, 0.0, 1.0)],
-)  # fmt: skip
+    [
+        (0, 20, 0.0, 0.16113),
+        (20, 20, 0.83887, 1.0),
+        (10, 20, 0.29930, 0.70070),
+        (14, 20, 0.48103, 0.85452),
+        (1, 2, 0.09453, 0.90547),
+        (0, 0, 0.0, 1.0),
+    ],
+)
 def test_wilson_interval(hits: int, n: int, lo: float, hi: float) -> None:
     # hand-computed: (p + z²/2n ± z·sqrt(p(1−p)/n + z²/4n²)) / (1 + z²/n), z = 1.96
     assert wilson_interval(hits, n) == pytest.approx((lo, hi), abs=1e-5)
@@ -39,19 +45,29 @@ def test_chance() -> None:
 
 @pytest.mark.parametrize(
     ("cells", "expected"),
-    [({256: [1.0, 1.0, 0.95], 1024: [0.9, 1.0], 4096: [0.5, 1.0]}, 1024),
-     ({256: [0.85, 1.0]}, None),
-     ({256: [1.0], 1024: [0.2], 4096: [1.0]}, 256),  # the first failure ends it (RULER: stays above)
-     ({256: [1.0], 1024: [1.0]}, 1024),
-     ({}, None)],
-)  # fmt: skip
+    [
+        ({256: [1.0, 1.0, 0.95], 1024: [0.9, 1.0], 4096: [0.5, 1.0]}, 1024),
+        ({256: [0.85, 1.0]}, None),
+        ({256: [1.0], 1024: [0.2], 4096: [1.0]}, 256),  # the first failure ends it (RULER: stays above)
+        ({256: [1.0], 1024: [1.0]}, 1024),
+        ({}, None),
+    ],
+)
 def test_effective_length(cells: dict[int, list[float]], expected: int | None) -> None:
     assert effective_length(cells, 0.9) == expected
 
 
 def _items(length: int, depth: float, greedy: list[bool], loglik: list[bool]) -> list[ItemScore]:
-    fixed = dict(key="12345", needle_start=10, greedy_tokens=[], digit_accuracy=1.0, token_margin=0.5, logprob=-1.0,
-                 distractor_logprobs=[-2.0, -3.0], loglik_margin=1.0)  # fmt: skip
+    fixed = dict(
+        key="12345",
+        needle_start=10,
+        greedy_tokens=[],
+        digit_accuracy=1.0,
+        token_margin=0.5,
+        logprob=-1.0,
+        distractor_logprobs=[-2.0, -3.0],
+        loglik_margin=1.0,
+    )
     return [
         ItemScore(length=length, depth=depth, index=i, greedy=g, loglik=ll, **fixed)
         for i, (g, ll) in enumerate(zip(greedy, loglik, strict=True))
@@ -64,22 +80,48 @@ def _length(length: int, per_depth: dict[float, tuple[int, int]], keys: int = 20
         items += _items(
             length, depth, [i < greedy_hits for i in range(keys)], [i < loglik_hits for i in range(keys)]
         )
-    position = PositionLoss(length=length, docs=1, packed=False, buckets=[(0, length)], loss=[1.0], tokens=[length],
-                            mean_loss=1.0, long_loss=1.0)  # fmt: skip
-    return LengthResult(length=length, extrapolated=False, passkey=PasskeyResult.from_items(length, 2, items, 1.0),
-                        position=position, seconds=0.0)  # fmt: skip
+    position = PositionLoss(
+        length=length,
+        docs=1,
+        packed=False,
+        buckets=[(0, length)],
+        loss=[1.0],
+        tokens=[length],
+        mean_loss=1.0,
+        long_loss=1.0,
+    )
+    return LengthResult(
+        length=length,
+        extrapolated=False,
+        passkey=PasskeyResult.from_items(length, 2, items, 1.0),
+        position=position,
+        seconds=0.0,
+    )
 
 
 @pytest.fixture
 def report() -> EvalReport:
-    ce = CheckpointEval(label="stage 1k", checkpoint={}, trained_length=1024, rotary_base=10000, results=[
-        _length(256, {0.0: (20, 20), 0.5: (19, 20)}),
-        _length(1024, {0.0: (18, 20), 0.5: (20, 20)}),
-        _length(4096, {0.0: (3, 9), 0.5: (0, 6)}),
-    ])  # fmt: skip
+    ce = CheckpointEval(
+        label="stage 1k",
+        checkpoint={},
+        trained_length=1024,
+        rotary_base=10000,
+        results=[
+            _length(256, {0.0: (20, 20), 0.5: (19, 20)}),
+            _length(1024, {0.0: (18, 20), 0.5: (20, 20)}),
+            _length(4096, {0.0: (3, 9), 0.5: (0, 6)}),
+        ],
+    )
     settings = EvalSettings(depths=[0.0, 0.5], keys_per_cell=20)
-    return EvalReport(plan=None, stage="1k", settings=settings, method="", lengths=[256, 1024, 4096],
-                      checkpoints=[ce], heldout={})  # fmt: skip
+    return EvalReport(
+        plan=None,
+        stage="1k",
+        settings=settings,
+        method="",
+        lengths=[256, 1024, 4096],
+        checkpoints=[ce],
+        heldout={},
+    )
 
 
 def test_summary_json_carries_counts_intervals_and_effective_length(report: EvalReport) -> None:

@@ -162,8 +162,13 @@ def test_placement_never_overlaps() -> None:
         others = [rng.randint(5, 15) for _ in range(rng.randint(1, 3))]
         if sum(others) > haystack - size:
             continue
-        spans = sorted([(start, start + size)] + [(s, s + n) for s, n in
-                                                   zip(place_others(haystack, start, size, others, rng), others, strict=True)])  # fmt: skip
+        spans = sorted(
+            [(start, start + size)]
+            + [
+                (s, s + n)
+                for s, n in zip(place_others(haystack, start, size, others, rng), others, strict=True)
+            ]
+        )
         assert spans[0][0] >= 0 and spans[-1][1] <= haystack
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
@@ -291,8 +296,19 @@ def test_infilling_masks_every_slot_and_scores_in_the_task_s_order(demo_tokenize
     assert scores[0].hit, "multi-value: the values in any order"
     assert not scores[1].hit, "multi-query: each name's key in its own restatement"
     same = {id(mv): [0, 1, 2], id(mq): [0, 1]}
-    assert all(s.hit for s in score_task_infill([mv, mq], oracle(same), tok.decode, kind="mdm", mask_id=mask,
-                                                 vocab_size=vocab, seed=0, threshold=0.9))  # fmt: skip
+    assert all(
+        s.hit
+        for s in score_task_infill(
+            [mv, mq],
+            oracle(same),
+            tok.decode,
+            kind="mdm",
+            mask_id=mask,
+            vocab_size=vocab,
+            seed=0,
+            threshold=0.9,
+        )
+    )
     row = seen[0][0].tolist()
     where = corrupted_positions(mv)
     assert [row[p] for p in where] == [mask] * len(where)
@@ -337,37 +353,82 @@ def _task_result(
     for d, hits in zip([0.0, 1.0], hits_per_depth, strict=True):
         for i in range(n):
             ok = i < hits
-            items.append(TaskItemScore(task=task, length=length, depth=d, index=i, asked=["kalo"],
-                                       expected=[] if control else ["12345"], present=["12345", "67890"],
-                                       needle_starts=[0], output="12345" if ok else "0", output_tokens=[],
-                                       found=[] if control else [ok], hit=ok and not control,
-                                       present_key="12345" if ok and control else None))  # fmt: skip
+            items.append(
+                TaskItemScore(
+                    task=task,
+                    length=length,
+                    depth=d,
+                    index=i,
+                    asked=["kalo"],
+                    expected=[] if control else ["12345"],
+                    present=["12345", "67890"],
+                    needle_starts=[0],
+                    output="12345" if ok else "0",
+                    output_tokens=[],
+                    found=[] if control else [ok],
+                    hit=ok and not control,
+                    present_key="12345" if ok and control else None,
+                )
+            )
     return TaskResult.from_items(task, length, items, 1.0, control=control)
 
 
 def _single(length: int, hits: int, n: int) -> PasskeyResult:
-    items = [ItemScore(length=length, depth=d, index=i, key="12345", needle_start=0, greedy=i < hits, greedy_tokens=[],
-                       digit_accuracy=1.0, token_margin=0.0, logprob=0.0, distractor_logprobs=[], loglik=None,
-                       loglik_margin=None) for d in (0.0, 1.0) for i in range(n)]  # fmt: skip
+    items = [
+        ItemScore(
+            length=length,
+            depth=d,
+            index=i,
+            key="12345",
+            needle_start=0,
+            greedy=i < hits,
+            greedy_tokens=[],
+            digit_accuracy=1.0,
+            token_margin=0.0,
+            logprob=0.0,
+            distractor_logprobs=[],
+            loglik=None,
+            loglik_margin=None,
+        )
+        for d in (0.0, 1.0)
+        for i in range(n)
+    ]
     return PasskeyResult.from_items(length, 0, items, 1.0)
 
 
 def _task_report() -> EvalReport:
-    settings = EvalSettings(depths=[0.0, 1.0], keys_per_cell=10, distractors=0,
-                            tasks=["multikey-2", "multivalue-2", "absent-2"])  # fmt: skip
+    settings = EvalSettings(
+        depths=[0.0, 1.0], keys_per_cell=10, distractors=0, tasks=["multikey-2", "multivalue-2", "absent-2"]
+    )
     results = []
     for length, single, mk, mv, ab in [
         (1024, 10, [10, 9], [9, 8], [3, 4]),
         (4096, 9, [8, 7], [4, 2], [6, 7]),
     ]:
-        results.append(LengthResult(
-            length=length, extrapolated=length > 2048, passkey=_single(length, single, 10), position=None, seconds=0.0,
-            tasks=[_task_result("multikey-2", length, mk, 10), _task_result("multivalue-2", length, mv, 10),
-                   _task_result("absent-2", length, ab, 10, control=True)],
-        ))  # fmt: skip
+        results.append(
+            LengthResult(
+                length=length,
+                extrapolated=length > 2048,
+                passkey=_single(length, single, 10),
+                position=None,
+                seconds=0.0,
+                tasks=[
+                    _task_result("multikey-2", length, mk, 10),
+                    _task_result("multivalue-2", length, mv, 10),
+                    _task_result("absent-2", length, ab, 10, control=True),
+                ],
+            )
+        )
     ce = CheckpointEval(label="4k", checkpoint={}, trained_length=2048, rotary_base=10_000, results=results)
-    return EvalReport(plan="tiny", stage=None, settings=settings, method="", lengths=[1024, 4096],
-                      checkpoints=[ce], heldout={})  # fmt: skip
+    return EvalReport(
+        plan="tiny",
+        stage=None,
+        settings=settings,
+        method="",
+        lengths=[1024, 4096],
+        checkpoints=[ce],
+        heldout={},
+    )
 
 
 def test_summary_has_a_row_group_per_task_and_both_effective_lengths() -> None:
@@ -387,10 +448,12 @@ def test_summary_has_a_row_group_per_task_and_both_effective_lengths() -> None:
     assert ctrl.control and ctrl.ruler_effective_length is None and ctrl.relative_effective_length is None
     assert [x.present for x in ctrl.lengths] == [7, 13] and [x.hits for x in ctrl.lengths] == [0, 0]
     md = markdown_table(report)
-    for row in ("| single | 4k | 20/20 | 18/20* | 4K | 4K |",
-                "| multikey-2 | 4k | 19/20 | 15/20* | 1K | 1K |",
-                "| multivalue-2 | 4k | 17/20 | 6/20* | — | 1K |",
-                "| absent-2 | 4k | p 7/20 | p 13/20* | control | control |"):  # fmt: skip
+    for row in (
+        "| single | 4k | 20/20 | 18/20* | 4K | 4K |",
+        "| multikey-2 | 4k | 19/20 | 15/20* | 1K | 1K |",
+        "| multivalue-2 | 4k | 17/20 | 6/20* | — | 1K |",
+        "| absent-2 | 4k | p 7/20 | p 13/20* | control | control |",
+    ):
         assert row in md, md
     assert "RULER ≥85.6%" in md and "rel ≥0.85×" in md
     titles = [t.title for t in report_tables(report)]

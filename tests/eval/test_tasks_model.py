@@ -30,8 +30,16 @@ from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, S2_LEN, EvalRun
 
 OTHER = "4 4 4 4 4"  # a key of the chain key's form and width
 # multi-key and multi-value only, at three depths: small enough for two CPU processes
-CP_SETTINGS = EvalSettings(depths=[0.0, 0.5, 1.0], keys_per_cell=2, distractors=0, loss_docs=1, short_docs=0,
-                           packed_windows=0, tasks=["multikey-2", "multivalue-2"], any_digit_keys=True)  # fmt: skip
+CP_SETTINGS = EvalSettings(
+    depths=[0.0, 0.5, 1.0],
+    keys_per_cell=2,
+    distractors=0,
+    loss_docs=1,
+    short_docs=0,
+    packed_windows=0,
+    tasks=["multikey-2", "multivalue-2"],
+    any_digit_keys=True,
+)
 
 
 def test_known_answer_tasks_through_megatron(eval_run: EvalRun) -> None:
@@ -57,16 +65,22 @@ def _evaluate(run: EvalRun, cp: int) -> list[dict[str, Any]]:
     tok = load_tokenizer(run.tokenizer)
     heldout = HeldOut([str(run.data_prefix)], "90,10,0")
     refs = [CheckpointRef("s2", run.stage("s2"))]
-    report = evaluate_checkpoints(refs, lengths=[S2_LEN], tokenizer=tok, heldout=heldout, settings=CP_SETTINGS,
-                                  short_length=64, cp=cp)  # fmt: skip
+    report = evaluate_checkpoints(
+        refs, lengths=[S2_LEN], tokenizer=tok, heldout=heldout, settings=CP_SETTINGS, short_length=64, cp=cp
+    )
     (result,) = report.checkpoints[0].results
     return [t.model_dump(mode="json") for t in result.tasks]
 
 
 def _join(rank: int, world: int, port: int) -> None:
     """The environment a spawned rank of a `world`-process group reads, one thread each."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
 
 
@@ -96,16 +110,23 @@ def test_tasks_answer_the_same_at_cp2_as_at_cp1(eval_run: EvalRun, tmp_path: Pat
     assert [t["task"] for t in ref] == ["multikey-2", "multivalue-2"]
     assert all(len(t["items"]) == 6 for t in ref)
     out = str(tmp_path / "cp")
-    mp.start_processes(_cp_worker, args=(2, _free_port(), str(eval_run.root), out), nprocs=2,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _cp_worker, args=(2, _free_port(), str(eval_run.root), out), nprocs=2, start_method="spawn"
+    )
     _assert_every_rank_answers_as(ref, out, ranks=2)
 
 
 def test_tasks_of_a_diffusion_checkpoint_by_infilling(tiny_run: Path, diffusion_checkpoints: Path) -> None:
     tok = load_tokenizer(tiny_run / "tokenizer")
     heldout = HeldOut([str(tiny_run / "data" / "corpus_text_document")], "98,2,0")
-    settings = EvalSettings(depths=[0.0, 1.0], keys_per_cell=1, loss_docs=1, elbo_window=32, elbo_levels=[0.5],
-                            tasks=["multikey-2", "multivalue-2", "multiquery-2", "absent-2"])  # fmt: skip
+    settings = EvalSettings(
+        depths=[0.0, 1.0],
+        keys_per_cell=1,
+        loss_docs=1,
+        elbo_window=32,
+        elbo_levels=[0.5],
+        tasks=["multikey-2", "multivalue-2", "multiquery-2", "absent-2"],
+    )
     refs = [CheckpointRef(label="mdm", path=diffusion_checkpoints / "mdm", allow_extrapolation=True)]
     report = evaluate_checkpoints(
         refs, lengths=[128], tokenizer=tok, heldout=heldout, settings=settings, short_length=64
@@ -121,11 +142,37 @@ def test_tasks_of_a_diffusion_checkpoint_by_infilling(tiny_run: Path, diffusion_
 
 
 def test_run_json_carries_the_task_fields(eval_run_copy: EvalRun, tmp_path: Path) -> None:
-    res = CliRunner().invoke(app, ["eval", "run", str(eval_run_copy.stage("s2")), "--plan", str(eval_run_copy.plan),
-                                   "--lengths", "128,256", "--depths", "0,1", "--keys", "1", "--distractors", "0",
-                                   "--loss-docs", "1", "--short-docs", "0", "--packed-windows", "0", "--no-base",
-                                   "--tasks", "multikey-2,multivalue-2,absent-1", "--any-digit-keys",
-                                   "--out", str(tmp_path / "out"), "--json"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "run",
+            str(eval_run_copy.stage("s2")),
+            "--plan",
+            str(eval_run_copy.plan),
+            "--lengths",
+            "128,256",
+            "--depths",
+            "0,1",
+            "--keys",
+            "1",
+            "--distractors",
+            "0",
+            "--loss-docs",
+            "1",
+            "--short-docs",
+            "0",
+            "--packed-windows",
+            "0",
+            "--no-base",
+            "--tasks",
+            "multikey-2,multivalue-2,absent-1",
+            "--any-digit-keys",
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["settings"]["tasks"] == ["single", "multikey-2", "multivalue-2", "absent-1"]
@@ -149,8 +196,15 @@ def _infill_evaluate(run: str, ckpt: str, cp: int) -> list[dict[str, Any]]:
     tok = load_tokenizer(Path(run) / "tokenizer")
     heldout = HeldOut([str(Path(run) / "data" / "corpus_text_document")], "98,2,0")
     settings = CP_SETTINGS.model_copy(update={"elbo_window": 32, "elbo_levels": [0.5]})
-    report = evaluate_checkpoints([CheckpointRef("mdm", Path(ckpt), allow_extrapolation=True)], lengths=[128],
-                                  tokenizer=tok, heldout=heldout, settings=settings, short_length=64, cp=cp)  # fmt: skip
+    report = evaluate_checkpoints(
+        [CheckpointRef("mdm", Path(ckpt), allow_extrapolation=True)],
+        lengths=[128],
+        tokenizer=tok,
+        heldout=heldout,
+        settings=settings,
+        short_length=64,
+        cp=cp,
+    )
     (result,) = report.checkpoints[0].results
     return [t.model_dump(mode="json") for t in result.tasks]
 
@@ -172,6 +226,7 @@ def test_diffusion_tasks_decode_the_same_at_cp2_as_at_cp1(
     ref = _infill_evaluate(str(tiny_run), ckpt, 1)
     assert [t["task"] for t in ref] == ["multikey-2", "multivalue-2"]
     out = str(tmp_path / "cp")
-    mp.start_processes(_infill_cp_worker, args=(2, _free_port(), str(tiny_run), ckpt, out), nprocs=2,
-                       start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _infill_cp_worker, args=(2, _free_port(), str(tiny_run), ckpt, out), nprocs=2, start_method="spawn"
+    )
     _assert_every_rank_answers_as(ref, out, ranks=2)

@@ -51,9 +51,18 @@ def _items() -> list[_Item]:
 def test_decoding_in_turn_infills_what_one_forward_cannot(threshold: float) -> None:
     items, forwards = _items(), []
     done = infill_batched(
-        items, _chain_oracle(items, forwards), positions=lambda it: it.where, noise_key=lambda it: str(it.tokens),
-        tag="t", kind="mdm", mask_id=MASK, vocab_size=VOCAB, seed=0, threshold=threshold, batch_size=2,
-    )  # fmt: skip
+        items,
+        _chain_oracle(items, forwards),
+        positions=lambda it: it.where,
+        noise_key=lambda it: str(it.tokens),
+        tag="t",
+        kind="mdm",
+        mask_id=MASK,
+        vocab_size=VOCAB,
+        seed=0,
+        threshold=threshold,
+        batch_size=2,
+    )
     for it, d in zip(items, done, strict=True):
         assert d.tokens == [it.tokens[p] for p in it.where]
         one_forward = d.logprobs.argmax(-1).tolist()
@@ -73,8 +82,18 @@ def test_a_round_fixes_every_sure_digit_and_the_surest_one_in_any_case() -> None
 
 def test_a_threshold_outside_0_1_is_refused() -> None:
     with pytest.raises(ValueError, match="threshold"):
-        infill_batched([], lambda t, p: [], positions=lambda it: [], noise_key=str, tag="t", kind="mdm",
-                       mask_id=MASK, vocab_size=VOCAB, seed=0, threshold=0.0)  # fmt: skip
+        infill_batched(
+            [],
+            lambda t, p: [],
+            positions=lambda it: [],
+            noise_key=str,
+            tag="t",
+            kind="mdm",
+            mask_id=MASK,
+            vocab_size=VOCAB,
+            seed=0,
+            threshold=0.0,
+        )
 
 
 def test_uniform_noise_keeps_its_drawn_tokens_until_fixed() -> None:
@@ -87,8 +106,18 @@ def test_uniform_noise_keeps_its_drawn_tokens_until_fixed() -> None:
         lp[1:] = 0.0
         return [lp.log_softmax(-1)]
 
-    done = infill_batched(items, infill, positions=lambda it: it.where, noise_key=lambda it: "k", tag="t",
-                          kind="udm", mask_id=None, vocab_size=VOCAB, seed=3, threshold=0.9)  # fmt: skip
+    done = infill_batched(
+        items,
+        infill,
+        positions=lambda it: it.where,
+        noise_key=lambda it: "k",
+        tag="t",
+        kind="udm",
+        mask_id=None,
+        vocab_size=VOCAB,
+        seed=3,
+        threshold=0.9,
+    )
     where = items[0].where
     drawn = [int(seen[0][0, p]) for p in where]
     assert [int(seen[1][0, p]) for p in where] == [7, *drawn[1:]]

@@ -31,8 +31,9 @@ def greedy(model: Any, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """transformers' own greedy generation (KV cache), never stopping early at EOS."""
     from transformers import GenerationConfig
 
-    cfg = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,
-                           pad_token_id=0)  # fmt: skip
+    cfg = GenerationConfig(
+        do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=0
+    )
     with torch.inference_mode():
         return model.generate(prompt.long(), generation_config=cfg)
 
@@ -43,7 +44,10 @@ def scorer(model: Any) -> ScoreFn:
     def score(tokens: torch.Tensor) -> TokenScores:
         tokens = tokens.long()
         lp, am, mg = scores_from_logits(logits(model, tokens), torch.roll(tokens, -1, dims=1))
-        return TokenScores(logprob=lp[:, :-1].double().numpy(), argmax=am[:, :-1].numpy().astype(np.int64),
-                           margin=mg[:, :-1].double().numpy())  # fmt: skip
+        return TokenScores(
+            logprob=lp[:, :-1].double().numpy(),
+            argmax=am[:, :-1].numpy().astype(np.int64),
+            margin=mg[:, :-1].double().numpy(),
+        )
 
     return score

@@ -55,8 +55,18 @@ def test_a_damaged_shard_is_a_message(
     err = _refused([str(save), "--plan", str(export_plan_files["qwen3"])], tmp_path / "out")
     assert "shard" in err["what"] and "weights_only" not in str(err), err
     assert tree_state(save) == before
-    plain = CliRunner().invoke(app, ["export", "hf", str(save), "--plan", str(export_plan_files["qwen3"]),
-                                     "--out", str(tmp_path / "out")])  # fmt: skip
+    plain = CliRunner().invoke(
+        app,
+        [
+            "export",
+            "hf",
+            str(save),
+            "--plan",
+            str(export_plan_files["qwen3"]),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert plain.exit_code == 2 and "Traceback" not in plain.output and "Aborted" not in plain.output
 
 
@@ -103,11 +113,20 @@ def test_a_manifest_pinning_another_encoding(
     manifest = load_manifest(oellm_like_manifest)
     enc = manifest.encoding or load_tokenizer(oellm_like_hf_dir).encoding_fingerprint()
     probes = [list(reversed(ids)) for ids in enc.probe_ids]  # another encoding, consistently digested
-    digest = behaviour_digest(probes, enc.probe_ids_with_special_tokens, vocab_size=enc.vocab_size,
-                              eod_id=enc.eod_id, bos_id=enc.bos_id)  # fmt: skip
+    digest = behaviour_digest(
+        probes,
+        enc.probe_ids_with_special_tokens,
+        vocab_size=enc.vocab_size,
+        eod_id=enc.eod_id,
+        bos_id=enc.bos_id,
+    )
     wrong = tmp_path / "wrong.toml"
-    write_manifest(manifest.model_copy(update={"encoding": enc.model_copy(update={"probe_ids": probes,
-                                                                                  "digest": digest})}), wrong)  # fmt: skip
+    write_manifest(
+        manifest.model_copy(
+            update={"encoding": enc.model_copy(update={"probe_ids": probes, "digest": digest})}
+        ),
+        wrong,
+    )
     plans = export_plans(tmp_path, oellm_like_hf_dir, wrong)
     err = _refused(
         [str(export_models.save_dir("qwen3_tp1")), "--plan", str(plans["qwen3"])], tmp_path / "o" / "m"

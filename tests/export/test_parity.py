@@ -104,10 +104,23 @@ def test_sharded_bf16_export_through_the_cli(
     from safetensors import safe_open
 
     out = tmp_path / "sharded"
-    res = CliRunner().invoke(app, [
-        "export", "hf", str(export_models.save_dir("qwen3_tp1")), "--plan", str(export_plan_files["qwen3"]),
-        "--out", str(out), "--max-shard-size", "50KB", "--dtype", "bfloat16", "--json",
-    ])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "export",
+            "hf",
+            str(export_models.save_dir("qwen3_tp1")),
+            "--plan",
+            str(export_plan_files["qwen3"]),
+            "--out",
+            str(out),
+            "--max-shard-size",
+            "50KB",
+            "--dtype",
+            "bfloat16",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert (

@@ -30,22 +30,37 @@ def test_last_stage_scores_the_same_in_transformers(eval_run: EvalRun, tmp_path:
     report = export_hf(eval_run.stage("s2"), eval_run.plan, out=out)
     assert report.stage == "s2" and report.rotary_base == 40000 and report.max_position_embeddings == S2_LEN
 
-    ours = evaluate_path(eval_run.resolved(), eval_run.stage("s2"), stage="s2", settings=SETTINGS,
-                         base_reference=False, use_cache=False, out_dir=tmp_path / "eval")  # fmt: skip
+    ours = evaluate_path(
+        eval_run.resolved(),
+        eval_run.stage("s2"),
+        stage="s2",
+        settings=SETTINGS,
+        base_reference=False,
+        use_cache=False,
+        out_dir=tmp_path / "eval",
+    )
     results = ours.checkpoints[-1].results
     assert [r.length for r in results] == [64, 128, S2_LEN]
 
     tok = load_tokenizer(eval_run.tokenizer)
-    grid = PasskeyGrid(tok, seed=SETTINGS.seed, key_digits=SETTINGS.key_digits,
-                       distractors=SETTINGS.distractors, filler=SETTINGS.filler)  # fmt: skip
+    grid = PasskeyGrid(
+        tok,
+        seed=SETTINGS.seed,
+        key_digits=SETTINGS.key_digits,
+        distractors=SETTINGS.distractors,
+        filler=SETTINGS.filler,
+    )
     score = hf.scorer(hf.load(out))
     for r in results:
         items = grid.grid([r.length], SETTINGS.depths, SETTINGS.keys_per_cell)
-        theirs = PasskeyResult.from_items(r.length, SETTINGS.distractors,
-                                          score_passkey(items, score, batch_size=SETTINGS.batch_size), 1.0)  # fmt: skip
+        theirs = PasskeyResult.from_items(
+            r.length, SETTINGS.distractors, score_passkey(items, score, batch_size=SETTINGS.batch_size), 1.0
+        )
         mine = r.passkey
-        print(f"s2 @ {r.length}: passkey accuracy {mine.accuracy:.3f} (megatron-core) vs {theirs.accuracy:.3f} "
-              f"(transformers); greedy {mine.greedy_accuracy:.3f} vs {theirs.greedy_accuracy:.3f}")  # fmt: skip
+        print(
+            f"s2 @ {r.length}: passkey accuracy {mine.accuracy:.3f} (megatron-core) vs {theirs.accuracy:.3f} "
+            f"(transformers); greedy {mine.greedy_accuracy:.3f} vs {theirs.greedy_accuracy:.3f}"
+        )
         assert [i.key for i in mine.items] == [i.key for i in theirs.items]
         assert theirs.accuracy == mine.accuracy and theirs.greedy_accuracy == mine.greedy_accuracy
         for a, b in zip(mine.items, theirs.items, strict=True):

@@ -62,8 +62,17 @@ def test_output_directory_not_empty(
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    res = CliRunner().invoke(app, ["export", "hf", *_args(export_models, "qwen3_tp1", export_plan_files["qwen3"]),
-                                   "--out", str(out), "--json"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "export",
+            "hf",
+            *_args(export_models, "qwen3_tp1", export_plan_files["qwen3"]),
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert res.exit_code == 2
     err = json.loads(res.stdout)["error"]
     assert err["what"] == "the output directory is not empty" and err["where"] == str(out) and err["fix"]

@@ -30,8 +30,12 @@ def test_demo_layout_hf_directory_is_copied_and_encodes_alike(
     src = tmp_path / "demo_tok"
     train_sentencepiece(tokenizer_corpus, src, 512, hf=True)
     tok, res = _export(src, tmp_path / "out")
-    assert set(res.copied) == {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                               "added_tokens.json"}  # fmt: skip
+    assert set(res.copied) == {
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+    }
     assert res.written == [] and res.tokenizer_class == "LlamaTokenizer"
     for name in res.copied:
         assert (tmp_path / "out" / name).read_bytes() == (src / name).read_bytes()

@@ -36,8 +36,12 @@ def test_pieces_shards_and_index_read_back(tmp_path: Path) -> None:
         w.write("b", data["b"])
     w.write("c", data["c"])
     files = w.close()
-    assert files == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-                     "model-00003-of-00003.safetensors", "model.safetensors.index.json"]  # fmt: skip
+    assert files == [
+        "model-00001-of-00003.safetensors",
+        "model-00002-of-00003.safetensors",
+        "model-00003-of-00003.safetensors",
+        "model.safetensors.index.json",
+    ]
     index = json.loads((tmp_path / files[-1]).read_text())
     assert index["metadata"]["total_size"] == (40 + 3 + 24) * 2
     for name, want in data.items():
@@ -59,8 +63,14 @@ def test_baby_9b_dense_export_plan_reads_one_layer_at_a_time(tmp_path: Path) -> 
     """The real TP-4 torch_dist index of baby_9b_dense (sparse shards): the plan maps all of it, and its
     largest read is one saved chunk of the embedding, under 1.5 layers of weights."""
     build_baby_like(tmp_path, n_files=16, dp=4)
-    arch = ModelArch(num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32,
-                     num_query_groups=8, kv_channels=128)  # fmt: skip
+    arch = ModelArch(
+        num_layers=36,
+        hidden_size=4096,
+        ffn_hidden_size=12288,
+        num_attention_heads=32,
+        num_query_groups=8,
+        kv_channels=128,
+    )
     vocab = 262145  # oellm-256k: len(tokenizer)
     plan = build_plan(DcpReader(tmp_path), arch, "qwen3", vocab, where=str(tmp_path))
     assert len(plan.tensors) == 1 + 36 * 11 + 2 and not plan.tied

@@ -60,11 +60,17 @@ def test_transformers_yarn_equals_megatron_at_the_exported_length(
     assert kw["position_embedding_type"] == "yarn"
     c = kw["config"]
     meg = YarnRotaryEmbedding(
-        HEAD_DIM, rotary_base=float(base), use_cpu_initialization=True, scaling_factor=c["yarn_rotary_scaling_factor"],
-        original_max_position_embeddings=c["yarn_original_max_position_embeddings"], beta_fast=c["yarn_beta_fast"],
-        beta_slow=c["yarn_beta_slow"], mscale=c["yarn_mscale"], mscale_all_dim=c["yarn_mscale_all_dim"],
+        HEAD_DIM,
+        rotary_base=float(base),
+        use_cpu_initialization=True,
+        scaling_factor=c["yarn_rotary_scaling_factor"],
+        original_max_position_embeddings=c["yarn_original_max_position_embeddings"],
+        beta_fast=c["yarn_beta_fast"],
+        beta_slow=c["yarn_beta_slow"],
+        mscale=c["yarn_mscale"],
+        mscale_all_dim=c["yarn_mscale_all_dim"],
         correction_range_round_to_int=c["yarn_correction_range_round_to_int"],
-    )  # fmt: skip
+    )
     emb, mscale = meg.get_emb(length)
     last = emb[length - 1, 0, 0, : HEAD_DIM // 2].double()
     torch.testing.assert_close(last, (length - 1) * inv_freq.double(), rtol=2e-6, atol=0)
@@ -100,8 +106,20 @@ def test_yarn_flags_exist_in_0_19_and_are_refused_on_0_16() -> None:
 def _export(
     models: ExportModels, name: str, plan: Path, out: Path, *extra: str
 ) -> tuple[int, dict[str, Any]]:
-    res = CliRunner().invoke(app, ["export", "hf", str(models.save_dir(name)), "--plan", str(plan), "--out",
-                                   str(out), "--json", *extra])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "export",
+            "hf",
+            str(models.save_dir(name)),
+            "--plan",
+            str(plan),
+            "--out",
+            str(out),
+            "--json",
+            *extra,
+        ],
+    )
     return res.exit_code, json.loads(res.stdout)
 
 

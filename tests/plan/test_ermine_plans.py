@@ -33,8 +33,14 @@ def test_ermine_diffusion_plans(
     assert [s.seq_length for s in rp.stages] == [8192, 32768]
     for st in rp.stages:
         assert (st.padded_vocab_size, st.output_vocab_size) == rows
-        bidirectional = choose_base("men-safe", rotary_dim=64, pretrain_base=10000, pretrain_length=4096,
-                                    target_length=2 * st.seq_length, source="exact").base  # fmt: skip
+        bidirectional = choose_base(
+            "men-safe",
+            rotary_dim=64,
+            pretrain_base=10000,
+            pretrain_length=4096,
+            target_length=2 * st.seq_length,
+            source="exact",
+        ).base
         assert st.rotary_base == bidirectional
         assert "2·L" in st.rope_explanation
     if kind == "udm":  # no fork named: the cluster engine cannot train it
@@ -62,10 +68,13 @@ def _plan(tmp_path: Path, megatron: str, objective: str = 'kind = "mdm"') -> Pat
 
 def test_family_args_take_the_plans_rows(tmp_path: Path) -> None:
     """A size whose output is padded (`--padded-output 1` from 413M up) and a mask id given by the plan."""
-    p = _plan(tmp_path, 'entry_script = "/opt/fork/pretrain_mask_diff.py"\n'
-              'family_args = ["--padded-output={padded_output}", "--mask-token", "{mask_id}", '
-              '"--vocab", "{vocab_size}", "{input_rows}x{output_rows}", "{{literal}}"]\n',
-              'kind = "mdm"\noutput_rows = 50258')  # fmt: skip
+    p = _plan(
+        tmp_path,
+        'entry_script = "/opt/fork/pretrain_mask_diff.py"\n'
+        'family_args = ["--padded-output={padded_output}", "--mask-token", "{mask_id}", '
+        '"--vocab", "{vocab_size}", "{input_rows}x{output_rows}", "{{literal}}"]\n',
+        'kind = "mdm"\noutput_rows = 50258',
+    )
     rp = resolve_plan(load_plan(p))
     words = argv(rp, rp.stages[1])
     assert words[0] == "/opt/fork/pretrain_mask_diff.py"

@@ -15,8 +15,14 @@ from longctx.plan.memory import OVERHEAD_BYTES, GiB
 from longctx.slurm.render import eval_launch
 
 REPO = Path(__file__).resolve().parents[2]
-ARCH = ModelArch(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                 kv_channels=16)  # fmt: skip
+ARCH = ModelArch(
+    num_layers=2,
+    hidden_size=64,
+    ffn_hidden_size=128,
+    num_attention_heads=4,
+    num_query_groups=2,
+    kv_channels=16,
+)
 
 
 def test_terms_against_hand_computed_values() -> None:
@@ -39,13 +45,21 @@ def test_baby_stages_get_the_smallest_cp_that_fits() -> None:
     rp = resolve_plan(load_plan(REPO / "stages" / "baby_9b_dense.toml"))
     got = {}
     for st in rp.stages:
-        est, batch = eval_cp(rp.arch, st.padded_vocab_size, st.seq_length, max_cp=4, gpu_memory_gib=64,
-                             margin=0.1)  # fmt: skip
+        est, batch = eval_cp(
+            rp.arch, st.padded_vocab_size, st.seq_length, max_cp=4, gpu_memory_gib=64, margin=0.1
+        )
         got[st.name] = (est.cp, batch)
         assert est.fits
         if est.cp > 1:  # half the CP would not have fitted, even one sequence at a time
-            smaller = eval_memory(rp.arch, st.padded_vocab_size, st.seq_length, est.cp // 2, batch=1,
-                                  gpu_memory_gib=64, margin=0.1)  # fmt: skip
+            smaller = eval_memory(
+                rp.arch,
+                st.padded_vocab_size,
+                st.seq_length,
+                est.cp // 2,
+                batch=1,
+                gpu_memory_gib=64,
+                margin=0.1,
+            )
             assert not smaller.fits
     # the 262K-vocabulary logits dominate: 128K × 262,144 × 2 B = 64 GiB at CP 1
     assert got == {"16k": (1, 2), "64k": (2, 1), "128k": (4, 1)}
@@ -57,8 +71,15 @@ def test_a_length_no_node_can_evaluate_is_refused() -> None:
     with pytest.raises(
         PlanError, match=r"evaluating 131,072 tokens one sequence at a time does not fit"
     ) as err:
-        eval_cp(rp.arch, st.padded_vocab_size, st.seq_length, max_cp=2, gpu_memory_gib=40, margin=0.1,
-                where="plan")  # fmt: skip
+        eval_cp(
+            rp.arch,
+            st.padded_vocab_size,
+            st.seq_length,
+            max_cp=2,
+            gpu_memory_gib=40,
+            margin=0.1,
+            where="plan",
+        )
     assert "CP 1:" in err.value.what and "CP 2:" in err.value.what and err.value.fix
 
 
@@ -66,8 +87,19 @@ def test_eval_launch_words() -> None:
     py = ["/venv/bin/python", "-m", "longctx"]
     assert eval_launch(py, 1) == (py, None)
     words, note = eval_launch(py, 4)
-    assert words == ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-                     "-m", "longctx"] and note is None  # fmt: skip
+    assert (
+        words
+        == [
+            "/venv/bin/python",
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=4",
+            "-m",
+            "longctx",
+        ]
+        and note is None
+    )
     words, note = eval_launch(["/opt/bin/longctx-wrapper"], 2)
     assert words == [
         "torchrun",

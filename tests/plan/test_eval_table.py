@@ -22,8 +22,11 @@ def _tiny(**eval_table: object) -> dict:
 
 
 def test_the_eval_table_is_parsed_and_resolved() -> None:
-    plan = plan_from_dict(_tiny(keys_per_cell=7, depths=[0, 0.5, 1], distractors=0, seed=9, filler="heldout"),
-                          where="t.toml", plan_path=plans_dir() / "tiny.toml")  # fmt: skip
+    plan = plan_from_dict(
+        _tiny(keys_per_cell=7, depths=[0, 0.5, 1], distractors=0, seed=9, filler="heldout"),
+        where="t.toml",
+        plan_path=plans_dir() / "tiny.toml",
+    )
     assert (
         plan.eval.keys_per_cell == 7 and plan.eval.depths == [0.0, 0.5, 1.0] and plan.eval.filler == "heldout"
     )

@@ -21,10 +21,23 @@ from longctx.plan.memory import (
 
 REPO = Path(__file__).resolve().parents[2]
 
-LLAMA3_8B = ModelArch(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
-                      num_query_groups=8, kv_channels=128, qk_layernorm=False)  # fmt: skip
-BABY = ModelArch(num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32, num_query_groups=8,
-                 kv_channels=128)  # fmt: skip
+LLAMA3_8B = ModelArch(
+    num_layers=32,
+    hidden_size=4096,
+    ffn_hidden_size=14336,
+    num_attention_heads=32,
+    num_query_groups=8,
+    kv_channels=128,
+    qk_layernorm=False,
+)
+BABY = ModelArch(
+    num_layers=36,
+    hidden_size=4096,
+    ffn_hidden_size=12288,
+    num_attention_heads=32,
+    num_query_groups=8,
+    kv_channels=128,
+)
 
 
 def test_activations_match_korthikanti_without_the_attention_score_term() -> None:
@@ -121,8 +134,18 @@ def test_baby_plan_picks_the_smallest_cp_that_fits() -> None:
 
 
 def _acts(**kw) -> float:
-    base = dict(arch=BABY, padded_vocab_size=262656, seq_length=65536, micro_batch_size=1, tp=4, pp=1, cp=4,
-                dp=8, num_microbatches=16, sequence_parallel=True)  # fmt: skip
+    base = dict(
+        arch=BABY,
+        padded_vocab_size=262656,
+        seq_length=65536,
+        micro_batch_size=1,
+        tp=4,
+        pp=1,
+        cp=4,
+        dp=8,
+        num_microbatches=16,
+        sequence_parallel=True,
+    )
     return layer_activations(MemoryInputs(**{**base, **kw}))
 
 
@@ -136,8 +159,14 @@ def test_activation_terms_add_up_to_the_per_layer_figure() -> None:
     assert sum(terms.values()) * TOKENS == A
     # baby_9b_dense at TP 4 + SP: norms 8 kB, Q/K/V with QK-norm copies 5.9 kB, attention output 2 kB, the
     # log-sum-exp 32 B, SwiGLU 18.4 kB per token per layer
-    assert terms == {"norm_inputs": 4096.0, "norm_outputs": 4096.0, "qkv": 5632.0, "attn_out": 2048.0,
-                     "core_attn": 32.0, "mlp": 18432.0}  # fmt: skip
+    assert terms == {
+        "norm_inputs": 4096.0,
+        "norm_outputs": 4096.0,
+        "qkv": 5632.0,
+        "attn_out": 2048.0,
+        "core_attn": 32.0,
+        "mlp": 18432.0,
+    }
 
 
 def test_no_recompute_keeps_every_layer() -> None:
@@ -220,9 +249,22 @@ def test_credits_of_the_moe_modules() -> None:
 def test_leonardo_prediction_is_unchanged_by_the_recompute_model() -> None:
     # full recompute with longctx's default (uniform, 1 layer): the docstring's 51.2 GB, next to the measured 55.4
     e = estimate(
-        MemoryInputs(LLAMA3_8B, 262144, 32768, 1, tp=4, pp=1, cp=1, dp=2, num_microbatches=64,
-                     sequence_parallel=True, recompute="full", recompute_method="uniform", recompute_num_layers=1),
+        MemoryInputs(
+            LLAMA3_8B,
+            262144,
+            32768,
+            1,
+            tp=4,
+            pp=1,
+            cp=1,
+            dp=2,
+            num_microbatches=64,
+            sequence_parallel=True,
+            recompute="full",
+            recompute_method="uniform",
+            recompute_num_layers=1,
+        ),
         gpu_memory_gib=64,
         margin=0.1,
-    )  # fmt: skip
+    )
     assert e.total / 1e9 == pytest.approx(51.21, abs=0.01)

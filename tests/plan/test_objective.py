@@ -46,14 +46,29 @@ def test_a_masked_diffusion_plan_resolves_from_its_checkpoint(
     ("base", "objective", "needle", "fix"),
     [
         ("arm_unpadded", 'kind = "mdm"', "has no [MASK] row", "masked-diffusion (MDM) base"),
-        ("mdm", 'kind = "mdm"\nmask_id = 7', f"mask id 7 is not the base checkpoint's {VOCAB}", f"mask_id = {VOCAB}"),
-        ("mdm", 'kind = "udm"', "uniform-state diffusion objective but the base checkpoint is a MDM", 'kind = "mdm"'),
+        (
+            "mdm",
+            'kind = "mdm"\nmask_id = 7',
+            f"mask id 7 is not the base checkpoint's {VOCAB}",
+            f"mask_id = {VOCAB}",
+        ),
+        (
+            "mdm",
+            'kind = "udm"',
+            "uniform-state diffusion objective but the base checkpoint is a MDM",
+            'kind = "mdm"',
+        ),
         ("udm_time", 'kind = "udm"', "time-conditioning tensors", "the fork that built it"),
-        ("mdm", 'kind = "mdm"\ninput_rows = 600', f"the plan builds 600 input / {VOCAB} output", f"input_rows = {VOCAB + 1}"),
+        (
+            "mdm",
+            'kind = "mdm"\ninput_rows = 600',
+            f"the plan builds 600 input / {VOCAB} output",
+            f"input_rows = {VOCAB + 1}",
+        ),
         ("mdm_moe", 'kind = "mdm"', "stores its experts per expert", "stacked expert layout"),
         ("mdm", 'kind = "ar"', "autoregressive objective", 'kind = "mdm"'),
     ],
-)  # fmt: skip
+)
 def test_contradicting_objectives_are_refused(
     tiny_run: Path,
     diffusion_checkpoints: Path,

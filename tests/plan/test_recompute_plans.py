@@ -21,14 +21,32 @@ def plan(oellm_like_manifest: Path, tmp_path: Path) -> dict[str, Any]:
         "run_dir": str(tmp_path / "run"),
         "base": {"path": str(tmp_path / "base"), "seq_length": 4096, "rotary_base": 100000},
         "tokenizer": {"path": str(tmp_path / "tok"), "manifest": str(oellm_like_manifest)},
-        "model": {"num_layers": 8, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 8,
-                  "num_query_groups": 4, "kv_channels": 32},
+        "model": {
+            "num_layers": 8,
+            "hidden_size": 256,
+            "ffn_hidden_size": 512,
+            "num_attention_heads": 8,
+            "num_query_groups": 4,
+            "kv_channels": 32,
+        },
         "cluster": {"gpus_per_node": 4, "gpu_memory_gib": 80},
-        "defaults": {"nodes": 1, "tensor_parallel": 2, "pipeline_parallel": 2, "micro_batch_size": 1,
-                     "data": {"prefixes": ["/d/x"]}},
-        "stages": [{"name": "16k", "seq_length": 16384, "tokens": 10_000_000, "global_batch_size": 8,
-                    "rope": {"base": 1_000_000}}],
-    }  # fmt: skip
+        "defaults": {
+            "nodes": 1,
+            "tensor_parallel": 2,
+            "pipeline_parallel": 2,
+            "micro_batch_size": 1,
+            "data": {"prefixes": ["/d/x"]},
+        },
+        "stages": [
+            {
+                "name": "16k",
+                "seq_length": 16384,
+                "tokens": 10_000_000,
+                "global_batch_size": 8,
+                "rope": {"base": 1_000_000},
+            }
+        ],
+    }
 
 
 def _load(tmp_path: Path, data: dict[str, Any]):
@@ -46,8 +64,11 @@ def _refused(tmp_path: Path, data: dict[str, Any]) -> str:
 def test_unset_recompute_is_none(tmp_path: Path, plan: dict[str, Any]) -> None:
     st = resolve_plan(_load(tmp_path, plan)).stages[0]
     assert (st.recompute, st.recompute_method, st.recompute_num_layers, st.recompute_modules) == (
-        "none", None, None, ()
-    )  # fmt: skip
+        "none",
+        None,
+        None,
+        (),
+    )
     assert st.attention_backend == "flash"
 
 

@@ -41,9 +41,14 @@ def test_yarn_cannot_shrink() -> None:
 
 @pytest.mark.parametrize(
     ("method", "params"),
-    [("fixed", {"base": 10**300}), ("ntk", {"scale": 1e300}), ("linear", {"factor": 1e300}),
-     ("llama3", {"factor": 1e300}), ("men-safe", {"factor": 1e300})],
-)  # fmt: skip
+    [
+        ("fixed", {"base": 10**300}),
+        ("ntk", {"scale": 1e300}),
+        ("linear", {"factor": 1e300}),
+        ("llama3", {"factor": 1e300}),
+        ("men-safe", {"factor": 1e300}),
+    ],
+)
 def test_other_methods_bounded(method: str, params: dict) -> None:
     with pytest.raises(RopeError, match="must be at most"):
         choose_base(method, target_length=16_384, **YARN, **params)

@@ -30,8 +30,13 @@ def test_suggest_table() -> None:
         "16384,65536,131072",
     )
     assert res.exit_code == 0, res.output
-    for text in ("men-safe ★", "--rotary-base 1200000", "--rotary-base 8400000", "--rotary-base 31000000",
-                 "exact 4,870,010, paper 7,800,000, fit 9,092,264"):  # fmt: skip
+    for text in (
+        "men-safe ★",
+        "--rotary-base 1200000",
+        "--rotary-base 8400000",
+        "--rotary-base 31000000",
+        "exact 4,870,010, paper 7,800,000, fit 9,092,264",
+    ):
         assert text in res.stdout
 
 
@@ -56,8 +61,19 @@ def test_suggest_json_and_size_suffixes() -> None:
 
 
 def test_suggest_explain_and_scaling() -> None:
-    res = cli("suggest", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--lengths", "16K", "--scaling",
-              "--explain")  # fmt: skip
+    res = cli(
+        "suggest",
+        "--rotary-dim",
+        128,
+        "--base",
+        10000,
+        "--from-length",
+        4096,
+        "--lengths",
+        "16K",
+        "--scaling",
+        "--explain",
+    )
     assert res.exit_code == 0, res.output
     assert "yarn" in res.stdout and "d_extra" in res.stdout
 
@@ -84,8 +100,20 @@ def test_check_fails_below_the_bound() -> None:
 
 
 def test_check_with_pretraining_inputs() -> None:
-    res = cli("check", "--base", 50000, "--rotary-dim", 128, "--length", 4096, "--pretrain-base", 100000,
-              "--from-length", 4096, "--json")  # fmt: skip
+    res = cli(
+        "check",
+        "--base",
+        50000,
+        "--rotary-dim",
+        128,
+        "--length",
+        4096,
+        "--pretrain-base",
+        100000,
+        "--from-length",
+        4096,
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["liu_d_extra"] == 74
@@ -104,18 +132,64 @@ def test_check_with_pretraining_inputs() -> None:
         (["check", "--base", 10000, "--rotary-dim", 128], "no length to check the base for"),
         (["check", "--length", 4096, "--rotary-dim", 128], "no base to check"),
         (["check", "--base", 10000, "--length", 4096], "the rotary dim is not known"),
-        (["suggest", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--lengths", "2K"],
-         "target length 2,048 is shorter than the pretraining length 4,096"),
+        (
+            ["suggest", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--lengths", "2K"],
+            "target length 2,048 is shorter than the pretraining length 4,096",
+        ),
         (["suggest", "--rotary-dim", 128, "--from-length", 4096, "--lengths", "16K"], "--base not given"),
-        (["suggest", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--lengths", "16K,x"], "not a number"),
-        (["choose", "magic", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--length", "16K"],
-         "unknown RoPE method 'magic'"),
-        (["choose", "fixed", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--length", "16K"],
-         "method 'fixed' needs parameter 'base'"),
-        (["choose", "abf", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--length", "16K", "-p", "x"],
-         "expected NAME=VALUE"),
+        (
+            ["suggest", "--rotary-dim", 128, "--base", 10000, "--from-length", 4096, "--lengths", "16K,x"],
+            "not a number",
+        ),
+        (
+            [
+                "choose",
+                "magic",
+                "--rotary-dim",
+                128,
+                "--base",
+                10000,
+                "--from-length",
+                4096,
+                "--length",
+                "16K",
+            ],
+            "unknown RoPE method 'magic'",
+        ),
+        (
+            [
+                "choose",
+                "fixed",
+                "--rotary-dim",
+                128,
+                "--base",
+                10000,
+                "--from-length",
+                4096,
+                "--length",
+                "16K",
+            ],
+            "method 'fixed' needs parameter 'base'",
+        ),
+        (
+            [
+                "choose",
+                "abf",
+                "--rotary-dim",
+                128,
+                "--base",
+                10000,
+                "--from-length",
+                4096,
+                "--length",
+                "16K",
+                "-p",
+                "x",
+            ],
+            "expected NAME=VALUE",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_inputs(args: list, message: str) -> None:
     res = cli(*args)
     assert res.exit_code == 2, res.output
@@ -123,18 +197,55 @@ def test_bad_inputs(args: list, message: str) -> None:
 
 
 def test_choose_with_flags() -> None:
-    res = cli("choose", "men-safe", "--rotary-dim", 128, "--base", 100000, "--from-length", "4K", "--length", "128K",
-              "--megatron", "0.16.1", "--json")  # fmt: skip
+    res = cli(
+        "choose",
+        "men-safe",
+        "--rotary-dim",
+        128,
+        "--base",
+        100000,
+        "--from-length",
+        "4K",
+        "--length",
+        "128K",
+        "--megatron",
+        "0.16.1",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["choice"]["base"] == 31_000_000
     assert data["megatron_flags"] == ["--position-embedding-type", "rope", "--rotary-base", "31000000"]
-    res = cli("choose", "yarn", "--rotary-dim", 128, "--base", 1000000, "--from-length", "32K", "--length", "128K",
-              "--megatron", "0.16.1")  # fmt: skip
+    res = cli(
+        "choose",
+        "yarn",
+        "--rotary-dim",
+        128,
+        "--base",
+        1000000,
+        "--from-length",
+        "32K",
+        "--length",
+        "128K",
+        "--megatron",
+        "0.16.1",
+    )
     assert res.exit_code == 2
     assert "exist for GPT only from megatron-core 0.19.0" in " ".join(res.output.split())
-    res = cli("choose", "fixed", "-p", "base=50000", "--rotary-dim", 128, "--base", 100000, "--from-length", "4K",
-              "--length", "16K")  # fmt: skip
+    res = cli(
+        "choose",
+        "fixed",
+        "-p",
+        "base=50000",
+        "--rotary-dim",
+        128,
+        "--base",
+        100000,
+        "--from-length",
+        "4K",
+        "--length",
+        "16K",
+    )
     assert res.exit_code == 0 and "base-below-pretrain" in res.stdout
 
 

@@ -35,21 +35,47 @@ def test_ntk_base_is_rounded_for_megatron() -> None:
 
 
 def test_yarn_needs_0_19() -> None:
-    choice = choose_base("yarn", rotary_dim=128, pretrain_base=1_000_000, pretrain_length=32_768,
-                         target_length=131_072, with_diagnostics=False)  # fmt: skip
+    choice = choose_base(
+        "yarn",
+        rotary_dim=128,
+        pretrain_base=1_000_000,
+        pretrain_length=32_768,
+        target_length=131_072,
+        with_diagnostics=False,
+    )
     with pytest.raises(RopeError, match=re.escape("exist for GPT only from megatron-core 0.19.0")) as err:
         megatron_rope_flags(choice, "0.16.1")
     assert err.value.where == "Megatron-LM 0.16.1"
     assert megatron_rope_flags(choice, "0.19.2") == [
-        "--position-embedding-type", "yarn", "--rotary-base", "1000000", "--rotary-scaling-factor", "4",
-        "--yarn-original-max-position-embeddings", "32768", "--yarn-beta-fast", "32", "--yarn-beta-slow", "1",
-        "--mscale", "1", "--mscale-all-dim", "0",
-    ]  # fmt: skip
+        "--position-embedding-type",
+        "yarn",
+        "--rotary-base",
+        "1000000",
+        "--rotary-scaling-factor",
+        "4",
+        "--yarn-original-max-position-embeddings",
+        "32768",
+        "--yarn-beta-fast",
+        "32",
+        "--yarn-beta-slow",
+        "1",
+        "--mscale",
+        "1",
+        "--mscale-all-dim",
+        "0",
+    ]
 
 
 def test_yarn_refuses_partial_rotary() -> None:
-    choice = choose_base("yarn", rotary_dim=64, head_dim=128, pretrain_base=10_000, pretrain_length=4_096,
-                         target_length=16_384, with_diagnostics=False)  # fmt: skip
+    choice = choose_base(
+        "yarn",
+        rotary_dim=64,
+        head_dim=128,
+        pretrain_base=10_000,
+        pretrain_length=4_096,
+        target_length=16_384,
+        with_diagnostics=False,
+    )
     with pytest.raises(RopeError, match="ignores rotary_percent"):
         megatron_rope_flags(choice, "0.19.2")
 
@@ -65,13 +91,30 @@ def test_linear_needs_0_19_and_an_integer_factor() -> None:
 
 
 def test_llama3_only_with_megatrons_hard_coded_constants() -> None:
-    llama31 = choose_base("llama3", rotary_dim=128, pretrain_base=500_000, pretrain_length=8_192,
-                          target_length=131_072, with_diagnostics=False)  # fmt: skip
+    llama31 = choose_base(
+        "llama3",
+        rotary_dim=128,
+        pretrain_base=500_000,
+        pretrain_length=8_192,
+        target_length=131_072,
+        with_diagnostics=False,
+    )
     assert megatron_rope_flags(llama31, "0.16.1") == [
-        "--position-embedding-type", "rope", "--rotary-base", "500000", "--use-rope-scaling",
-    ]  # fmt: skip
-    factor16 = choose_base("llama3", rotary_dim=128, pretrain_base=500_000, pretrain_length=8_192,
-                           target_length=131_072, factor=16, with_diagnostics=False)  # fmt: skip
+        "--position-embedding-type",
+        "rope",
+        "--rotary-base",
+        "500000",
+        "--use-rope-scaling",
+    ]
+    factor16 = choose_base(
+        "llama3",
+        rotary_dim=128,
+        pretrain_base=500_000,
+        pretrain_length=8_192,
+        target_length=131_072,
+        factor=16,
+        with_diagnostics=False,
+    )
     with pytest.raises(RopeError, match="--rope-scaling-factor is ignored by pretrain_gpt"):
         megatron_rope_flags(factor16, "0.19.2")
     from4k = choose_base("llama3", target_length=16_384, with_diagnostics=False, **LLAMA)
@@ -86,9 +129,12 @@ def test_llama3_only_with_megatrons_hard_coded_constants() -> None:
 def test_core_kwargs_for_the_local_backend() -> None:
     base = choose_base("men-safe", target_length=131_072, with_diagnostics=False, **LLAMA)
     assert megatron_core_rope_kwargs(base, "0.16.1") == {
-        "position_embedding_type": "rope", "rotary_base": 31_000_000, "rope_scaling": False,
-        "seq_len_interpolation_factor": None, "config": {},
-    }  # fmt: skip
+        "position_embedding_type": "rope",
+        "rotary_base": 31_000_000,
+        "rope_scaling": False,
+        "seq_len_interpolation_factor": None,
+        "config": {},
+    }
     pi = choose_base("linear", target_length=16_384, factor=2.5, with_diagnostics=False, **LLAMA)
     assert megatron_core_rope_kwargs(pi, "0.16.1")["seq_len_interpolation_factor"] == 2.5
     yarn = megatron_core_rope_kwargs(RopeScaling("yarn", 4.0, 32_768), "0.16.1", base=1_000_000)

@@ -59,8 +59,10 @@ def test_lower_bounds_keep_a_larger_pretraining_base() -> None:
     assert liu.base == 10_000 and liu.exact == pytest.approx(8_229.6, abs=0.05)
 
 
-@pytest.mark.parametrize(("target", "liu", "ntk"), [(16_384, 56_628, 40_890), (65_536, 389_653, 167_199),
-                                                     (131_072, 1_022_122, 338_097)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("target", "liu", "ntk"),
+    [(16_384, 56_628, 40_890), (65_536, 389_653, 167_199), (131_072, 1_022_122, 338_097)],
+)
 def test_liu_and_ntk_round_to_integers(target: int, liu: int, ntk: int) -> None:
     a = choose_base("liu", target_length=target, **LLAMA)
     b = choose_base("ntk", target_length=target, **LLAMA)
@@ -136,12 +138,20 @@ def test_diagnostics_fields_and_json() -> None:
 
 
 def test_partial_rotary_uses_the_exact_search() -> None:
-    choice = choose_base("men", target_length=131_072, rotary_dim=64, head_dim=128, pretrain_base=10_000,
-                         pretrain_length=4_096)  # fmt: skip
+    choice = choose_base(
+        "men", target_length=131_072, rotary_dim=64, head_dim=128, pretrain_base=10_000, pretrain_length=4_096
+    )
     assert choice.base == 10_000  # half rotary never fails: the pretraining base is kept
     with pytest.raises(RopeError, match="for full rotary with rotary dim 128"):
-        choose_base("men", target_length=16_384, rotary_dim=128, head_dim=160, source="table", pretrain_base=1e4,
-                    pretrain_length=4096)  # fmt: skip
+        choose_base(
+            "men",
+            target_length=16_384,
+            rotary_dim=128,
+            head_dim=160,
+            source="table",
+            pretrain_base=1e4,
+            pretrain_length=4096,
+        )
 
 
 def test_validate_method_fills_defaults() -> None:

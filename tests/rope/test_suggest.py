@@ -45,9 +45,12 @@ def test_other_rotary_dims_use_the_exact_search() -> None:
 
 def test_scaling_methods_can_be_listed() -> None:
     result = suggest(
-        rotary_dim=128, pretrain_base=10_000, pretrain_length=4_096, lengths=[16_384],
+        rotary_dim=128,
+        pretrain_base=10_000,
+        pretrain_length=4_096,
+        lengths=[16_384],
         methods=BASE_METHODS + SCALING_METHODS,
-    )  # fmt: skip
+    )
     assert [c.method for c in result.lengths[0].choices][-3:] == ["yarn", "llama3", "linear"]
     assert result.recommended == {16_384: 1_200_000}
 

@@ -57,8 +57,21 @@ def test_estimate_needs_a_throughput_figure(repo_root: Path, baby_plan: Path, tm
 
 
 def test_dry_run_prints_the_afterany_chain(baby_plan: Path, tmp_path: Path) -> None:
-    res = runner.invoke(app, ["slurm", "submit", str(baby_plan), "--run-dir", str(tmp_path), "--chain", "3",
-                              "--dry-run", "--longctx-cmd", "longctx"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "slurm",
+            "submit",
+            str(baby_plan),
+            "--run-dir",
+            str(tmp_path),
+            "--chain",
+            "3",
+            "--dry-run",
+            "--longctx-cmd",
+            "longctx",
+        ],
+    )
     assert res.exit_code == 0, res.output
     script = tmp_path / "slurm" / "chain.sbatch"
     lines = [x for x in res.stdout.splitlines() if x.startswith("sbatch")]
@@ -108,11 +121,15 @@ def test_parse_squeue_sacct_jobcomp_scontrol() -> None:
     assert (
         q["12"].active and q["12"].reason is None and q["13"].reason == "Dependency" and q["13"].start is None
     )
-    a = commands.parse_sacct("12|COMPLETED|0:0|00:00:37|2026-11-30T13:58:05|2026-11-30T13:58:42\n"
-                             "12.batch|COMPLETED|0:0|00:00:37|x|y\n13|CANCELLED by 0|0:0|00:00:00|None|2026\n")  # fmt: skip
+    a = commands.parse_sacct(
+        "12|COMPLETED|0:0|00:00:37|2026-11-30T13:58:05|2026-11-30T13:58:42\n"
+        "12.batch|COMPLETED|0:0|00:00:37|x|y\n13|CANCELLED by 0|0:0|00:00:00|None|2026\n"
+    )
     assert set(a) == {"12", "13"} and a["13"].state == "CANCELLED" and not a["13"].active
-    line = ("JobId=5 UserId=root(0) GroupId=root(0) Name=longctx chain 'x' JobState=TIMEOUT Partition=debug "
-            "TimeLimit=1 StartTime=2026-11-30T13:43:02 EndTime=2026-11-30T13:44:29 NodeList=vm ExitCode=0:15 ")  # fmt: skip
+    line = (
+        "JobId=5 UserId=root(0) GroupId=root(0) Name=longctx chain 'x' JobState=TIMEOUT Partition=debug "
+        "TimeLimit=1 StartTime=2026-11-30T13:43:02 EndTime=2026-11-30T13:44:29 NodeList=vm ExitCode=0:15 "
+    )
     j = commands.parse_jobcomp(line + "\nJobId=6 JobState=COMPLETED\n", ["5"])
     assert list(j) == ["5"] and j["5"].state == "TIMEOUT" and j["5"].exit_code == "0:15"
     kv = commands.parse_key_values(

@@ -171,8 +171,12 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
 
     # the CLI a user runs: the plan's [slurm] table picks the backend; submit's preflight checks the
     # stages as the CPU-only nodes run them (with the CPU runner's flags), then queues the chain
-    proc = subprocess.run([sys.executable, "-m", "longctx", "slurm", "submit", str(plan), "--chain", str(CHAIN),
-                           "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "longctx", "slurm", "submit", str(plan), "--chain", str(CHAIN), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "preflight: Megatron-LM accepts a, b" in proc.stderr, proc.stderr[-4000:]
     ids = [str(j) for j in json.loads(proc.stdout)["job_ids"]]
@@ -231,8 +235,10 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
     tl, kill, fin_a, first_b = launches
     tl_end, kill_end, fin_a_end, b_end = ends
     assert [str(r["job_id"]) for r in launches] == ids[:WORK]  # one launch per job, in chain order
-    assert all(r["backend"] == "megatron-lm" and r["cpu"]["runner"] == "longctx.mcore.run_megatron_lm"
-               for r in launches)  # fmt: skip
+    assert all(
+        r["backend"] == "megatron-lm" and r["cpu"]["runner"] == "longctx.mcore.run_megatron_lm"
+        for r in launches
+    )
 
     # 1. the time limit: stage a's first launch (from the base) got Slurm's signal during training,
     # saved at the iteration it had reached and exited; no step was lost
@@ -303,5 +309,7 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
     assert all(by_id[j].state == "CANCELLED" for j in ids[WORK:]), {j: by_id[j].state for j in ids[WORK:]}
     assert by_id[killed[0]].state == "FAILED" and str(by_id[killed[0]].exit_code).startswith("137")
     assert by_id[ids[WORK - 1]].state == "COMPLETED", by_id[ids[WORK - 1]]
-    print(f"\n{WORK} Megatron-LM launches as a Slurm chain: {seconds:.0f} s "
-          f"(the time-limit signal came {limited[2]:.0f} s after the limit was lowered)")  # fmt: skip
+    print(
+        f"\n{WORK} Megatron-LM launches as a Slurm chain: {seconds:.0f} s "
+        f"(the time-limit signal came {limited[2]:.0f} s after the limit was lowered)"
+    )

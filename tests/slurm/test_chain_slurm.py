@@ -95,8 +95,9 @@ def _check_status_during(rp: Any, ids: list[str]) -> dict[str, Any]:
 def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_plan: Path) -> None:
     rp = resolve_plan(load_plan(tiny_chain_plan))
     run_dir = rp.run_dir
-    rendered = render(rp, overrides={"time": "1", "signal": "TERM@5"},
-                      longctx_command=[sys.executable, "-m", "longctx"])  # fmt: skip
+    rendered = render(
+        rp, overrides={"time": "1", "signal": "TERM@5"}, longctx_command=[sys.executable, "-m", "longctx"]
+    )
     res = submit(rendered, rp, chain=20)
     ids = res.job_ids
     assert submitted_ids(run_dir, "chain") == ids
@@ -249,8 +250,18 @@ def test_job_end_submits_the_eval_job_of_a_finished_stage_once(
         f"#!/bin/bash\n#SBATCH --time=1\n#SBATCH --output={tmp_path}/eval-%j.log\ntrue\n"
     )
     monkeypatch.setenv("SLURM_JOB_ID", "999999")  # as if inside chain job 999999, which finished stage a
-    ledger.append(rp.run_dir, {"event": "end", "stage": "a", "exit_code": 0, "start_iteration": 150,
-                               "end_iteration": 200, "status": "done", "seconds": 10.0})  # fmt: skip
+    ledger.append(
+        rp.run_dir,
+        {
+            "event": "end",
+            "stage": "a",
+            "exit_code": 0,
+            "start_iteration": 150,
+            "end_iteration": 200,
+            "status": "done",
+            "seconds": 10.0,
+        },
+    )
     first = job_end(rp, 0, scripts_dir=scripts)
     second = job_end(rp, 0, scripts_dir=scripts)
     assert list(first.eval_jobs) == ["a"] and second.eval_jobs == {}
@@ -262,9 +273,11 @@ def test_job_end_submits_the_eval_job_of_a_finished_stage_once(
 def test_srun_launcher_runs_torchrun_on_every_node(slurm_cluster: None, tmp_path: Path) -> None:
     """Megatron-LM's path on a real srun, with a stand-in torchrun that reports what it was given."""
     fake = tmp_path / "fake torchrun"
-    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                    "print('ARGS ' + json.dumps({'argv': sys.argv[1:], 'node': os.environ.get('SLURM_NODEID'), "
-                    "'x': os.environ.get('LONGCTX_TEST_X')}))\n")  # fmt: skip
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "print('ARGS ' + json.dumps({'argv': sys.argv[1:], 'node': os.environ.get('SLURM_NODEID'), "
+        "'x': os.environ.get('LONGCTX_TEST_X')}))\n"
+    )
     fake.chmod(0o755)
     log = tmp_path / "logs" / "launch.log"
     driver = tmp_path / "driver.py"
@@ -275,8 +288,10 @@ def test_srun_launcher_runs_torchrun_on_every_node(slurm_cluster: None, tmp_path
     )
     cfg = json.dumps({"torchrun": str(fake), "master_port": 23456, "srun_args": ["--kill-on-bad-exit=1"]})
     script = tmp_path / "job.sbatch"
-    script.write_text(f"#!/bin/bash\n#SBATCH --time=1\n#SBATCH --output={sbatch_word(str(tmp_path / 'out-%j.log'))}\n"
-                      f"export LONGCTX_SRUN_CONFIG={sbatch_word(cfg)}\nexec {sys.executable} {driver}\n")  # fmt: skip
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH --time=1\n#SBATCH --output={sbatch_word(str(tmp_path / 'out-%j.log'))}\n"
+        f"export LONGCTX_SRUN_CONFIG={sbatch_word(cfg)}\nexec {sys.executable} {driver}\n"
+    )
     job = commands.sbatch(script)
     deadline = time.monotonic() + 90
     while commands.active_jobs([job]) and time.monotonic() < deadline:
@@ -286,7 +301,25 @@ def test_srun_launcher_runs_torchrun_on_every_node(slurm_cluster: None, tmp_path
     got = json.loads(line[5:])
     host = commands.run(["hostname"]).stdout.strip()
     assert got["node"] == "0" and got["x"] == "y z", out
-    assert got["argv"] == ["--node-rank", "0", "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
-                           "--rdzv-endpoint", f"{host}:23456", "--master-addr", host, "--master-port", "23456",
-                           "--max-restarts", "0", "/m/pretrain_gpt.py", "--data-path", "a b $(c)"]  # fmt: skip
+    assert got["argv"] == [
+        "--node-rank",
+        "0",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "static",
+        "--rdzv-endpoint",
+        f"{host}:23456",
+        "--master-addr",
+        host,
+        "--master-port",
+        "23456",
+        "--max-restarts",
+        "0",
+        "/m/pretrain_gpt.py",
+        "--data-path",
+        "a b $(c)",
+    ]
     assert line in out  # echoed to the job's output as well

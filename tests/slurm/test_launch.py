@@ -50,13 +50,42 @@ def test_megatron_command() -> None:
     assert tee
     shim = 'exec torchrun --node-rank "$SLURM_NODEID" "$@"'
     assert cmd == [
-        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1",
-        "singularity", "exec", "--nv", "--bind", "/scratch", "--bind", "/work dir", "/img/nemo.sif",
-        "bash", "-c", shim, "torchrun",
-        "--nnodes", "2", "--nproc-per-node", "4", "--rdzv-backend", "static", "--rdzv-endpoint", "nodea:20074",
-        "--master-addr", "nodea", "--master-port", "20074", "--max-restarts", "0",
-        "/m/pretrain_gpt.py", "--seq-length", "16384",
-    ]  # fmt: skip
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=32",
+        "--kill-on-bad-exit=1",
+        "singularity",
+        "exec",
+        "--nv",
+        "--bind",
+        "/scratch",
+        "--bind",
+        "/work dir",
+        "/img/nemo.sif",
+        "bash",
+        "-c",
+        shim,
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--rdzv-backend",
+        "static",
+        "--rdzv-endpoint",
+        "nodea:20074",
+        "--master-addr",
+        "nodea",
+        "--master-port",
+        "20074",
+        "--max-restarts",
+        "0",
+        "/m/pretrain_gpt.py",
+        "--seq-length",
+        "16384",
+    ]
     # a launch may ask for fewer nodes than the job holds, never more
     cmd, _ = ln.command(["/m/pretrain_gpt.py"], nproc=4, env={"LONGCTX_NODES": "1"}, log=Path("/l"))
     assert "--nodes=1" in cmd and cmd[cmd.index("--nnodes") + 1] == "1"
@@ -70,8 +99,21 @@ def test_local_trainer_command() -> None:
     assert is_local_trainer(argv)
     cmd, tee = ln.command(argv, nproc=2, env={}, log=Path("/r/log"))
     assert not tee  # the local step writes the log itself
-    assert cmd == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", sys.executable, "-m",
-                   "longctx.launch.local_step", "--nproc", "2", "--log", "/r/log", "--", *argv]  # fmt: skip
+    assert cmd == [
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        "--ntasks-per-node=1",
+        sys.executable,
+        "-m",
+        "longctx.launch.local_step",
+        "--nproc",
+        "2",
+        "--log",
+        "/r/log",
+        "--",
+        *argv,
+    ]
     with pytest.raises(SlurmError, match="runs a Python script under torchrun"):
         ln.command(["/bin/true"], nproc=1, env={}, log=Path("/l"))
 
@@ -88,8 +130,14 @@ def test_node_rank_shim_passes_every_word_unchanged(tmp_path: Path) -> None:
     words = ["/m/pretrain_gpt.py", "--data-path", "1.0 /d/a b'c $(touch x) `y` \\z"]
     cmd = ln.torchrun_command(words, nproc=4, nodes=2)
     step = cmd[cmd.index("bash") :]  # what srun runs on each node
-    out = subprocess.run(step, capture_output=True, text=True, check=True, env={"SLURM_NODEID": "1", "PATH": "/usr/bin:/bin"},
-                         cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        step,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"SLURM_NODEID": "1", "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+    )
     got = json.loads(out.stdout)
     assert got[:2] == ["--node-rank", "1"]
     assert got[-3:] == words

@@ -27,20 +27,35 @@ UPDATE_ENV = "LONGCTX_UPDATE_GOLDEN"
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("LONGCTX_BABY_RUN_DIR", "BABY_9B_CHECKPOINTS", "OELLM_TOKENIZER", "OELLM_LONGCTX_DATA",
-                "LONGCTX_RUN_DIR", "LONGCTX_SLURM_PROFILES", "LONGCTX_MEGATRON_LM"):  # fmt: skip
+    for var in (
+        "LONGCTX_BABY_RUN_DIR",
+        "BABY_9B_CHECKPOINTS",
+        "OELLM_TOKENIZER",
+        "OELLM_LONGCTX_DATA",
+        "LONGCTX_RUN_DIR",
+        "LONGCTX_SLURM_PROFILES",
+        "LONGCTX_MEGATRON_LM",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
 def _baby_rendered(baby_plan: Path):
-    return render(resolve_plan(load_plan(baby_plan)), profile="leonardo", longctx_command=LONGCTX,
-                  out_dir=Path("/leonardo_scratch/fast/OELLM_prod2026/longctx/baby_9b_dense/slurm"))  # fmt: skip
+    return render(
+        resolve_plan(load_plan(baby_plan)),
+        profile="leonardo",
+        longctx_command=LONGCTX,
+        out_dir=Path("/leonardo_scratch/fast/OELLM_prod2026/longctx/baby_9b_dense/slurm"),
+    )
 
 
 def test_leonardo_golden(clean_env: None, baby_plan: Path, repo_root: Path) -> None:
     rendered = _baby_rendered(baby_plan)
-    assert [s.name for s in rendered.scripts] == ["chain.sbatch", "eval-16k.sbatch", "eval-64k.sbatch",
-                                                  "eval-128k.sbatch"]  # fmt: skip
+    assert [s.name for s in rendered.scripts] == [
+        "chain.sbatch",
+        "eval-16k.sbatch",
+        "eval-64k.sbatch",
+        "eval-128k.sbatch",
+    ]
     assert rendered.warnings == (
         "no Megatron-LM checkout given (plan megatron.path or slurm.megatron_lm): the jobs need "
         "$LONGCTX_MEGATRON_LM exported in the shell that submits them",
@@ -56,13 +71,25 @@ def test_leonardo_golden(clean_env: None, baby_plan: Path, repo_root: Path) -> N
 
 def test_leonardo_chain_script_essentials(clean_env: None, baby_plan: Path) -> None:
     text = _baby_rendered(baby_plan).chain.text
-    for line in ("#SBATCH --signal=TERM@240", "#SBATCH --time=24:00:00", "#SBATCH --nodes=32",
-                 "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --cpus-per-task=32", "#SBATCH --qos=normal", "#SBATCH --account=OELLM_prod2026",
-                 "#SBATCH --partition=boost_usr_prod", "#SBATCH --exclude='lrdn[0337,0417,2658]'",
-                 "export CUDA_DEVICE_MAX_CONNECTIONS=1", "export NCCL_IB_TIMEOUT=120",
-                 "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "export HF_HUB_OFFLINE=1",
-                 '--backend megatron-lm --launcher srun', 'slurm job-end "$plan"'):  # fmt: skip
+    for line in (
+        "#SBATCH --signal=TERM@240",
+        "#SBATCH --time=24:00:00",
+        "#SBATCH --nodes=32",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gres=gpu:4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=32",
+        "#SBATCH --qos=normal",
+        "#SBATCH --account=OELLM_prod2026",
+        "#SBATCH --partition=boost_usr_prod",
+        "#SBATCH --exclude='lrdn[0337,0417,2658]'",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "export NCCL_IB_TIMEOUT=120",
+        "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        "export HF_HUB_OFFLINE=1",
+        "--backend megatron-lm --launcher srun",
+        'slurm job-end "$plan"',
+    ):
         assert line in text, line
     assert "B:" not in text
     cfg = json.loads(
@@ -87,8 +114,11 @@ def test_render_is_deterministic_and_writes_executables(
 
 
 def test_local_profile_script(tiny_plan_copy: Path) -> None:
-    rendered = render(resolve_plan(load_plan(tiny_plan_copy)), overrides={"time": "1", "signal": "TERM@30"},
-                      longctx_command=LONGCTX)  # fmt: skip
+    rendered = render(
+        resolve_plan(load_plan(tiny_plan_copy)),
+        overrides={"time": "1", "signal": "TERM@30"},
+        longctx_command=LONGCTX,
+    )
     text = rendered.chain.text
     # eval jobs only for megatron-lm; the 4K stage's RoPE sweep: its branches' job array and choose job
     assert [s.name for s in rendered.scripts] == ["chain.sbatch", "sweep-4k.sbatch", "choose-4k.sbatch"]
@@ -117,8 +147,10 @@ def tiny_plan_copy(repo_root: Path, tmp_path: Path) -> Path:
 
 
 def _hostile_plan(repo_root: Path, baby_plan: Path, tmp_path: Path, canary: Path) -> Path:
-    text = baby_plan.read_text().replace('manifest = "../tokenization/oellm-256k.toml"',
-                                         f'manifest = "{repo_root}/tokenization/oellm-256k.toml"')  # fmt: skip
+    text = baby_plan.read_text().replace(
+        'manifest = "../tokenization/oellm-256k.toml"',
+        f'manifest = "{repo_root}/tokenization/oellm-256k.toml"',
+    )
     start = text.index("[slurm]")
     end = text.index("[defaults]")
     hostile = f"""[slurm]
@@ -149,9 +181,11 @@ def test_no_value_can_change_the_script(
     bin_dir.mkdir()
     fake = bin_dir / "fake longctx"
     record = tmp_path / "calls.jsonl"
-    fake.write_text("#!" + sys.executable + "\nimport json, os, sys\n"
-                    f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], 'env': "
-                    "{k: os.environ.get(k) for k in ('WEIRD', 'LONGCTX_RUN_DIR', 'LONGCTX_SRUN_CONFIG')}}) + '\\n')\n")  # fmt: skip
+    fake.write_text(
+        "#!" + sys.executable + "\nimport json, os, sys\n"
+        f"open({str(record)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], 'env': "
+        "{k: os.environ.get(k) for k in ('WEIRD', 'LONGCTX_RUN_DIR', 'LONGCTX_SRUN_CONFIG')}}) + '\\n')\n"
+    )
     fake.chmod(0o755)
     rp = resolve_plan(load_plan(plan, run_dir=run_dir))
     rendered = render(rp, longctx_command=[str(fake)])

@@ -31,8 +31,10 @@ def baby_copy(
     repo_root: Path, baby_plan: Path, tmp_path: Path, *, replace: dict[str, str] | None = None
 ) -> Path:
     """baby_9b_dense.toml elsewhere (absolute manifest path), with text replacements."""
-    text = baby_plan.read_text().replace('manifest = "../tokenization/oellm-256k.toml"',
-                                         f'manifest = "{repo_root}/tokenization/oellm-256k.toml"')  # fmt: skip
+    text = baby_plan.read_text().replace(
+        'manifest = "../tokenization/oellm-256k.toml"',
+        f'manifest = "{repo_root}/tokenization/oellm-256k.toml"',
+    )
     for old, new in (replace or {}).items():
         assert old in text, old
         text = text.replace(old, new)
@@ -99,8 +101,10 @@ def test_time_limit_shorter_than_exit_duration_plus_margin(baby_plan: Path) -> N
     res = cli("render", baby_plan, "--time", "23:00:00", "--stdout")
     assert res.exit_code == 2
     out = _out(res)
-    assert ("time limit 23:00:00 (1380 min) is shorter than stage 16k's exit_duration_in_mins 1410 + save margin 10 "
-            "= 1420 min") in out  # fmt: skip
+    assert (
+        "time limit 23:00:00 (1380 min) is shorter than stage 16k's exit_duration_in_mins 1410 + save margin 10 "
+        "= 1420 min"
+    ) in out
     assert "raise the time limit to at least 23:40:00, or set exit_duration_in_mins <= 1370" in out
     # exactly at the margin is fine
     assert cli("render", baby_plan, "--time", "23:40:00", "--stdout").exit_code == 0
@@ -155,8 +159,18 @@ def test_settings_merge_profile_plan_cli(baby_plan: Path) -> None:
     assert (s.nodes, s.gpus_per_node, s.time_seconds, s.signal.directive()) == (32, 4, 86400, "TERM@240")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("1", 60), ("90", 5400), ("1:30", 90), ("24:00:00", 86400),
-                                                ("1-12", 129600), ("4-00:00:00", 345600), ("2-03:04", 183840)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1", 60),
+        ("90", 5400),
+        ("1:30", 90),
+        ("24:00:00", 86400),
+        ("1-12", 129600),
+        ("4-00:00:00", 345600),
+        ("2-03:04", 183840),
+    ],
+)
 def test_parse_time(text: str, seconds: int) -> None:
     assert parse_time(text) == seconds
 

@@ -72,8 +72,11 @@ def test_sweep_runs_as_a_job_array_and_the_chain_waits_for_the_choice(
         while True:
             records = ledger.read(run_dir)
             arrays = [r for r in records if r.get("event") == "submit" and r.get("kind") == ARRAY_KIND]
-            sweep_ids = [str(r["slurm_job_id"]) for r in records if r.get("event") == "submit"
-                         and r.get("kind") in (ARRAY_KIND, CHOOSE_KIND)]  # fmt: skip
+            sweep_ids = [
+                str(r["slurm_job_id"])
+                for r in records
+                if r.get("event") == "submit" and r.get("kind") in (ARRAY_KIND, CHOOSE_KIND)
+            ]
             if not active_with_tasks(ids + sweep_ids):
                 break
             assert time.monotonic() < deadline, "the chain and its sweep did not finish"

@@ -165,8 +165,12 @@ def test_local_save_resumed_by_megatron_lm(
     log = Path(launch["log"]).read_text()
     assert "Loading distributed optimizer sharded state of type fully_reshardable" in log
     assert "--no-load-optim" not in launch["argv"] and "--no-load-rng" not in launch["argv"]
-    _assert_resumed(tmp_path / "resumed", "megatron-lm", _megatron_losses(tmp_path / "resumed"),
-                    _local_losses(tmp_path / "local"))  # fmt: skip
+    _assert_resumed(
+        tmp_path / "resumed",
+        "megatron-lm",
+        _megatron_losses(tmp_path / "resumed"),
+        _local_losses(tmp_path / "local"),
+    )
     gap = _moment_gap(
         _save_dir(tmp_path / "local") / f"iter_{N:07d}", _save_dir(tmp_path / "resumed") / f"iter_{N:07d}"
     )

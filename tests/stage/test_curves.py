@@ -41,8 +41,10 @@ def _plan(path: Path, run_dir: Path, artefacts: Path) -> Path:
 def _first_launch_sigterm(plan: Path, metrics: Path, after: int) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "longctx", "stage", "run", str(plan), "--backend", "local", "--no-eval"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= after:
@@ -166,8 +168,10 @@ def test_a_resume_far_above_its_loss_before_is_flagged() -> None:
     def curve(losses: list[float]) -> PlanCurves:
         c = StageCurve("a", 128, 20000, 10, 256, 0, "tensorboard")
         c.loss = [[i, c.tokens_at(i), v] for i, v in enumerate(losses, 1)]
-        launches = [LaunchMark("a", "first-launch", 0, 5, 0, 1280, "signal", ""),
-                    LaunchMark("a", "resume", 5, 10, 1280, 2560, "done", "")]  # fmt: skip
+        launches = [
+            LaunchMark("a", "first-launch", 0, 5, 0, 1280, "signal", ""),
+            LaunchMark("a", "resume", 5, 10, 1280, 2560, "done", ""),
+        ]
         return PlanCurves("p", "/run", [c], launches, [])
 
     right = curve([6.0, 5.0, 4.5, 4.2, 4.0, 3.95, 3.9, 3.85, 3.8, 3.78])

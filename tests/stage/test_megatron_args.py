@@ -224,18 +224,43 @@ def test_selective_core_attn_is_emitted_for_unfused_attention(baby) -> None:
     ("defaults", "message", "field"),
     [
         ({"recompute": "selective"}, r"needs recompute_modules", r"recompute_modules"),
-        ({"recompute": "selective", "recompute_modules": ["core_attn"]}, r"core_attn .* saves almost nothing",
-         r"recompute_modules"),
-        ({"recompute": "selective", "recompute_modules": ["mlp", "core_attn"]}, r"core_attn", r"recompute_modules"),
-        ({"recompute": "selective", "recompute_modules": ["layernorm"]}, r"layernorm recomputes nothing",
-         r"recompute_modules"),
-        ({"recompute": "selective", "recompute_modules": ["moe"]}, r"this model is dense", r"recompute_modules"),
-        ({"recompute": "selective", "recompute_modules": ["mla_up_proj"]}, r"multi-latent", r"recompute_modules"),
-        ({"recompute": "full", "recompute_num_layers": 5}, r"does not divide the 36 layers", r"recompute_num_layers"),
-        ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 37},
-         r"more than the 36 layers per pipeline stage", r"recompute_num_layers"),
+        (
+            {"recompute": "selective", "recompute_modules": ["core_attn"]},
+            r"core_attn .* saves almost nothing",
+            r"recompute_modules",
+        ),
+        (
+            {"recompute": "selective", "recompute_modules": ["mlp", "core_attn"]},
+            r"core_attn",
+            r"recompute_modules",
+        ),
+        (
+            {"recompute": "selective", "recompute_modules": ["layernorm"]},
+            r"layernorm recomputes nothing",
+            r"recompute_modules",
+        ),
+        (
+            {"recompute": "selective", "recompute_modules": ["moe"]},
+            r"this model is dense",
+            r"recompute_modules",
+        ),
+        (
+            {"recompute": "selective", "recompute_modules": ["mla_up_proj"]},
+            r"multi-latent",
+            r"recompute_modules",
+        ),
+        (
+            {"recompute": "full", "recompute_num_layers": 5},
+            r"does not divide the 36 layers",
+            r"recompute_num_layers",
+        ),
+        (
+            {"recompute": "full", "recompute_method": "block", "recompute_num_layers": 37},
+            r"more than the 36 layers per pipeline stage",
+            r"recompute_num_layers",
+        ),
     ],
-)  # fmt: skip
+)
 def test_recompute_megatron_would_refuse_or_ignore_is_refused(
     baby, defaults, message: str, field: str
 ) -> None:

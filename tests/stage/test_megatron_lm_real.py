@@ -68,8 +68,11 @@ def _run_until_sigterm(plan: Path, logs: Path, after_iteration: int, timeout: fl
     (the log, not the echo: Megatron-LM logs iterations on the last rank, the launcher echoes rank 0)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "longctx", "stage", "run", str(plan), *RUN],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="400"),
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )
     lines: list[str] = []
     assert proc.stdout is not None
     drain = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
@@ -178,8 +181,11 @@ def _curves_of_megatron_lm(plan: Path, png: Path, stopped: int) -> None:
     assert b["loss"][0][1] == A_ITERS * 2 * 128 + 2 * 256  # one token axis across the stages
     assert len(a["lr"]) == len(a["loss"]) and a["tokens_per_s"]  # tokens/s from the events' wall times
     launches = [(m["stage"], m["action"], m["ended"], m["start_iteration"]) for m in doc["launches"]]
-    assert launches == [("a", "first-launch", "signal", 0), ("a", "resume", "done", stopped),
-                        ("b", "first-launch", "done", 0)]  # fmt: skip
+    assert launches == [
+        ("a", "first-launch", "signal", 0),
+        ("a", "resume", "done", stopped),
+        ("b", "first-launch", "done", 0),
+    ]
 
 
 def test_cpu_runner_refuses_without_a_script() -> None:

@@ -37,13 +37,15 @@ ITERS = 2  # global batch 2 of 128 tokens
 def _plan(path: Path, run_dir: Path, artefacts: Path, data: Path, *, eval_iters: int) -> Path:
     text = CHAIN_PLAN.format(run_dir=run_dir, artefacts=artefacts, save_interval=10)
     for old, new in [
-        (f'prefixes = ["{artefacts}/data/corpus_text_document"]',
-         f'blend = [[0.5, "{data}/corpus_text_document"], [0.5, "{data}/other_text_document"]]'),
+        (
+            f'prefixes = ["{artefacts}/data/corpus_text_document"]',
+            f'blend = [[0.5, "{data}/corpus_text_document"], [0.5, "{data}/other_text_document"]]',
+        ),
         ("tokens = 51_200", f"tokens = {ITERS * 2 * 128}"),
         ("gpus_per_node = 1", "gpus_per_node = 2"),
         ("log_interval = 20", f"log_interval = 1\neval_iters = {eval_iters}\neval_interval = {ITERS}"),
         ("[defaults]", '[megatron]\nversion = "0.16.1"\n\n[defaults]'),
-    ]:  # fmt: skip
+    ]:
         assert old in text, old
         text = text.replace(old, new)
     path.write_text(text)
@@ -88,8 +90,13 @@ def test_no_eval_with_a_validation_part_is_refused_and_would_stop_megatron_lm(
         "from longctx.cli.main import main; sys.argv = ['longctx', 'stage', 'run', sys.argv[1],"
         " '--backend', 'megatron-lm', '--no-preflight']; main()"
     )
-    done = subprocess.run([sys.executable, "-c", past, str(plan)], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, COLUMNS="400"))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", past, str(plan)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, COLUMNS="400"),
+    )
     assert done.returncode != 0
     launch = next(x for x in ledger.read(run_dir) if x["event"] == "launch")
     log = Path(launch["log"]).read_text(errors="replace")

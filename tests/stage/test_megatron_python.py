@@ -36,5 +36,8 @@ def test_stage_run_refuses_it_before_anything_is_written(
     from tests.bad_input.harness import refused
 
     monkeypatch.setattr(run, "enums_pickled_by_name", lambda: True)
-    refused(["stage", "run", tiny_chain_plan, "--backend", "megatron-lm", "--no-preflight"], [tmp_path],
-            needle="pickles enum members by name")  # fmt: skip
+    refused(
+        ["stage", "run", tiny_chain_plan, "--backend", "megatron-lm", "--no-preflight"],
+        [tmp_path],
+        needle="pickles enum members by name",
+    )

@@ -44,14 +44,20 @@ def test_the_log_lines_that_say_why(tmp_path: Path) -> None:
     log = tmp_path / "x.log"
     log.write_text(
         "using world size: 2\n"
-        + "[rank0] " + RNG.format(ckpt="/s/iter_0000002") + "\n"
-        + RNG.format(ckpt="/s/iter_0000002") + "\n"  # the same line from another rank: shown once
+        + "[rank0] "
+        + RNG.format(ckpt="/s/iter_0000002")
+        + "\n"
+        + RNG.format(ckpt="/s/iter_0000002")
+        + "\n"  # the same line from another rank: shown once
         + "iteration        1/      10 | loss 3.2\n"
         + ">> '--exit-on-missing-checkpoint' set ... exiting. <<\n"
-    )  # fmt: skip
+    )
     lines = relevant_log_lines(log)
-    assert lines == ["[rank0] " + RNG.format(ckpt="/s/iter_0000002"), RNG.format(ckpt="/s/iter_0000002"),
-                     ">> '--exit-on-missing-checkpoint' set ... exiting. <<"]  # fmt: skip
+    assert lines == [
+        "[rank0] " + RNG.format(ckpt="/s/iter_0000002"),
+        RNG.format(ckpt="/s/iter_0000002"),
+        ">> '--exit-on-missing-checkpoint' set ... exiting. <<",
+    ]
     msg = no_progress_message("s1", 0, 2, tmp_path / "save", log, lines)
     assert "stage s1 made no progress: the launch exited 0 at iteration 2" in msg
     assert "Unable to load rng state" in msg and "fix: " in msg and "--no-load-rng" in msg
@@ -146,8 +152,15 @@ def test_rng_exit_0_fails_is_recorded_and_cancels_the_chain(
 
 def test_chain_stop_reason() -> None:
     def end(job: str, code: int, start: int, stop: int, no_progress: str | None = None) -> dict:
-        return {"event": "end", "job_id": job, "stage": "s1", "exit_code": code, "start_iteration": start,
-                "end_iteration": stop, "no_progress": no_progress}  # fmt: skip
+        return {
+            "event": "end",
+            "job_id": job,
+            "stage": "s1",
+            "exit_code": code,
+            "start_iteration": start,
+            "end_iteration": stop,
+            "no_progress": no_progress,
+        }
 
     def why(records: list[dict], job: str | None = "7", action: str = "resume", code: int = 0) -> str | None:
         return chain.chain_stop_reason(action, "x", records, job=job, exit_code=code)

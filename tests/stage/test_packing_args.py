@@ -66,8 +66,10 @@ def test_plan_check_says_what_megatron_does_with_documents(baby) -> None:  # noq
         s.model_copy(update={"data": (s.data or rp.plan.defaults.data).model_copy(update=documents)})
         for s in rp.plan.stages
     ]
-    for version, codes in (("0.16.1", {"16k": "warning", "64k": "warning", "128k": "warning"}),
-                           ("0.19.0", {"16k": "info", "64k": "warning", "128k": "warning"})):  # fmt: skip
+    for version, codes in (
+        ("0.16.1", {"16k": "warning", "64k": "warning", "128k": "warning"}),
+        ("0.19.0", {"16k": "info", "64k": "warning", "128k": "warning"}),
+    ):
         plan = rp.plan.model_copy(
             update={"stages": stages, "megatron": rp.plan.megatron.model_copy(update={"version": version})}
         )

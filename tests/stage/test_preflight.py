@@ -283,8 +283,9 @@ def test_diffusion_fork_parser_and_rotary_base(
     # the reference fork, through `stage args --check` ($LONGCTX_MEGATRON_LM names the fork's checkout)
     ref = make_mask_diff_fork(tmp_path / "fork", megatron_lm, honours_rotary_base=False)
     monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(ref))
-    r = CliRunner().invoke(app, ["stage", "args", str(REPO / "stages" / "ermine_mdm.toml"), "8k", "--check",
-                                 "--json"])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["stage", "args", str(REPO / "stages" / "ermine_mdm.toml"), "8k", "--check", "--json"]
+    )
     assert r.exit_code == 2, r.output
     doc = json.loads(r.stdout)
     assert doc["argv"][0] == ENTRY_SCRIPT and doc["preflight"]["script"] == str(ref / ENTRY_SCRIPT)

@@ -46,8 +46,13 @@ def _never(*_args):
 def test_a_dry_run_plans_the_next_step_and_runs_nothing(fresh_run: Path, tmp_path: Path) -> None:
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     heard = _Heard()
-    steps = run_steps(lambda: resolve_plan(load_plan(plan)), RunOptions(dry_run=True, until_done=True),
-                      launcher=_never, facts=_never, report=heard)  # fmt: skip
+    steps = run_steps(
+        lambda: resolve_plan(load_plan(plan)),
+        RunOptions(dry_run=True, until_done=True),
+        launcher=_never,
+        facts=_never,
+        report=heard,
+    )
     assert steps.result.stop == "dry-run" and not steps.result.outcomes
     assert [lp.stage.name for lp in steps.planned] == ["s1"]
     assert heard.events == ["launching s1", "planned s1"]
@@ -56,5 +61,10 @@ def test_a_dry_run_plans_the_next_step_and_runs_nothing(fresh_run: Path, tmp_pat
 def test_an_unknown_backend_is_refused_before_anything(fresh_run: Path, tmp_path: Path) -> None:
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     with pytest.raises(StageError, match="unknown backend 'tpu'"):
-        run_steps(lambda: resolve_plan(load_plan(plan)), RunOptions(backend="tpu"), launcher=_never,
-                  facts=_never, report=_Heard())  # fmt: skip
+        run_steps(
+            lambda: resolve_plan(load_plan(plan)),
+            RunOptions(backend="tpu"),
+            launcher=_never,
+            facts=_never,
+            report=_Heard(),
+        )

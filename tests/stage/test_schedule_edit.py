@@ -54,11 +54,18 @@ class Trainer:
 def _stamp_schedule(common_pt: Path, words: list[str]) -> None:
     """The launch's schedule, read back from its argv, stamped on the copied save."""
     flag = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
-    stamp_schedule(common_pt, {
-        "lr": flag["--lr"], "min_lr": flag["--min-lr"], "lr_decay_style": flag["--lr-decay-style"],
-        "lr_warmup_iters": flag["--lr-warmup-iters"], "lr_decay_iters": flag["--lr-decay-iters"],
-        "weight_decay": flag["--weight-decay"], "global_batch_size": flag["--global-batch-size"],
-    })  # fmt: skip
+    stamp_schedule(
+        common_pt,
+        {
+            "lr": flag["--lr"],
+            "min_lr": flag["--min-lr"],
+            "lr_decay_style": flag["--lr-decay-style"],
+            "lr_warmup_iters": flag["--lr-warmup-iters"],
+            "lr_decay_iters": flag["--lr-decay-iters"],
+            "weight_decay": flag["--weight-decay"],
+            "global_batch_size": flag["--global-batch-size"],
+        },
+    )
 
 
 @pytest.fixture

@@ -42,8 +42,12 @@ MLM = ["--backend", "megatron-lm", "--no-preflight"]
 def _plan(root: Path, name: str, artefacts: Path, lr: str = "1e-3", warmup: str = "0.1") -> Path:
     path = write_chain_plan(root / f"{name}.toml", root / name, artefacts, save_interval=K)
     text = path.read_text()
-    for old, new in [("tokens = 51_200", f"tokens = {N * 2 * 128}"), ("log_interval = 20", "log_interval = 1"),
-                     ("lr = 1e-3", f"lr = {lr}"), ("warmup_fraction = 0.1", f"warmup_fraction = {warmup}")]:  # fmt: skip
+    for old, new in [
+        ("tokens = 51_200", f"tokens = {N * 2 * 128}"),
+        ("log_interval = 20", "log_interval = 1"),
+        ("lr = 1e-3", f"lr = {lr}"),
+        ("warmup_fraction = 0.1", f"warmup_fraction = {warmup}"),
+    ]:
         assert old in text
         text = text.replace(old, new, 1)
     path.write_text(text)

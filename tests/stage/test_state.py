@@ -143,11 +143,25 @@ def test_status_json(plan: Path, fresh_run: Path) -> None:
     out = json.loads(r.output)
     assert out["next"]["action"] == "resume"
     assert out["stages"][0] | {"save_dir": None, "pace": None} == {
-        "stage": "s1", "status": "in-progress", "iteration": 2, "target": S1_TARGET, "tracker": 2,
-        "complete": [2], "incomplete": [], "repair": None, "save_dir": None, "pace": None}  # fmt: skip
+        "stage": "s1",
+        "status": "in-progress",
+        "iteration": 2,
+        "target": S1_TARGET,
+        "tracker": 2,
+        "complete": [2],
+        "incomplete": [],
+        "repair": None,
+        "save_dir": None,
+        "pace": None,
+    }
     # no launch recorded: no pace measured, so no time to finish either
-    assert out["stages"][0]["pace"] == {"tokens_per_s": None, "measured": False, "stage_eta_seconds": None,
-                                        "plan_eta_seconds": None, "resume_jumps": []}  # fmt: skip
+    assert out["stages"][0]["pace"] == {
+        "tokens_per_s": None,
+        "measured": False,
+        "stage_eta_seconds": None,
+        "plan_eta_seconds": None,
+        "resume_jumps": [],
+    }
 
 
 class Recorder:

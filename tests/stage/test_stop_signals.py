@@ -87,8 +87,10 @@ def test_sigterm_stops_until_done_at_once_and_the_rerun_resumes(
     assert [(e["status"], e["end_iteration"]) for e in ends] == [("in-progress", stopped)]
     status = _status(plan, fresh_run)
     assert (status["s1"]["status"], status["s1"]["iteration"], status["s2"]["status"]) == (
-        "in-progress", stopped, "pending",
-    )  # fmt: skip
+        "in-progress",
+        stopped,
+        "pending",
+    )
 
     again = _stage_run(long_command, plan, fresh_run)  # one step: the resume of s1
     assert again.ended_within(300) == 0, again.output

@@ -72,9 +72,17 @@ def _fake_choice(base: int):
     def choose_step(rp: ResolvedPlan, step: NextStep) -> bool:
         st = rp.stage(step.stage or "")
         assert st.sweep is not None
-        atomic_write_json(st.sweep.choice_path, SweepChoice(
-            base=base, rule=RULE, reason=f"base {base:,}: test", candidates=st.sweep.bases,
-            branch_tokens=st.sweep.branch_tokens, evidence=()).as_dict())  # fmt: skip
+        atomic_write_json(
+            st.sweep.choice_path,
+            SweepChoice(
+                base=base,
+                rule=RULE,
+                reason=f"base {base:,}: test",
+                candidates=st.sweep.bases,
+                branch_tokens=st.sweep.branch_tokens,
+                evidence=(),
+            ).as_dict(),
+        )
         return True
 
     return choose_step
@@ -148,8 +156,9 @@ def test_rope_sweep_stops_at_its_choice_and_refuses_before_the_previous_stage(pl
 
 
 def _evidence(base: int, hits: tuple[int, ...], loss: float | None = None) -> BranchEvidence:
-    return BranchEvidence(f"s.rope-{base}", base, ("x",), 100, 4096, tuple(i / 4 for i in range(len(hits))),
-                          hits, 20, loss)  # fmt: skip
+    return BranchEvidence(
+        f"s.rope-{base}", base, ("x",), 100, 4096, tuple(i / 4 for i in range(len(hits))), hits, 20, loss
+    )
 
 
 def test_the_rule_takes_the_best_worst_depth_then_the_total_then_the_loss_then_the_smaller_base() -> None:
@@ -253,8 +262,13 @@ def test_a_dry_run_shows_the_sweeps_cost_before_its_first_branch(plan: Path) -> 
 
     Trainer()(_rp(plan), next_step(_rp(plan)))  # s1 done
     heard = _Heard()
-    steps = run_steps(lambda: _rp(plan), RunOptions(dry_run=True, until_done=True), launcher=_never,
-                      facts=_never, report=heard)  # fmt: skip
+    steps = run_steps(
+        lambda: _rp(plan),
+        RunOptions(dry_run=True, until_done=True),
+        launcher=_never,
+        facts=_never,
+        report=heard,
+    )
     assert steps.result.stop == "dry-run" and steps.planned[0].stage.name.startswith("s2.rope-")
     assert heard.events[0].startswith("sweep of 4 branches × 1,024 tokens = 4,096 tokens")
     assert heard.events[1] == f"launching {steps.planned[0].stage.name}"

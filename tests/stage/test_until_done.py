@@ -50,8 +50,9 @@ class Trainer:
         if end > step.start_iteration:
             _save(rp, st.name, end)
         after = plan_state(rp)[st.index]
-        return LaunchOutcome(st.name, step.action, self.fail_code, step.start_iteration, after.iteration,
-                             after.status, 0.0)  # fmt: skip
+        return LaunchOutcome(
+            st.name, step.action, self.fail_code, step.start_iteration, after.iteration, after.status, 0.0
+        )
 
 
 def test_runs_every_stage_then_stops_all_done(plan: Path) -> None:
@@ -117,8 +118,9 @@ def test_evaluation_after_a_stage(plan: Path, monkeypatch: pytest.MonkeyPatch) -
     assert evaluates_after(rp, done, backend="local", enabled=True)
     assert not evaluates_after(rp, done, backend="megatron-lm", enabled=True)
     assert not evaluates_after(rp, done, backend="local", enabled=False)
-    assert not evaluates_after(rp, LaunchOutcome("s1", "resume", 0, 0, 2, "in-progress", 0.0), backend="local",
-                               enabled=True)  # fmt: skip
+    assert not evaluates_after(
+        rp, LaunchOutcome("s1", "resume", 0, 0, 2, "in-progress", 0.0), backend="local", enabled=True
+    )
 
     import longctx.eval.runner as runner
 

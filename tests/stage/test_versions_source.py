@@ -88,8 +88,13 @@ def test_source_reader_agrees_with_the_real_0_16_parser(parsers) -> None:
         "try: parse_args()\nexcept SystemExit: pass\n"
         "print(json.dumps(out))"
     )
-    done = subprocess.run([sys.executable, "-c", probe, str(CHECKOUTS["0.16.1"])], capture_output=True,
-                          text=True, timeout=120, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(CHECKOUTS["0.16.1"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     real = json.loads(done.stdout.strip().splitlines()[-1])
     read = parsers["0.16.1"]
     assert len(real) > 600
@@ -196,9 +201,12 @@ def test_tokenizer_and_rope_facts_against_the_0_19_source() -> None:
     assert f19.hf_defaults == {"use_fast": True, "include_special_tokens": True}
     assert f16.hf_defaults == {"use_fast": False, "include_special_tokens": False}
     utils = _read("megatron", "training", "argument_utils.py")
-    for attr, arg in [("yarn_rotary_scaling_factor", "rotary_scaling_factor"), ("yarn_mscale", "mscale"),
-                      ("yarn_mscale_all_dim", "mscale_all_dim"),
-                      ("yarn_original_max_position_embeddings", "yarn_original_max_position_embeddings")]:  # fmt: skip
+    for attr, arg in [
+        ("yarn_rotary_scaling_factor", "rotary_scaling_factor"),
+        ("yarn_mscale", "mscale"),
+        ("yarn_mscale_all_dim", "mscale_all_dim"),
+        ("yarn_original_max_position_embeddings", "yarn_original_max_position_embeddings"),
+    ]:
         assert f"_set('{attr}', args.{arg}," in utils
     assert 'kwargs["seq_len_interpolation_factor"] = args.rotary_seq_len_interpolation_factor' in utils
     assert "gpt_config_from_args(args)" in _read("pretrain_gpt.py")

@@ -43,18 +43,35 @@ def plan(oellm_like_manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "run_dir": str(tmp_path / "run"),
         "base": {"path": str(tmp_path / "base"), "seq_length": 4096, "rotary_base": 100000},
         "tokenizer": {"path": str(tmp_path / "tok"), "manifest": str(oellm_like_manifest)},
-        "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 8,
-                  "num_query_groups": 4, "kv_channels": 32},
+        "model": {
+            "num_layers": 4,
+            "hidden_size": 256,
+            "ffn_hidden_size": 512,
+            "num_attention_heads": 8,
+            "num_query_groups": 4,
+            "kv_channels": 32,
+        },
         "cluster": {"gpus_per_node": 4, "gpu_memory_gib": 80},
         "megatron": {"version": "0.19.0"},
         "defaults": {"nodes": 1, "tensor_parallel": 2, "micro_batch_size": 1, "data": {"prefixes": ["/d/x"]}},
         "stages": [
-            {"name": "16k", "seq_length": 16384, "tokens": 10_000_000, "global_batch_size": 8,
-             "rope": {"base": 1_000_000}},
-            {"name": "64k", "seq_length": 65536, "tokens": 10_000_000, "global_batch_size": 4,
-             "context_parallel": 2, "rope": YARN},
+            {
+                "name": "16k",
+                "seq_length": 16384,
+                "tokens": 10_000_000,
+                "global_batch_size": 8,
+                "rope": {"base": 1_000_000},
+            },
+            {
+                "name": "64k",
+                "seq_length": 65536,
+                "tokens": 10_000_000,
+                "global_batch_size": 4,
+                "context_parallel": 2,
+                "rope": YARN,
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 def _write(tmp_path: Path, data: dict[str, Any], name: str = "plan.toml") -> Path:
@@ -86,8 +103,15 @@ def test_yarn_stage_resolves_and_plan_show_carries_it(tmp_path: Path, plan: dict
     assert res.exit_code == 0, res.output
     shown = json.loads(res.stdout)["stages"][1]
     assert shown["rope_method"] == "yarn" and shown["rotary_base"] == 1_000_000
-    assert shown["rope_scaling"] == {"type": "yarn", "factor": 4.0, "original_length": 16384, "beta_fast": 32.0,
-                                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}  # fmt: skip
+    assert shown["rope_scaling"] == {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_length": 16384,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.0,
+    }
     text = runner.invoke(app, ["plan", "show", str(_write(tmp_path, plan))])
     assert text.exit_code == 0 and "64k: rotary base 1,000,000 — yarn (Peng et al. 2023)" in text.stdout
 
@@ -125,8 +149,11 @@ def test_stage_args_emit_yarn_flags_that_0_19_parses(tmp_path: Path, plan: dict[
         for v in values if kind else ():
             kind(v)  # Megatron's parser takes the word
     # the base-only stage keeps plain RoPE
-    plain = _flag_values(json.loads(runner.invoke(app, ["stage", "args", str(_write(tmp_path, plan)), "16k",
-                                                        "--json"]).stdout)[1:])  # fmt: skip
+    plain = _flag_values(
+        json.loads(
+            runner.invoke(app, ["stage", "args", str(_write(tmp_path, plan)), "16k", "--json"]).stdout
+        )[1:]
+    )
     assert plain["--position-embedding-type"] == ["rope"] and "--rotary-scaling-factor" not in plain
 
 
@@ -158,14 +185,28 @@ def test_local_backend_refuses_a_yarn_stage(tmp_path: Path, plan: dict[str, Any]
 @pytest.mark.parametrize(
     ("rope", "version", "said"),
     [
-        ({"method": "yarn"}, "0.16.1", r"cannot run on Megatron-LM 0\.16\.1 .* only from megatron-core 0\.19"),
-        ({"method": "llama3"}, "0.19.0", r"'llama3' cannot run on Megatron-LM 0\.19\.0 .* original length 8192"),
-        ({"method": "linear", "params": {"factor": 4.0}}, "0.16.1",
-         r"'linear' cannot run on Megatron-LM 0\.16\.1 .* before megatron-core 0\.19"),
-        ({"method": "linear", "params": {"factor": 4.0}}, "0.19.0",
-         r"'linear': Megatron-LM 0\.19\.0 runs it, but longctx carries no scaling but yarn"),
+        (
+            {"method": "yarn"},
+            "0.16.1",
+            r"cannot run on Megatron-LM 0\.16\.1 .* only from megatron-core 0\.19",
+        ),
+        (
+            {"method": "llama3"},
+            "0.19.0",
+            r"'llama3' cannot run on Megatron-LM 0\.19\.0 .* original length 8192",
+        ),
+        (
+            {"method": "linear", "params": {"factor": 4.0}},
+            "0.16.1",
+            r"'linear' cannot run on Megatron-LM 0\.16\.1 .* before megatron-core 0\.19",
+        ),
+        (
+            {"method": "linear", "params": {"factor": 4.0}},
+            "0.19.0",
+            r"'linear': Megatron-LM 0\.19\.0 runs it, but longctx carries no scaling but yarn",
+        ),
     ],
-)  # fmt: skip
+)
 def test_other_scalings_are_refused(
     tmp_path: Path, plan: dict[str, Any], rope: dict[str, Any], version: str, said: str
 ) -> None:
@@ -197,9 +238,13 @@ def test_original_length_other_than_the_previous_stage_warns(tmp_path: Path, pla
 
 @pytest.mark.parametrize(
     "words",
-    [["--use-rotary-position-embeddings"], ["--no-yarn-correction-range-round-to-int"], ["--rope-scaling-factor", "4"],
-     ["--yarn-beta-fast=16"]],
-)  # fmt: skip
+    [
+        ["--use-rotary-position-embeddings"],
+        ["--no-yarn-correction-range-round-to-int"],
+        ["--rope-scaling-factor", "4"],
+        ["--yarn-beta-fast=16"],
+    ],
+)
 def test_rope_flags_in_extra_args_are_the_planners(
     tmp_path: Path, plan: dict[str, Any], words: list[str]
 ) -> None:

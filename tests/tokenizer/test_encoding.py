@@ -146,8 +146,20 @@ def test_double_bos_and_impossible_types_are_refused(
         tokenize_jsonl([src], demo_like, tmp_path / "p", spec=legacy, add_bos=True, progress=False)
     with pytest.raises(TokenizerError, match="HuggingFaceTokenizer needs an HF tokenizer directory"):
         tokenize_jsonl([src], oellm_like_spm, tmp_path / "p", spec="HuggingFaceTokenizer", progress=False)
-    res = runner.invoke(app, ["data", "tokenize", str(src), "-t", str(demo_like), "-o", str(tmp_path / "p"),
-                              "--tokenizer-type", "TikTokenizer"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "data",
+            "tokenize",
+            str(src),
+            "-t",
+            str(demo_like),
+            "-o",
+            str(tmp_path / "p"),
+            "--tokenizer-type",
+            "TikTokenizer",
+        ],
+    )
     assert res.exit_code == 2 and "tokenizer type 'TikTokenizer' is not supported" in res.stderr
 
 

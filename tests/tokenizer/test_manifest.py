@@ -70,7 +70,14 @@ _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_si
 @given(st.lists(_text, max_size=4), st.dictionaries(_text, st.integers(0, 99), max_size=4), _text)
 def test_toml_writer_round_trips(samples: list[str], specials: dict[str, int], desc: str) -> None:
     m = TokenizerManifest(
-        name="t", description=desc, kind="sentencepiece", megatron_tokenizer_type="GPTSentencePieceTokenizer",
-        md5="0" * 32, vocab_size=100, eod_id=2, round_trip=samples, special_tokens=specials,
-    )  # fmt: skip
+        name="t",
+        description=desc,
+        kind="sentencepiece",
+        megatron_tokenizer_type="GPTSentencePieceTokenizer",
+        md5="0" * 32,
+        vocab_size=100,
+        eod_id=2,
+        round_trip=samples,
+        special_tokens=specials,
+    )
     assert TokenizerManifest.model_validate(tomllib.loads(manifest_to_toml(m, header="a\n\nb"))) == m

@@ -19,8 +19,15 @@ TEXTS = ["hello world", "", " two  spaces\tand a tab\nnew line", "Grüße aus K�
 @pytest.mark.parametrize(("bos", "eos"), [(True, False), (True, True), (False, False)])
 def test_tokenizer_json_adds_what_the_config_says(tmp_path: Path, bos: bool, eos: bool) -> None:
     with_json = tmp_path / "with-json"
-    train_sentencepiece(synthetic_corpus(600, seed=3), with_json, 512, hf=True, tokenizer_json=True,
-                        add_bos_token=bos, add_eos_token=eos)  # fmt: skip
+    train_sentencepiece(
+        synthetic_corpus(600, seed=3),
+        with_json,
+        512,
+        hf=True,
+        tokenizer_json=True,
+        add_bos_token=bos,
+        add_eos_token=eos,
+    )
     converted = tmp_path / "converted"
     shutil.copytree(with_json, converted)
     (converted / "tokenizer.json").unlink()

@@ -84,9 +84,21 @@ def test_same_directory_other_ids_and_data_refused(
     assert not report.ok
     assert {f.code for f in report.all_findings() if f.level == "error"} == {"sidecar-encoding"}
     # `data check` with 0.19's encoding spelled out refuses the same data, exit 2
-    res = runner.invoke(app, ["data", "check", prefix, "-t", str(oellm_like_hf_dir), "--no-scan",
-                              "--tokenizer-type", HF_TYPE, "--tokenizer-hf-use-fast",
-                              "--tokenizer-hf-include-special-tokens"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "data",
+            "check",
+            prefix,
+            "-t",
+            str(oellm_like_hf_dir),
+            "--no-scan",
+            "--tokenizer-type",
+            HF_TYPE,
+            "--tokenizer-hf-use-fast",
+            "--tokenizer-hf-include-special-tokens",
+        ],
+    )
     assert res.exit_code == 2 and "error: sidecar-encoding:" in res.stderr, res.stderr
 
 
@@ -95,12 +107,24 @@ def test_tokenizer_check_refuses_the_other_releases_defaults(oellm_like_hf_dir: 
     The pinned options then make a 0.16 plan emit 0.16's switches for them."""
     manifest = tmp_path / "m19.toml"
     write_manifest(fingerprint(oellm_like_hf_dir, name="m19", spec=version_spec(HF_TYPE, "0.19")), manifest)
-    ok = runner.invoke(app, ["tokenizer", "check", str(oellm_like_hf_dir), "-m", str(manifest),
-                             "--tokenizer-type", HF_TYPE, "--tokenizer-hf-use-fast",
-                             "--tokenizer-hf-include-special-tokens"])  # fmt: skip
+    ok = runner.invoke(
+        app,
+        [
+            "tokenizer",
+            "check",
+            str(oellm_like_hf_dir),
+            "-m",
+            str(manifest),
+            "--tokenizer-type",
+            HF_TYPE,
+            "--tokenizer-hf-use-fast",
+            "--tokenizer-hf-include-special-tokens",
+        ],
+    )
     assert ok.exit_code == 0, ok.stderr
-    res = runner.invoke(app, ["tokenizer", "check", str(oellm_like_hf_dir), "-m", str(manifest),
-                              "--tokenizer-type", HF_TYPE])  # fmt: skip
+    res = runner.invoke(
+        app, ["tokenizer", "check", str(oellm_like_hf_dir), "-m", str(manifest), "--tokenizer-type", HF_TYPE]
+    )
     assert res.exit_code == 2 and "error: encoding:" in res.stderr
     pinned = declared_spec(None, load_manifest(manifest), "0.16.1")
     assert pinned is not None and version_flags(pinned, "0.16.1")[2:] == [
@@ -170,9 +194,17 @@ def test_data_tokenize_follows_the_megatron_version(
     )
     assert a != b and b == [e19["bos_id"], *a]
 
-    code, both_on = _tokenize(data_jsonl, oellm_like_hf_dir, tmp_path / "switched_text_document", "--megatron-version",
-                              "0.16.1", "--tokenizer-type", HF_TYPE, "--tokenizer-hf-use-fast",
-                              "--tokenizer-hf-include-special-tokens")  # fmt: skip
+    code, both_on = _tokenize(
+        data_jsonl,
+        oellm_like_hf_dir,
+        tmp_path / "switched_text_document",
+        "--megatron-version",
+        "0.16.1",
+        "--tokenizer-type",
+        HF_TYPE,
+        "--tokenizer-hf-use-fast",
+        "--tokenizer-hf-include-special-tokens",
+    )
     assert code == 0 and both_on["tokenizer"]["encoding"]["digest"] == e19["digest"]
     assert both_on["megatron_flags"][2:4] == [
         "--tokenizer-hf-use-fast",
@@ -183,14 +215,24 @@ def test_data_tokenize_follows_the_megatron_version(
 @pytest.mark.parametrize(
     ("options", "said", "where"),
     [
-        (["--megatron-version", "latest"], "cannot read a Megatron-LM version from 'latest'", "--megatron-version"),
-        (["--megatron-version", "99.0.0"], "Megatron-LM 99.0.0 is newer than any release longctx knows",
-         "--megatron-version"),
+        (
+            ["--megatron-version", "latest"],
+            "cannot read a Megatron-LM version from 'latest'",
+            "--megatron-version",
+        ),
+        (
+            ["--megatron-version", "99.0.0"],
+            "Megatron-LM 99.0.0 is newer than any release longctx knows",
+            "--megatron-version",
+        ),
         (["--megatron-version", "9" * 5000], "cannot read a Megatron-LM version", "--megatron-version"),
-        (["--megatron-version", "0.19", "--tokenizer-type", HF_TYPE, "--legacy-tokenizer"],
-         "--legacy-tokenizer does not exist in Megatron-LM 0.19.0", "Megatron-LM 0.19.0"),
+        (
+            ["--megatron-version", "0.19", "--tokenizer-type", HF_TYPE, "--legacy-tokenizer"],
+            "--legacy-tokenizer does not exist in Megatron-LM 0.19.0",
+            "Megatron-LM 0.19.0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_data_tokenize_refuses_what_the_release_cannot_say(
     oellm_like_hf_dir: Path, data_jsonl: Path, tmp_path: Path, options: list[str], said: str, where: str
 ) -> None:

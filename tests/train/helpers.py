@@ -24,15 +24,31 @@ def spec(run: Path, save: Path, **kw: Any) -> Any:
     tok = load_tokenizer(run / "tokenizer")
     iters = kw.pop("train_iters", 6)
     base = dict(
-        stage="t", arch=ModelArch(**ARCH), seq_length=128, max_position_embeddings=128, rotary_base=10000,
+        stage="t",
+        arch=ModelArch(**ARCH),
+        seq_length=128,
+        max_position_embeddings=128,
+        rotary_base=10000,
         padded_vocab_size=padded_vocab_size(tok.vocab_size, 128, 1),
-        tokenizer=TokenizerInfo(path=str(run / "tokenizer"), md5=tok.md5, vocab_size=tok.vocab_size,
-                                eod_id=tok.eod_id, pad_id=tok.pad_id),
-        data=[(None, str(run / "data" / "corpus_text_document"))], split="98,2,0",
-        data_cache_path=str(run / "cache"), global_batch_size=4, micro_batch_size=1, train_iters=iters,
-        lr=LRSchedule(lr=2e-3, min_lr=2e-4, warmup_iters=1, decay_iters=iters), save=str(save), save_interval=100,
-        threads_per_process=1, metrics_file=str(save.parent / "metrics.jsonl"),
-    )  # fmt: skip
+        tokenizer=TokenizerInfo(
+            path=str(run / "tokenizer"),
+            md5=tok.md5,
+            vocab_size=tok.vocab_size,
+            eod_id=tok.eod_id,
+            pad_id=tok.pad_id,
+        ),
+        data=[(None, str(run / "data" / "corpus_text_document"))],
+        split="98,2,0",
+        data_cache_path=str(run / "cache"),
+        global_batch_size=4,
+        micro_batch_size=1,
+        train_iters=iters,
+        lr=LRSchedule(lr=2e-3, min_lr=2e-4, warmup_iters=1, decay_iters=iters),
+        save=str(save),
+        save_interval=100,
+        threads_per_process=1,
+        metrics_file=str(save.parent / "metrics.jsonl"),
+    )
     base.update(kw)
     return TrainSpec(**base)
 

@@ -15,8 +15,14 @@ def _losses(path: Path) -> list[float]:
 
 
 def test_cp2_loss_curve_matches_cp1(fresh_run: Path, tmp_path: Path) -> None:
-    kw = dict(seq_length=256, max_position_embeddings=256, rotary_base=50000, train_iters=4, global_batch_size=2,
-              save_interval=4)  # fmt: skip
+    kw = dict(
+        seq_length=256,
+        max_position_embeddings=256,
+        rotary_base=50000,
+        train_iters=4,
+        global_batch_size=2,
+        save_interval=4,
+    )
     one = tmp_path / "cp1" / "ckpt"
     two = tmp_path / "cp2" / "ckpt"
     run(spec(fresh_run, one, **kw), tmp_path / "cp1.json")

@@ -16,8 +16,14 @@ def _losses(path: Path) -> list[float]:
 
 
 def test_allgather_exchange_is_used_and_trains_like_the_ring(fresh_run: Path, tmp_path: Path) -> None:
-    kw = dict(seq_length=128, max_position_embeddings=128, train_iters=2, global_batch_size=2, save_interval=2,
-              context_parallel=2)  # fmt: skip
+    kw = dict(
+        seq_length=128,
+        max_position_embeddings=128,
+        train_iters=2,
+        global_batch_size=2,
+        save_interval=2,
+        context_parallel=2,
+    )
     ring, gather = tmp_path / "ring" / "ckpt", tmp_path / "allgather" / "ckpt"
     run(spec(fresh_run, ring, **kw), tmp_path / "ring.json", nproc=2)
     run(spec(fresh_run, gather, cp_comm="allgather", **kw), tmp_path / "allgather.json", nproc=2)

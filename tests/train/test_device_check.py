@@ -31,8 +31,9 @@ def test_dry_run_on_cpu_records_every_step_as_a_row(tmp_path: Path) -> None:
     env = dict(
         os.environ, OUT=str(tmp_path), OMP_NUM_THREADS="1", PYTHON=str(ROOT / ".venv" / "bin" / "python")
     )
-    proc = subprocess.run(["bash", str(SCRIPT), "--dry"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--dry"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "check" not in r]

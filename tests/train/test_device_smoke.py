@@ -13,9 +13,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_smoke_checks_pass_on_cpu_in_order_and_stream_one_line_each(tmp_path: Path) -> None:
     lines = tmp_path / "smoke.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "longctx.train.device_smoke", "--device", "cpu", "--json", "--jsonl", str(lines)],
-        capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "longctx.train.device_smoke",
+            "--device",
+            "cpu",
+            "--json",
+            "--jsonl",
+            str(lines),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, report
     names = [c["name"] for c in report["checks"]]

@@ -100,8 +100,16 @@ def test_udlm_bound_is_the_continuous_limit_of_the_posterior_kl(t: float, same: 
     q = _posterior(z, torch.nn.functional.one_hot(torch.tensor(x), n).double(), a_s, a, n)
     pt = _posterior(z, p, a_s, a, n)
     limit = float((q * (q.clamp_min(1e-300).log() - pt.log())).sum()) / dt
-    got = float(udlm_token_loss(UDM, logits.float(), torch.tensor([[x]]), torch.tensor([[z]]),
-                                torch.tensor([[t]], dtype=torch.float64), n))  # fmt: skip
+    got = float(
+        udlm_token_loss(
+            UDM,
+            logits.float(),
+            torch.tensor([[x]]),
+            torch.tensor([[z]]),
+            torch.tensor([[t]], dtype=torch.float64),
+            n,
+        )
+    )
     assert got == pytest.approx(limit, rel=1e-4)
     assert got > 0
 

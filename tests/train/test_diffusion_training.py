@@ -31,8 +31,14 @@ def _losses(path: Path) -> list[float]:
 @pytest.mark.parametrize("kind", ["mdm", "udm"])
 def test_cp2_matches_cp1(fresh_run: Path, tmp_path: Path, kind: str) -> None:
     objective = Objective(kind=kind, mask_id=VOCAB if kind == "mdm" else None)
-    kw = dict(seq_length=256, max_position_embeddings=256, train_iters=3, global_batch_size=2, save_interval=3,
-              objective=objective)  # fmt: skip
+    kw = dict(
+        seq_length=256,
+        max_position_embeddings=256,
+        train_iters=3,
+        global_batch_size=2,
+        save_interval=3,
+        objective=objective,
+    )
     one, two = tmp_path / "cp1" / "ckpt", tmp_path / "cp2" / "ckpt"
     run(spec(fresh_run, one, **kw), tmp_path / "cp1.json")
     run(spec(fresh_run, two, context_parallel=2, **kw), tmp_path / "cp2.json", nproc=2)

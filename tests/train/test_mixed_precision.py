@@ -22,10 +22,14 @@ LR = 1e-5
 
 def _train(run_dir: Path, out: Path, bf16: bool) -> tuple[dict[str, torch.Tensor], list[float]]:
     s = spec(
-        run_dir, out / "ckpt", train_iters=ITERS, save_interval=ITERS, bf16=bf16,
+        run_dir,
+        out / "ckpt",
+        train_iters=ITERS,
+        save_interval=ITERS,
+        bf16=bf16,
         pretrained=str(run_dir / "base" / "checkpoints"),
         lr=LRSchedule(lr=LR, min_lr=LR, warmup_iters=0, decay_iters=ITERS, decay_style="constant"),
-    )  # fmt: skip
+    )
     run(s, out / "spec.json")
     losses = [json.loads(line)["loss"] for line in Path(s.metrics_file).read_text().splitlines()]
     return saved_tensors(out / "ckpt" / f"iter_{ITERS:07d}"), losses

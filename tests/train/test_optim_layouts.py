@@ -12,13 +12,18 @@ from longctx.train import optim
     "common, layout",
     [
         ({"optimizer": {"param_state_sharding_type": "fully_reshardable"}}, optim.FULLY_RESHARDABLE),
-        ({"optimizer": {"optimizer": {"param_groups": []}},
-          "content_metadata": {"distrib_optim_sharding_type": "fully_reshardable"}}, optim.FULLY_RESHARDABLE),
+        (
+            {
+                "optimizer": {"optimizer": {"param_groups": []}},
+                "content_metadata": {"distrib_optim_sharding_type": "fully_reshardable"},
+            },
+            optim.FULLY_RESHARDABLE,
+        ),
         ({"optimizer": {"state": {"common_step": 4}, "param_groups": []}}, optim.PLAIN),
         ({"optimizer": {"param_groups": [], "common_step": 4.0}}, optim.PLAIN),  # longctx's earlier saves
         ({"optimizer": {"optimizer": {"state": {}, "param_groups": []}}}, optim.FLOAT16),
     ],
-)  # fmt: skip
+)
 def test_readable_layouts(common: dict, layout: str) -> None:
     assert optim.layout_of(common, "ck") == layout
 
@@ -27,12 +32,14 @@ def test_readable_layouts(common: dict, layout: str) -> None:
     "common, says",
     [
         ({"optimizer": {"param_state_sharding_type": "dp_reshardable"}}, "'dp_reshardable' layout"),
-        ({"content_metadata": {"distrib_optim_sharding_type": "dp_zero_gather_scatter"}, "optimizer": {}},
-         "'dp_zero_gather_scatter' layout"),
+        (
+            {"content_metadata": {"distrib_optim_sharding_type": "dp_zero_gather_scatter"}, "optimizer": {}},
+            "'dp_zero_gather_scatter' layout",
+        ),
         ({"args": None}, "no optimizer state"),
         ({"optimizer": {"weird": 1}}, "structure the local backend does not know"),
     ],
-)  # fmt: skip
+)
 def test_unreadable_layouts_are_refused_with_a_fix(common: dict, says: str) -> None:
     with pytest.raises(TrainError) as err:
         optim.layout_of(common, "ckpt/iter_0000004")

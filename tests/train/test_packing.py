@@ -45,9 +45,18 @@ def test_cp2_within_documents_matches_cp1(fresh_run: Path, tmp_path: Path, kind:
     from longctx.objective import Objective
 
     objective = Objective(kind="mdm", mask_id=VOCAB) if kind == "mdm" else Objective()
-    kw = dict(seq_length=256, max_position_embeddings=256, rotary_base=50000, train_iters=2, global_batch_size=2,
-              micro_batch_size=2, save_interval=2, packing="documents", reset_position_ids=reset,
-              objective=objective)  # fmt: skip
+    kw = dict(
+        seq_length=256,
+        max_position_embeddings=256,
+        rotary_base=50000,
+        train_iters=2,
+        global_batch_size=2,
+        micro_batch_size=2,
+        save_interval=2,
+        packing="documents",
+        reset_position_ids=reset,
+        objective=objective,
+    )
     one, two = tmp_path / "cp1" / "ckpt", tmp_path / "cp2" / "ckpt"
     s1 = spec(fresh_run, one, **kw)
     # the windows really are stitched from several documents
@@ -67,8 +76,15 @@ def test_diffusion_noise_never_moves_a_document_bound(fresh_run: Path) -> None:
     from longctx.objective import Objective
     from longctx.train.data import NoiseSource
 
-    s = spec(fresh_run, fresh_run / "unused", seq_length=128, max_position_embeddings=128, global_batch_size=32,
-             packing="documents", reset_position_ids=True)  # fmt: skip
+    s = spec(
+        fresh_run,
+        fresh_run / "unused",
+        seq_length=128,
+        max_position_embeddings=128,
+        global_batch_size=32,
+        packing="documents",
+        reset_position_ids=True,
+    )
     ds, eod, idx = build_train_dataset(s), s.tokenizer.eod_id, list(range(32))
     for obj in (Objective(kind="mdm", mask_id=s.tokenizer.vocab_size), Objective(kind="udm")):
         noise = NoiseSource(obj, seed=3, global_batch_size=32, vocab_size=s.tokenizer.vocab_size)

@@ -27,14 +27,25 @@ from tests.fixtures.run import ARCH
 def _spec(tmp: Path, cp: int) -> TrainSpec:
     # nothing here is read: the trainer refuses before it touches the tokenizer or the data
     return TrainSpec(
-        stage="t", arch=ModelArch(**ARCH), seq_length=128, max_position_embeddings=128, rotary_base=10000,
-        padded_vocab_size=512, tokenizer=TokenizerInfo(path=str(tmp / "tok"), md5="0" * 32, vocab_size=500,
-                                                       eod_id=0, pad_id=None),
-        data=[(None, str(tmp / "data"))], split="98,2,0", data_cache_path=str(tmp / "cache"),
-        global_batch_size=2, micro_batch_size=1, train_iters=2, context_parallel=cp,
-        lr=LRSchedule(lr=1e-3, min_lr=1e-4, warmup_iters=1, decay_iters=2), save=str(tmp / "ckpt"),
-        save_interval=100, threads_per_process=1,
-    )  # fmt: skip
+        stage="t",
+        arch=ModelArch(**ARCH),
+        seq_length=128,
+        max_position_embeddings=128,
+        rotary_base=10000,
+        padded_vocab_size=512,
+        tokenizer=TokenizerInfo(path=str(tmp / "tok"), md5="0" * 32, vocab_size=500, eod_id=0, pad_id=None),
+        data=[(None, str(tmp / "data"))],
+        split="98,2,0",
+        data_cache_path=str(tmp / "cache"),
+        global_batch_size=2,
+        micro_batch_size=1,
+        train_iters=2,
+        context_parallel=cp,
+        lr=LRSchedule(lr=1e-3, min_lr=1e-4, warmup_iters=1, decay_iters=2),
+        save=str(tmp / "ckpt"),
+        save_interval=100,
+        threads_per_process=1,
+    )
 
 
 def test_a_cp2_launch_on_a_one_gpu_node_is_refused_by_every_rank_at_once(tmp_path: Path) -> None:
@@ -44,8 +55,10 @@ def test_a_cp2_launch_on_a_one_gpu_node_is_refused_by_every_rank_at_once(tmp_pat
     t0 = time.monotonic()
     rc = LocalLauncher(echo=False, grace_s=5).run(
         [sys.executable, "-m", "longctx.train", "--spec", str(spec_path)],
-        nproc=2, env={DEVICE_COUNT_ENV: "1", "OMP_NUM_THREADS": "1"}, log=log,
-    )  # fmt: skip
+        nproc=2,
+        env={DEVICE_COUNT_ENV: "1", "OMP_NUM_THREADS": "1"},
+        log=log,
+    )
     text = log.read_text()
     assert rc == 2, text
     for rank in (0, 1):

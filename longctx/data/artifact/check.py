@@ -338,8 +338,11 @@ def _dtype_findings(dtypes: dict[str, int], vocab: int, art: Artifact, findings:
                 fix="re-tokenize the data with the model's tokenizer",
             )
         elif dt != optimal_dtype(vocab):
-            findings.info("dtype-vocab", f"{dtypes[name]} prefixes are {name} (Megatron's tools would use "
-                                         f"{optimal_dtype(vocab).name} for {vocab:,})")  # fmt: skip
+            findings.info(
+                "dtype-vocab",
+                f"{dtypes[name]} prefixes are {name} (Megatron's tools would use "
+                f"{optimal_dtype(vocab).name} for {vocab:,})",
+            )
         else:
             findings.info(
                 "dtype-vocab", f"{dtypes[name]} prefixes are {name}, as Megatron stores {vocab:,} ids"

@@ -366,9 +366,17 @@ class _Download:
     max_workers: int
 
     def get(self, patterns: list[str]) -> None:
-        snapshot(self.repo_id, repo_type="dataset", revision=self.commit, allow_patterns=patterns,
-                 local_dir=self.root, offline=False, token=self.token, max_workers=self.max_workers,
-                 error=DatasetError)  # fmt: skip
+        snapshot(
+            self.repo_id,
+            repo_type="dataset",
+            revision=self.commit,
+            allow_patterns=patterns,
+            local_dir=self.root,
+            offline=False,
+            token=self.token,
+            max_workers=self.max_workers,
+            error=DatasetError,
+        )
 
 
 def fetch_artifact(
@@ -503,8 +511,9 @@ def _verify_fetched(
     root = art.root
     expected = expected_for(art, chunks, select.content)
     rewritten = rewritten_files(root)
-    report = verify_files(root, expected, workers=workers, progress=progress, use_cache=not recheck,
-                          rewritten=rewritten)  # fmt: skip
+    report = verify_files(
+        root, expected, workers=workers, progress=progress, use_cache=not recheck, rewritten=rewritten
+    )
     broken = [b.rel for b in report.bad]
     if not broken or download is None:
         return art, chunks, report, []
@@ -514,8 +523,14 @@ def _verify_fetched(
     download.get(broken)
     art = open_artifact(root, run=select.run)
     chunks = art.select(select.languages, select.tiers)
-    report = verify_files(root, expected_for(art, chunks, select.content), workers=workers, progress=progress,
-                          use_cache=True, rewritten=rewritten_files(root))  # fmt: skip
+    report = verify_files(
+        root,
+        expected_for(art, chunks, select.content),
+        workers=workers,
+        progress=progress,
+        use_cache=True,
+        rewritten=rewritten_files(root),
+    )
     return art, chunks, report, broken
 
 

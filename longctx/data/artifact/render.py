@@ -20,8 +20,16 @@ def artifact_table(report: ArtifactReport) -> Table:
     if bi:
         title += f" · tokenizer {bi.get('tokenizer_model')} (vocab {bi.get('vocab_size')})"
     table = Table(title=escape(title), title_justify="left")
-    for col in ("language", "tier", "chunks", "documents", "tokens", ".bin", "longest",
-                *[f"≥ {label(n)}" for n in report.lengths]):  # fmt: skip
+    for col in (
+        "language",
+        "tier",
+        "chunks",
+        "documents",
+        "tokens",
+        ".bin",
+        "longest",
+        *[f"≥ {label(n)}" for n in report.lengths],
+    ):
         table.add_column(col, justify="left" if col in ("language", "tier") else "right")
     for g in report.groups:
         _group_row(table, g)
@@ -62,13 +70,19 @@ def fetch_table(result: FetchResult) -> Table:
     t.add_column("value", overflow="fold")
     t.add_row("into", escape(str(result.root)) + (" (offline: adopted)" if result.offline else ""))
     t.add_row("run", escape(result.run or "-"))
-    t.add_row("selected", f"{result.chunks:,} prefixes ({result.content}), {fmt_bytes(result.bin_bytes)} of .bin; "
-                          f"languages {', '.join(result.languages)}; tiers {', '.join(result.tiers)}")  # fmt: skip
+    t.add_row(
+        "selected",
+        f"{result.chunks:,} prefixes ({result.content}), {fmt_bytes(result.bin_bytes)} of .bin; "
+        f"languages {', '.join(result.languages)}; tiers {', '.join(result.tiers)}",
+    )
     v = result.verify
     if v is not None:
         rate = v.bytes_hashed / v.seconds / 1e9 if v.seconds > 0 else 0.0
-        t.add_row("verified", f"{v.files:,} files, {fmt_bytes(v.bytes_total)}: {len(v.bad)} bad; hashed "
-                              f"{fmt_bytes(v.bytes_hashed)} in {v.seconds:.1f} s ({rate:.2f} GB/s), {v.cached:,} remembered")  # fmt: skip
+        t.add_row(
+            "verified",
+            f"{v.files:,} files, {fmt_bytes(v.bytes_total)}: {len(v.bad)} bad; hashed "
+            f"{fmt_bytes(v.bytes_hashed)} in {v.seconds:.1f} s ({rate:.2f} GB/s), {v.cached:,} remembered",
+        )
     if result.refetched:
         more = " …" if len(result.refetched) > 10 else ""
         t.add_row("fetched again", escape(", ".join(result.refetched[:10]) + more))

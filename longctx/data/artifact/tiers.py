@@ -248,8 +248,15 @@ def _tier_share(
     )
 
 
-def fetch_hint(art: Artifact | None, tiers: Sequence[str], languages: Sequence[str] | None, *, root: Path | None = None,
-                run: str | None = None, extra: str = "") -> str:  # fmt: skip
+def fetch_hint(
+    art: Artifact | None,
+    tiers: Sequence[str],
+    languages: Sequence[str] | None,
+    *,
+    root: Path | None = None,
+    run: str | None = None,
+    extra: str = "",
+) -> str:
     root = art.root if art is not None else root
     run = art.run if art is not None else run
     cmd = f"longctx data fetch {DEFAULT_REPO_ID} --into {root}"
@@ -374,13 +381,30 @@ def _chunk_rows(tb: TierBlend, L: int, use_index: bool, workers: int | None, pro
         bounds = art.tiers.get(c.tier or "")
         if s is not None and s.lengths is not None:
             cov = s.lengths.coverage[0]
-            row = _Row(c, w, tokens=s.tokens, packed=cov.packed_samples, docs=cov.documents_at_least,
-                       tok_long=cov.tokens_in_documents_at_least, single=cov.single_document_samples,
-                       longest=s.lengths.max_length, basis="index")  # fmt: skip
+            row = _Row(
+                c,
+                w,
+                tokens=s.tokens,
+                packed=cov.packed_samples,
+                docs=cov.documents_at_least,
+                tok_long=cov.tokens_in_documents_at_least,
+                single=cov.single_document_samples,
+                longest=s.lengths.max_length,
+                basis="index",
+            )
         else:
             t = _estimated_tokens(art, c)
-            row = _Row(c, w, tokens=t, packed=max(t - 1, 0) // L, docs=None, tok_long=None, single=None,
-                       longest=None, basis="manifests")  # fmt: skip
+            row = _Row(
+                c,
+                w,
+                tokens=t,
+                packed=max(t - 1, 0) // L,
+                docs=None,
+                tok_long=None,
+                single=None,
+                longest=None,
+                basis="manifests",
+            )
             if bounds is not None and bounds.max is not None and bounds.max <= L:
                 row.docs, row.tok_long, row.single = 0, 0, 0  # by its bounds no document reaches L
             elif bounds is not None and bounds.min >= L:

@@ -21,12 +21,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SPEC = dict(
     arch=dict(
-        num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=None,
-        kv_channels=16, qk_layernorm=False, swiglu=True, untie_embeddings_and_output_weights=False,
+        num_layers=1,
+        hidden_size=32,
+        ffn_hidden_size=64,
+        num_attention_heads=2,
+        num_query_groups=None,
+        kv_channels=16,
+        qk_layernorm=False,
+        swiglu=True,
+        untie_embeddings_and_output_weights=False,
         normalization="RMSNorm",
     ),
-    vocab=100, padded=128, iteration=3, optimizer=None, tp=1,
-)  # fmt: skip
+    vocab=100,
+    padded=128,
+    iteration=3,
+    optimizer=None,
+    tp=1,
+)
 
 
 def main() -> None:
