@@ -189,11 +189,11 @@ def _dup_stdout_fd() -> int | None:
 
 
 def resolved_plan(plan: Path, run_dir: Path | None = None) -> ResolvedPlan:
-    """The plan a command names (a file or a shipped plan's name), loaded and resolved once."""
-    from longctx.plan.derive import resolve_plan
-    from longctx.plan.load import load_plan
+    """The plan a command names (a file or a shipped plan's name), loaded and resolved once: the one way the
+    CLI opens a plan (a real plan pointed at a rehearsal's run directory is refused there)."""
+    from longctx.plan.derive import open_plan
 
-    return resolve_plan(load_plan(plan, run_dir=run_dir))
+    return open_plan(plan, run_dir)
 
 
 def fields_of(obj: Any) -> dict[str, Any]:

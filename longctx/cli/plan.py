@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -13,6 +14,9 @@ from longctx.cli._params import Json, Plan, RunDir
 from longctx.plan.sweep import describe as describe_sweep
 from longctx.util.table import narrow_table
 from longctx.util.units import human_length
+
+if TYPE_CHECKING:
+    from longctx.plan.derive import ResolvedPlan
 
 app = typer.Typer(
     help=(
@@ -39,7 +43,7 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _print_blends(rp) -> None:
+def _print_blends(rp: ResolvedPlan) -> None:
     """Each tier-mix stage's exact blend: tier weights and the tempered language weights."""
     from longctx.errors import LongctxError
 
@@ -67,7 +71,7 @@ def _print_blends(rp) -> None:
         )
 
 
-def plan_table(rp) -> Table:
+def plan_table(rp: ResolvedPlan) -> Table:
     t = narrow_table(f"{rp.name}: {rp.description}" if rp.description else rp.name)
     # short headers keep eleven columns inside 100; `plan show --json` has every number in full
     for col in (
@@ -106,7 +110,7 @@ def plan_table(rp) -> Table:
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "logits", "overhead", "total", "budget")
 
 
-def memory_table(rp) -> Table:
+def memory_table(rp: ResolvedPlan) -> Table:
     t = narrow_table("memory per GPU (GiB) — formula in longctx/plan/memory.py")
     for col in ("stage", *MEMORY_PARTS):
         t.add_column(col, justify="right")
@@ -116,11 +120,11 @@ def memory_table(rp) -> Table:
     return t
 
 
-def _uses_artifact(rp) -> bool:
+def _uses_artifact(rp: ResolvedPlan) -> bool:
     return any(s.data is not None and s.data.tier_mix is not None for s in rp.stages)
 
 
-def _report(rp) -> dict:
+def _report(rp: ResolvedPlan) -> dict[str, Any]:
     return {
         "plan": rp.name,
         "run_dir": str(rp.run_dir),

@@ -18,14 +18,18 @@ from longctx.cli._common import (
     positive_sizes,
     print_findings,
     print_json,
+    resolved_plan,
     stdout_to_stderr,
 )
 from longctx.cli._params import Json, Plan, RunDir
+from longctx.cli.run_output import RunPrinter, device_facts, launcher_named
 from longctx.errors import CheckpointError
 
 if TYPE_CHECKING:
+    from longctx.plan.derive import ResolvedPlan, ResolvedStage
     from longctx.rope import RopeModelArgs
     from longctx.rope.check import RopeCheck
+    from longctx.stage.sweep import SweepCost
 
 # The library is imported inside the commands: `longctx --help` need not load numpy and the RoPE maths.
 
@@ -490,11 +494,10 @@ def sweep_cmd(
 
     Example: longctx rope sweep stages/tiny.toml --stage 4k
     """
-    from longctx.cli.stage import _facts, _launcher, _resolved, _RunPrinter
     from longctx.stage.run_policy import RunOptions, run_steps
     from longctx.stage.sweep import sweep_cost, sweep_stage
 
-    rp = _resolved(plan, run_dir)
+    rp = resolved_plan(plan, run_dir)
     st = sweep_stage(rp, stage)
     cost = sweep_cost(rp, st)
     if dry_run or not json_out:
@@ -507,13 +510,13 @@ def sweep_cmd(
     )
     with stdout_to_stderr(json_out):
         steps = run_steps(
-            lambda: _resolved(plan, run_dir),
+            lambda: resolved_plan(plan, run_dir),
             options,
-            launcher=lambda: _launcher(launcher),
-            facts=lambda r: _facts(r, None),
-            report=_RunPrinter(),
+            launcher=lambda: launcher_named(launcher),
+            facts=lambda r: device_facts(r, None),
+            report=RunPrinter(),
         )
-    after = _resolved(plan, run_dir).stage(st.name)
+    after = resolved_plan(plan, run_dir).stage(st.name)
     if not json_out and steps.result.stop == "reached":
         console.print(steps.result.reason, highlight=False, soft_wrap=True, markup=False)
     if json_out:
@@ -531,7 +534,7 @@ def sweep_cmd(
         raise typer.Exit(steps.result.exit_code)
 
 
-def _print_sweep(rp, st, cost, *, json_out: bool) -> None:
+def _print_sweep(rp: ResolvedPlan, st: ResolvedStage, cost: SweepCost, *, json_out: bool) -> None:
     from longctx.plan.sweep import describe
 
     if json_out:
@@ -551,7 +554,7 @@ def _print_sweep(rp, st, cost, *, json_out: bool) -> None:
         )
 
 
-def _branch_name(st, index: int | None) -> str | None:
+def _branch_name(st: ResolvedStage, index: int | None) -> str | None:
     if index is None:
         return None
     if index >= len(st.branches):

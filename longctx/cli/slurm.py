@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -13,6 +13,12 @@ from rich.table import Table
 from longctx.cli._common import cli_errors, console, err_console, print_json, resolved_plan
 from longctx.cli._params import Json, Plan, RunDir, force
 from longctx.util.table import narrow_table
+
+if TYPE_CHECKING:
+    from longctx.plan.derive import ResolvedPlan
+    from longctx.slurm.chain import ChainEstimate
+    from longctx.slurm.render import Rendered
+    from longctx.slurm.status import ChainStatus
 
 app = typer.Typer(
     help=(
@@ -49,7 +55,19 @@ LONGCTX_CMD = typer.Option(
 Force = force("queue a chain even if jobs of this plan are still queued")
 
 
-def _render(plan, run_dir, profile, out, time, signal, qos, partition, account, backend, longctx_cmd):
+def _render(
+    plan: Path,
+    run_dir: Path | None,
+    profile: str | None,
+    out: Path | None,
+    time: str | None,
+    signal: str | None,
+    qos: str | None,
+    partition: str | None,
+    account: str | None,
+    backend: str | None,
+    longctx_cmd: str | None,
+) -> tuple[ResolvedPlan, Rendered]:
     from longctx.slurm.render import render
 
     rp = resolved_plan(plan, run_dir)
@@ -68,7 +86,7 @@ def _render(plan, run_dir, profile, out, time, signal, qos, partition, account, 
     return rp, render(rp, profile=profile, overrides=overrides, out_dir=out, longctx_command=cmd)
 
 
-def _warn(rendered) -> None:
+def _warn(rendered: Rendered) -> None:
     for w in rendered.warnings:
         err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
 
@@ -193,7 +211,7 @@ def submit_cmd(
     )
 
 
-def _estimate_table(est) -> Table:
+def _estimate_table(est: ChainEstimate) -> Table:
     t = Table(
         title=f"chain estimate: {est.jobs} jobs ({est.spare} spare), {est.train_minutes_per_job:.0f} min of "
         "training per job"
@@ -249,7 +267,7 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def _status_tables(st) -> Table:
+def _status_tables(st: ChainStatus) -> Table:
     outer = Table.grid()
     t = narrow_table(
         f"{st.plan}: next {st.next_action}"

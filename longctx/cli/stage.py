@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from longctx.cli._common import cli_errors, console, err_console, print_json, stdout_to_stderr
+from longctx.cli._common import cli_errors, console, err_console, print_json, resolved_plan, stdout_to_stderr
 from longctx.cli._params import Json, Plan, RunDir, force
+from longctx.cli.run_output import RunPrinter, device_facts, launcher_named, repair_text
 from longctx.util.printable import printable
+
+if TYPE_CHECKING:
+    from longctx.plan.derive import ResolvedPlan
+    from longctx.stage.pace import StagePace
+    from longctx.stage.run import LaunchPlan
+    from longctx.stage.state import NextStep, StageState
 
 app = typer.Typer(
     help=(
@@ -33,22 +40,6 @@ Force = force(
     "launch even if tokenizer/data/base/RoPE differ from the ledger; resume a started stage whose LR schedule "
     "changed (megatron-lm: adds --override-opt_param-scheduler); the override is recorded in the ledger"
 )
-
-
-def _resolved(plan: Path, run_dir: Path | None):
-    from longctx.plan.derive import open_plan
-
-    return open_plan(plan, run_dir)
-
-
-def _facts(rp, profile: str | None):
-    """The device facts of the target cluster: the named profile, else the plan's cluster.profile."""
-    from longctx.slurm.commands import preflight_facts
-    from longctx.slurm.profiles import load_profile
-
-    return preflight_facts(
-        load_profile(profile or rp.cluster.profile), gpu_memory_gib=rp.cluster.gpu_memory_gib
-    )
 
 
 @app.command("args")
@@ -76,7 +67,7 @@ def args(
     document {"argv": [...], "preflight": {...}}, on failure too)."""
     from longctx.stage.megatron_args import argv, launch_notes, render_lines
 
-    rp = _resolved(plan, run_dir)
+    rp = resolved_plan(plan, run_dir)
     st = rp.stage(stage)
     for note in launch_notes(rp, st):
         err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
@@ -94,7 +85,7 @@ def args(
     from longctx.stage.preflight import preflight_plan
 
     words = argv(rp, st)
-    report = preflight_plan(rp, _facts(rp, profile), stages=[st.name])
+    report = preflight_plan(rp, device_facts(rp, profile), stages=[st.name])
     if json_out:
         print_json({"argv": words, "preflight": report.to_dict()})
     else:
@@ -106,7 +97,7 @@ def args(
         raise typer.Exit(2)
 
 
-def _pace_text(p, *, plan: bool = False) -> str:
+def _pace_text(p: StagePace | None, *, plan: bool = False) -> str:
     """A pace column: tokens/s ('~' when estimated from an earlier stage) or an ETA ('?' unknown)."""
     if p is None:
         return "?"
@@ -117,13 +108,13 @@ def _pace_text(p, *, plan: bool = False) -> str:
     return "?" if p.stage_eta_seconds is None else format_seconds(p.stage_eta_seconds)
 
 
-def _tokens_per_s(p) -> str:
+def _tokens_per_s(p: StagePace | None) -> str:
     if p is None or p.tokens_per_s is None:
         return "?"
     return ("" if p.measured else "~") + f"{p.tokens_per_s:,.0f}"
 
 
-def _status_table(rp, states, step, pace) -> Table:
+def _status_table(rp: ResolvedPlan, states: list[StageState], step: NextStep, pace: list[StagePace]) -> Table:
     from longctx.util.table import narrow_table
 
     t = narrow_table(f"{rp.name}: {step.reason}")
@@ -145,7 +136,7 @@ def _status_table(rp, states, step, pace) -> Table:
     return t
 
 
-def _status_notes(states, pace) -> list[str]:
+def _status_notes(states: list[StageState], pace: list[StagePace]) -> list[str]:
     """What the table has no room for: repairs, unfinished saves, resumes whose loss jumped."""
     notes = []
     for s, p in zip(states, pace, strict=True):
@@ -158,7 +149,9 @@ def _status_notes(states, pace) -> list[str]:
     return notes
 
 
-def _state_json(rp, states, step, pace=()) -> dict:
+def _state_json(
+    rp: ResolvedPlan, states: list[StageState], step: NextStep, pace: list[StagePace]
+) -> dict[str, Any]:
     by_stage = {p.stage: p for p in pace}
     return {
         "plan": rp.name,
@@ -188,7 +181,7 @@ def _state_json(rp, states, step, pace=()) -> dict:
     }
 
 
-def _sweep_notes(rp, sweeps: dict) -> list[str]:
+def _sweep_notes(rp: ResolvedPlan, sweeps: dict[str, dict[str, Any]]) -> list[str]:
     """Each swept stage: its RoPE base and why, the cost, and every branch's progress and evidence."""
     from longctx.plan.sweep import describe
 
@@ -203,7 +196,7 @@ def _sweep_notes(rp, sweeps: dict) -> list[str]:
     return notes
 
 
-def _pace_json(p) -> dict | None:
+def _pace_json(p: StagePace | None) -> dict[str, Any] | None:
     if p is None:
         return None
     return {
@@ -225,7 +218,7 @@ def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     from longctx.stage.state import next_step, plan_state
     from longctx.stage.sweep import sweep_status
 
-    rp = _resolved(plan, run_dir)
+    rp = resolved_plan(plan, run_dir)
     states = plan_state(rp)
     step = next_step(rp, states)
     pace = stage_pace(rp, states)
@@ -247,7 +240,7 @@ def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
             )
 
 
-def _lock_json(rp) -> dict[str, Any] | None:
+def _lock_json(rp: ResolvedPlan) -> dict[str, Any] | None:
     """The run lock's holder (None: no launch holds it), and why it is stale when it certainly is."""
     from longctx.stage.lock import read_holder, stale_reason
 
@@ -282,7 +275,7 @@ def curves(
     from longctx.stage.curves import read_plan_curves
     from longctx.stage.curves_plot import plot_curves
 
-    rp = _resolved(plan, run_dir)
+    rp = resolved_plan(plan, run_dir)
     png_path = _curves_out(rp, out, force)
     with stdout_to_stderr(json_out):
         console.print(f"reading the training record of {rp.name} in {rp.run_dir} …")
@@ -302,7 +295,7 @@ def curves(
         print_json({"ok": True, "png": str(png), **result.to_dict()})
 
 
-def _curves_out(rp, out: Path | None, force: bool) -> Path:
+def _curves_out(rp: ResolvedPlan, out: Path | None, force: bool) -> Path:
     """The PNG `stage curves` writes, checked against what it must never overwrite."""
     from longctx.util.confine import check_output_file
 
@@ -327,7 +320,7 @@ def next_(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     """What the next launch does: first-launch, resume, all-done (or blocked, with the reason; exit 2)."""
     from longctx.stage.state import next_step
 
-    rp = _resolved(plan, run_dir)
+    rp = resolved_plan(plan, run_dir)
     step = next_step(rp)
     if json_out:
         print_json(
@@ -342,7 +335,7 @@ def next_(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
             }
         )
     else:
-        console.print(f"{step.action}: {step.reason}{_repair_text(step, ' (', ')')}")
+        console.print(f"{step.action}: {step.reason}{repair_text(step, ' (', ')')}")
     if step.action == "blocked":
         raise typer.Exit(2)
 
@@ -399,11 +392,11 @@ def run(
     )
     with stdout_to_stderr(json_out):
         steps = run_steps(
-            lambda: _resolved(plan, run_dir),
+            lambda: resolved_plan(plan, run_dir),
             options,
-            launcher=lambda: _launcher(launcher),
-            facts=lambda rp: _facts(rp, None),
-            report=_RunPrinter(),
+            launcher=lambda: launcher_named(launcher),
+            facts=lambda rp: device_facts(rp, None),
+            report=RunPrinter(),
         )
         result = steps.result
         if result.done:
@@ -417,67 +410,7 @@ def run(
         raise typer.Exit(result.exit_code)
 
 
-class _RunPrinter:
-    """`stage run`'s progress lines: what each step launches and how it ended."""
-
-    def launching(self, lp) -> None:
-        console.print(
-            f"[bold]{lp.step.action}[/] {lp.stage.name}: {lp.step.reason}{_repair_text(lp.step, ' — ', '')}"
-        )
-        if lp.schedule_override:
-            changed = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in lp.schedule_override.items())
-            _err(
-                f"warning: --force: {lp.stage.name} resumes with another LR schedule ({changed}): "
-                "--override-opt_param-scheduler"
-            )
-
-    def planned(self, lp) -> None:
-        console.print(f"{lp.nproc} × {lp.shell()}", soft_wrap=True, highlight=False)
-
-    def preflight_passed(self, lp, report) -> None:
-        console.print(f"preflight: Megatron-LM accepts {lp.stage.name} ({report.seconds:.0f} s)")
-
-    def finished(self, outcome) -> None:
-        console.print(
-            f"{outcome.stage}: exit {outcome.exit_code}, iteration {outcome.start_iteration} → "
-            f"{outcome.end_iteration} ({outcome.status}), {outcome.seconds:.0f} s"
-        )
-        if outcome.no_progress:
-            _err(f"{'error' if outcome.verdict == 'failed' else 'warning'}: {printable(outcome.no_progress)}")
-        if outcome.storage:
-            _err(f"error: {outcome.storage}")
-        for d in outcome.discarded:
-            _err(f"removed the unfinished save {d}")
-
-    def warning(self, text: str) -> None:
-        _err(text)
-
-    def sweep_starts(self, lines: list[str]) -> None:
-        for line in lines:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    def chose(self, stage: str, choice) -> None:
-        if choice is None:
-            console.print(
-                f"[bold]choose[/] {stage}: would evaluate the sweep's branches and choose the RoPE base"
-            )
-            return
-        console.print(f"[bold]chose[/] {stage}: RoPE {choice.reason}", highlight=False, soft_wrap=True)
-
-
-def _err(line: str) -> None:
-    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _repair_text(step, before: str, after: str) -> str:
-    """The tracker fixes a launch applies first, for a progress line ('' when none)."""
-    parts = [f"repair: {step.repair.reason}"] if step.repair else []
-    if step.load_repair:
-        parts.append(f"repair of the loaded stage's tracker: {step.load_repair.reason}")
-    return f"{before}{'; '.join(parts)}{after}" if parts else ""
-
-
-def _planned_launch(lp) -> dict[str, Any]:
+def _planned_launch(lp: LaunchPlan) -> dict[str, Any]:
     """One --dry-run step for --json: the decision and the exact command, nothing run."""
     repair, load_repair = lp.step.repair, lp.step.load_repair
     return {
@@ -491,17 +424,3 @@ def _planned_launch(lp) -> dict[str, Any]:
         "nproc": lp.nproc,
         "command": lp.command,
     }
-
-
-def _launcher(name: str):
-    from longctx.errors import StageError
-
-    if name == "local":
-        from longctx.launch.local import LocalLauncher
-
-        return LocalLauncher()
-    if name == "srun":
-        from longctx.launch.srun import SrunLauncher
-
-        return SrunLauncher.from_environment()
-    raise StageError(f"unknown launcher {name!r}", fix="use --launcher local or --launcher srun")
