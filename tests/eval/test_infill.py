@@ -21,8 +21,8 @@ from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import eval_parallel
 from longctx.objective import Objective
 from longctx.tokenizer import load_tokenizer
-from tests.eval.test_model import _free_port
 from tests.fixtures.diffusion import VOCAB
+from tests.fixtures.ports import free_port
 
 MASK = 600
 
@@ -189,7 +189,7 @@ def test_context_parallel_infilling_matches_a_single_process(
         ref = torch.stack(infill(torch.from_numpy(tokens), [torch.arange(64)] * 2)).numpy()
     out = str(tmp_path / "cp")
     mp.start_processes(
-        _infill_worker, args=(2, _free_port(), str(ckpt), tokens, out), nprocs=2, start_method="spawn"
+        _infill_worker, args=(2, free_port(), str(ckpt), tokens, out), nprocs=2, start_method="spawn"
     )
     for rank in range(2):
         np.testing.assert_allclose(np.load(f"{out}.{rank}.npy"), ref, atol=1e-4)

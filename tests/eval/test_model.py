@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from longctx.eval.runner import check_length, check_tokenizer
 from longctx.eval.score import model_scorer, score_passkey
 from longctx.mcore.parallel import eval_parallel
 from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, PADDED, S2_LEN, EvalRun
+from tests.fixtures.ports import free_port
 
 
 def test_checkpoint_info_from_saved_args(eval_run: EvalRun) -> None:
@@ -67,12 +67,6 @@ def test_known_answer_model_through_megatron(eval_run: EvalRun, demo_tokenizer: 
         assert s.greedy_tokens[0] == right[0].answer[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cp_worker(rank: int, world: int, port: int, ckpt: str, tokens: np.ndarray, out: str) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -104,7 +98,7 @@ def test_context_parallel_scores_match_a_single_process(eval_run: EvalRun, tmp_p
     out = str(tmp_path / "cp")
     mp.start_processes(
         _cp_worker,
-        args=(2, _free_port(), str(eval_run.stage("s2")), tokens, out),
+        args=(2, free_port(), str(eval_run.stage("s2")), tokens, out),
         nprocs=2,
         start_method="spawn",
     )

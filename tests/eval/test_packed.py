@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from longctx.eval.score import model_scorer
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import eval_parallel
 from tests.fixtures.eval import S2_LEN, EvalRun
+from tests.fixtures.ports import free_port
 
 SEED = 1234
 
@@ -119,12 +119,6 @@ def test_packed_summary_numbers(cp1: dict[str, Any]) -> None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cp_worker(rank: int, world: int, port: int, ckpt: str, windows: np.ndarray, eod: int, out: str) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -151,7 +145,7 @@ def test_context_parallel_packed_equals_a_single_process(
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "cp")
-    args = (2, _free_port(), str(eval_run.stage("s2")), np.stack(cp1["windows"]), cp1["eod"], out)
+    args = (2, free_port(), str(eval_run.stage("s2")), np.stack(cp1["windows"]), cp1["eod"], out)
     mp.start_processes(_cp_worker, args=args, nprocs=2, start_method="spawn")
     ref: PackedLoss = cp1["packed"]
     for rank in range(2):

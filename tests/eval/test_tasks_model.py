@@ -25,8 +25,8 @@ from longctx.eval.task_score import score_tasks
 from longctx.mcore.parallel import eval_parallel
 from longctx.plan.eval_tasks import parse_task
 from longctx.tokenizer import load_tokenizer
-from tests.eval.test_model import _free_port
 from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, S2_LEN, EvalRun
+from tests.fixtures.ports import free_port
 
 OTHER = "4 4 4 4 4"  # a key of the chain key's form and width
 # multi-key and multi-value only, at three depths: small enough for two CPU processes
@@ -111,7 +111,7 @@ def test_tasks_answer_the_same_at_cp2_as_at_cp1(eval_run: EvalRun, tmp_path: Pat
     assert all(len(t["items"]) == 6 for t in ref)
     out = str(tmp_path / "cp")
     mp.start_processes(
-        _cp_worker, args=(2, _free_port(), str(eval_run.root), out), nprocs=2, start_method="spawn"
+        _cp_worker, args=(2, free_port(), str(eval_run.root), out), nprocs=2, start_method="spawn"
     )
     _assert_every_rank_answers_as(ref, out, ranks=2)
 
@@ -227,6 +227,6 @@ def test_diffusion_tasks_decode_the_same_at_cp2_as_at_cp1(
     assert [t["task"] for t in ref] == ["multikey-2", "multivalue-2"]
     out = str(tmp_path / "cp")
     mp.start_processes(
-        _infill_cp_worker, args=(2, _free_port(), str(tiny_run), ckpt, out), nprocs=2, start_method="spawn"
+        _infill_cp_worker, args=(2, free_port(), str(tiny_run), ckpt, out), nprocs=2, start_method="spawn"
     )
     _assert_every_rank_answers_as(ref, out, ranks=2)

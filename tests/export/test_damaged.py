@@ -16,8 +16,8 @@ from longctx.cli.main import app
 from longctx.tokenizer import load_manifest, write_manifest
 from longctx.tokenizer.encoding import behaviour_digest
 from tests.bad_input.harness import tree_state
-from tests.export.test_refusals import _refused
 from tests.fixtures.export import ExportModels, export_plans
+from tests.fixtures.export_refusals import refused_export
 
 
 def _copy(models: ExportModels, tmp_path: Path) -> Path:
@@ -52,7 +52,7 @@ def test_a_damaged_shard_is_a_message(
     for shard in _shards(save):
         damage(shard)
     before = tree_state(save)
-    err = _refused([str(save), "--plan", str(export_plan_files["qwen3"])], tmp_path / "out")
+    err = refused_export([str(save), "--plan", str(export_plan_files["qwen3"])], tmp_path / "out")
     assert "shard" in err["what"] and "weights_only" not in str(err), err
     assert tree_state(save) == before
     plain = CliRunner().invoke(
@@ -78,7 +78,7 @@ def test_a_shard_linked_from_outside_is_not_read(
     outside = tmp_path / "outside.distcp"
     shutil.move(shard, outside)
     shard.symlink_to(outside)
-    err = _refused([str(save), "--plan", str(export_plan_files["qwen3"])], tmp_path / "out")
+    err = refused_export([str(save), "--plan", str(export_plan_files["qwen3"])], tmp_path / "out")
     # refused where the checkpoint's files are listed, before any byte of the link's target is read
     assert (
         "outside the checkpoint" in err["what"] and shard.name in err["what"] and err["where"] == str(shard)
@@ -90,7 +90,7 @@ def test_the_output_is_never_inside_the_checkpoint(
 ) -> None:
     save = _copy(export_models, tmp_path)
     before = tree_state(save)
-    err = _refused([str(save), "--plan", str(export_plan_files["qwen3"])], save / "hf")
+    err = refused_export([str(save), "--plan", str(export_plan_files["qwen3"])], save / "hf")
     assert "inside the checkpoint" in err["what"]
     assert tree_state(save) == before
 
@@ -101,7 +101,7 @@ def test_a_diffusion_plan_is_not_exported_as_a_causal_lm(
     plan = tmp_path / "mdm.toml"
     text = export_plan_files["qwen3"].read_text()
     plan.write_text(text.replace("[cluster]", '[objective]\nkind = "mdm"\n\n[cluster]', 1))
-    err = _refused([str(export_models.save_dir("qwen3_tp1")), "--plan", str(plan)], tmp_path / "out")
+    err = refused_export([str(export_models.save_dir("qwen3_tp1")), "--plan", str(plan)], tmp_path / "out")
     assert "a transformers causal LM" in err["what"] and "autoregressive" in err["fix"], err
 
 
@@ -128,7 +128,7 @@ def test_a_manifest_pinning_another_encoding(
         wrong,
     )
     plans = export_plans(tmp_path, oellm_like_hf_dir, wrong)
-    err = _refused(
+    err = refused_export(
         [str(export_models.save_dir("qwen3_tp1")), "--plan", str(plans["qwen3"])], tmp_path / "o" / "m"
     )
     assert "[encoding]" in err["what"] and "probe texts encode differently" in err["what"], err

@@ -13,19 +13,7 @@ from typer.testing import CliRunner
 from longctx.cli.main import app
 from longctx.tokenizer import load_manifest, write_manifest
 from tests.fixtures.export import ExportModels, export_plans
-
-
-def _refused(args: list[str], out: Path) -> dict[str, Any]:
-    before = sorted(p.name for p in out.parent.iterdir()) if out.parent.exists() else None
-    res = CliRunner().invoke(app, ["export", "hf", *args, "--out", str(out), "--json"])
-    assert res.exit_code == 2, res.output
-    doc = json.loads(res.stdout)
-    assert doc["ok"] is False
-    err = doc["error"]
-    assert err["what"] and err["where"] and err["fix"], err
-    after = sorted(p.name for p in out.parent.iterdir()) if out.parent.exists() else None
-    assert after == before  # no output directory, no .partial sibling
-    return err
+from tests.fixtures.export_refusals import refused_export
 
 
 def _args(models: ExportModels, name: str, plan: Path, *extra: str) -> list[str]:
@@ -35,7 +23,7 @@ def _args(models: ExportModels, name: str, plan: Path, *extra: str) -> list[str]
 def test_unmapped_architecture(
     export_models: ExportModels, export_plan_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    err = _refused(_args(export_models, "layernorm", export_plan_files["qwen3"]), tmp_path / "out")
+    err = refused_export(_args(export_models, "layernorm", export_plan_files["qwen3"]), tmp_path / "out")
     assert "does not map this architecture" in err["what"]
     assert "LayerNorm" in err["what"] and "non-gated MLP" in err["what"]
     assert err["where"].endswith("iter_0000003")
@@ -44,7 +32,7 @@ def test_unmapped_architecture(
 def test_diffusion_model_is_refused_with_the_reason(
     export_models: ExportModels, export_plan_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    err = _refused(_args(export_models, "mdm", export_plan_files["qwen3"]), tmp_path / "out")
+    err = refused_export(_args(export_models, "mdm", export_plan_files["qwen3"]), tmp_path / "out")
     assert "diffusion language model" in err["what"] and "encoder." in err["what"]
     assert "no class" in err["what"] and "ARM" in err["fix"]
 
@@ -52,7 +40,7 @@ def test_diffusion_model_is_refused_with_the_reason(
 def test_vocabulary_smaller_than_the_tokenizer(
     export_models: ExportModels, export_plan_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    err = _refused(_args(export_models, "small_vocab", export_plan_files["qwen3"]), tmp_path / "out")
+    err = refused_export(_args(export_models, "small_vocab", export_plan_files["qwen3"]), tmp_path / "out")
     assert "256 rows, fewer than the tokenizer's 513 tokens" in err["what"]
 
 
@@ -83,11 +71,11 @@ def test_output_directory_not_empty(
 def test_a_stage_with_another_rope_base(
     export_models: ExportModels, export_plan_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    err = _refused(
+    err = refused_export(
         _args(export_models, "qwen3_tp2", export_plan_files["qwen3"], "--stage", "s1"), tmp_path / "o"
     )
     assert "trained with rotary base 500,000, but stage s1 has 100,000" in err["what"]
-    err = _refused(
+    err = refused_export(
         _args(export_models, "qwen3_tp2", export_plan_files["qwen3"], "--stage", "s9"), tmp_path / "o"
     )
     assert "no stage 's9'" in err["what"] and "base, s1, s2" in err["fix"]
@@ -96,7 +84,7 @@ def test_a_stage_with_another_rope_base(
 def test_the_plan_of_another_architecture(
     export_models: ExportModels, export_plan_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    err = _refused(_args(export_models, "llama_tp1", export_plan_files["qwen3"]), tmp_path / "out")
+    err = refused_export(_args(export_models, "llama_tp1", export_plan_files["qwen3"]), tmp_path / "out")
     assert "[model] is not this checkpoint's architecture" in err["what"] and "qk_layernorm" in err["what"]
 
 
@@ -107,18 +95,20 @@ def test_a_tokenizer_that_is_not_the_manifests(
     wrong = tmp_path / "wrong.toml"
     write_manifest(manifest.model_copy(update={"md5": "0" * 32}), wrong)
     plans = export_plans(tmp_path, oellm_like_hf_dir, wrong)
-    err = _refused(_args(export_models, "qwen3_tp1", plans["qwen3"]), tmp_path / "out" / "model")
+    err = refused_export(_args(export_models, "qwen3_tp1", plans["qwen3"]), tmp_path / "out" / "model")
     assert "md5" in err["what"] and "0" * 32 in err["what"]
 
 
 def test_a_missing_checkpoint(export_plan_files: dict[str, Path], tmp_path: Path) -> None:
-    err = _refused([str(tmp_path / "nothing"), "--plan", str(export_plan_files["qwen3"])], tmp_path / "out")
+    err = refused_export(
+        [str(tmp_path / "nothing"), "--plan", str(export_plan_files["qwen3"])], tmp_path / "out"
+    )
     assert "cannot read the checkpoint" in err["what"]
 
 
 @pytest.mark.parametrize("size", ["0", "5 parsecs"])
 def test_a_bad_shard_size(size: str, tmp_path: Path) -> None:
-    err = _refused([str(tmp_path), "--plan", "p.toml", "--max-shard-size", size], tmp_path / "o")
+    err = refused_export([str(tmp_path), "--plan", "p.toml", "--max-shard-size", size], tmp_path / "o")
     assert "--max-shard-size" in err["what"]
 
 
@@ -138,6 +128,6 @@ def test_nothing_is_left_when_a_check_fails_after_writing_began(
 
     monkeypatch.setattr(run, "check_config", wrong_reading)
     out = tmp_path / "deep" / "out"
-    err = _refused(_args(export_models, "qwen3_tp1", export_plan_files["qwen3"]), out)
+    err = refused_export(_args(export_models, "qwen3_tp1", export_plan_files["qwen3"]), out)
     assert "transformers reads the written config.json differently" in err["what"]
     assert not (tmp_path / "deep").exists()  # the parent it created is gone too

@@ -14,44 +14,9 @@ from longctx.cli.main import app
 from longctx.errors import PlanError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
+from tests.fixtures.plan_toml import dump_toml
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f'"{k}" = {_toml_value(x)}' for k, x in v.items()) + " }"
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
-def dump_toml(data: dict[str, Any]) -> str:
-    """Enough TOML for plan dicts: scalars and inline tables at the top of each table, arrays of tables."""
-    lines: list[str] = []
-
-    def table(prefix: str, d: dict[str, Any]) -> None:
-        subs = {k: v for k, v in d.items() if isinstance(v, dict)}
-        arrays = {k: v for k, v in d.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
-        for k, v in d.items():
-            if k not in subs and k not in arrays:
-                lines.append(f"{k} = {_toml_value(v)}")
-        for k, v in subs.items():
-            lines.append(f"[{prefix}{k}]")
-            table(f"{prefix}{k}.", v)
-        for k, items in arrays.items():
-            for item in items:
-                lines.append(f"[[{prefix}{k}]]")
-                flat = {a: b for a, b in item.items()}
-                for a, b in flat.items():
-                    lines.append(f"{a} = {_toml_value(b)}")
-
-    table("", data)
-    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture

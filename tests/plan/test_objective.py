@@ -3,7 +3,6 @@ to, and every contradiction refused with what/where/fix before anything runs."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -12,19 +11,8 @@ from longctx.errors import PlanError, StageError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.stage.megatron_args import stage_flags
-from tests.fixtures.diffusion import VOCAB
+from tests.fixtures.diffusion import VOCAB, diffusion_plan
 from tests.fixtures.run import write_plan
-
-
-def diffusion_plan(tmp_path: Path, run: Path, base: Path, objective: str, *, name: str = "p") -> Path:
-    """The tiny run's two-stage plan on `base`, its architecture read from the checkpoint."""
-    path = write_plan(tmp_path / f"{name}.toml", run, extra=f"\n[objective]\n{objective}\n")
-    text = path.read_text().replace('"${RUN_DIR}/base/checkpoints"', f'"{base}"')
-    text = re.sub(r"\[model\]\n(?:\w+ = \d+\n)+", "", text)
-    path.write_text(
-        text.replace('name = "test-tiny"\n', 'name = "test-tiny"\nmodel_from_checkpoint = true\n')
-    )
-    return path
 
 
 def test_a_masked_diffusion_plan_resolves_from_its_checkpoint(

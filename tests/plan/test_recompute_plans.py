@@ -11,7 +11,7 @@ import pytest
 from longctx.errors import PlanError
 from longctx.plan.derive import resolve_plan, validate_plan
 from longctx.plan.load import load_plan
-from tests.plan.test_bad_plans import dump_toml
+from tests.fixtures.plan_toml import dump_toml
 
 
 @pytest.fixture

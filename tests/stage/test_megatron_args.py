@@ -16,26 +16,11 @@ import pytest
 from longctx.errors import PlanError, StageError
 from longctx.megatron_versions import first_version
 from longctx.plan.derive import resolve_plan, validate_plan
-from longctx.plan.load import load_plan
 from longctx.stage.megatron_args import render_lines, stage_flags
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 RUN = "lc16k_full_20260507"
-
-
-@pytest.fixture
-def baby(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from tests.fixtures.artifact import build_artifact
-
-    art = build_artifact(tmp_path / "artifact", run=RUN)
-    for f in list(art.rglob("*.bin")) + list(art.rglob("*.idx")):
-        f.unlink()  # a manifests-only download
-    monkeypatch.setenv("OELLM_LONGCTX_DATA", str(art))
-    monkeypatch.setenv("LONGCTX_BABY_RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.delenv("BABY_9B_CHECKPOINTS", raising=False)
-    monkeypatch.delenv("OELLM_TOKENIZER", raising=False)
-    return resolve_plan(load_plan(REPO / "stages" / "baby_9b_dense.toml")), tmp_path
 
 
 def _normalised(lines: list[str], tmp: Path) -> str:

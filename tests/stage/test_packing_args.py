@@ -11,7 +11,6 @@ from longctx.errors import StageError
 from longctx.plan.derive import validate_plan
 from longctx.plan.schema import DataSpec
 from longctx.stage.megatron_args import stage_flags
-from tests.stage.test_megatron_args import baby  # noqa: F401  (the fixture)
 
 
 def _documents(rp, stage: str, version: str, reset: bool = True):
@@ -22,7 +21,7 @@ def _documents(rp, stage: str, version: str, reset: bool = True):
     return validate_plan(plan), st
 
 
-def test_documents_are_refused_where_megatron_lm_has_no_boundaries(baby) -> None:  # noqa: F811
+def test_documents_are_refused_where_megatron_lm_has_no_boundaries(baby) -> None:
     rp, st = _documents(baby[0], "16k", "0.16.1")
     with pytest.raises(
         StageError, match=r'packing = "documents" cannot run on Megatron-LM as planned'
@@ -33,7 +32,7 @@ def test_documents_are_refused_where_megatron_lm_has_no_boundaries(baby) -> None
     assert err.value.fix and "local backend" in err.value.fix and "0.19" in err.value.fix
 
 
-def test_documents_from_019_use_inter_document_masking_at_cp1(baby) -> None:  # noqa: F811
+def test_documents_from_019_use_inter_document_masking_at_cp1(baby) -> None:
     rp, st = _documents(baby[0], "16k", "0.19.0")
     assert st.cp == 1
     names = [f.name for f in stage_flags(rp, st)]
@@ -46,7 +45,7 @@ def test_documents_from_019_use_inter_document_masking_at_cp1(baby) -> None:  # 
     assert err.value.fix and "reset_position_ids = true" in err.value.fix
 
 
-def test_documents_at_cp_above_1_are_refused_on_019(baby) -> None:  # noqa: F811
+def test_documents_at_cp_above_1_are_refused_on_019(baby) -> None:
     """0.19 splits each packed row as a whole over the CP ranks while its THD attention reads per-document
     chunks: the stage would train other pairs of tokens than its documents."""
     rp, st = _documents(baby[0], "128k", "0.19.0")
@@ -56,7 +55,7 @@ def test_documents_at_cp_above_1_are_refused_on_019(baby) -> None:  # noqa: F811
     assert "6156" in str(err.value) and err.value.fix and "cp = 1" in err.value.fix
 
 
-def test_plan_check_says_what_megatron_does_with_documents(baby) -> None:  # noqa: F811
+def test_plan_check_says_what_megatron_does_with_documents(baby) -> None:
     """The verdict reaches `plan check`: a warning in a plan meant for the cluster (it names [megatron])."""
     from longctx.plan.derive import validate_plan
 
@@ -81,7 +80,7 @@ def test_plan_check_says_what_megatron_does_with_documents(baby) -> None:  # noq
         assert got == codes, (version, got)
 
 
-def test_concat_adds_nothing(baby) -> None:  # noqa: F811
+def test_concat_adds_nothing(baby) -> None:
     rp = baby[0]
     names = {f.name for f in stage_flags(rp, rp.stage("64k"))}
     assert not names & {

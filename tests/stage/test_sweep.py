@@ -24,8 +24,8 @@ from longctx.stage.state import NextStep, branch_step, next_step, stage_state
 from longctx.stage.sweep import BranchEvidence, choose, record_choice, sweep_stage
 from longctx.stage.until_done import run_until_done
 from longctx.util.fs import atomic_write_json
-from tests.fixtures.run import write_plan
-from tests.stage.test_until_done import _save as copy_base_save
+from tests.fixtures.run import copy_base_save, write_plan
+from tests.fixtures.steps import Heard, never
 
 SWEEP = 'sweep = ["men-safe", 100_000, 400_000, { method = "abf", params = { base = 1_600_000 } }], tokens = 1_024'
 EVAL = "\n[eval]\nkeys_per_cell = 1\ndepths = [0.0, 1.0]\ndistractors = 1\n"
@@ -258,15 +258,14 @@ def test_rope_sweep_cli_shows_the_cost_and_refuses_cleanly(plan: Path) -> None:
 
 def test_a_dry_run_shows_the_sweeps_cost_before_its_first_branch(plan: Path) -> None:
     from longctx.stage.run_policy import RunOptions, run_steps
-    from tests.stage.test_run_policy import _Heard, _never
 
     Trainer()(_rp(plan), next_step(_rp(plan)))  # s1 done
-    heard = _Heard()
+    heard = Heard()
     steps = run_steps(
         lambda: _rp(plan),
         RunOptions(dry_run=True, until_done=True),
-        launcher=_never,
-        facts=_never,
+        launcher=never,
+        facts=never,
         report=heard,
     )
     assert steps.result.stop == "dry-run" and steps.planned[0].stage.name.startswith("s2.rope-")

@@ -3,7 +3,6 @@ directly with launches that lay out save dirs the way a trainer would (no traini
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from longctx.plan.load import load_plan
 from longctx.stage.run import LaunchOutcome
 from longctx.stage.state import NextStep, plan_state
 from longctx.stage.until_done import after_step, evaluate_finished, evaluates_after, run_until_done
-from tests.fixtures.run import BASE_ITERS, write_plan
+from tests.fixtures.run import copy_base_save, write_plan
 
 
 @pytest.fixture
@@ -25,15 +24,6 @@ def plan(fresh_run: Path, tmp_path: Path) -> Path:
 
 def _resolve(plan: Path):
     return lambda: resolve_plan(load_plan(plan))
-
-
-def _save(rp: ResolvedPlan, stage: str, iteration: int) -> None:
-    """A complete save of `stage` at `iteration` (a copy of the base's torch_dist save) + its tracker."""
-    st = rp.stage(stage)
-    base = Path(rp.run_dir) / "base" / "checkpoints" / f"iter_{BASE_ITERS:07d}"
-    st.save_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(base, st.save_dir / f"iter_{iteration:07d}")
-    (st.save_dir / "latest_checkpointed_iteration.txt").write_text(str(iteration))
 
 
 class Trainer:
@@ -48,7 +38,7 @@ class Trainer:
         self.launched.append((st.name, step.action, step.start_iteration))
         end = st.train_iters if self.stop_at is None else self.stop_at
         if end > step.start_iteration:
-            _save(rp, st.name, end)
+            copy_base_save(rp, st.name, end)
         after = plan_state(rp)[st.index]
         return LaunchOutcome(
             st.name, step.action, self.fail_code, step.start_iteration, after.iteration, after.status, 0.0

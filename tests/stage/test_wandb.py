@@ -14,12 +14,11 @@ from longctx.plan.schema import WandbSpec
 from longctx.stage.megatron_args import stage_flags
 from longctx.stage.wandb_settings import stage_wandb
 from longctx.train.spec import WandbSettings
-from tests.stage.test_megatron_args import baby  # noqa: F401 - the fixture
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_wandb_table_becomes_megatron_lms_flags(baby) -> None:  # noqa: F811
+def test_wandb_table_becomes_megatron_lms_flags(baby) -> None:
     rp, tmp = baby
     assert not any(f.name.startswith("--wandb") for f in stage_flags(rp, rp.stage("64k")))  # none by default
     plan = rp.plan.model_copy(update={"wandb": WandbSpec(project="baby-longctx", exp_name="try1")})

@@ -21,7 +21,7 @@ from longctx.rope.scaling import RopeScaling
 from longctx.stage import ledger
 from longctx.stage.megatron_source import parser_flags
 from longctx.stage.run import local_spec
-from tests.plan.test_bad_plans import dump_toml
+from tests.fixtures.plan_toml import dump_toml
 
 CHECKOUT_019 = Path(__file__).resolve().parents[3] / "shared" / "megatron-lm-0.19"
 YARN = {"method": "yarn", "params": {"base": 1_000_000, "original_length": 16384}}

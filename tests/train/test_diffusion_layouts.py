@@ -13,8 +13,7 @@ from longctx.checkpoint import inspect_checkpoint
 from longctx.checkpoint.adopt import adopt
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
-from tests.fixtures.diffusion import VOCAB
-from tests.plan.test_objective import diffusion_plan
+from tests.fixtures.diffusion import VOCAB, diffusion_plan
 from tests.train.helpers import run_first_stage, saved_tensors
 
 MODEL = ("encoder.", "decoder.", "embedding.", "output_layer.", "subtokenizer.")

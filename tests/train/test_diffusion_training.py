@@ -19,8 +19,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.plan.paths import stage_dir
 from longctx.train.spec import TrainSpec
-from tests.fixtures.diffusion import VOCAB
-from tests.plan.test_objective import diffusion_plan
+from tests.fixtures.diffusion import VOCAB, diffusion_plan
 from tests.train.helpers import run, run_first_stage, saved_tensors, spec
 
 
