@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
 import typer
 
@@ -46,50 +47,85 @@ app = typer.Typer(
 )
 
 
-@app.command("attention")
-@cli_errors
-def attention_cmd(
-    seq_lens: str = typer.Option(
-        "8K,16K", "--seq-lens", help="Comma-separated sequence lengths (16K = 16384)."
-    ),
-    cp: int = typer.Option(2, "--cp", min=2, help="Context-parallel size (processes on this machine)."),
-    heads: int = typer.Option(8, "--heads", min=1, help="Query heads."),
-    kv_heads: int | None = typer.Option(None, "--kv-heads", min=1, help="KV heads (default: --heads)."),
-    head_dim: int = typer.Option(64, "--head-dim", min=1, help="Head dimension."),
-    batch: int = typer.Option(1, "--batch", min=1, help="Batch size."),
-    threads: int | None = typer.Option(
-        None,
+# `bench attention`'s options, as types: the command's signature then reads as the list of what it takes.
+AttnSeqLens = Annotated[
+    str, typer.Option("--seq-lens", help="Comma-separated sequence lengths (16K = 16384).")
+]
+AttnCp = Annotated[
+    int, typer.Option("--cp", min=2, help="Context-parallel size (processes on this machine).")
+]
+AttnHeads = Annotated[int, typer.Option("--heads", min=1, help="Query heads.")]
+AttnKvHeads = Annotated[int | None, typer.Option("--kv-heads", min=1, help="KV heads (default: --heads).")]
+AttnHeadDim = Annotated[int, typer.Option("--head-dim", min=1, help="Head dimension.")]
+AttnBatch = Annotated[int, typer.Option("--batch", min=1, help="Batch size.")]
+AttnThreads = Annotated[
+    int | None,
+    typer.Option(
         "--threads",
         min=1,
         help="Torch threads per process, CP ranks and the full run alike (default: cores/CP).",
     ),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed fwd+bwd iterations (median is reported)."),
-    warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed iterations first."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16."),
-    variant: str = typer.Option("ring", "--variant", help="ring or allgather."),
-    causal: bool = typer.Option(
-        True, "--causal/--non-causal", help="Causal (default) or bidirectional attention."
+]
+AttnRepeats = Annotated[
+    int, typer.Option("--repeats", min=1, help="Timed fwd+bwd iterations (median is reported).")
+]
+AttnWarmup = Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")]
+AttnDtype = Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")]
+AttnVariant = Annotated[str, typer.Option("--variant", help="ring or allgather.")]
+AttnCausal = Annotated[
+    bool, typer.Option("--causal/--non-causal", help="Causal (default) or bidirectional attention.")
+]
+AttnPiece = Annotated[
+    int | None,
+    typer.Option(
+        "--piece", min=1, help="Ring keys per K/V message (default: the rule, or $LONGCTX_RING_PIECE)."
     ),
-    piece: int | None = typer.Option(
-        None, "--piece", min=1, help="Ring keys per K/V message (default: the rule, or $LONGCTX_RING_PIECE)."
-    ),
-    documents: str | None = typer.Option(
-        None,
+]
+AttnDocuments = Annotated[
+    str | None,
+    typer.Option(
         "--documents",
         help="Packed documents instead: FRACTION<LENGTH of the window's tokens in short documents, e.g. '10%<4K', "
         "long-tail (the 16K stage's tier mix of stages/baby_9b_dense.toml), or from:PATH[*N] (the document "
         "lengths of the indexed data set PATH, or of every .idx under the directory PATH, read from the "
         "index only; *N scales them).",
     ),
-    time_max_len: int = typer.Option(
-        16384, "--time-max-len", min=1, help="With --documents: time fwd+bwd (1 process) up to this length."
+]
+AttnTimeMaxLen = Annotated[
+    int,
+    typer.Option(
+        "--time-max-len", min=1, help="With --documents: time fwd+bwd (1 process) up to this length."
     ),
-    processes: bool = typer.Option(
-        False,
+]
+AttnProcesses = Annotated[
+    bool,
+    typer.Option(
         "--processes",
         help="With --documents: also time ring attention fwd+bwd of both splits in CP real processes (gloo), "
         "up to --time-max-len.",
     ),
+]
+
+
+@app.command("attention")
+@cli_errors
+def attention_cmd(
+    seq_lens: AttnSeqLens = "8K,16K",
+    cp: AttnCp = 2,
+    heads: AttnHeads = 8,
+    kv_heads: AttnKvHeads = None,
+    head_dim: AttnHeadDim = 64,
+    batch: AttnBatch = 1,
+    threads: AttnThreads = None,
+    repeats: AttnRepeats = 3,
+    warmup: AttnWarmup = 1,
+    dtype: AttnDtype = "float32",
+    variant: AttnVariant = "ring",
+    causal: AttnCausal = True,
+    piece: AttnPiece = None,
+    documents: AttnDocuments = None,
+    time_max_len: AttnTimeMaxLen = 16384,
+    processes: AttnProcesses = False,
     json_out: Json = False,
 ) -> None:
     """Ring attention fwd+bwd per rank at CP = n (n processes, gloo) vs one process on the full sequence.
@@ -100,7 +136,11 @@ def attention_cmd(
     timed rank by rank against dense zigzag, up to --time-max-len.
     Example: longctx bench attention --documents '10%<4K' --seq-lens 16K,128K --cp 8
 
-    Prints parallel efficiency t_full / (CP · t_cp) with t_cp the slowest rank's median (the full run and the CP ranks are timed side by side, taking turns), per-rank peak memory vs the full run (peak RSS increase in a fresh process per measurement), and the per-rank block-FLOP balance max/min of the zigzag split vs a contiguous split, counted from the blocks each rank computes. Targets (not asserted): efficiency ≥ 0.92, memory ratio ≤ 0.55, zigzag balance ≤ 1.02.
+    Prints parallel efficiency t_full / (CP · t_cp) with t_cp the slowest rank's median (the full run and
+    the CP ranks are timed side by side, taking turns), per-rank peak memory vs the full run (peak RSS
+    increase in a fresh process per measurement), and the per-rank block-FLOP balance max/min of the zigzag
+    split vs a contiguous split, counted from the blocks each rank computes. Targets (not asserted):
+    efficiency ≥ 0.92, memory ratio ≤ 0.55, zigzag balance ≤ 1.02.
 
     Example: longctx bench attention --seq-lens 8K,16K --threads 1 --repeats 3
     """

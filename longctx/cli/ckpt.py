@@ -13,6 +13,8 @@ from longctx.cli._params import Json
 
 if TYPE_CHECKING:
     from longctx.checkpoint.family import FamilyReport
+    from longctx.checkpoint.infer_arch import InferredArch
+    from longctx.checkpoint.inspect import CheckpointReport
 
 # The library is imported inside the commands: `longctx --help` need not load the checkpoint machinery.
 
@@ -77,50 +79,61 @@ def inspect_cmd(
         print_json(report.to_json())
         exit_for(report.findings)
         return
+    console.print(_summary(report))
+    console.print(_arch_table(report.arch))
+    console.print(_family_table(report.family))
+    if report.saved_args:
+        console.print(_kv("saved args (for extension)", list(report.saved_args.items())))
+    if all_args and report.args:
+        console.print(_kv("all saved args", sorted(report.args.items())))
+    print_findings(report.findings)
+    exit_for(report.findings)
+
+
+def _summary(report: CheckpointReport) -> Table:
+    """What and where the save is: kind, iteration, completeness, backend, optimizer and sizes."""
     opt = report.optimizer
     backend = report.backend
-    console.print(
-        _kv(
-            "checkpoint",
-            [
-                ("location", report.location),
-                ("kind", report.kind),
-                (
-                    "iteration",
-                    f"{report.iteration} ({report.iteration_source})"
-                    if report.iteration is not None
-                    else None,
-                ),
-                (
-                    "tracker",
-                    report.tracker
-                    and ("release" if report.tracker["release"] else report.tracker["iteration"]),
-                ),
-                ("complete", "yes" if report.complete else f"NO: {report.incomplete_reason}"),
-                ("backend", backend and f"{backend.sharded_backend} v{backend.sharded_backend_version}"),
-                ("megatron-core era", f"{report.megatron_core_era} ({report.common_state_format})"),
-                ("contents", report.contents),
-                (
-                    "optimizer layout",
-                    opt
-                    and f"{opt.layout} ({opt.layout_source}); dp groups {opt.dp_groups}; {', '.join(opt.state_names)}",
-                ),
-                ("optimizer bytes", opt and _gib(opt.bytes)),
-                (
-                    "RNG state / scheduler",
-                    f"{'yes' if report.has_rng_state else 'no'} / {'yes' if report.has_opt_param_scheduler else 'no'}",
-                ),
-                (
-                    "tensors",
-                    f"{report.tensor_count} ({report.model_tensor_count} model), {_gib(report.tensor_bytes)}",
-                ),
-                ("model bytes", f"{_gib(report.model_tensor_bytes)} {report.dtypes}"),
-                ("shard files", f"{report.shard_files}, {_gib(report.files_bytes)} on disk"),
-                ("TP at save (layout)", report.tensor_model_parallel_size_from_layout),
-            ],
-        )
+    return _kv(
+        "checkpoint",
+        [
+            ("location", report.location),
+            ("kind", report.kind),
+            (
+                "iteration",
+                f"{report.iteration} ({report.iteration_source})" if report.iteration is not None else None,
+            ),
+            (
+                "tracker",
+                report.tracker and ("release" if report.tracker["release"] else report.tracker["iteration"]),
+            ),
+            ("complete", "yes" if report.complete else f"NO: {report.incomplete_reason}"),
+            ("backend", backend and f"{backend.sharded_backend} v{backend.sharded_backend_version}"),
+            ("megatron-core era", f"{report.megatron_core_era} ({report.common_state_format})"),
+            ("contents", report.contents),
+            (
+                "optimizer layout",
+                opt
+                and f"{opt.layout} ({opt.layout_source}); dp groups {opt.dp_groups}; {', '.join(opt.state_names)}",
+            ),
+            ("optimizer bytes", opt and _gib(opt.bytes)),
+            (
+                "RNG state / scheduler",
+                f"{'yes' if report.has_rng_state else 'no'} / {'yes' if report.has_opt_param_scheduler else 'no'}",
+            ),
+            (
+                "tensors",
+                f"{report.tensor_count} ({report.model_tensor_count} model), {_gib(report.tensor_bytes)}",
+            ),
+            ("model bytes", f"{_gib(report.model_tensor_bytes)} {report.dtypes}"),
+            ("shard files", f"{report.shard_files}, {_gib(report.files_bytes)} on disk"),
+            ("TP at save (layout)", report.tensor_model_parallel_size_from_layout),
+        ],
     )
-    arch = report.arch
+
+
+def _arch_table(arch: InferredArch) -> Table:
+    """The architecture inferred from tensor shapes, in Megatron's argument names, with where each came from."""
     table = Table(title="architecture (Megatron argument names)", title_justify="left")
     table.add_column("argument", style="bold")
     table.add_column("value")
@@ -151,14 +164,7 @@ def inspect_cmd(
         if value is None and name.startswith("moe_") and not arch.num_experts:
             continue
         table.add_row(name, "-" if value is None else str(value), arch.sources.get(name, ""))
-    console.print(table)
-    console.print(_family_table(report.family))
-    if report.saved_args:
-        console.print(_kv("saved args (for extension)", list(report.saved_args.items())))
-    if all_args and report.args:
-        console.print(_kv("all saved args", sorted(report.args.items())))
-    print_findings(report.findings)
-    exit_for(report.findings)
+    return table
 
 
 def _family_table(f: FamilyReport) -> Table:

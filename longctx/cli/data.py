@@ -178,36 +178,60 @@ def _parse_budgets(values: list[str] | None) -> dict[str, int]:
     return out
 
 
+# `data check`'s own options, as types: the command's signature reads as the list of what it takes.
+CheckPrefixes = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Dataset prefixes (size-weighted), instead of a blend; or one tokenized artifact directory.",
+        show_default=False,
+    ),
+]
+CheckDataPath = Annotated[
+    str | None, typer.Option("--data-path", help='Megatron blend: "W1 P1 W2 P2 …" or "P1 P2 …".')
+]
+CheckDataArgsPath = Annotated[
+    Path | None, typer.Option("--data-args-path", help="File holding a blend (Megatron's --data-args-path).")
+]
+CheckTokenizer = Annotated[
+    Path | None, typer.Option("--tokenizer", "-t", help="The model's tokenizer (vocab, EOD, md5).")
+]
+CheckPlan = Annotated[
+    Path | None, typer.Option("--plan", help="Stage plan: takes stage lengths and token budgets from it.")
+]
+CheckLengths = Annotated[
+    str | None, typer.Option("--lengths", help="Stage sequence lengths, e.g. 16K,64K,128K.")
+]
+CheckBudget = Annotated[
+    list[str] | None, typer.Option("--budget", help="STAGE=TOKENS (e.g. stage2=20B); repeat per stage.")
+]
+CheckVocabSize = Annotated[
+    int | None, typer.Option("--vocab-size", min=1, help="Override the vocabulary size.")
+]
+CheckEodId = Annotated[int | None, typer.Option("--eod-id", min=0, help="Override the EOD id.")]
+CheckStrict = Annotated[
+    bool, typer.Option("--strict", help="Treat warnings (e.g. a missing sidecar) as errors.")
+]
+CheckNoScan = Annotated[bool, typer.Option("--no-scan", help="Index checks only; skip the full token scan.")]
+CheckWorkers = Annotated[
+    int | None, typer.Option("--workers", "-w", min=1, help="Scan threads (default: CPUs, at most 8).")
+]
+
+
 @app.command("check")
 @cli_errors
 def check_cmd(
-    prefixes: list[str] = typer.Argument(
-        None,
-        help="Dataset prefixes (size-weighted), instead of a blend; or one tokenized artifact directory.",
-    ),
-    data_path: str | None = typer.Option(
-        None, "--data-path", help='Megatron blend: "W1 P1 W2 P2 …" or "P1 P2 …".'
-    ),
-    data_args_path: Path | None = typer.Option(
-        None, "--data-args-path", help="File holding a blend (Megatron's --data-args-path)."
-    ),
-    tokenizer: Path | None = typer.Option(
-        None, "--tokenizer", "-t", help="The model's tokenizer (vocab, EOD, md5)."
-    ),
-    plan: Path | None = typer.Option(
-        None, "--plan", help="Stage plan: takes stage lengths and token budgets from it."
-    ),
-    lengths: str | None = typer.Option(None, "--lengths", help="Stage sequence lengths, e.g. 16K,64K,128K."),
-    budget: list[str] = typer.Option(
-        None, "--budget", help="STAGE=TOKENS (e.g. stage2=20B); repeat per stage."
-    ),
-    vocab_size: int | None = typer.Option(None, "--vocab-size", min=1, help="Override the vocabulary size."),
-    eod_id: int | None = typer.Option(None, "--eod-id", min=0, help="Override the EOD id."),
-    strict: bool = typer.Option(False, "--strict", help="Treat warnings (e.g. a missing sidecar) as errors."),
-    no_scan: bool = typer.Option(False, "--no-scan", help="Index checks only; skip the full token scan."),
-    workers: int | None = typer.Option(
-        None, "--workers", "-w", min=1, help="Scan threads (default: CPUs, at most 8)."
-    ),
+    prefixes: CheckPrefixes = None,
+    data_path: CheckDataPath = None,
+    data_args_path: CheckDataArgsPath = None,
+    tokenizer: CheckTokenizer = None,
+    plan: CheckPlan = None,
+    lengths: CheckLengths = None,
+    budget: CheckBudget = None,
+    vocab_size: CheckVocabSize = None,
+    eod_id: CheckEodId = None,
+    strict: CheckStrict = False,
+    no_scan: CheckNoScan = False,
+    workers: CheckWorkers = None,
     run: ArtifactRun = None,
     languages: ArtifactLanguages = None,
     tiers: ArtifactTiers = None,
@@ -230,10 +254,10 @@ def check_cmd(
 
     Exit 2 on any error (any warning too with --strict). Nothing on disk is changed.
 
-    Example: longctx data check --data-args-path mix.txt -t /models/tokenizer-256k --lengths 64K --budget s64k=20B
+    Example:
+    longctx data check --data-args-path mix.txt -t /models/tokenizer-256k --lengths 64K --budget s64k=20B
     """
-    from longctx.cli.data_artifact import names, print_artifact_report
-    from longctx.data.artifact.check import ArtifactReport
+    from longctx.cli.data_artifact import names
     from longctx.data.check_request import DataCheckRequest
 
     request = DataCheckRequest(
@@ -255,7 +279,14 @@ def check_cmd(
         index_only=index_only,
         tokenizer_manifest=tokenizer_manifest,
     )
-    report = _run_check(request, plan)
+    _print_check(_run_check(request, plan), json_out)
+
+
+def _print_check(report: Any, json_out: bool) -> None:
+    """A data check's report (a tokenized artifact's or the data sets'), then its exit code."""
+    from longctx.cli.data_artifact import print_artifact_report
+    from longctx.data.artifact.check import ArtifactReport
+
     if isinstance(report, ArtifactReport):
         if json_out:
             print_json({"ok": report.ok, **vars(report), "prefixes_per_second": report.prefixes_per_second})
