@@ -271,6 +271,71 @@ def _provenance(inp: _Inputs, tok: TokenizerExport, checkpoint: Path) -> dict[st
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What the export wrote into its staging directory."""
+
+    config: dict[str, Any]
+    tokenizer: TokenizerExport
+    weight_bytes: int
+    shards: int
+
+
+def _write_staging(
+    inp: _Inputs, staging: Path, ckpt: Path, dtype_name: str, version: str, max_shard_bytes: int
+) -> _Written:
+    """config.json (checked against transformers), generation_config.json, the tokenizer, the weights in
+    shards and the provenance, all into `staging`."""
+    cfg = hf_config(
+        inp.family,
+        inp.arch,
+        vocab_size=inp.tokenizer.vocab_size,
+        stage=inp.stage,
+        manifest=inp.manifest,
+        dtype=dtype_name,
+        transformers_version=version,
+        scaling=inp.stage.rope_scaling,
+    )
+    atomic_write_json(staging / "config.json", cfg)
+    atomic_write_json(staging / "generation_config.json", generation_config(inp.manifest, version))
+    check_config(staging, cfg)
+    tok = export_tokenizer(inp.tokenizer, inp.manifest, staging, max_length=inp.stage.max_position_embeddings)
+    writer = _write_weights(inp, staging, max_shard_bytes)
+    weight_files = writer.close()
+    atomic_write_json(staging / "longctx_export.json", _provenance(inp, tok, ckpt))
+    shards = len([f for f in weight_files if f.endswith(".safetensors")])
+    return _Written(cfg, tok, writer.total_bytes, shards)
+
+
+def _report(inp: _Inputs, out_dir: Path, written: _Written, dtype_name: str, seconds: float) -> ExportReport:
+    files = sorted(p.name for p in out_dir.iterdir())
+    return ExportReport(
+        out=str(out_dir),
+        architecture=HF_ARCHITECTURE[inp.family],
+        family=inp.family,
+        checkpoint=str(inp.directory),
+        iteration=inp.report.iteration,
+        plan=inp.rp.where,
+        stage=inp.stage.name,
+        stage_source=inp.stage.source,
+        rotary_base=inp.stage.rotary_base,
+        max_position_embeddings=inp.stage.max_position_embeddings,
+        rope_parameters=written.config["rope_parameters"],
+        vocab_size=inp.tokenizer.vocab_size,
+        padded_vocab_size=int(inp.report.padded_vocab_size or 0),
+        dtype=dtype_name,
+        tensors=len(inp.plan.tensors),
+        parameters=sum(t.numel for t in inp.plan.tensors),
+        weight_bytes=written.weight_bytes,
+        files=files,
+        shards=written.shards,
+        largest_read_bytes=inp.reader.largest_read,
+        tokenizer=written.tokenizer,
+        notes=inp.notes + written.tokenizer.notes,
+        seconds=seconds,
+    )
+
+
 def export_hf(
     checkpoint: str | os.PathLike[str],
     plan: str | os.PathLike[str],
@@ -299,25 +364,7 @@ def export_hf(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        cfg = hf_config(
-            inp.family,
-            inp.arch,
-            vocab_size=inp.tokenizer.vocab_size,
-            stage=inp.stage,
-            manifest=inp.manifest,
-            dtype=dtype_name,
-            transformers_version=version,
-            scaling=inp.stage.rope_scaling,
-        )
-        atomic_write_json(staging / "config.json", cfg)
-        atomic_write_json(staging / "generation_config.json", generation_config(inp.manifest, version))
-        check_config(staging, cfg)
-        tok = export_tokenizer(
-            inp.tokenizer, inp.manifest, staging, max_length=inp.stage.max_position_embeddings
-        )
-        writer = _write_weights(inp, staging, max_shard_bytes)
-        weight_files = writer.close()
-        atomic_write_json(staging / "longctx_export.json", _provenance(inp, tok, ckpt))
+        written = _write_staging(inp, staging, ckpt, dtype_name, version, max_shard_bytes)
         if out_dir.is_dir():
             out_dir.rmdir()  # checked empty above
         os.replace(staging, out_dir)
@@ -326,32 +373,7 @@ def export_hf(
         if created_parent:
             shutil.rmtree(out_dir.parent, ignore_errors=True)
         raise
-    files = sorted(p.name for p in out_dir.iterdir())
-    return ExportReport(
-        out=str(out_dir),
-        architecture=HF_ARCHITECTURE[inp.family],
-        family=inp.family,
-        checkpoint=str(inp.directory),
-        iteration=inp.report.iteration,
-        plan=inp.rp.where,
-        stage=inp.stage.name,
-        stage_source=inp.stage.source,
-        rotary_base=inp.stage.rotary_base,
-        max_position_embeddings=inp.stage.max_position_embeddings,
-        rope_parameters=cfg["rope_parameters"],
-        vocab_size=inp.tokenizer.vocab_size,
-        padded_vocab_size=int(inp.report.padded_vocab_size or 0),
-        dtype=dtype_name,
-        tensors=len(inp.plan.tensors),
-        parameters=sum(t.numel for t in inp.plan.tensors),
-        weight_bytes=writer.total_bytes,
-        files=files,
-        shards=len([f for f in weight_files if f.endswith(".safetensors")]),
-        largest_read_bytes=inp.reader.largest_read,
-        tokenizer=tok,
-        notes=inp.notes + tok.notes,
-        seconds=time.perf_counter() - t0,
-    )
+    return _report(inp, out_dir, written, dtype_name, time.perf_counter() - t0)
 
 
 __all__ = ["DEFAULT_MAX_SHARD_BYTES", "DTYPES", "ExportReport", "export_hf"]
