@@ -14,7 +14,8 @@ import sys
 # the wheels scripts/device-wheels carries and the minimum each needs on the device image
 MINIMUM = {"typing-extensions": (4, 16), "pydantic": (2, 14), "megatron-core": (0, 16), "typer": (0, 29)}
 PACKAGES = ("torch", "numpy", "megatron.core", "pydantic", "typing_extensions", "typer", "rich",
-            "sentencepiece", "tokenizers", "transformers", "safetensors", "psutil", "tensorboard", "pytest")  # fmt: skip
+            "sentencepiece", "tokenizers", "transformers", "safetensors", "psutil", "tensorboard",
+            "pytest")  # fmt: skip
 
 
 def _version(dist: str) -> tuple[int, ...]:

@@ -196,7 +196,11 @@ def allgather_backward(
         dq[rows, qs] += b_dq
         dkv[0][rows, ks] += b_dk
         dkv[1][rows, ks] += b_dv
-    mine = _scatter_dkv(dkv, group, causal) if docs is None else _scatter_documents(dkv, group, order)  # type: ignore[arg-type]
+    mine = (
+        _scatter_dkv(dkv, group, causal)  # type: ignore[arg-type]
+        if docs is None
+        else _scatter_documents(dkv, group, order)
+    )
     return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype)
 
 

@@ -6,8 +6,9 @@ For two partial results over disjoint key sets, with lse = log Σ exp(scores):
 `torch.logaddexp` is exact for very different magnitudes (no overflow, -inf on one side is fine);
 the weights are ≤ 1, so nothing overflows. A row with no keys in a block has lse -inf from the math
 kernel but +inf from flash-attn (its out is 0): both mean "nothing here", so +inf is read as -inf, and
-a row empty on both sides keeps weight 0 instead of exp(-inf − -inf) = NaN. Accumulators stay in float32 whatever the block dtype,
-because rounding every partial output to bfloat16 compounds over the ring steps.
+a row empty on both sides keeps weight 0 instead of exp(-inf − -inf) = NaN. Accumulators stay in
+float32 whatever the block dtype, because rounding every partial output to bfloat16 compounds over the
+ring steps.
 """
 
 from __future__ import annotations

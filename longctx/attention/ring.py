@@ -58,10 +58,11 @@ def ring_piece(local_len: int, piece: int | None = None, *, device: torch.device
     Rule: local_len / 16 rounded up to a multiple of 64, and at least 256 on CPU, 1024 on CUDA.
     Backward holds 8 pieces of K/V rows and one query tile (3 pieces of query rows; 4 at 8K, where
     3 would mean calls under 768 queries) beyond the 8 chunk-sized tensors a rank holds anyway (q, k,
-    v, out, dout, dq, dk, dv): with L/16 that extra is ~9 % of them (less with GQA) whatever the CP size, and every step has the same 16 slots, so
-    the number of messages is fixed and their cost relative to compute falls as L grows. The floor
-    keeps kernel calls and messages large: every call allocates and fills its own outputs, which
-    below 256 keys costs >10 % on CPU, and CUDA kernels need long blocks to fill the device.
+    v, out, dout, dq, dk, dv): with L/16 that extra is ~9 % of them (less with GQA) whatever the CP
+    size, and every step has the same 16 slots, so the number of messages is fixed and their cost
+    relative to compute falls as L grows. The floor keeps kernel calls and messages large: every call
+    allocates and fills its own outputs, which below 256 keys costs >10 % on CPU, and CUDA kernels need
+    long blocks to fill the device.
     Forward uses pieces 4× larger.
     """
     where = "piece argument"

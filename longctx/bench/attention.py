@@ -627,7 +627,10 @@ def read_data_mix(text: str) -> DataMix:
 
     spec = text.strip().removeprefix("from:")
     path, _, factor = spec.rpartition("*") if "*" in spec else (spec, "", "1")
-    fix = "give --documents from:PREFIX (PREFIX.idx exists) or from:DIRECTORY (holding .idx files), e.g. from:data/en*16"
+    fix = (
+        "give --documents from:PREFIX (PREFIX.idx exists) or from:DIRECTORY (holding .idx files), "
+        "e.g. from:data/en*16"
+    )
     if not factor.isdigit() or int(factor) < 1:
         raise AttentionError(f"document mix {text!r}: the scale after * must be a positive integer", fix=fix)
     if os.path.isdir(path):

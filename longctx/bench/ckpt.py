@@ -10,9 +10,10 @@ holds the saved args (iteration 76800), beside `metadata.json` and `modelopt_run
 Measured in one process, after imports (medians of repeats, each starting with no cached index):
 building the fixture; the baseline — plain `pickle.load` of `.metadata`, which is what torch's
 `FileSystemReader.read_metadata` does; `inspect_checkpoint` (cold); `verify_checkpoint` right after it
-(the index is shared within a process); and `verify_checkpoint` alone (cold). An audit hook counts every file opened during the timed
-calls: the claim "no shard contents read" is that no `.distcp` file is opened at all (sizes come from
-stat); shard atimes before/after are reported as a second witness where the filesystem keeps them.
+(the index is shared within a process); and `verify_checkpoint` alone (cold). An audit hook counts
+every file opened during the timed calls: the claim "no shard contents read" is that no `.distcp` file
+is opened at all (sizes come from stat); shard atimes before/after are reported as a second witness
+where the filesystem keeps them.
 """
 
 from __future__ import annotations

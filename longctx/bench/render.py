@@ -154,7 +154,8 @@ def print_trainer(r: Any, con: Console, *, warmup: int, local_bf16: bool) -> Non
     con.print(trainer_table(r, warmup=warmup))
     m = r.machine
     con.print(
-        f"ratio local / Megatron-LM = {r.ratio:.2f} ({_meets(r.ratio >= r.target_ratio)} target ≥ {r.target_ratio}) · "
+        f"ratio local / Megatron-LM = {r.ratio:.2f} "
+        f"({_meets(r.ratio >= r.target_ratio)} target ≥ {r.target_ratio}) · "
         f"local backend {'bf16' if local_bf16 else 'fp32'}, Megatron-LM bf16\n"
         f"machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), "
         f"{m['torch_threads_per_process']} torch thread(s) × {m['processes']} process(es), torch {m['torch']}, "
@@ -242,7 +243,8 @@ def print_tokenize(r: Any, con: Console) -> None:
     same = "[green]byte-identical[/]" if r.identical else "[bold red]DIFFERENT[/]"
     m = r.machine
     con.print(
-        f"ratio longctx / Megatron-LM = {r.ratio:.2f} ({_meets(r.ratio >= r.target_ratio)} target ≥ {r.target_ratio}; "
+        f"ratio longctx / Megatron-LM = {r.ratio:.2f} "
+        f"({_meets(r.ratio >= r.target_ratio)} target ≥ {r.target_ratio}; "
         f"per CPU-second {r.cpu_ratio:.2f}) · outputs {same}\n"
         f"machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['cpus_usable']} usable), load avg {m['load_avg_1m']}, "
         f"transformers {m['transformers']}, sentencepiece {m['sentencepiece']}, tokenizers {m['tokenizers']}\n"

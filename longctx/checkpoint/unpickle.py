@@ -160,8 +160,9 @@ def _safe_encode(obj: Any, encoding: str = "utf-8", errors: str = "strict") -> b
 
 def _safe_getattr(obj: Any, name: Any, *default: Any) -> Any:
     """`getattr(EnumClass, "MEMBER")`: how early 3.11 releases (Debian 12's 3.11.2) pickle an enum member;
-    CPython returned to `EnumClass(value)` mid-2023 (gh-105332, after 3.11.4). Only a member of an allow-listed enum (or of a Megatron
-    stub, which is inert) is looked up; any other attribute of anything is refused."""
+    CPython returned to `EnumClass(value)` mid-2023 (gh-105332, after 3.11.4). Only a member of an
+    allow-listed enum (or of a Megatron stub, which is inert) is looked up; any other attribute of
+    anything is refused."""
     if not isinstance(name, str) or name.startswith("_"):
         raise Refused(f"getattr({_short(obj)}, {_short(name)})")
     if isinstance(obj, _StubMeta):

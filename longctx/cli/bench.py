@@ -357,7 +357,8 @@ def rope_cmd(
     ),
     json_out: Json = False,
 ) -> None:
-    """Time `rope suggest` and the exact Men search, and compare the search with the plain definition (one cosine per position and frequency) on the same grid, measured in the same run.
+    """Time `rope suggest` and the exact Men search, and compare the search with the plain definition
+    (one cosine per position and frequency) on the same grid, measured in the same run.
 
     Example: longctx bench rope --lengths 16K,64K,128K
     """
@@ -567,11 +568,12 @@ def tokenize_cmd(
     ),
     json_out: Json = False,
 ) -> None:
-    """`data tokenize` vs Megatron-LM's tools/preprocess_data.py: same JSONL, tokenizer, options and workers; tokens/s each.
+    """`data tokenize` vs Megatron-LM's tools/preprocess_data.py: same JSONL, tokenizer, options and
+    workers; tokens/s each.
 
     Module imports are outside both clocks; tokenizer loading, worker start-up, encoding and writing are
-    inside; the fastest of --repeats runs of each is reported, and tokens per CPU-second of all processes. Also reports whether the two .bin/.idx are
-    byte-identical. Target (not asserted): ratio ≥ 1.0.
+    inside; the fastest of --repeats runs of each is reported, and tokens per CPU-second of all
+    processes. Also reports whether the two .bin/.idx are byte-identical. Target (not asserted): ratio ≥ 1.0.
 
     Example: longctx bench tokenize --workers 2 --documents 400 --json
     """

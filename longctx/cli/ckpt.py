@@ -454,7 +454,8 @@ def compare_cmd(
                     ("embedding rows", v.padded_rows),
                     (
                         "Megatron padding",
-                        f"{v.expected_padded_vocab_size} (÷{v.make_vocab_size_divisible_by} × TP {v.tensor_model_parallel_size})",
+                        f"{v.expected_padded_vocab_size} "
+                        f"(÷{v.make_vocab_size_divisible_by} × TP {v.tensor_model_parallel_size})",
                     ),
                     ("rows match at TP", ", ".join(map(str, v.matching_tp)) or "none"),
                 ],

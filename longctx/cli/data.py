@@ -61,15 +61,16 @@ app = typer.Typer(
     help=(
         "Megatron indexed datasets (.bin/.idx): tokenize, check, fingerprint.\n\n"
         "Examples:\n\n"
-        "  longctx data tokenize docs/*.jsonl --tokenizer /models/tokenizer-256k --output-prefix data/books_text_document "
-        "--workers 8\n\n"
+        "  longctx data tokenize docs/*.jsonl --tokenizer /models/tokenizer-256k "
+        "--output-prefix data/books_text_document --workers 8\n\n"
         "  longctx data check data/books_text_document --tokenizer /models/tokenizer-256k --lengths 16K,64K,128K\n\n"
         '  longctx data check --data-path "0.7 data/books_text_document 0.3 data/code_text_document" '
         "--tokenizer /models/tokenizer-256k --budget stage2=20B\n\n"
         "  longctx data check --data-args-path datamix.txt --tokenizer /models/tokenizer-256k --strict --json\n\n"
         "  longctx data fetch birgermoell/oellm-longctx-tokenized-streamed-all-v2 --into /data/oellm-longctx "
         "--run lc16k_full_20260507 --tiers 16k_plus --languages en,de,fi\n\n"
-        "  longctx data check /data/oellm-longctx --tokenizer /models/tokenizer-256k --lengths 16K,64K,128K --index-only"
+        "  longctx data check /data/oellm-longctx --tokenizer /models/tokenizer-256k --lengths 16K,64K,128K "
+        "--index-only"
     ),
     no_args_is_help=True,
 )
@@ -243,7 +244,8 @@ def check_cmd(
     hf_include_special_tokens: HfIncludeSpecial = False,
     json_out: Json = False,
 ) -> None:
-    """Check datasets for a stage: format, token ids vs vocab, EOD, document lengths, budgets, tokenizer md5 and encoding.
+    """Check datasets for a stage: format, token ids vs vocab, EOD, document lengths, budgets, tokenizer
+    md5 and encoding.
 
     The sidecar's encoding fingerprint must be the tokenizer's under --tokenizer-type (default: the
     tokenizer layout's): the same model file with another HF config or type is refused.

@@ -209,7 +209,8 @@ def validate(
         )
         for name, rep in data_reports.items():
             for f in rep.all_findings():
-                # the supply line (sequences needed vs what the blend holds) and the distance coverage are shown even when fine
+                # the supply line (sequences needed vs what the blend holds) and the distance coverage
+                # are shown even when fine
                 if f.level != "info" or f.code in ("supply", "distance-coverage"):
                     f.where = f"stage {name}: {f.where or ''}".rstrip(": ")
                     findings.append(f)

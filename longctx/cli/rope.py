@@ -45,7 +45,8 @@ app = typer.Typer(
         "  longctx rope suggest --from-checkpoint /ckpt/base --lengths 16K,64K,128K --json\n\n"
         "  longctx rope check --base 1000000 --rotary-dim 128 --length 32768 --json\n\n"
         "  longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png\n\n"
-        "  longctx rope choose yarn --rotary-dim 128 --base 1000000 --from-length 32K --length 128K --megatron 0.19.2\n\n"
+        "  longctx rope choose yarn --rotary-dim 128 --base 1000000 --from-length 32K --length 128K "
+        "--megatron 0.19.2\n\n"
         "Timing: `longctx bench rope`."
     ),
     no_args_is_help=True,
@@ -165,7 +166,10 @@ def suggest_cmd(
 ) -> None:
     """Every method at every target length, with diagnostics and a recommended base per length.
 
-    Columns: the integer base; its ratio to Men's exact bound; the first position where the cos-sum turns negative (searched to 4 × the length); the minimum of the cos-sum below the length; Liu's extrapolation limit 2π·base^(d_extra/d). The recommendation is men-safe (4 × Men's bound, two significant digits), never below the previous stage or the exact bound.
+    Columns: the integer base; its ratio to Men's exact bound; the first position where the cos-sum
+    turns negative (searched to 4 × the length); the minimum of the cos-sum below the length; Liu's
+    extrapolation limit 2π·base^(d_extra/d). The recommendation is men-safe (4 × Men's bound, two
+    significant digits), never below the previous stage or the exact bound.
 
     Example: longctx rope suggest --rotary-dim 128 --base 100000 --from-length 4096 --lengths 16384,65536,131072
     """
@@ -231,7 +235,10 @@ def check_cmd(
 ) -> None:
     """Diagnostics of one base at one length; exit 2 when the base is below Men's bound for that length.
 
-    Prints the first position where Σcos(m·θ_i) turns negative, the minimum below the length, Men's bound (exact search, paper table, fit) and, with the pretraining base and length, Liu's extrapolation limit. Small cos-sum dips above the bound are reported but do not fail the check; a base below the pretraining base is a warning.
+    Prints the first position where Σcos(m·θ_i) turns negative, the minimum below the length, Men's
+    bound (exact search, paper table, fit) and, with the pretraining base and length, Liu's
+    extrapolation limit. Small cos-sum dips above the bound are reported but do not fail the check; a
+    base below the pretraining base is a warning.
 
     Example: longctx rope check --base 1000000 --rotary-dim 128 --length 32768 --json
     """
@@ -296,7 +303,8 @@ def plot_cmd(
 ) -> None:
     """Draw the cos-sum Σcos(m·θ_i) for chosen bases, with the target lengths marked.
 
-    Top: the whole curve (per-pixel min/max envelope, so single-position dips stay visible); bottom: a zoom around zero. Dots mark each base's first failing position.
+    Top: the whole curve (per-pixel min/max envelope, so single-position dips stay visible); bottom: a
+    zoom around zero. Dots mark each base's first failing position.
 
     Example: longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png
     """
@@ -417,7 +425,8 @@ def choose_cmd(
 
     Exits 2 when the version would ignore or misapply the choice (the message says why).
 
-    Example: longctx rope choose men-safe --rotary-dim 128 --base 100000 --from-length 4K --length 128K --megatron 0.16.1
+    Example:
+    longctx rope choose men-safe --rotary-dim 128 --base 100000 --from-length 4K --length 128K --megatron 0.16.1
     """
     from longctx.rope import choose_base, megatron_rope_flags
     from longctx.rope.render import fmt_pos

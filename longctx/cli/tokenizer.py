@@ -85,7 +85,8 @@ def fingerprint_cmd(
     hf_include_special_tokens: HfIncludeSpecial = False,
     json_out: Json = False,
 ) -> None:
-    """Describe a tokenizer as a manifest (TOML; with --json, as JSON): md5, vocab size, special ids, EOD, added tokens, round-trip texts, encoding fingerprint.
+    """Describe a tokenizer as a manifest (TOML; with --json, as JSON): md5, vocab size, special ids, EOD,
+    added tokens, round-trip texts, encoding fingerprint.
 
     The [encoding] table records how Megatron's tokenizer of --tokenizer-type encodes fixed probe texts
     (ids, EOD, BOS, vocabulary size, library version): what tells apart two directories with the same
@@ -135,7 +136,10 @@ def verify_cmd(
 ) -> None:
     """Check a tokenizer against a manifest or an md5; exit 0 only if everything matches, else 2.
 
-    Checks the md5, vocab size (len(tokenizer)), every special id, added tokens, EOD, the encoding fingerprint (the ids Megatron's tokenizer gives for fixed probe texts: HF config, prefix space, BOS/EOS) and a round trip of the manifest's sample texts; reports Megatron's padded vocab size for --tp.
+    Checks the md5, vocab size (len(tokenizer)), every special id, added tokens, EOD, the encoding
+    fingerprint (the ids Megatron's tokenizer gives for fixed probe texts: HF config, prefix space,
+    BOS/EOS) and a round trip of the manifest's sample texts; reports Megatron's padded vocab size for
+    --tp.
 
     Example: longctx tokenizer check /models/tokenizer-256k -m tokenization/oellm-256k.toml --tp 4
     """

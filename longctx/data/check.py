@@ -407,7 +407,8 @@ def _scan_findings(info: IndexInfo, params: ScanParams, res: ScanResult, f: Find
         pos, value = res.first_out_of_range or (0, 0)
         f.error(
             "token-range",
-            f"{res.out_of_range} token ids outside 0..{params.vocab_size - 1} (vocab size {params.vocab_size}); "  # type: ignore[operator]
+            f"{res.out_of_range} token ids outside 0..{params.vocab_size - 1} "  # type: ignore[operator]
+            f"(vocab size {params.vocab_size}); "
             f"first: id {value} at token {pos} (document {_token_to_document(info, pos)})",
             where=where,
             expected=f"< {params.vocab_size}",

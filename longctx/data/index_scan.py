@@ -258,10 +258,10 @@ def _spot_findings(spot: SpotCheck, params: ScanParams, info: IndexInfo, f: Find
             fix="the data was made without --append-eod or with another tokenizer; re-tokenize it",
         )
     if spot.out_of_range:
+        top = params.vocab_size - 1  # type: ignore[operator]
         f.error(
             "spot-range",
-            f"{spot.out_of_range} of {spot.tokens} sampled token ids are outside 0..{params.vocab_size - 1} "  # type: ignore[operator]
-            f"(max {spot.max_id})",
+            f"{spot.out_of_range} of {spot.tokens} sampled token ids are outside 0..{top} (max {spot.max_id})",
             where=str(info.bin_path),
             fix="the data was tokenized with another (larger) vocabulary; re-tokenize it",
         )

@@ -193,7 +193,8 @@ class _HashingReader:
         self.sha = hashlib.sha256()
         self._hashing = _Tee(self.raw, self.sha)
         self.gzipped = path.suffix == ".gz"
-        self.stream: IO[bytes] = gzip.GzipFile(fileobj=self._hashing) if self.gzipped else self._hashing  # type: ignore[assignment]
+        stream = gzip.GzipFile(fileobj=self._hashing) if self.gzipped else self._hashing
+        self.stream: IO[bytes] = stream  # type: ignore[assignment]
 
     def position(self) -> int:
         return self.raw.tell()

@@ -108,7 +108,8 @@ def read_card(directory: Path) -> Card:
 
 # the card's architecture fields that the archive's shapes and saved args decide
 _ARCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                "kv_channels", "normalization", "swiglu", "qk_layernorm", "untie_embeddings_and_output_weights")  # fmt: skip
+                "kv_channels", "normalization", "swiglu", "qk_layernorm",
+                "untie_embeddings_and_output_weights")  # fmt: skip
 
 
 def card_differences(card: Card, archive: Path) -> list[str]:

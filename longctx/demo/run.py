@@ -134,7 +134,8 @@ class DemoConfig:
     ) -> DemoConfig:
         """`longctx demo [--family F] [--plan P] [--small] [--interrupt S]`: --family picks the plan
         (stages/tiny.toml, tiny_mdm.toml, tiny_udm.toml) unless --plan gives one; --small keeps only
-        the plan (or the family's smoke plan, stages/tiny_smoke.toml for ar) and interrupts nothing unless told; otherwise --interrupt replaces the default stage."""
+        the plan (or the family's smoke plan, stages/tiny_smoke.toml for ar) and interrupts nothing
+        unless told; otherwise --interrupt replaces the default stage."""
         if family not in FAMILY_PLANS:
             raise StageError(
                 f"unknown model family {family!r}",
@@ -345,7 +346,8 @@ def _base(
         what="base pretraining",
     )
     return (
-        f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,}, {rp.objective.describe()} → {save}",
+        f"{cfg.base_iters} iterations at {seq} tokens, rotary base {rotary_base:,}, "
+        f"{rp.objective.describe()} → {save}",
         False,
     )
 

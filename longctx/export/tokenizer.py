@@ -146,7 +146,10 @@ def first_difference(out: Path, tok: LoadedTokenizer, texts: Sequence[str]) -> s
         a, b = list(hf.encode(text, add_special_tokens=specials)), tok.encode(text)
         if a != b:
             k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            return f"{text!r} encodes to {a[k : k + 6]}… at token {k} in transformers, {b[k : k + 6]}… in Megatron's"
+            return (
+                f"{text!r} encodes to {a[k : k + 6]}… at token {k} in transformers, "
+                f"{b[k : k + 6]}… in Megatron's"
+            )
     if tok.eod_id is not None and hf.eos_token_id is not None and hf.eos_token_id != tok.eod_id:
         return f"transformers' eos id is {hf.eos_token_id}, the EOD Megatron appends is {tok.eod_id}"
     return None

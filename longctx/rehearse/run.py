@@ -88,7 +88,10 @@ class RehearsalReport(BaseModel):
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def _mark(run_dir: Path, rehearsal: RehearsalPlan) -> None:

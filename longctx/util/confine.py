@@ -24,7 +24,10 @@ def refuse_write_into(target: Path, source: Path, option: str, suffix: str = ".o
         raise OutputError(
             f"{option} {target} would be written inside the input {source}, which this command reads",
             where=str(target),
-            fix=f"write it beside the input, e.g. {option} {Path(os.path.abspath(source)).parent / (Path(source).name + suffix)}",
+            fix=(
+                f"write it beside the input, e.g. {option} "
+                f"{Path(os.path.abspath(source)).parent / (Path(source).name + suffix)}"
+            ),
         )
 
 

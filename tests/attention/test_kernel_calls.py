@@ -72,7 +72,8 @@ def flash_attn_27(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _qkv(sq: int = 16, hq: int = 4, hkv: int = 2, d: int = 8) -> tuple[Tensor, Tensor, Tensor]:
     g = torch.Generator().manual_seed(0)
-    return tuple(torch.randn(2, sq, h, d, generator=g, dtype=torch.float32) for h in (hq, hkv, hkv))  # type: ignore[return-value]
+    qkv = tuple(torch.randn(2, sq, h, d, generator=g, dtype=torch.float32) for h in (hq, hkv, hkv))
+    return qkv  # type: ignore[return-value]
 
 
 def test_custom_op_arguments_are_read_from_its_schema() -> None:

@@ -119,12 +119,14 @@ def _member(name: str, data: bytes = b"evil") -> tuple[tarfile.TarInfo, bytes]:
     [
         (
             "dotdot",
-            "refusing to extract the archive: member 'x_model_only/../../evil.sh' is unsafe (path with '..' leaving the target directory)",
+            "refusing to extract the archive: member 'x_model_only/../../evil.sh' is unsafe "
+            "(path with '..' leaving the target directory)",
         ),
         ("absolute", "refusing to extract the archive: member '/etc/cron.d/evil' is unsafe (absolute path)"),
         (
             "symlink",
-            "refusing to extract the archive: member 'x_model_only/iter_0000005/link' is unsafe (link to '../../../../home' leaving the target directory)",
+            "refusing to extract the archive: member 'x_model_only/iter_0000005/link' is unsafe "
+            "(link to '../../../../home' leaving the target directory)",
         ),
         (
             "abs-symlink",

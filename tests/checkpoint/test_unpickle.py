@@ -120,7 +120,10 @@ def test_megatron_dataclass_stub_keeps_state(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_reconstructor_with_foreign_base_refused() -> None:
     # copyreg._reconstructor(cls, base, state) would call base.__init__: only plain bases pass
-    payload = b"\x80\x02ccopyreg\n_reconstructor\nq\x00cargparse\nNamespace\nq\x01cargparse\nNamespace\nq\x02N\x87q\x03R."
+    payload = (
+        b"\x80\x02ccopyreg\n_reconstructor\nq\x00"
+        b"cargparse\nNamespace\nq\x01cargparse\nNamespace\nq\x02N\x87q\x03R."
+    )
     with pytest.raises(CheckpointError, match=r"copyreg\._reconstructor with base"):
         safe_unpickle(payload)
 

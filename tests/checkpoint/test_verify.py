@@ -97,7 +97,10 @@ def test_tracker_to_incomplete_iteration(megatron_checkpoints: CheckpointFixture
     (partial / "metadata.json").unlink()
     (save / "latest_checkpointed_iteration.txt").write_text("8\n")
     report = verify_checkpoint(save)
-    msg = "the tracker names iter_0000008, which is incomplete: no metadata.json (rank 0 writes it last: the save did not finish)"
+    msg = (
+        "the tracker names iter_0000008, which is incomplete: no metadata.json "
+        "(rank 0 writes it last: the save did not finish)"
+    )
     assert _errors(report) == [("tracker", msg)]
     _cli_fails_with(save, "the tracker names iter_0000008, which is incomplete")
 

@@ -108,7 +108,8 @@ def test_offline_adopt_rewrites_mix_to_local_paths(oellm_artifact: Path, tmp_pat
     r = fetch_artifact(REPO, root, offline=True, progress=False)
     assert r.ok, r.findings.errors
     assert r.verify is not None and r.verify.ok and r.verify.bytes_hashed > 0
-    assert sorted(r.rewrite.files) == ["mix/data_mix.json", "mix/data_mix.txt", "mix/data_path.args"]  # type: ignore[union-attr]
+    rewritten = sorted(r.rewrite.files)  # type: ignore[union-attr]
+    assert rewritten == ["mix/data_mix.json", "mix/data_mix.txt", "mix/data_path.args"]
     bin_dir = root / "runs" / ARTIFACT_RUN / "bin"
     blend = read_data_args(root / "mix" / "data_path.args")  # every prefix exists here
     assert blend.ok and blend.weighted and len(blend.entries) == 11

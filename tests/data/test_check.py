@@ -230,8 +230,8 @@ def test_missing_prefix(oellm_like_dataset: str, oellm_like_hf_dir: Path, tmp_pa
     res = cli("--data-path", f"0.5 {oellm_like_dataset} 0.5 {missing}", "-t", oellm_like_hf_dir)
     assert res.exit_code == 2
     assert (
-        f"error: missing-prefix: missing prefix: {missing} (gone_text_document.idx and gone_text_document.bin not found)"
-        in res.stderr
+        f"error: missing-prefix: missing prefix: {missing} "
+        "(gone_text_document.idx and gone_text_document.bin not found)" in res.stderr
     )
 
 

@@ -68,12 +68,14 @@ def test_no_eval_samples_is_a_megatron_lm_refusal(tmp_path: Path) -> None:
     assert "(10 documents)" in on_megatron.errors[0].message
     # plan check: an error in a plan meant for the cluster, a warning in one for the local backend
     assert split_findings(_Plan(True), stage, weighted, None).errors  # type: ignore[arg-type]
-    assert [f.level for f in split_findings(_Plan(False), stage, weighted, None)] == ["warning"]  # type: ignore[arg-type]
+    local = split_findings(_Plan(False), stage, weighted, None)  # type: ignore[arg-type]
+    assert [f.level for f in local] == ["warning"]
     # evaluation on, or no validation part: nothing to say
     assert not split_findings(_Plan(True), _Stage("90,10,0", 1), weighted, "megatron-lm")  # type: ignore[arg-type]
     assert not split_findings(_Plan(True), _Stage("100,0,0", 0), weighted, "megatron-lm")  # type: ignore[arg-type]
     # one unweighted dataset: one pass over the part; enough tokens for a sample is fine, too few is not
     single = Blend([BlendEntry(a, None)], False, "test")
     assert not split_findings(_Plan(True), stage, single, "megatron-lm")  # type: ignore[arg-type]
-    short = split_findings(_Plan(True), _Stage("90,10,0", 0, seq_length=200), single, "megatron-lm")  # type: ignore[arg-type]
+    too_short = _Stage("90,10,0", 0, seq_length=200)
+    short = split_findings(_Plan(True), too_short, single, "megatron-lm")  # type: ignore[arg-type]
     assert [f.code for f in short.errors] == ["split-no-eval-samples"]

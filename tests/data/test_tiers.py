@@ -233,7 +233,8 @@ def test_absent_artifact_names_the_fetch(
 def _lengths_by_tier(art_root: Path) -> dict[str, list[np.ndarray]]:
     out: dict[str, list[np.ndarray]] = {}
     for c in open_artifact(art_root).chunks:
-        out.setdefault(c.tier, []).append(np.asarray(read_index(c.prefix).document_lengths(), dtype=np.int64))  # type: ignore[arg-type]
+        lengths = read_index(c.prefix).document_lengths()  # type: ignore[arg-type]
+        out.setdefault(c.tier, []).append(np.asarray(lengths, dtype=np.int64))
     return out
 
 

@@ -1,8 +1,8 @@
 """`longctx demo` stopped by SIGTERM, for real: in base pretraining (the stopped base is neither reported
 as trained nor extended by the stages), then in a stage (the signal reaches the `stage run` step and its
 workers once; the demo stops with them) — each time at once, with nothing left running; the rerun
-resumes the base from its save, and the stage's next launch is its resume. Also the check behind it, on its own: a launch that saved short of
-its target is never taken as done."""
+resumes the base from its save, and the stage's next launch is its resume. Also the check behind it, on
+its own: a launch that saved short of its target is never taken as done."""
 
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ With `packing = "documents"` a window only trains the distances its document pie
 shorter than the window (or barely longer) almost never fill a window, so the last few dozen distances
 of the window go untrained: the tiny MDM extended at RoPE base 28M read no key at 4,096 tokens (1 %),
 every key at 4,064, its layer-0 heads putting a third of their attention on the tokens 4,073+ positions
-away, and 0.09 % of its training tokens saw a distance in the top 1/64 of the window. Here each stage's mix (70 % pass-key documents,
-30 % short ones) must train the top 1/32 of the window at least as often as `plan check --check-data`
-asks before it warns (a quarter of what whole windows, as concatenation, would give).
+away, and 0.09 % of its training tokens saw a distance in the top 1/64 of the window. Here each
+stage's mix (70 % pass-key documents, 30 % short ones) must train the top 1/32 of the window at least
+as often as `plan check --check-data` asks before it warns (a quarter of what whole windows, as
+concatenation, would give).
 """
 
 from __future__ import annotations
