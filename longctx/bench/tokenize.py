@@ -39,7 +39,13 @@ from longctx.bench.trainer import megatron_lm_checkout
 from longctx.data.indexed import read_index
 from longctx.data.tokenize import megatron_preprocess_flags, tokenize_jsonl
 from longctx.errors import StageError
-from longctx.tokenizer import EncodingSpec, load_tokenizer, synthetic_corpus, train_sentencepiece
+from longctx.tokenizer import (
+    EncodingSpec,
+    LoadedTokenizer,
+    load_tokenizer,
+    synthetic_corpus,
+    train_sentencepiece,
+)
 from longctx.util.machine import cpu_model
 
 TARGET_RATIO = 1.0
@@ -271,13 +277,7 @@ def run_tokenize_bench(
     Without `tokenizer`, a demo-style one is trained (SentencePiece, OpenEuroLLM layout, HF directory
     with a LlamaTokenizer config); without `input_path`, `documents` synthetic documents are written.
     """
-    checkout = megatron_lm_checkout(megatron_lm)
-    if not (checkout / SCRIPT).is_file():
-        raise StageError(
-            f"{checkout} has no {SCRIPT}",
-            where=str(checkout),
-            fix="point --megatron-lm or $LONGCTX_MEGATRON_LM at a full Megatron-LM checkout",
-        )
+    checkout = _checkout_with_script(megatron_lm)
     root = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="longctx-bench-tok-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
@@ -291,26 +291,10 @@ def run_tokenize_bench(
         mega_prefix.parent.mkdir(parents=True, exist_ok=True)
         argv = preprocess_argv(tok, src, mega_prefix, workers=workers, json_key=json_key)
         megatron = run_preprocess_data(checkout, [argv] * repeats)
-
-        # longctx in this process, imports warm as the child's were
-        import transformers  # noqa: F401
-        from megatron.core.datasets import indexed_dataset  # noqa: F401
-
         ours = root / "longctx" / "out"
-        longctx: list[tuple[float, float]] = []
-        for _ in range(repeats):
-            t0, c0 = time.perf_counter(), cpu_seconds()
-            sidecar = tokenize_jsonl(
-                [src],
-                tok_path,
-                ours,
-                json_key=json_key,
-                workers=workers,
-                spec=tok.spec,
-                force=True,
-                progress=False,
-            )
-            longctx.append((time.perf_counter() - t0, cpu_seconds() - c0))
+        longctx, tokens = _time_longctx(
+            tok, tok_path, src, ours, json_key=json_key, workers=workers, repeats=repeats
+        )
         info = read_index(ours)
         identical = _same_bytes(
             (Path(f"{ours}.bin"), Path(f"{ours}.idx")), megatron_outputs(mega_prefix, json_key)
@@ -321,7 +305,7 @@ def run_tokenize_bench(
             input=str(src),
             input_bytes=src.stat().st_size,
             documents=info.documents,
-            tokens=sidecar.tokens,
+            tokens=tokens,
             workers=workers,
             repeats=repeats,
             longctx_seconds=min(w for w, _ in longctx),
@@ -337,6 +321,45 @@ def run_tokenize_bench(
     finally:
         if work_dir is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _checkout_with_script(megatron_lm: str | os.PathLike[str] | None) -> Path:
+    """The Megatron-LM checkout, refused unless it holds preprocess_data.py."""
+    checkout = megatron_lm_checkout(megatron_lm)
+    if not (checkout / SCRIPT).is_file():
+        raise StageError(
+            f"{checkout} has no {SCRIPT}",
+            where=str(checkout),
+            fix="point --megatron-lm or $LONGCTX_MEGATRON_LM at a full Megatron-LM checkout",
+        )
+    return checkout
+
+
+def _time_longctx(
+    tok: LoadedTokenizer, tok_path: Path, src: Path, ours: Path, *, json_key: str, workers: int, repeats: int
+) -> tuple[list[tuple[float, float]], int]:
+    """(wall, CPU) seconds of each of `repeats` longctx runs in this process, and the tokens written."""
+    # imports warm as the child's were
+    import transformers  # noqa: F401
+    from megatron.core.datasets import indexed_dataset  # noqa: F401
+
+    runs: list[tuple[float, float]] = []
+    tokens = 0
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        sidecar = tokenize_jsonl(
+            [src],
+            tok_path,
+            ours,
+            json_key=json_key,
+            workers=workers,
+            spec=tok.spec,
+            force=True,
+            progress=False,
+        )
+        runs.append((time.perf_counter() - t0, cpu_seconds() - c0))
+        tokens = sidecar.tokens
+    return runs, tokens
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import tomli_w
+
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.errors import PlanError, StageError
 from longctx.plan.derive import ResolvedPlan, open_plan
@@ -243,72 +245,68 @@ def build_data(root: Path) -> tuple[Path, Path]:
 def plan_text(s: TrainerBenchSettings, *, inputs: Path, run_dir: Path) -> str:
     """One stage of `iterations` global batches from the base, both backends on the same settings."""
     iters = s.iterations
-    return f"""\
-name = "bench-trainer"
-description = "longctx bench trainer: the local backend vs Megatron-LM on one tiny stage"
-run_dir = "{run_dir}"
+    plan = {
+        "name": "bench-trainer",
+        "description": "longctx bench trainer: the local backend vs Megatron-LM on one tiny stage",
+        "run_dir": str(run_dir),
+        "base": {
+            "path": f"{inputs}/base/checkpoints",
+            "seq_length": s.seq_length,
+            "rotary_base": ROTARY_BASE,
+        },
+        "tokenizer": {
+            "path": f"{inputs}/tokenizer",
+            "manifest": f"{inputs}/tokenizer/manifest.toml",
+            "megatron_type": "HuggingFaceTokenizer",
+        },
+        "model": {
+            "num_layers": s.num_layers,
+            "hidden_size": s.hidden_size,
+            "ffn_hidden_size": s.ffn_hidden_size,
+            "num_attention_heads": s.num_attention_heads,
+            "num_query_groups": s.query_groups,
+            "kv_channels": s.hidden_size // s.num_attention_heads,
+            "normalization": "RMSNorm",
+            "swiglu": True,
+            "qk_layernorm": True,
+            "untie_embeddings_and_output_weights": True,
+            "add_bias_linear": False,
+        },
+        "cluster": {"profile": "local", "gpus_per_node": s.processes, "gpu_memory_gib": 80},
+        "local": {
+            "eval_after_stage": False,
+            "threads_per_process": s.threads_per_process,
+            "bf16": s.local_bf16,
+        },
+        "defaults": _plan_defaults(s, inputs=inputs),
+        "stages": [
+            {
+                "name": STAGE,
+                "seq_length": s.seq_length,
+                "tokens": iters * s.tokens_per_iteration,
+                "rope": {"base": ROTARY_BASE},
+            }
+        ],
+    }
+    return tomli_w.dumps(plan)
 
-[base]
-path = "{inputs}/base/checkpoints"
-seq_length = {s.seq_length}
-rotary_base = {ROTARY_BASE}
 
-[tokenizer]
-path = "{inputs}/tokenizer"
-manifest = "{inputs}/tokenizer/manifest.toml"
-megatron_type = "HuggingFaceTokenizer"
-
-[model]
-num_layers = {s.num_layers}
-hidden_size = {s.hidden_size}
-ffn_hidden_size = {s.ffn_hidden_size}
-num_attention_heads = {s.num_attention_heads}
-num_query_groups = {s.query_groups}
-kv_channels = {s.hidden_size // s.num_attention_heads}
-normalization = "RMSNorm"
-swiglu = true
-qk_layernorm = true
-untie_embeddings_and_output_weights = true
-add_bias_linear = false
-
-[cluster]
-profile = "local"
-gpus_per_node = {s.processes}
-gpu_memory_gib = 80
-
-[local]
-eval_after_stage = false
-threads_per_process = {s.threads_per_process}
-bf16 = {"true" if s.local_bf16 else "false"}
-
-[defaults]
-micro_batch_size = {s.micro_batch_size}
-global_batch_size = {s.global_batch_size}
-tensor_parallel = 1
-pipeline_parallel = 1
-context_parallel = 1
-sequence_parallel = false
-recompute = "none"
-nodes = 1
-log_interval = 1
-save_interval = {iters}
-
-[defaults.lr]
-lr = 1e-4
-min_lr = 1e-5
-decay_style = "cosine"
-warmup_iters = 0
-
-[defaults.data]
-prefixes = ["{inputs}/data/corpus_text_document"]
-split = "{SPLIT}"
-
-[[stages]]
-name = "{STAGE}"
-seq_length = {s.seq_length}
-tokens = {iters * s.tokens_per_iteration}
-rope = {{ base = {ROTARY_BASE} }}
-"""
+def _plan_defaults(s: TrainerBenchSettings, *, inputs: Path) -> dict[str, Any]:
+    """The plan's [defaults]: parallelism, batch sizes, the LR schedule and the data."""
+    return {
+        "micro_batch_size": s.micro_batch_size,
+        "global_batch_size": s.global_batch_size,
+        "tensor_parallel": 1,
+        "pipeline_parallel": 1,
+        "context_parallel": 1,
+        "sequence_parallel": False,
+        "recompute": "none",
+        "nodes": 1,
+        "log_interval": 1,
+        "save_interval": s.iterations,
+        "lr": {"lr": 1e-4, "min_lr": 1e-5, "decay_style": "cosine", "warmup_iters": 0},
+        "data": {"prefixes": [f"{inputs}/data/corpus_text_document"], "split": SPLIT},
+    }
 
 
 def _child_env(checkout: Path, threads: int) -> dict[str, str]:

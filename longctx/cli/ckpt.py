@@ -186,7 +186,6 @@ def _family_table(f: FamilyReport) -> Table:
 
 
 @app.command("check")
-@app.command("verify", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def verify_cmd(
     path: Path = typer.Argument(..., help="Save dir, iter/release dir, flat snapshot dir, or .tar archive."),
@@ -327,7 +326,6 @@ def _adopt_json(r: Any) -> dict[str, Any]:
 
 
 @app.command("fetch")
-@app.command("download", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def download_cmd(
     repo_id: str = typer.Argument(..., help="Hub repository, e.g. org/name."),

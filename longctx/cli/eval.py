@@ -33,9 +33,7 @@ app = typer.Typer(
 
 
 PLAN = typer.Option(..., "--plan", help=f"{PLAN_HELP}: tokenizer, data, base, stage lengths")
-# `eval summary PLAN`; `--plan PLAN` is the old spelling, kept (hidden) for scripts
 SummaryPlan = Annotated[Path | None, typer.Argument(help=PLAN_HELP, show_default=False)]
-SummaryPlanOption = Annotated[Path | None, typer.Option("--plan", hidden=True, help=PLAN_HELP)]
 LENGTHS = typer.Option(
     None, "--lengths", help="context lengths, e.g. 1K,4K (default: the plan's stage lengths)"
 )
@@ -323,7 +321,6 @@ def summary(
     no_cache: bool = NO_CACHE,
     run_dir: RunDir = None,
     json_out: Json = False,
-    plan_option: SummaryPlanOption = None,
 ) -> None:
     """The base and every stage with a finished checkpoint, at every stage's length (the base and
     earlier stages beyond their windows): the table of passkey accuracy, long-position loss and
@@ -335,7 +332,7 @@ def summary(
     says what changed."""
     from longctx.eval.runner import summarize_plan
 
-    the_plan = _summary_plan(plan, plan_option)
+    the_plan = _summary_plan(plan)
     _threads(threads)
     rp = _resolved(the_plan, run_dir)
     settings = _settings(
@@ -365,13 +362,8 @@ def summary(
     _show(report, json_out)
 
 
-def _summary_plan(plan: Path | None, plan_option: Path | None) -> Path:
-    """PLAN, or the old `--plan PLAN` (one of them, or both naming the same file)."""
-    if plan is not None and plan_option is not None and plan != plan_option:
-        raise typer.BadParameter(
-            f"{plan} and --plan {plan_option} differ; give the plan once", param_hint="PLAN"
-        )
-    the_plan = plan if plan is not None else plan_option
-    if the_plan is None:
+def _summary_plan(plan: Path | None) -> Path:
+    """PLAN, refused with a usage message when missing."""
+    if plan is None:
         raise typer.BadParameter("missing: longctx eval summary PLAN", param_hint="PLAN")
-    return the_plan
+    return plan

@@ -167,7 +167,6 @@ def show(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
 
 
 @app.command("check")
-@app.command("validate", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def validate(
     plan: Plan,

@@ -578,12 +578,3 @@ def _branch_name(st: ResolvedStage, index: int | None) -> str | None:
 
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def _register_bench_alias() -> None:
-    from longctx.cli.bench import rope_cmd
-
-    app.command("bench", hidden=True)(rope_cmd)  # the old place of `longctx bench rope`, kept for scripts
-
-
-_register_bench_alias()

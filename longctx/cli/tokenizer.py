@@ -111,7 +111,6 @@ def fingerprint_cmd(
 
 
 @app.command("check")
-@app.command("verify", hidden=True)  # the old name, kept for scripts
 @cli_errors
 def verify_cmd(
     path: Path = typer.Argument(..., help="tokenizer.model, HF tokenizer directory, or GPT-2 directory."),

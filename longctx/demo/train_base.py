@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import tomli_w
 import torch
 
 from longctx.arch import ModelArch
@@ -451,24 +452,13 @@ def model_only_archive(save_dir: Path, out: Path, r: BaseRecipe) -> int:
     return info.iteration or 0
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def card_toml(card: Card) -> str:
     """card.toml: scalars, then [arch], then one [[retrieval]] table per length."""
     data = card.model_dump(exclude_none=True)
-    arch, retrieval = data.pop("arch"), data.pop("retrieval")
-    lines = ["# The published demo base (longctx.demo.published); rebuilt by the command below."]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in data.items()]
-    lines += ["", "[arch]"] + [f"{k} = {_toml_value(v)}" for k, v in arch.items() if v is not None]
-    for row in retrieval:
-        lines += ["", "[[retrieval]]"] + [f"{k} = {_toml_value(v)}" for k, v in row.items()]
-    return "\n".join(lines) + "\n"
+    return (
+        "# The published demo base (longctx.demo.published); rebuilt by the command below.\n"
+        + tomli_w.dumps(data)
+    )
 
 
 # what each family's card says the base is, and what its retrieval figures measure

@@ -136,7 +136,7 @@ def _rope_theta(cfg: Any) -> float | None:
 
 def check_config(directory: Path, meant: dict[str, Any]) -> None:
     """Read config.json back with transformers; every field the model uses must be what was written."""
-    from transformers import AutoConfig  # lazy: transformers is the `hf` extra
+    from transformers import AutoConfig  # lazy: transformers loads slowly; only export needs it
 
     cfg = AutoConfig.from_pretrained(str(directory))
     read = {

@@ -102,11 +102,11 @@ class _Inputs:
 
 def _transformers_version() -> str:
     try:
-        import transformers  # lazy: transformers is the `hf` extra
+        import transformers  # lazy: transformers loads slowly; only export needs it
     except ImportError:
         raise ExportError(
             "exporting to Hugging Face needs the transformers package, which is not installed",
-            fix="pip install 'longctx[hf]'",
+            fix="reinstall longctx (transformers is one of its dependencies): pip install longctx",
         ) from None
     return str(transformers.__version__)
 

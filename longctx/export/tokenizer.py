@@ -133,7 +133,7 @@ def samples(manifest: TokenizerManifest) -> list[str]:
 
 def first_difference(out: Path, tok: LoadedTokenizer, texts: Sequence[str]) -> str | None:
     """How transformers' tokenizer for `out` differs from `tok` (None when it encodes every text alike)."""
-    from transformers import AutoTokenizer  # lazy: transformers is the `hf` extra
+    from transformers import AutoTokenizer  # lazy: transformers loads slowly; only export needs it
 
     try:
         hf = AutoTokenizer.from_pretrained(str(out))

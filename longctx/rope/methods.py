@@ -13,11 +13,14 @@ is almost always a typo. Plans that want it fatal escalate that code.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from longctx.errors import RopeError
 from longctx.report import Findings
@@ -63,16 +66,7 @@ class Param:
             self._not_above(number, where)
             return number
         if self.type is float:
-            try:
-                out = float(value)
-            except (TypeError, ValueError):
-                raise RopeError(f"{self.name} must be a number, got {value!r}", where=where) from None
-            if isinstance(value, bool) or not math.isfinite(out):
-                raise RopeError(f"{self.name} must be a finite number, got {value!r}", where=where)
-            if self.above is not None and not out > self.above:
-                raise RopeError(f"{self.name} must be greater than {self.above:g}, got {out:g}", where=where)
-            if self.at_least is not None and out < self.at_least:
-                raise RopeError(f"{self.name} must be at least {self.at_least:g}, got {out:g}", where=where)
+            out = self._float(value, where)
             self._not_above(out, where)
             return out
         text = str(value)[:200]
@@ -81,6 +75,28 @@ class Param:
                 f"{self.name} must be one of {', '.join(self.choices)}, got {text!r}", where=where
             )
         return text
+
+    @functools.cached_property
+    def _float_adapter(self) -> TypeAdapter[float]:
+        return TypeAdapter(Annotated[float, Field(gt=self.above, ge=self.at_least, allow_inf_nan=False)])
+
+    def _float(self, value: Any, where: str) -> float:
+        """A finite float within the lower bound (the upper one: _not_above, which names digits)."""
+        if isinstance(value, bool):  # a float to pydantic, a typo here
+            raise RopeError(f"{self.name} must be a finite number, got {value!r}", where=where)
+        try:
+            return self._float_adapter.validate_python(value)
+        except ValidationError as err:
+            error = err.errors()[0]
+        if error["type"] == "greater_than":
+            message = f"must be greater than {self.above:g}, got {error['input']:g}"
+        elif error["type"] == "greater_than_equal":
+            message = f"must be at least {self.at_least:g}, got {error['input']:g}"
+        elif error["type"] == "finite_number" or isinstance(value, int):  # an int past float's range
+            message = f"must be a finite number, got {value!r:.60}"
+        else:
+            message = f"must be a number, got {value!r:.60}"
+        raise RopeError(f"{self.name} {message}", where=where)
 
     def _not_above(self, number: float, where: str) -> None:
         if self.at_most is not None and number > self.at_most:

@@ -59,16 +59,12 @@ class Binding:
     rotary_base: int
     seq_length: int
     schedule: dict[str, Any] | None = None  # SCHEDULE_FIELDS → value (checked by check_schedule)
-    # the data digest as records without CONTENT_IDENTITY computed it (compared, never recorded)
-    legacy_data_digest: str | None = None
     # the stage's RoPE scaling (YaRN) as the plan summarises it; None: the base alone (records written
     # before it was bound lack the key and are not compared on it)
     rope_scaling: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        del out["legacy_data_digest"]
-        return {**out, "identity": CONTENT_IDENTITY}
+        return {**dataclasses.asdict(self), "identity": CONTENT_IDENTITY}
 
 
 def ledger_path(run_dir: Path) -> Path:
@@ -185,21 +181,32 @@ def binding_conflicts(recorded: dict[str, Any] | None, current: Binding) -> dict
 
 def _legacy_view(recorded: dict[str, Any], current: Binding) -> tuple[dict[str, Any], dict[str, Any]]:
     """A record written before identity by content, and the current binding, made comparable: the base
-    without its save directory (`<dir>@iter_…:<digest>` → `iter_…:<digest>`), the data by the old digest
-    (paths included: an old record of a run that has since moved still differs, once)."""
+    without its save directory (`<dir>@iter_…:<digest>` → `iter_…:<digest>`). Its data digest hashed
+    paths and is not computed any more: check_binding refuses it rather than compare it."""
     rec = dict(recorded)
     base = rec.get("base_identity")
     if isinstance(base, str) and "@" in base:
         rec["base_identity"] = base.rsplit("@", 1)[1]
-    cur = current.as_dict()
-    if current.legacy_data_digest is not None:
-        cur["data_digest"] = current.legacy_data_digest
-    return rec, cur
+    return rec, current.as_dict()
+
+
+def _old_data_digest(recorded: dict[str, Any] | None) -> bool:
+    """The record binds the data by the digest written before identity by content."""
+    return recorded is not None and recorded.get("identity") != CONTENT_IDENTITY and "data_digest" in recorded
 
 
 def check_binding(run_dir: Path, stage: str, current: Binding, *, force: bool) -> dict[str, tuple[Any, Any]]:
     """Raise StageError when the stage was launched with other inputs (unless force); return conflicts."""
-    conflicts = binding_conflicts(recorded_binding(run_dir, stage), current)
+    recorded = recorded_binding(run_dir, stage)
+    conflicts = binding_conflicts(recorded, current)
+    if _old_data_digest(recorded) and not force:
+        raise StageError(
+            f"stage {stage!r} was launched by an earlier longctx that recorded its data by a digest of paths, "
+            "which is no longer computed: the data cannot be checked against that launch",
+            where=str(ledger_path(run_dir)),
+            fix="if the stage's data (blend, .bin/.idx files) is unchanged, pass --force once: the launch "
+            "records today's binding in the ledger and later launches are checked against it",
+        )
     if conflicts and not force:
         detail = "; ".join(f"{k}: ledger {a!r}, now {b!r}" for k, (a, b) in conflicts.items())
         raise StageError(

@@ -185,13 +185,6 @@ def no_progress_message(
 # -- binding: what a stage launch depends on --------------------------------------------------------
 
 
-def _quick_file_digest(path: Path, h: hashlib._Hash) -> None:
-    st = path.stat()
-    h.update(f"{path.name}:{st.st_size}:".encode())
-    with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-
-
 def _content_digest(path: Path, h: hashlib._Hash) -> None:
     """Size, first and last MiB of a file: its content, wherever it lies (a .idx holds the document
     sizes up front and the document index at the end)."""
@@ -218,24 +211,6 @@ def data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
                 _content_digest(p, h)
             else:
                 h.update(f"bin:{p.stat().st_size}".encode())
-    return h.hexdigest()[:16]
-
-
-def legacy_data_digest(rp: ResolvedPlan, st: ResolvedStage) -> str:
-    """The data digest ledgers recorded before identity by content (absolute prefixes hashed in): compared
-    with those records only, so a run that has not moved resumes as before."""
-    h = hashlib.sha256()
-    for e in stage_blend(rp, st).entries:
-        h.update(f"{e.weight}|{e.prefix}|".encode())
-        for ext in (".idx", ".bin"):
-            p = Path(e.prefix + ext)
-            if p.exists():
-                if ext == ".idx":
-                    _quick_file_digest(p, h)
-                else:
-                    h.update(f"bin:{p.stat().st_size}".encode())
-            else:
-                h.update(b"missing")
     return h.hexdigest()[:16]
 
 
@@ -270,7 +245,6 @@ def binding_for(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None 
         rotary_base=st.rotary_base,
         seq_length=st.seq_length,
         schedule=schedule_for(st),
-        legacy_data_digest=legacy_data_digest(rp, st),
         rope_scaling=scaling_summary(st.rope_scaling),
     )
 

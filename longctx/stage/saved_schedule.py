@@ -24,7 +24,7 @@ def checkpoint_schedule(save_dir: Path) -> dict[str, Any] | None:
     try:
         common = read_common_state(DirTree(save_dir), tracker.dir_name, None).state or {}
     except (LongctxError, OSError):
-        return None  # `ckpt verify` reports an unreadable save; the ledger's record stands in
+        return None  # `ckpt check` reports an unreadable save; the ledger's record stands in
     sched = common.get("opt_param_scheduler")
     gbs = args_dict(common).get("global_batch_size")
     if not isinstance(sched, dict) or not isinstance(gbs, int) or gbs <= 0:

@@ -89,16 +89,67 @@ def train_sentencepiece(
     `add_bos_token` and `add_eos_token` are written to tokenizer_config.json (`tokenizer_class`,
     `legacy`, …): what transformers' AutoTokenizer — and so Megatron's HuggingFaceTokenizer — obeys.
     """
-    import sentencepiece as spm  # lazy: a native library that only training needs
-
     if layout not in LAYOUT_SPECIALS:
         raise TokenizerError(f"unknown tokenizer layout {layout!r}", fix="use layout='oellm' or 'llama'")
-    unk, bos, eos = LAYOUT_SPECIALS[layout]
+    specials = LAYOUT_SPECIALS[layout]
     if user_defined is None:
         user_defined = OELLM_USER_DEFINED if layout == "oellm" else ()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lines = [line for line in _as_lines(texts_or_file) if line.strip()]
+    model = out / "tokenizer.model"
+    atomic_write_bytes(
+        model,
+        _train_bpe(
+            lines,
+            vocab_size,
+            specials,
+            user_defined=user_defined,
+            byte_fallback=byte_fallback,
+            dummy_prefix=layout == "llama",
+        ),
+    )
+    added = {OELLM_PAD: vocab_size} if hf and layout == "oellm" else {}
+    if hf:
+        write_hf_side_files(
+            model,
+            out,
+            added=added,
+            specials=specials,
+            tokenizer_class=hf_class,
+            legacy=hf_legacy,
+            add_bos_token=add_bos_token,
+            add_eos_token=add_eos_token,
+        )
+    if tokenizer_json:
+        # with the HF side files, tokenizer.json must add BOS/EOS as tokenizer_config.json says: transformers
+        # 5 takes them from tokenizer.json's post-processor when there is one, from the config when it
+        # converts tokenizer.model, and the two must give the same ids
+        _, bos, eos = specials
+        write_tokenizer_json(
+            model,
+            out / "tokenizer.json",
+            added=added,
+            bos=bos if hf and add_bos_token else None,
+            eos=eos if hf and add_eos_token else None,
+        )
+    return model
+
+
+def _train_bpe(
+    lines: list[str],
+    vocab_size: int,
+    specials: tuple[str, str, str],
+    *,
+    user_defined: Sequence[str],
+    byte_fallback: bool,
+    dummy_prefix: bool,
+) -> bytes:
+    """The serialized model SentencePiece trains on `lines`: BPE, (unk, bos, eos) at ids 0-2, no pad,
+    identity normalisation, digits split."""
+    import sentencepiece as spm  # lazy: a native library that only training needs
+
+    unk, bos, eos = specials
     # writing to a buffer keeps temp paths out of the model's trainer_spec: same input, same md5
     buffer = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -117,38 +168,13 @@ def train_sentencepiece(
         byte_fallback=byte_fallback,
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
-        add_dummy_prefix=layout == "llama",
+        add_dummy_prefix=dummy_prefix,
         split_digits=True,
         character_coverage=1.0,
         num_threads=1,
         minloglevel=2,
     )
-    model = out / "tokenizer.model"
-    atomic_write_bytes(model, buffer.getvalue())
-    added = {OELLM_PAD: vocab_size} if hf and layout == "oellm" else {}
-    if hf:
-        write_hf_side_files(
-            model,
-            out,
-            added=added,
-            specials=(unk, bos, eos),
-            tokenizer_class=hf_class,
-            legacy=hf_legacy,
-            add_bos_token=add_bos_token,
-            add_eos_token=add_eos_token,
-        )
-    if tokenizer_json:
-        # with the HF side files, tokenizer.json must add BOS/EOS as tokenizer_config.json says: transformers
-        # 5 takes them from tokenizer.json's post-processor when there is one, from the config when it
-        # converts tokenizer.model, and the two must give the same ids
-        write_tokenizer_json(
-            model,
-            out / "tokenizer.json",
-            added=added,
-            bos=bos if hf and add_bos_token else None,
-            eos=eos if hf and add_eos_token else None,
-        )
-    return model
+    return buffer.getvalue()
 
 
 def write_hf_side_files(

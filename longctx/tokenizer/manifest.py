@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longctx.errors import OutputError, TokenizerError
@@ -124,77 +125,16 @@ def manifest_from_dict(data: dict[str, Any], *, where: str | None = None) -> Tok
         ) from None
 
 
-# -- TOML output (tomllib reads only; the schema is flat enough for a small writer) ----------------
-def _toml_str(value: str) -> str:
-    out = ['"']
-    for ch in value:
-        code = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return _toml_str(value)
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to a manifest")
-
-
+# -- TOML output -----------------------------------------------------------------------------------
 def manifest_to_toml(manifest: TokenizerManifest, *, header: str | None = None) -> str:
-    data = manifest.model_dump()
-    lines: list[str] = []
-    if header:
-        lines += [f"# {line}" if line else "#" for line in header.splitlines()]
-        lines.append("")
-    for key, value in data.items():
-        if value is None or key in ("round_trip", "special_tokens", "added_tokens", "encoding"):
-            continue
-        if key in ("description", "source") and value == "":
-            continue
-        lines.append(f"{key} = {_toml_value(value)}")
-    lines.append("round_trip = [")
-    lines += [f"  {_toml_str(text)}," for text in data["round_trip"]]
-    lines.append("]")
-    for table in ("special_tokens", "added_tokens"):
-        lines.append("")
-        lines.append(f"[{table}]")
-        lines += [f"{_toml_str(tok)} = {idx}" for tok, idx in data[table].items()]
-    if data.get("encoding") is not None:
-        lines += ["", "[encoding]", *_encoding_lines(data["encoding"])]
-    return "\n".join(lines) + "\n"
-
-
-def _encoding_lines(enc: dict[str, Any]) -> list[str]:
-    lines: list[str] = []
-    for key, value in enc.items():
-        if value is None:
-            continue
-        if isinstance(value, list):  # lists of id lists, one probe text per line
-            lines.append(f"{key} = [")
-            lines += [f"  {_toml_value(ids)}," for ids in value]
-            lines.append("]")
-        else:
-            lines.append(f"{key} = {_toml_value(value)}")
-    return lines
+    """The manifest as TOML: scalars, round_trip, then [special_tokens], [added_tokens], [encoding];
+    unset fields and an empty description/source are left out. `header` becomes leading comments."""
+    data = manifest.model_dump(exclude_none=True)
+    for key in ("description", "source"):
+        if data.get(key) == "":
+            del data[key]
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in (header or "").splitlines())
+    return (comments + "\n" if comments else "") + tomli_w.dumps(data, indent=2)
 
 
 def write_manifest(

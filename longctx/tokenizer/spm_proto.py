@@ -2,14 +2,16 @@
 
 `tokenizer.model` is a serialized protobuf `ModelProto`. We need each piece's type (to tell
 user-defined tokens such as `<start_of_turn>` from ordinary ones) and a few trainer/normalizer
-settings; a small wire-format reader avoids depending on `protobuf` for that.
+settings; sentencepiece ships the generated message class, which protobuf parses.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
 from enum import IntEnum
+
+from google.protobuf.message import DecodeError
+from sentencepiece import sentencepiece_model_pb2
 
 
 class PieceType(IntEnum):
@@ -47,106 +49,36 @@ class SpmModel:
 
 
 class ProtoError(ValueError):
-    """The bytes are not a well-formed protobuf message."""
+    """The bytes are not a well-formed SentencePiece ModelProto."""
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ProtoError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ProtoError("varint too long")
+def _piece_type(value: int) -> PieceType:
+    # a type this reader does not know counts as an ordinary piece
+    return PieceType(value) if value in PieceType._value2member_map_ else PieceType.NORMAL
 
 
-def _fields(buf: bytes) -> list[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) for each field of one message."""
-    out: list[tuple[int, int, int | bytes]] = []
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        field, wire = key >> 3, key & 7
-        if field == 0:
-            raise ProtoError("field number 0")
-        value: int | bytes
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 1:
-            if pos + 8 > len(buf):
-                raise ProtoError("truncated fixed64")
-            value, pos = int.from_bytes(buf[pos : pos + 8], "little"), pos + 8
-        elif wire == 2:
-            n, pos = _varint(buf, pos)
-            if pos + n > len(buf):
-                raise ProtoError("truncated length-delimited field")
-            value, pos = bytes(buf[pos : pos + n]), pos + n
-        elif wire == 5:
-            if pos + 4 > len(buf):
-                raise ProtoError("truncated fixed32")
-            value, pos = int.from_bytes(buf[pos : pos + 4], "little"), pos + 4
-        else:
-            raise ProtoError(f"unsupported wire type {wire}")
-        out.append((field, wire, value))
-    return out
+def _text(value: str | bytes) -> str:
+    # protobuf hands back the raw bytes of a proto2 string field that is not valid UTF-8
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
 
 
 def parse_model(data: bytes) -> SpmModel:
-    """Parse a serialized SentencePiece ModelProto (field numbers from sentencepiece_model.proto)."""
-    pieces: list[SpmPiece] = []
-    model_type = ModelType.UNIGRAM
-    split_by_whitespace = True
-    add_dummy_prefix = True
-    remove_extra = True
-    name = ""
-    charsmap = False
-    for field, wire, value in _fields(data):
-        if field == 1 and wire == 2:  # pieces
-            assert isinstance(value, bytes)
-            piece, score, ptype = "", 0.0, PieceType.NORMAL
-            for f, w, v in _fields(value):
-                if f == 1 and w == 2:
-                    assert isinstance(v, bytes)
-                    piece = v.decode("utf-8", errors="replace")
-                elif f == 2 and w == 5:
-                    assert isinstance(v, int)
-                    score = struct.unpack("<f", v.to_bytes(4, "little"))[0]
-                elif f == 3 and w == 0:
-                    assert isinstance(v, int)
-                    ptype = PieceType(v) if v in PieceType._value2member_map_ else PieceType.NORMAL
-            pieces.append(SpmPiece(piece, score, ptype))
-        elif field == 2 and wire == 2:  # trainer_spec
-            assert isinstance(value, bytes)
-            for f, w, v in _fields(value):
-                if f == 3 and w == 0 and isinstance(v, int) and v in ModelType._value2member_map_:
-                    model_type = ModelType(v)
-                elif f == 22 and w == 0:
-                    split_by_whitespace = bool(v)
-        elif field == 3 and wire == 2:  # normalizer_spec
-            assert isinstance(value, bytes)
-            for f, w, v in _fields(value):
-                if f == 1 and w == 2 and isinstance(v, bytes):
-                    name = v.decode("utf-8", errors="replace")
-                elif f == 2 and w == 2 and isinstance(v, bytes):
-                    charsmap = len(v) > 0
-                elif f == 3 and w == 0:
-                    add_dummy_prefix = bool(v)
-                elif f == 4 and w == 0:
-                    remove_extra = bool(v)
-    if not pieces:
+    """Parse a serialized SentencePiece ModelProto."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except DecodeError as err:
+        raise ProtoError(str(err) or "malformed protobuf") from None
+    if not proto.pieces:
         raise ProtoError("no pieces")
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    model_type = trainer.model_type
     return SpmModel(
-        pieces=pieces,
-        model_type=model_type,
-        add_dummy_prefix=add_dummy_prefix,
-        remove_extra_whitespaces=remove_extra,
-        normalizer_name=name,
-        has_precompiled_charsmap=charsmap,
-        split_by_whitespace=split_by_whitespace,
+        pieces=[SpmPiece(_text(p.piece), p.score, _piece_type(p.type)) for p in proto.pieces],
+        model_type=ModelType(model_type) if model_type in ModelType._value2member_map_ else ModelType.UNIGRAM,
+        add_dummy_prefix=normalizer.add_dummy_prefix,
+        remove_extra_whitespaces=normalizer.remove_extra_whitespaces,
+        normalizer_name=_text(normalizer.name),
+        has_precompiled_charsmap=len(normalizer.precompiled_charsmap) > 0,
+        split_by_whitespace=trainer.split_by_whitespace,
     )

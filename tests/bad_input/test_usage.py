@@ -13,7 +13,7 @@ from longctx.cli.main import app
 runner = CliRunner()
 
 CASES = {
-    "unknown-option": (["ckpt", "verify", "x", "--bogus"], "No such option: --bogus", "longctx ckpt verify"),
+    "unknown-option": (["ckpt", "check", "x", "--bogus"], "No such option: --bogus", "longctx ckpt check"),
     "missing-argument": (["stage", "run"], "Missing argument", "longctx stage run"),
     "bad-number": (["rope", "suggest", "--lengths", "abc"], "abc", "longctx rope suggest"),
     "bad-int": (["eval", "run", "ck", "--plan", "p.toml", "--cp", "two"], "--cp", "longctx eval run"),
@@ -46,6 +46,6 @@ def test_usage_error_under_json_is_one_document(case: str) -> None:
 
 
 def test_usage_error_without_json_prints_no_document() -> None:
-    r = runner.invoke(app, ["ckpt", "verify", "x", "--bogus"])
+    r = runner.invoke(app, ["ckpt", "check", "x", "--bogus"])
     assert r.exit_code == 2
     assert r.stdout.strip() == "" and "No such option" in r.stderr

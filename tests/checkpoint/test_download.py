@@ -59,7 +59,7 @@ def test_flat_repo_download_then_offline(fake_hub, flat_snapshot: Path, tmp_path
         app,
         [
             "ckpt",
-            "download",
+            "fetch",
             "oellm/baby-like",
             "--into",
             str(tmp_path / "base3"),

@@ -27,7 +27,7 @@ def _errors(report) -> list[tuple[str, str]]:
 
 
 def _cli_fails_with(path: Path, text: str, *extra: object) -> None:
-    res = cli("ckpt", "verify", path, *extra)
+    res = cli("ckpt", "check", path, *extra)
     assert res.exit_code == 2, res.output
     assert text in " ".join(res.output.split())
 
@@ -43,7 +43,7 @@ def test_archives_and_flat_snapshot_pass(ermine_archives: dict[str, Path], flat_
     for path in (*ermine_archives.values(), flat_snapshot):
         report = verify_checkpoint(path)
         assert report.ok, (path, report.findings)
-    res = cli("ckpt", "verify", ermine_archives["nested"])
+    res = cli("ckpt", "check", ermine_archives["nested"])
     assert res.exit_code == 0, res.output
 
 
@@ -231,7 +231,7 @@ def test_deep_manifest_write_check_tamper(megatron_checkpoints: CheckpointFixtur
     bad = verify_checkpoint(ck, deep=True, manifest=manifest)
     assert _errors(bad) == [("sha256-mismatch", "__0_0.distcp: sha256 differs from the manifest")]
     assert verify_checkpoint(ck).ok  # shallow checks cannot see it
-    res = cli("ckpt", "verify", ck, "--deep", "--manifest", manifest)
+    res = cli("ckpt", "check", ck, "--deep", "--manifest", manifest)
     assert res.exit_code == 2 and "__0_0.distcp: sha256 differs from the manifest" in res.output
     # a SHA256SUMS shipped inside the checkpoint is used when no --manifest is given
     (ck / "SHA256SUMS").write_text(manifest.read_text())
@@ -242,7 +242,7 @@ def test_deep_manifest_write_check_tamper(megatron_checkpoints: CheckpointFixtur
 
 def test_deep_on_archive_and_json(ermine_archives: dict[str, Path], tmp_path: Path) -> None:
     manifest = tmp_path / "nested.sha256"
-    res = cli("ckpt", "verify", ermine_archives["nested"], "--deep", "--write-manifest", manifest, "--json")
+    res = cli("ckpt", "check", ermine_archives["nested"], "--deep", "--write-manifest", manifest, "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["ok"] and data["deep"]["files"] == 5 and data["deep"]["manifest_written"] == str(manifest)
@@ -256,7 +256,7 @@ def test_deep_on_archive_and_json(ermine_archives: dict[str, Path], tmp_path: Pa
 
 
 def test_manifest_options_need_deep(megatron_checkpoints: CheckpointFixtures, tmp_path: Path) -> None:
-    res = cli("ckpt", "verify", megatron_checkpoints.save_dir("gqa"), "--write-manifest", tmp_path / "m")
+    res = cli("ckpt", "check", megatron_checkpoints.save_dir("gqa"), "--write-manifest", tmp_path / "m")
     assert res.exit_code == 2 and "--manifest/--write-manifest need --deep" in res.output
 
 

@@ -276,3 +276,44 @@ def test_fetch_cli(oellm_artifact: Path, tmp_path: Path, fake_dataset_hub) -> No
     assert res.exit_code == 2 and "at most one of --manifests-only and --idx-only" in res.output
     res = runner.invoke(app, ["data", "fetch", REPO, "--into", str(into), "--languages", "xx"])
     assert res.exit_code == 2 and "language(s) xx not in the artifact" in res.output
+
+
+def test_fields_of_the_wrong_type_are_named_and_read_as_absent(oellm_artifact: Path, tmp_path: Path) -> None:
+    """The producer's manifests are evidence: a field of the wrong type is a warning naming the field and
+    the file, read as absent, and the rest of the manifest still counts."""
+    art_dir = copy_artifact(oellm_artifact, tmp_path / "art")
+    name = chunk_name("en", "16k_plus", 1)
+    chunk = art_dir / "runs" / ARTIFACT_RUN / "manifests" / "chunks" / f"{name}.json"
+    raw = json.loads(chunk.read_text())
+    raw.update(bin_sha256="xyz", docs=[1], source_token_count="many")
+    chunk.write_text(json.dumps(raw))
+    sums_path = art_dir / "manifests" / "checksums.json"
+    sums = json.loads(sums_path.read_text())
+    sums[_bin_rel("en", "16k_plus")]["bytes"] = "lots"
+    sums_path.write_text(json.dumps(sums))
+    info_path = art_dir / "manifests" / "build_info.json"
+    info = json.loads(info_path.read_text())
+    info["vocab_size"] = {"n": 512}
+    info_path.write_text(json.dumps(info))
+    mix_path = art_dir / "mix" / "data_mix.json"
+    mix = json.loads(mix_path.read_text())
+    mix["tiers"]["4_16k"]["weight"] = "heavy"
+    mix_path.write_text(json.dumps(mix))
+
+    art = open_artifact(art_dir)
+    warned = {(f.message.split()[0], f.where) for f in art.findings if f.code == "manifest-field"}
+    chunk_rel = chunk.relative_to(art_dir).as_posix()
+    assert warned == {
+        ("bin_sha256", chunk_rel),
+        ("docs", chunk_rel),
+        ("source_token_count", chunk_rel),
+        ("bytes", f"manifests/checksums.json: {_bin_rel('en', '16k_plus')}"),
+        ("vocab_size", "manifests/build_info.json"),
+        ("weight", "mix/data_mix.json: tiers.4_16k"),
+    }, art.findings
+    c = next(c for c in art.chunks if c.name == name)
+    assert c.described_by == chunk_rel and c.bin_bytes == c.bin_path.stat().st_size  # the rest kept
+    assert (c.bin_sha256, c.documents, c.source_tokens) == (None, None, None) and c.idx_sha256
+    assert art.checksums[_bin_rel("en", "16k_plus")].bytes is None
+    assert art.build_info is not None and art.build_info.vocab_size is None
+    assert art.tiers["4_16k"].weight is None and art.tiers["4_16k"].min == 256

@@ -58,6 +58,13 @@ def test_card_toml_round_trips() -> None:
     assert Card.model_validate(tomllib.loads(card_toml(card))) == card
 
 
+def test_card_toml_escapes_control_characters_quotes_and_newlines() -> None:
+    card = read_card(AR).model_copy(update={"machine": 'a "b"\\c\nd\x00\x1b\x7f', "command": "x\r\n'''y"})
+    text = card_toml(card)
+    assert text.startswith("# The published demo base")
+    assert Card.model_validate(tomllib.loads(text)) == card
+
+
 def test_install_adopts_a_model_only_checkpoint_then_keeps_it(tmp_path: Path) -> None:
     tok, save = _targets(tmp_path)
     card, wrote = install_published(AR, tok, save)

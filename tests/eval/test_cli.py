@@ -132,13 +132,11 @@ def test_the_plans_eval_settings_are_the_default_and_an_option_overrides_one(
     assert json.loads(res.stdout)["settings"]["keys_per_cell"] == 1
 
 
-def test_summary_plan_spellings(tmp_path: Path) -> None:
+def test_summary_takes_the_plan_as_its_argument(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
-    # `eval summary PLAN`, and the old `--plan PLAN` (hidden, kept for scripts), reach the same plan
-    for args in ([missing], ["--plan", missing], [missing, "--plan", missing]):
-        _fails(cli("summary", *args), "plan file not found")
+    _fails(cli("summary", missing), "plan file not found")
     _fails(cli("summary"), "missing: longctx eval summary PLAN")
-    _fails(cli("summary", missing, "--plan", tmp_path / "other.toml"), "give the plan once")
+    _fails(cli("summary", missing, "--plan", missing), "No such option: --plan")
     assert "--plan" not in cli("summary", "--help").output
 
 

@@ -152,14 +152,14 @@ def test_unset_environment_variable_is_named(tmp_path: Path, good: dict[str, Any
 
 def test_cli_validate_exits_2_with_the_field(tmp_path: Path, good: dict[str, Any]) -> None:
     _stage(good, 0)["global_batch_size"] = 3
-    r = CliRunner().invoke(app, ["plan", "validate", str(write(tmp_path, good))])
+    r = CliRunner().invoke(app, ["plan", "check", str(write(tmp_path, good))])
     assert r.exit_code == 2
     assert "batch-divisible" in r.output and "global_batch_size" in r.output
 
 
 def test_cli_validate_ok_and_json(tmp_path: Path, good: dict[str, Any]) -> None:
     path = write(tmp_path, good)
-    r = CliRunner().invoke(app, ["plan", "validate", str(path)])
+    r = CliRunner().invoke(app, ["plan", "check", str(path)])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["plan", "show", str(path), "--json"])
     assert r.exit_code == 0, r.output

@@ -15,6 +15,11 @@ YARN = dict(rotary_dim=64, head_dim=64, pretrain_base=1_000_000, pretrain_length
     [
         ({"factor": 1e300}, "factor must be at most 1024"),
         ({"factor": float("inf")}, "factor must be a finite number"),
+        ({"factor": 10**400}, "factor must be a finite number"),  # past float's range: no OverflowError
+        ({"factor": True}, "factor must be a finite number, got True"),
+        ({"factor": "four"}, "factor must be a number, got 'four'"),
+        ({"mscale": -1}, "mscale must be at least 0, got -1"),
+        ({"beta_fast": 0}, "beta_fast must be greater than 0, got 0"),
         ({"mscale": 1e300}, "mscale must be at most 100"),
         ({"mscale_all_dim": 1e6}, "mscale_all_dim must be at most 100"),
         ({"beta_fast": 1e9}, "beta_fast must be at most 1024"),

@@ -295,7 +295,7 @@ def test_from_checkpoint(megatron_checkpoints) -> None:
 
 
 def test_bench_runs_and_agrees_with_the_plain_search() -> None:
-    res = cli("bench", "--lengths", "1K,2K", "--baseline-length", "512", "--json")
+    res = runner.invoke(app, ["bench", "rope", "--lengths", "1K,2K", "--baseline-length", "512", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["same_answer"] is True and set(data["search_s"]) == {"1024", "2048"}

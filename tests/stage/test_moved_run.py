@@ -11,10 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
+from longctx.errors import StageError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.stage import ledger
 from longctx.stage.run import binding_for
+from tests.bad_input.harness import refused
 from tests.fixtures.run import write_plan
 
 runner = CliRunner()
@@ -63,22 +65,29 @@ def test_a_copied_run_resumes_without_force_and_a_real_change_is_refused(
     assert ledger.ledger_path(moved).read_bytes() == before
 
 
-def test_a_ledger_written_before_identity_by_content_still_resumes_in_place(
+def test_a_ledger_that_binds_the_data_by_the_old_digest_is_refused_until_forced(
     fresh_run: Path, tmp_path: Path
 ) -> None:
-    """Records that hashed absolute paths (no `identity` mark) compare the old way: an unmoved run resumes,
-    a changed RoPE base is still refused."""
+    """Records without the `identity` mark hashed absolute paths into data_digest, a digest no longer
+    computed: a launch is refused with what/where/fix and nothing written; --force records today's binding."""
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     rp = resolve_plan(load_plan(plan))
     st = rp.stages[0]
     current = binding_for(rp, st)
     old = current.as_dict()
     del old["identity"]
-    old["data_digest"] = current.legacy_data_digest
+    old["data_digest"] = "0123456789abcdef"  # what the path-hashing digest looked like
     old["base_identity"] = f"{st.load_from}@{current.base_identity}"
     ledger.append(fresh_run, {"event": "launch", "stage": "s1", "binding": old})
-    assert ledger.check_binding(fresh_run, "s1", current, force=False) == {}
+    text = refused(
+        ["stage", "run", plan, "--no-eval"], [fresh_run], needle="recorded its data by a digest of paths"
+    )
+    assert str(ledger.ledger_path(fresh_run)) in text.replace("\n", "") and "--force" in text
+    with pytest.raises(StageError, match="no longer computed"):
+        ledger.check_binding(fresh_run, "s1", current, force=False)
+    # forced: the old digest is the one conflict (the base still compares without its directory)
+    forced = ledger.check_binding(fresh_run, "s1", current, force=True)
+    assert forced == {"data_digest": ("0123456789abcdef", current.data_digest)}
     changed = binding_for(rp, st)
     changed.rotary_base = 123456
-    conflicts = ledger.binding_conflicts(old, changed)
-    assert list(conflicts) == ["rotary_base"]
+    assert list(ledger.binding_conflicts(old, changed)) == ["data_digest", "rotary_base"]

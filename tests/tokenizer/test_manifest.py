@@ -81,3 +81,30 @@ def test_toml_writer_round_trips(samples: list[str], specials: dict[str, int], d
         special_tokens=specials,
     )
     assert TokenizerManifest.model_validate(tomllib.loads(manifest_to_toml(m, header="a\n\nb"))) == m
+
+
+HOSTILE = [
+    'quote " and \\ backslash',
+    "new\nline\r\n",
+    "tab\tbell\x07 nul\x00 del\x7f esc\x1b",
+    "'''\"\"\"",
+    "[t]\nk = 1",
+]
+
+
+def test_control_characters_quotes_and_newlines_round_trip() -> None:
+    m = TokenizerManifest(
+        name="n\x01",
+        description=HOSTILE[0],
+        source=HOSTILE[1],
+        kind="sentencepiece",
+        megatron_tokenizer_type="GPTSentencePieceTokenizer",
+        vocab_size=100,
+        eod_id=2,
+        round_trip=HOSTILE,
+        special_tokens={text: idx for idx, text in enumerate(HOSTILE)},
+        added_tokens={"\x00\n": 99},
+    )
+    text = manifest_to_toml(m, header="line one\n\nline three")
+    assert text.startswith("# line one\n#\n# line three\n\n")
+    assert TokenizerManifest.model_validate(tomllib.loads(text)) == m

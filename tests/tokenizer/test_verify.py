@@ -37,7 +37,7 @@ def test_verify_passes_on_the_right_tokenizer(oellm_like_hf_dir: Path, oellm_lik
     assert report.facts["padded_vocab_size"] == 1024  # 513 rounded up to a multiple of 128 × 4
     report.raise_for_errors()
 
-    res = cli("tokenizer", "verify", oellm_like_hf_dir, "--manifest", oellm_like_manifest, "--tp", 4)
+    res = cli("tokenizer", "check", oellm_like_hf_dir, "--manifest", oellm_like_manifest, "--tp", 4)
     assert res.exit_code == 0, res.output
     assert "verify against oellm-like: OK" in res.output
 
@@ -50,7 +50,7 @@ def test_fingerprint_write_then_verify_each_kind(
         res = cli("tokenizer", "fingerprint", path, "--write", out)
         assert res.exit_code == 0, res.output
         assert 'md5 = "' in res.output
-        res = cli("tokenizer", "verify", path, "-m", out, "--json")
+        res = cli("tokenizer", "check", path, "-m", out, "--json")
         assert res.exit_code == 0, res.output
         data = json.loads(res.stdout)
         assert data["ok"] is True and data["facts"]["md5"] == load_tokenizer(path).md5
@@ -58,7 +58,7 @@ def test_fingerprint_write_then_verify_each_kind(
 
 def test_verify_by_md5_only(oellm_like_spm: Path) -> None:
     md5 = load_tokenizer(oellm_like_spm).md5
-    res = cli("tokenizer", "verify", oellm_like_spm, "--md5", md5.upper())
+    res = cli("tokenizer", "check", oellm_like_spm, "--md5", md5.upper())
     assert res.exit_code == 0, res.output
 
 
@@ -69,7 +69,7 @@ def test_padded_vocab_cli() -> None:
 
 
 def test_tiny_tokenizer_is_not_the_openeurollm_one(oellm_like_hf_dir: Path, repo_root: Path) -> None:
-    res = cli("tokenizer", "verify", oellm_like_hf_dir, "-m", repo_root / "tokenization" / "oellm-256k.toml")
+    res = cli("tokenizer", "check", oellm_like_hf_dir, "-m", repo_root / "tokenization" / "oellm-256k.toml")
     assert res.exit_code == 2
     assert (
         "error: md5: md5 of tokenizer.model differs (expected 07295117baaf7a55d5924428e59925d6" in res.stderr
@@ -85,7 +85,7 @@ def test_missing_file(tmp_path: Path, oellm_like_manifest: Path) -> None:
     missing = tmp_path / "tokenizer.model"
     with pytest.raises(TokenizerError, match="tokenizer not found"):
         load_tokenizer(missing)
-    res = cli("tokenizer", "verify", missing, "-m", oellm_like_manifest)
+    res = cli("tokenizer", "check", missing, "-m", oellm_like_manifest)
     assert res.exit_code == 2
     assert f"error: tokenizer not found: {missing}" in res.stderr
 
@@ -93,7 +93,7 @@ def test_missing_file(tmp_path: Path, oellm_like_manifest: Path) -> None:
 def test_empty_file(tmp_path: Path, oellm_like_manifest: Path) -> None:
     empty = tmp_path / "tokenizer.model"
     empty.write_bytes(b"")
-    res = cli("tokenizer", "verify", empty, "-m", oellm_like_manifest)
+    res = cli("tokenizer", "check", empty, "-m", oellm_like_manifest)
     assert res.exit_code == 2
     assert "error: tokenizer file is empty: tokenizer.model" in res.stderr
 
@@ -101,7 +101,7 @@ def test_empty_file(tmp_path: Path, oellm_like_manifest: Path) -> None:
 def test_not_a_sentencepiece_model(tmp_path: Path, oellm_like_manifest: Path) -> None:
     bogus = tmp_path / "tokenizer.model"
     bogus.write_text('{"this": "is json, not a protobuf"}')
-    res = cli("tokenizer", "verify", bogus, "-m", oellm_like_manifest)
+    res = cli("tokenizer", "check", bogus, "-m", oellm_like_manifest)
     assert res.exit_code == 2
     assert (
         "error: not a SentencePiece model: tokenizer.model cannot be parsed as a SentencePiece ModelProto"
@@ -133,7 +133,7 @@ def test_md5_mismatch_one_byte_changed(
     assert report.findings.codes("error") == ["md5"]
     with pytest.raises(TokenizerMismatch, match=r"md5 of tokenizer\.model differs"):
         report.raise_for_errors()
-    res = cli("tokenizer", "verify", d, "-m", oellm_like_manifest)
+    res = cli("tokenizer", "check", d, "-m", oellm_like_manifest)
     assert res.exit_code == 2
     assert f"error: md5: md5 of tokenizer.model differs (expected {expected}, found {tok.md5})" in res.stderr
 
@@ -142,7 +142,7 @@ def test_wrong_vocab_size(tokenizer_corpus: list[str], oellm_like_manifest: Path
     from longctx.tokenizer import train_sentencepiece
 
     train_sentencepiece(tokenizer_corpus, tmp_path, OELLM_LIKE_VOCAB + 64, hf=True)
-    res = cli("tokenizer", "verify", tmp_path, "-m", oellm_like_manifest)
+    res = cli("tokenizer", "check", tmp_path, "-m", oellm_like_manifest)
     assert res.exit_code == 2
     n = OELLM_LIKE_VOCAB
     assert (
@@ -174,7 +174,7 @@ def test_special_token_at_another_id(
     report = verify_tokenizer(model.parent, load_manifest(oellm_like_manifest))
     # the swapped ids also change how text with those tokens encodes
     assert set(report.findings.codes("error")) == {"md5", "special-token", "encoding"}
-    res = cli("tokenizer", "verify", model.parent, "-m", oellm_like_manifest)
+    res = cli("tokenizer", "check", model.parent, "-m", oellm_like_manifest)
     assert res.exit_code == 2
     assert (
         "error: special-token: special token '<start_of_turn>' is at id 4 (expected 3, found 4)" in res.stderr
@@ -190,7 +190,7 @@ def test_hf_dir_without_tokenizer_model(
     d = tmp_path / "json-only"
     shutil.copytree(oellm_like_hf_dir, d)
     (d / "tokenizer.model").unlink()
-    res = cli("tokenizer", "verify", d, "-m", oellm_like_manifest)
+    res = cli("tokenizer", "check", d, "-m", oellm_like_manifest)
     assert res.exit_code == 2
     assert (
         "error: HF tokenizer directory has no tokenizer.model (found tokenizer.json, tokenizer_config.json, "
@@ -207,14 +207,14 @@ def test_manifest_with_malformed_md5(
     text = oellm_like_manifest.read_text()
     md5 = load_manifest(oellm_like_manifest).md5
     bad.write_text(text.replace(md5, md5[:-3]))
-    res = cli("tokenizer", "verify", oellm_like_hf_dir, "-m", bad, "--json")
+    res = cli("tokenizer", "check", oellm_like_hf_dir, "-m", bad, "--json")
     assert res.exit_code == 2
     assert (
         f"error: invalid tokenizer manifest: md5: must be 32 hexadecimal digits, found '{md5[:-3]}'"
         in res.stderr
     )
     assert json.loads(res.stdout)["error"]["type"] == "TokenizerError"
-    res = cli("tokenizer", "verify", oellm_like_hf_dir, "--md5", "xyz")
+    res = cli("tokenizer", "check", oellm_like_hf_dir, "--md5", "xyz")
     assert res.exit_code == 2
     assert "error: --md5 must be 32 hexadecimal digits, found 'xyz'" in res.stderr
 
@@ -237,7 +237,7 @@ def test_round_trip_failure_is_reported(tokenizer_corpus: list[str], tmp_path: P
     assert len(m.round_trip) < len(DEFAULT_ROUND_TRIP)  # unseen characters come back as <unk>
     m = m.model_copy(update={"round_trip": [*m.round_trip, "alef ℵ here"]})
     write_manifest(m, tmp_path / "m.toml")
-    res = cli("tokenizer", "verify", model, "-m", tmp_path / "m.toml")
+    res = cli("tokenizer", "check", model, "-m", tmp_path / "m.toml")
     assert res.exit_code == 2
     n = len(m.round_trip) - 1
     assert (

@@ -56,5 +56,5 @@ def test_inspect_and_verify_report_it(tiny_run: Path) -> None:
     assert arch["qk_layernorm"] is True and arch["untie_embeddings_and_output_weights"] is True
     assert rep["saved_args"]["rotary_base"] == 10000 and rep["saved_args"]["seq_length"] == BASE_SEQ
     assert rep["padded_vocab_size"] == 640
-    r = CliRunner().invoke(app, ["ckpt", "verify", str(ckpt)])
+    r = CliRunner().invoke(app, ["ckpt", "check", str(ckpt)])
     assert r.exit_code == 0, r.output

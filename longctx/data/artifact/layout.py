@@ -32,6 +32,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from longctx.data.artifact.fields import (
+    BuildInfoFields,
+    ChecksumFields,
+    ChunkFields,
+    TierFields,
+    is_sha256,
+    read_fields,
+)
 from longctx.data.blend import parse_blend
 from longctx.errors import DatasetError
 from longctx.report import Findings
@@ -297,27 +305,14 @@ def _read_json(path: Path) -> Any:
         ) from None
 
 
-def _int(value: Any) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _sha(value: Any) -> str | None:
-    return value.lower() if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{64}", value) else None
-
-
-def _tier_bounds(raw: Any) -> dict[str, TierBounds]:
+def _tier_bounds(raw: Any, *, where: str, findings: Findings) -> dict[str, TierBounds]:
     out: dict[str, TierBounds] = {}
     if not isinstance(raw, dict):
         return out
     for name, spec in raw.items():
         if isinstance(spec, dict):
-            lo = _int(spec.get("min")) or 0
-            hi = _int(spec.get("max"))
-            w = spec.get("weight")
-            out[str(name)] = TierBounds(lo, hi, float(w) if isinstance(w, (int, float)) else None)
+            t = read_fields(TierFields, spec, where=f"{where}: tiers.{name}", findings=findings)
+            out[str(name)] = TierBounds(t.min or 0, t.max, t.weight)
     return out
 
 
@@ -375,8 +370,9 @@ def open_artifact(path: str | os.PathLike[str], *, run: str | None = None) -> Ar
     if mix_dir is not None and (mix_dir / "data_mix.json").is_file():
         mix_json = _read_json(mix_dir / "data_mix.json")
         if isinstance(mix_json, dict):
-            table.tiers.update(_tier_bounds(mix_json.get("tiers")))
-    build_info = _find_build_info(manifest_dirs, table.tiers)
+            where = _rel(mix_dir / "data_mix.json", root)
+            table.tiers.update(_tier_bounds(mix_json.get("tiers"), where=where, findings=findings))
+    build_info = _find_build_info(manifest_dirs, table.tiers, root, findings)
     _describe_chunks(table, root, manifest_dirs, build_info, mix_dir, mix_json)
 
     checksums: dict[str, Expected] = {}
@@ -438,12 +434,7 @@ class _ChunkTable:
             language=entry.get("language") or lang,
             tier=entry.get("tier") or tier,
             prefix=str(self.bin_dir / prefix_name),
-            bin_bytes=_int(entry.get("bin_bytes")),
-            idx_bytes=_int(entry.get("idx_bytes")),
-            bin_sha256=_sha(entry.get("bin_sha256")),
-            idx_sha256=_sha(entry.get("idx_sha256")),
-            documents=_int(entry.get("docs", entry.get("documents"))),
-            source_tokens=_int(entry.get("source_token_count")),
+            **read_fields(ChunkFields, entry, where=described_by, findings=self.findings).model_dump(),
             described_by=described_by,
         )
         old = self.chunks.get(prefix_name)
@@ -462,7 +453,9 @@ class _ChunkTable:
                 setattr(old, field, b)
 
 
-def _find_build_info(manifest_dirs: list[Path], tiers: dict[str, TierBounds]) -> BuildInfo | None:
+def _find_build_info(
+    manifest_dirs: list[Path], tiers: dict[str, TierBounds], root: Path, findings: Findings
+) -> BuildInfo | None:
     """The first build info found; its tier bounds fill those the mix does not give."""
     build_info = None
     for d in manifest_dirs:
@@ -471,8 +464,11 @@ def _find_build_info(manifest_dirs: list[Path], tiers: dict[str, TierBounds]) ->
             if p.is_file() and build_info is None:
                 raw = _read_json(p)
                 if isinstance(raw, dict):
-                    build_info = _build_info(p, raw)
-                    for k, v in _tier_bounds(raw.get("tiers")).items():
+                    where = _rel(p, root)
+                    build_info = _build_info(
+                        p, raw, read_fields(BuildInfoFields, raw, where=where, findings=findings)
+                    )
+                    for k, v in _tier_bounds(raw.get("tiers"), where=where, findings=findings).items():
                         tiers.setdefault(k, v)
     return build_info
 
@@ -534,7 +530,7 @@ def _finish_chunks(table: _ChunkTable, root: Path, run_root: Path) -> None:
         )
 
 
-def _build_info(path: Path, raw: dict[str, Any]) -> BuildInfo:
+def _build_info(path: Path, raw: dict[str, Any], fields: BuildInfoFields) -> BuildInfo:
     def s(key: str) -> str | None:
         v = raw.get(key)
         return str(v) if v not in (None, "") else None
@@ -545,7 +541,7 @@ def _build_info(path: Path, raw: dict[str, Any]) -> BuildInfo:
         tokenizer_type=s("tokenizer_type"),
         tokenizer_model=s("tokenizer_model"),
         tokenizer_revision=s("tokenizer_revision"),
-        vocab_size=_int(raw.get("vocab_size")),
+        vocab_size=fields.vocab_size,
         megatron_git_commit=s("megatron_git_commit"),
         raw=raw,
     )
@@ -574,7 +570,8 @@ def _read_checksums(manifests: Path, root: Path, out: dict[str, Expected], findi
             raise DatasetError("checksums.json is not an object", where=str(js), fix="fetch it again")
         for rel, item in raw.items():
             if isinstance(item, dict):
-                put(rel, Expected(_int(item.get("bytes")), _sha(item.get("sha256")), "checksums.json"))
+                e = read_fields(ChecksumFields, item, where=f"{_rel(js, root)}: {rel}", findings=findings)
+                put(rel, Expected(e.bytes, e.sha256, "checksums.json"))
     if sha.is_file():
         try:
             text = sha.read_text(encoding="utf-8")
@@ -588,7 +585,7 @@ def _read_checksums(manifests: Path, root: Path, out: dict[str, Expected], findi
             if not line.strip():
                 continue
             digest, _, rel = line.partition("  ")
-            if not _sha(digest) or not rel:
+            if not is_sha256(digest) or not rel:
                 findings.warning(
                     "checksums", f"line {n} is not 'SHA256  PATH': {line[:80]!r}", where=str(sha)
                 )
