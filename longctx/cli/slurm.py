@@ -50,7 +50,7 @@ Force = force("queue a chain even if jobs of this plan are still queued")
 
 
 def _render(plan, run_dir, profile, out, time, signal, qos, partition, account, backend, longctx_cmd):
-    from longctx.slurm.render import render
+    from longctx.slurm.script import render
 
     rp = resolved_plan(plan, run_dir)
     overrides: dict[str, Any] = {"time": time, "signal": signal, "qos": qos, "partition": partition,
