@@ -32,6 +32,7 @@ from longctx.plan.objective import (
 )
 from longctx.plan.rehearsal_mark import refuse_rehearsal_dir
 from longctx.plan.schema import ClusterSpec, DataSpec, EvalSpec, LocalSpec, LRSpec, Plan, StageSpec
+from longctx.plan.slurm import PlanSlurm, parse_plan_slurm
 from longctx.plan.sweep import SWEEP_DIR, ResolvedSweep, resolve_sweep
 from longctx.plan.values import (
     BaseValues,
@@ -45,7 +46,6 @@ from longctx.plan.values import (
     resolve_megatron,
     resolve_tokenizer,
     resolve_wandb,
-    slurm_table,
     stage_wandb,
 )
 from longctx.report import Findings
@@ -194,8 +194,8 @@ class ResolvedPlan:
     local: LocalSpec
     """The local backend's settings (threads, attention, CP communication, precision; no paths)."""
 
-    slurm: dict[str, Any]
-    """The plan's [slurm] table, unparsed (longctx.slurm.settings parses it against a profile)."""
+    slurm: PlanSlurm
+    """The plan's [slurm] table, typed: `slurm.on(profile, where)` is the cluster profile with it laid on."""
 
     wandb: WandbValues | None
     """W&B logging (None: TensorBoard only)."""
@@ -507,7 +507,7 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
         megatron=resolve_megatron(plan),
         cluster=plan.cluster,
         local=plan.local,
-        slurm=slurm_table(plan),
+        slurm=parse_plan_slurm(dict(plan.slurm), f"{_where(plan)}: slurm"),
         wandb=resolve_wandb(plan),
         arch=arch,
         vocab_size=vocab,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from longctx.megatron_versions import MegatronFacts, facts
 from longctx.plan import paths
@@ -236,8 +235,3 @@ def resolve_data(plan: Plan, stage: str, d: DataSpec | None) -> StageData | None
         packing=d.packing,
         reset_position_ids=d.reset_position_ids,
     )
-
-
-def slurm_table(plan: Plan) -> dict[str, Any]:
-    """The plan's [slurm] table (a copy: Slurm settings are parsed by longctx.slurm)."""
-    return dict(plan.slurm)
