@@ -38,9 +38,7 @@ from longctx.plan.values import (
     BaseValues,
     MegatronValues,
     StageData,
-    StageWandb,
     TokenizerValues,
-    WandbValues,
     resolve_base,
     resolve_data,
     resolve_megatron,
@@ -54,6 +52,7 @@ from longctx.rope.megatron import megatron_rope_flags
 from longctx.rope.methods import BaseChoice
 from longctx.rope.scaling import RopeScaling
 from longctx.tokenizer.manifest import TokenizerManifest, load_manifest
+from longctx.util.wandb_settings import WandbSettings
 
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 # the scalings a stage may carry beyond its base: export writes YaRN's rope_parameters, evaluation and the
@@ -106,7 +105,7 @@ class ResolvedStage:
     save_dir: Path  # Megatron's --save/--load directory: <stage_dir>/checkpoints
     load_from: Path | None  # the previous stage's save dir, or the base checkpoint
     stage_dir: Path  # <run_dir>/stages/<name>: logs, metrics, tensorboard, eval
-    wandb: StageWandb | None = None  # the stage's W&B run (None: no [wandb])
+    wandb: WandbSettings | None = None  # the stage's W&B run (None: no [wandb])
     output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
     rope_scaling: RopeScaling | None = None  # YaRN on top of rotary_base (Megatron-LM ≥ 0.19 only)
     # a RoPE sweep (`longctx.plan.sweep`): its candidates and choice, and one branch stage per candidate
@@ -197,8 +196,8 @@ class ResolvedPlan:
     slurm: PlanSlurm
     """The plan's [slurm] table, typed: `slurm.on(profile, where)` is the cluster profile with it laid on."""
 
-    wandb: WandbValues | None
-    """W&B logging (None: TensorBoard only)."""
+    wandb: WandbSettings | None
+    """W&B logging, save_dir absolute (None: TensorBoard only); each stage's run is `ResolvedStage.wandb`."""
 
     arch: ModelArch
     """The model's architecture ([model], or read from the base checkpoint)."""

@@ -18,6 +18,7 @@ from longctx.megatron_versions import facts
 from longctx.objective import Objective
 from longctx.plan.eval_tasks import check_tasks, key_space_problem
 from longctx.rope.base_bound import RotaryBase, base_problem
+from longctx.util.wandb_settings import WandbSettings
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -282,17 +283,6 @@ class LocalSpec(_Strict):
     bf16: bool | None = None  # None: bf16 on GPU, fp32 on CPU
 
 
-class WandbSpec(_Strict):
-    """W&B logging of both backends: Megatron-LM's --wandb-project / --wandb-exp-name / --wandb-save-dir,
-    and the local trainer's own log (when `wandb` is installed). Each stage is its own W&B run, named
-    `<exp_name>-<stage>`; save_dir defaults to the stage's directory (Megatron-LM's default is inside the
-    checkpoint directory)."""
-
-    project: str = Field(min_length=1)
-    exp_name: str = Field(min_length=1)
-    save_dir: str | None = None  # ${RUN_DIR}/… like the plan's other paths; a "<stage>" subdirectory each
-
-
 DEFAULT_EVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # [eval] fields added with the needle tasks: left out of the measured settings at their defaults
 _ADDED = ("tasks", "any_digit_keys")
@@ -420,7 +410,7 @@ class Plan(_Strict):
     cluster: ClusterSpec = ClusterSpec()
     megatron: MegatronSpec = MegatronSpec()
     local: LocalSpec = LocalSpec()
-    wandb: WandbSpec | None = None  # W&B logging (optional; TensorBoard events are always written)
+    wandb: WandbSettings | None = None  # W&B logging (optional; TensorBoard events are always written)
     eval: EvalSpec = EvalSpec()  # what the evaluation measures (docs/evaluation.md)
     slurm: dict[str, Any] = Field(default_factory=dict)
     defaults: StageDefaults = StageDefaults()
