@@ -17,7 +17,7 @@ from longctx.util.table import narrow_table
 if TYPE_CHECKING:
     from longctx.plan.derive import ResolvedPlan
     from longctx.slurm.chain import ChainEstimate
-    from longctx.slurm.render import Rendered
+    from longctx.slurm.script import Rendered
     from longctx.slurm.status import ChainStatus
 
 app = typer.Typer(
@@ -68,7 +68,7 @@ def _render(
     backend: str | None,
     longctx_cmd: str | None,
 ) -> tuple[ResolvedPlan, Rendered]:
-    from longctx.slurm.render import render
+    from longctx.slurm.script import render
 
     rp = resolved_plan(plan, run_dir)
     overrides: dict[str, Any] = {"time": time, "signal": signal, "qos": qos, "partition": partition,

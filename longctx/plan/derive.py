@@ -31,21 +31,19 @@ from longctx.plan.objective import (
     vocab_rows,
 )
 from longctx.plan.rehearsal_mark import refuse_rehearsal_dir
-from longctx.plan.schema import ClusterSpec, DataSpec, EvalSpec, LocalSpec, LRSpec, Plan, StageSpec
+from longctx.plan.schema import ClusterSpec, EvalSpec, LocalSpec, LRSpec, Plan, StageDefaults, StageSpec
+from longctx.plan.slurm import PlanSlurm, parse_plan_slurm
 from longctx.plan.sweep import SWEEP_DIR, ResolvedSweep, resolve_sweep
 from longctx.plan.values import (
     BaseValues,
     MegatronValues,
     StageData,
-    StageWandb,
     TokenizerValues,
-    WandbValues,
     resolve_base,
     resolve_data,
     resolve_megatron,
     resolve_tokenizer,
     resolve_wandb,
-    slurm_table,
     stage_wandb,
 )
 from longctx.report import Findings
@@ -54,6 +52,7 @@ from longctx.rope.megatron import megatron_rope_flags
 from longctx.rope.methods import BaseChoice
 from longctx.rope.scaling import RopeScaling
 from longctx.tokenizer.manifest import TokenizerManifest, load_manifest
+from longctx.util.wandb_settings import WandbSettings
 
 CP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 # the scalings a stage may carry beyond its base: export writes YaRN's rope_parameters, evaluation and the
@@ -106,7 +105,7 @@ class ResolvedStage:
     save_dir: Path  # Megatron's --save/--load directory: <stage_dir>/checkpoints
     load_from: Path | None  # the previous stage's save dir, or the base checkpoint
     stage_dir: Path  # <run_dir>/stages/<name>: logs, metrics, tensorboard, eval
-    wandb: StageWandb | None = None  # the stage's W&B run (None: no [wandb])
+    wandb: WandbSettings | None = None  # the stage's W&B run (None: no [wandb])
     output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
     rope_scaling: RopeScaling | None = None  # YaRN on top of rotary_base (Megatron-LM ≥ 0.19 only)
     # a RoPE sweep (`longctx.plan.sweep`): its candidates and choice, and one branch stage per candidate
@@ -194,11 +193,11 @@ class ResolvedPlan:
     local: LocalSpec
     """The local backend's settings (threads, attention, CP communication, precision; no paths)."""
 
-    slurm: dict[str, Any]
-    """The plan's [slurm] table, unparsed (longctx.slurm.settings parses it against a profile)."""
+    slurm: PlanSlurm
+    """The plan's [slurm] table, typed: `slurm.on(profile, where)` is the cluster profile with it laid on."""
 
-    wandb: WandbValues | None
-    """W&B logging (None: TensorBoard only)."""
+    wandb: WandbSettings | None
+    """W&B logging, save_dir absolute (None: TensorBoard only); each stage's run is `ResolvedStage.wandb`."""
 
     arch: ModelArch
     """The model's architecture ([model], or read from the base checkpoint)."""
@@ -256,13 +255,6 @@ def _where(plan: Plan, stage_index: int | None = None, field: str | None = None)
     if field:
         loc += f".{field}"
     return loc
-
-
-def _merged(plan: Plan, stage: StageSpec, field: str, default: Any) -> Any:
-    value = getattr(stage, field)
-    if value is None:
-        value = getattr(plan.defaults, field)
-    return default if value is None else value
 
 
 def _arch(plan: Plan, vocab: int, findings: Findings) -> ModelArch:
@@ -507,7 +499,7 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
         megatron=resolve_megatron(plan),
         cluster=plan.cluster,
         local=plan.local,
-        slurm=slurm_table(plan),
+        slurm=parse_plan_slurm(dict(plan.slurm), f"{_where(plan)}: slurm"),
         wandb=resolve_wandb(plan),
         arch=arch,
         vocab_size=vocab,
@@ -587,12 +579,11 @@ class _StageContext:
     index: int
     spec: StageSpec
     findings: Findings
+    merged: StageDefaults
+    """The stage's settings over [defaults] over the built-in defaults (`StageDefaults.merged_over`)."""
 
     def where(self, field: str) -> str:
         return _where(self.plan, self.index, field)
-
-    def merged(self, field: str, default: Any) -> Any:
-        return _merged(self.plan, self.spec, field, default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -615,22 +606,24 @@ class _Settings:
 
 
 def _settings(ctx: _StageContext) -> _Settings:
-    tp = ctx.merged("tensor_parallel", 1)
-    recompute = ctx.merged("recompute", "none")
+    m = ctx.merged
+    tp, recompute = m.tensor_parallel, m.recompute
+    # sequence parallelism: on with TP > 1 unless set, and never without TP
+    sp = (tp > 1 if m.sequence_parallel is None else m.sequence_parallel) and tp > 1
     return _Settings(
         seq=ctx.spec.seq_length,
         max_pos=ctx.spec.max_position_embeddings or ctx.spec.seq_length,
-        gpn=ctx.merged("gpus_per_node", ctx.plan.cluster.gpus_per_node),
+        gpn=m.gpus_per_node or ctx.plan.cluster.gpus_per_node,
         tp=tp,
-        pp=ctx.merged("pipeline_parallel", 1),
-        sp=bool(ctx.merged("sequence_parallel", tp > 1)) and tp > 1,
+        pp=m.pipeline_parallel,
+        sp=sp,
         recompute=recompute,
-        recompute_method=ctx.merged("recompute_method", "uniform") if recompute == "full" else None,
-        recompute_num_layers=ctx.merged("recompute_num_layers", 1) if recompute == "full" else None,
-        recompute_modules=tuple(ctx.merged("recompute_modules", [])) if recompute == "selective" else (),
+        recompute_method=m.recompute_method if recompute == "full" else None,
+        recompute_num_layers=m.recompute_num_layers if recompute == "full" else None,
+        recompute_modules=tuple(m.recompute_modules) if recompute == "selective" else (),
         attention_backend=ctx.plan.megatron.attention_backend,
-        mbs=ctx.merged("micro_batch_size", 1),
-        nodes_given=ctx.merged("nodes", None),
+        mbs=m.micro_batch_size,
+        nodes_given=m.nodes,
     )
 
 
@@ -684,7 +677,7 @@ def _check_recompute(ctx: _StageContext, s: _Settings, arch: ModelArch) -> None:
         ("recompute_num_layers", "full"),
         ("recompute_modules", "selective"),
     ):
-        if s.recompute != applies and ctx.merged(field, None) is not None:
+        if s.recompute != applies and field in ctx.merged.model_fields_set:
             ctx.findings.warning(
                 "recompute-unused",
                 f"{field} is set but recompute is {s.recompute!r}; it applies to recompute = {applies!r} only",
@@ -782,8 +775,7 @@ def _global_batch(ctx: _StageContext, s: _Settings) -> int:
     """The global batch in sequences, from global_batch_size or global_batch_tokens (the stage's own
     setting wins over [defaults]); the micro batch when neither is set (an error finding)."""
     spec = ctx.spec
-    gbs_seqs = ctx.merged("global_batch_size", None)
-    gbs_tokens = ctx.merged("global_batch_tokens", None)
+    gbs_seqs, gbs_tokens = ctx.merged.global_batch_size, ctx.merged.global_batch_tokens
     if spec.global_batch_size is not None and spec.global_batch_tokens is not None:
         ctx.findings.error(
             "batch-both",
@@ -871,7 +863,7 @@ def _choose_cp(ctx: _StageContext, sizing: _Sizing) -> tuple[int, int | None]:
     seq = sizing.s.seq
     fitting = [c for c in CP_CANDIDATES if sizing.cp_ok(c) and sizing.estimate(c).fits]
     smallest = fitting[0] if fitting else None
-    cp_cfg = ctx.merged("context_parallel", 1)
+    cp_cfg = ctx.merged.context_parallel
     if cp_cfg == "auto":
         if smallest is not None:
             return smallest, smallest
@@ -970,7 +962,7 @@ def _schedule(ctx: _StageContext, seq: int, gbs: int) -> _Schedule:
             fix="raise tokens or lower the global batch",
         )
     iters = max(1, math.ceil(spec.tokens / tokens_per_iter))
-    lr: LRSpec = ctx.merged("lr", LRSpec())
+    lr = ctx.merged.lr
     # Megatron asserts warm-up < decay (the stage's iterations): a fraction rounded up to the whole stage
     # (one iteration at 10 %) is rounding, so it stops one short; an explicit count that long is refused
     if lr.warmup_iters is None:
@@ -985,12 +977,12 @@ def _schedule(ctx: _StageContext, seq: int, gbs: int) -> _Schedule:
             fix="shorten the warmup",
         )
     wsd = math.ceil(lr.wsd_decay_fraction * iters) if lr.decay_style == "WSD" else None
-    save_interval = ctx.merged("save_interval", max(1, math.ceil(iters / 20)))
+    save_interval = ctx.merged.save_interval or max(1, math.ceil(iters / 20))
     return _Schedule(tokens_per_iter, iters, lr, warmup, wsd, save_interval)
 
 
 def _data(ctx: _StageContext) -> StageData | None:
-    data: DataSpec | None = ctx.merged("data", None)
+    data = ctx.merged.data
     if data is None:
         ctx.findings.error(
             "data-missing",
@@ -1003,7 +995,7 @@ def _data(ctx: _StageContext) -> StageData | None:
 
 def _extra_args(ctx: _StageContext) -> list[str]:
     """The stage's extra_args; a flag the planner owns or forbids is an error finding."""
-    extra = list(ctx.merged("extra_args", []))
+    extra = list(ctx.merged.extra_args)
     check_user_flags(extra, "extra_args", ctx.where("extra_args"), ctx.findings)
     return extra
 
@@ -1028,36 +1020,79 @@ def _load_from(plan: Plan, i: int) -> Path | None:
 def _resolve_stage(
     plan: Plan, i: int, spec: StageSpec, arch: ModelArch, vocab: int, divisible_by: int, findings: Findings
 ) -> ResolvedStage:
-    ctx = _StageContext(plan, i, spec, findings)
+    ctx = _StageContext(plan, i, spec, findings, spec.merged_over(plan.defaults))
     s = _settings(ctx)
-    objective = resolve_objective(plan.objective, vocab)
-    padded, out_rows = vocab_rows(objective, vocab, divisible_by, s.tp)
-    if i == 0:
+    padded, out_rows = _vocab_rows(ctx, arch, vocab, divisible_by, s.tp)
+    rope = _rope(plan, i, spec, arch, findings)
+    _check_parallelism(ctx, s, arch)
+    _check_recompute(ctx, s, arch)
+    sizing = _Sizing(plan, arch, s, padded, _global_batch(ctx, s))
+    layout = _layout(ctx, sizing)
+    sched = _schedule(ctx, s.seq, sizing.gbs)
+    data = _data(ctx)
+    extra = _extra_args(ctx)
+    _check_not_shorter_than_base(ctx, s.seq)
+    main = _stage(ctx, sizing, layout, sched, rope, _Inputs(data, extra, out_rows))
+    if rope.sweep is None:
+        return main
+    return dataclasses.replace(main, branches=_branches(ctx, main, rope.sweep))
+
+
+def _vocab_rows(
+    ctx: _StageContext, arch: ModelArch, vocab: int, divisible_by: int, tp: int
+) -> tuple[int, int | None]:
+    """(input rows, output rows when they differ) at this stage's TP; the first stage checks them."""
+    objective = resolve_objective(ctx.plan.objective, vocab)
+    padded, out_rows = vocab_rows(objective, vocab, divisible_by, tp)
+    if ctx.index == 0:
         check_vocab_rows(
             objective,
             vocab,
             (padded, out_rows),
             arch.untie_embeddings_and_output_weights,
-            _where(plan, field="objective"),
-            findings,
+            _where(ctx.plan, field="objective"),
+            ctx.findings,
         )
-    rope = _rope(plan, i, spec, arch, findings)
-    _check_parallelism(ctx, s, arch)
-    _check_recompute(ctx, s, arch)
-    sizing = _Sizing(plan, arch, s, padded, _global_batch(ctx, s))
+    return padded, out_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """The chosen parallel layout: CP, DP, nodes, the memory estimate at it and the smallest CP that fits."""
+
+    cp: int
+    dp: int
+    nodes: int
+    memory: memory.MemoryEstimate
+    smallest_cp: int | None
+
+
+def _layout(ctx: _StageContext, sizing: _Sizing) -> _Layout:
     cp, smallest = _choose_cp(ctx, sizing)
-    _check_attention(ctx, s, cp)
+    _check_attention(ctx, sizing.s, cp)
     nodes, dp = _check_layout(ctx, sizing, cp)
     est = sizing.estimate(cp)
     _check_memory(ctx, est, smallest)
-    sched = _schedule(ctx, s.seq, sizing.gbs)
-    data = _data(ctx)
-    extra = _extra_args(ctx)
-    _check_not_shorter_than_base(ctx, s.seq)
-    load_from = _load_from(plan, i)
+    return _Layout(cp, dp, nodes, est, smallest)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The rest of what a stage is built from: its data, extra flags and output-layer rows."""
+
+    data: StageData | None
+    extra_args: list[str]
+    output_vocab_size: int | None
+
+
+def _stage(
+    ctx: _StageContext, sizing: _Sizing, layout: _Layout, sched: _Schedule, rope: _Rope, inputs: _Inputs
+) -> ResolvedStage:
+    """The resolved stage from the steps' results (a swept stage without its branches)."""
+    plan, spec, m, s = ctx.plan, ctx.spec, ctx.merged, sizing.s
     gbs, mbs = sizing.gbs, s.mbs
-    main = ResolvedStage(
-        index=i,
+    return ResolvedStage(
+        index=ctx.index,
         name=spec.name,
         spec=spec,
         seq_length=s.seq,
@@ -1067,9 +1102,9 @@ def _resolve_stage(
         rope_explanation=rope.explanation,
         tp=s.tp,
         pp=s.pp,
-        cp=cp,
-        dp=dp,
-        nodes=nodes,
+        cp=layout.cp,
+        dp=layout.dp,
+        nodes=layout.nodes,
         gpus_per_node=s.gpn,
         sequence_parallel=s.sp,
         recompute=s.recompute,
@@ -1079,7 +1114,7 @@ def _resolve_stage(
         attention_backend=s.attention_backend,
         micro_batch_size=mbs,
         global_batch_size=gbs,
-        num_microbatches=max(1, gbs // max(1, mbs * dp)),
+        num_microbatches=max(1, gbs // max(1, mbs * layout.dp)),
         train_iters=sched.iters,
         tokens_planned=spec.tokens,
         tokens_realized=sched.iters * sched.tokens_per_iter,
@@ -1087,27 +1122,24 @@ def _resolve_stage(
         warmup_iters=sched.warmup,
         wsd_decay_iters=sched.wsd,
         save_interval=sched.save_interval,
-        eval_interval=ctx.merged("eval_interval", None),
-        eval_iters=ctx.merged("eval_iters", 0),
-        log_interval=ctx.merged("log_interval", 1),
-        exit_duration_in_mins=ctx.merged("exit_duration_in_mins", None),
-        data=data,
-        extra_args=extra,
-        seed=ctx.merged("seed", 1234),
-        padded_vocab_size=padded,
-        memory=est,
-        smallest_fitting_cp=smallest,
+        eval_interval=m.eval_interval,
+        eval_iters=m.eval_iters,
+        log_interval=m.log_interval,
+        exit_duration_in_mins=m.exit_duration_in_mins,
+        data=inputs.data,
+        extra_args=inputs.extra_args,
+        seed=m.seed,
+        padded_vocab_size=sizing.padded_vocab_size,
+        memory=layout.memory,
+        smallest_fitting_cp=layout.smallest_cp,
         save_dir=paths.stage_save_dir(plan, spec.name),
-        load_from=load_from,
+        load_from=_load_from(plan, ctx.index),
         stage_dir=paths.stage_dir(plan, spec.name),
         wandb=stage_wandb(resolve_wandb(plan), spec.name, paths.stage_dir(plan, spec.name)),
-        output_vocab_size=out_rows,
+        output_vocab_size=inputs.output_vocab_size,
         rope_scaling=rope.scaling,
         sweep=rope.sweep,
     )
-    if rope.sweep is None:
-        return main
-    return dataclasses.replace(main, branches=_branches(ctx, main, rope.sweep))
 
 
 def _branches(ctx: _StageContext, main: ResolvedStage, sweep: ResolvedSweep) -> tuple[ResolvedStage, ...]:

@@ -196,7 +196,8 @@ def _check_options(opts: RehearsalOptions) -> None:
 
 def _defaults(rp: ResolvedPlan, opts: RehearsalOptions, notes: list[Reduction]) -> dict[str, Any]:
     d = rp.plan.defaults
-    lr = (d.lr.model_dump(mode="json", exclude_none=True) if d.lr else {}) | {"lr": opts.lr}
+    given = d.lr.model_dump(mode="json", exclude_none=True) if "lr" in d.model_fields_set else {}
+    lr = given | {"lr": opts.lr}
     first = rp.stages[0].lr
     lr["min_lr"] = float(f"{opts.lr * (first.min_lr / first.lr):.6g}")
     lr.pop("warmup_iters", None)
@@ -235,7 +236,12 @@ KEPT = (
 
 
 def _kept(spec: StageDefaults) -> dict[str, Any]:
-    return {key: getattr(spec, key) for key in KEPT if getattr(spec, key) is not None}
+    # what the plan set: a built-in default stays a default in the rehearsal's plan
+    return {
+        key: getattr(spec, key)
+        for key in KEPT
+        if key in spec.model_fields_set and getattr(spec, key) is not None
+    }
 
 
 def _eval(rp: ResolvedPlan, opts: RehearsalOptions) -> dict[str, Any]:

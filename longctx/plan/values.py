@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from longctx.megatron_versions import MegatronFacts, facts
 from longctx.plan import paths
 from longctx.plan.schema import DataSpec, Plan, TierMix
 from longctx.tokenizer import EncodingSpec, TokenizerManifest, declared_spec
+from longctx.util.wandb_settings import WandbSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,34 +102,6 @@ class MegatronValues:
 
 
 @dataclasses.dataclass(frozen=True)
-class WandbValues:
-    """The plan's [wandb] table, resolved (each stage's run is `StageWandb`)."""
-
-    project: str
-    """The W&B project."""
-
-    exp_name: str
-    """The experiment name; each stage logs as `<exp_name>-<stage>`."""
-
-    save_dir: Path | None
-    """The W&B directory (a "<stage>" subdirectory each), absolute; None: each stage's own directory."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StageWandb:
-    """One stage's W&B run: the same for both backends (Megatron-LM's flags, the local trainer's spec)."""
-
-    project: str
-    """The W&B project."""
-
-    exp_name: str
-    """The run's name: `<exp_name>-<stage>`."""
-
-    save_dir: Path
-    """Where the run's files go: `<save_dir>/<stage>`, else `<stage dir>/wandb`."""
-
-
-@dataclasses.dataclass(frozen=True)
 class StageData:
     """A stage's data (its own [stages.data], else [defaults.data]) with every path absolute."""
 
@@ -197,20 +169,21 @@ def resolve_megatron(plan: Plan) -> MegatronValues:
     )
 
 
-def resolve_wandb(plan: Plan) -> WandbValues | None:
+def resolve_wandb(plan: Plan) -> WandbSettings | None:
+    """The plan's [wandb] table with its save_dir absolute (None: no W&B)."""
     w = plan.wandb
-    if w is None:
-        return None
-    save_dir = paths.resolve(w.save_dir, plan, field="wandb.save_dir") if w.save_dir else None
-    return WandbValues(project=w.project, exp_name=w.exp_name, save_dir=save_dir)
+    if w is None or w.save_dir is None:
+        return w
+    return w.model_copy(update={"save_dir": str(paths.resolve(w.save_dir, plan, field="wandb.save_dir"))})
 
 
-def stage_wandb(wandb: WandbValues | None, stage: str, stage_dir: Path) -> StageWandb | None:
-    """None when the plan logs no W&B; else the stage's run: `<exp_name>-<stage>`, its own save dir."""
+def stage_wandb(wandb: WandbSettings | None, stage: str, stage_dir: Path) -> WandbSettings | None:
+    """None when the plan logs no W&B; else the stage's run: `<exp_name>-<stage>`, its own save dir
+    (`<save_dir>/<stage>`, else `<stage dir>/wandb`)."""
     if wandb is None:
         return None
-    save_dir = wandb.save_dir / stage if wandb.save_dir else stage_dir / "wandb"
-    return StageWandb(project=wandb.project, exp_name=f"{wandb.exp_name}-{stage}", save_dir=save_dir)
+    save_dir = Path(wandb.save_dir) / stage if wandb.save_dir else stage_dir / "wandb"
+    return wandb.model_copy(update={"exp_name": f"{wandb.exp_name}-{stage}", "save_dir": str(save_dir)})
 
 
 def resolve_data(plan: Plan, stage: str, d: DataSpec | None) -> StageData | None:
@@ -236,8 +209,3 @@ def resolve_data(plan: Plan, stage: str, d: DataSpec | None) -> StageData | None
         packing=d.packing,
         reset_position_ids=d.reset_position_ids,
     )
-
-
-def slurm_table(plan: Plan) -> dict[str, Any]:
-    """The plan's [slurm] table (a copy: Slurm settings are parsed by longctx.slurm)."""
-    return dict(plan.slurm)

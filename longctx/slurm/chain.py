@@ -30,7 +30,7 @@ from longctx.errors import SlurmError, StageError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
 from longctx.slurm.records import job_id_of, submitted, submitted_ids
-from longctx.slurm.render import Rendered, eval_script_name, log_dir
+from longctx.slurm.script import Rendered, eval_script_name, log_dir
 from longctx.slurm.settings import JobSettings
 from longctx.slurm.sweep_jobs import SweepJobs, submit_sweep
 from longctx.stage import ledger

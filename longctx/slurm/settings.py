@@ -13,53 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from longctx.errors import SlurmError
 from longctx.plan.derive import ResolvedPlan
-from longctx.slurm.profiles import Backend, ContainerSpec, LauncherName, Profile, QosLimits, load_profile
+from longctx.plan.slurm import parse_plan_slurm
+from longctx.slurm.profiles import Backend, LauncherName, Profile, QosLimits, load_profile
 from longctx.slurm.timefmt import SignalSpec, format_seconds, parse_signal, parse_time
 from longctx.stage.run import MEGATRON_ENV
-
-
-class PlanSlurm(BaseModel):
-    """What a plan's [slurm] table (and the CLI) may set; everything else comes from the profile."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    account: str | None = None
-    partition: str | None = None
-    qos: str | None = None
-    reservation: str | None = None
-    time: str | None = None
-    signal: str | None = None
-    exclude: str | None = None
-    constraint: str | None = None
-    exclusive: bool | None = None
-    cpus_per_task: int | None = Field(default=None, gt=0)
-    extra_sbatch: list[str] | None = None
-    save_margin_mins: float | None = Field(default=None, ge=0)
-    # an image path, or a table {runtime, image, binds, options}
-    container: str | dict[str, Any] | None = None
-    binds: list[str] | None = None
-    env: dict[str, str] | None = None
-    srun_args: list[str] | None = None
-    torchrun: str | None = None
-    master_port: int | None = Field(default=None, gt=0, lt=65536)
-    backend: Backend | None = None
-    launcher: LauncherName | None = None
-    longctx_command: list[str] | None = None
-    megatron_lm: str | None = None
-    eval_time: str | None = None
-    tokens_per_gpu_second: dict[str, float] | None = None
-    job_overhead_mins: float | None = Field(default=None, ge=0)
-    job_name: str | None = None
-    # megatron-lm backend: each chain job puts its launch through the checkout's Megatron-LM first
-    # (`stage run`'s preflight, on the node); false skips it (`slurm submit` checks every stage anyway)
-    job_preflight: bool | None = None
-
-
-PLAN_SLURM_KEYS = tuple(PlanSlurm.model_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,71 +52,6 @@ class JobSettings:
         return self.time_seconds / 60
 
 
-def parse_plan_slurm(data: dict[str, Any], where: str) -> PlanSlurm:
-    unknown = sorted(set(data) - set(PLAN_SLURM_KEYS))
-    if unknown:
-        raise SlurmError(
-            f"unknown key{'s' if len(unknown) > 1 else ''} in the plan's slurm table: {', '.join(unknown)}",
-            where=where,
-            fix=f"use only: {', '.join(PLAN_SLURM_KEYS)}",
-        )
-    try:
-        return PlanSlurm.model_validate(data)
-    except ValidationError as err:
-        detail = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors())
-        raise SlurmError(
-            f"invalid slurm table: {detail}", where=where, fix="see `longctx slurm render --help`"
-        ) from None
-
-
-def _merge(profile: Profile, given: PlanSlurm, where: str) -> tuple[Profile, str | None, str | None]:
-    """The profile with `given` applied; also the job name and the Megatron-LM path when given."""
-    update: dict[str, Any] = {}
-    for key in PLAN_SLURM_KEYS:
-        value = getattr(given, key)
-        if value is None or key in (
-            "container",
-            "binds",
-            "env",
-            "tokens_per_gpu_second",
-            "megatron_lm",
-            "job_name",
-            "job_preflight",
-        ):
-            continue
-        update[key] = value
-    if given.env:
-        update["env"] = {**profile.env, **given.env}
-    if given.tokens_per_gpu_second:
-        update["tokens_per_gpu_second"] = {**profile.tokens_per_gpu_second, **given.tokens_per_gpu_second}
-    container = profile.container
-    if given.container is not None:
-        if isinstance(given.container, str):
-            container = (container or ContainerSpec()).model_copy(update={"image": given.container})
-        else:
-            base = (container or ContainerSpec()).model_dump()
-            try:
-                container = ContainerSpec.model_validate({**base, **given.container})
-            except ValidationError as err:
-                raise SlurmError(
-                    f"invalid slurm.container: {err.errors()[0]['msg']}",
-                    where=where,
-                    fix="give an image path, or a table with runtime, image, binds, options",
-                ) from None
-    if given.binds is not None:
-        container = (container or ContainerSpec()).model_copy(update={"binds": list(given.binds)})
-    update["container"] = container
-    try:
-        merged = Profile.model_validate({**profile.model_dump(), **update})
-    except ValidationError as err:
-        raise SlurmError(
-            f"invalid Slurm settings: {err.errors()[0]['msg']}",
-            where=where,
-            fix="check the plan's slurm table and the command-line options",
-        ) from None
-    return merged, given.job_name, given.megatron_lm
-
-
 def job_settings(
     rp: ResolvedPlan,
     profile: str | Profile | None = None,
@@ -165,14 +59,14 @@ def job_settings(
 ) -> JobSettings:
     where = rp.where
     base = profile if isinstance(profile, Profile) else load_profile(profile or rp.cluster.profile)
-    from_plan = parse_plan_slurm(dict(rp.slurm), f"{where}: slurm")
-    eff, job_name, megatron = _merge(base, from_plan, f"{where}: slurm")
+    from_plan = rp.slurm
+    eff = from_plan.on(base, f"{where}: slurm")
+    job_name, megatron, job_preflight = from_plan.job_name, from_plan.megatron_lm, from_plan.job_preflight
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}
-    job_preflight = from_plan.job_preflight
     if cli:
         from_cli = parse_plan_slurm(cli, "command line")
-        eff, job_name2, megatron2 = _merge(eff, from_cli, "command line")
-        job_name, megatron = job_name2 or job_name, megatron2 or megatron
+        eff = from_cli.on(eff, "command line")
+        job_name, megatron = from_cli.job_name or job_name, from_cli.megatron_lm or megatron
         if from_cli.job_preflight is not None:
             job_preflight = from_cli.job_preflight
     if megatron is None and rp.megatron.path is not None:

@@ -22,7 +22,7 @@ from longctx.errors import LongctxError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
 from longctx.slurm.chain import job_id_of, stage_tokens_per_second
-from longctx.slurm.render import log_dir
+from longctx.slurm.script import log_dir
 from longctx.slurm.settings import job_settings
 from longctx.stage import ledger
 from longctx.stage.curves import read_plan_curves

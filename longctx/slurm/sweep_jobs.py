@@ -19,7 +19,7 @@ from longctx.errors import SlurmError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands
 from longctx.slurm.records import job_id_of, submitted
-from longctx.slurm.render import sweep_script_name
+from longctx.slurm.script import sweep_script_name
 from longctx.stage import ledger
 from longctx.stage.state import stage_state
 

@@ -44,7 +44,6 @@ from longctx.stage.megatron_args import attention_backend_env, cpu_flags
 from longctx.stage.run_files import check_run_file
 from longctx.stage.saved_schedule import checkpoint_schedule
 from longctx.stage.state import NextStep, Repair, next_step, plan_state, require_runnable, stage_state
-from longctx.stage.wandb_settings import stage_wandb
 from longctx.tokenizer import load_tokenizer, tokenizer_md5
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.disk import storage_problem
@@ -367,7 +366,7 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
         threads_per_process=threads,
         metrics_file=str(stage_root / "metrics.jsonl"),
         tensorboard_dir=str(stage_root / "tensorboard"),
-        wandb=stage_wandb(st),
+        wandb=st.wandb,
     )
     return spec, nproc
 

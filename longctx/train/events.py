@@ -29,7 +29,7 @@ from longctx.train.event_tags import (
     TOKENS_PER_SECOND,
     VS_SAMPLES,
 )
-from longctx.train.spec import WandbSettings
+from longctx.util.wandb_settings import WandbSettings
 
 
 def _wandb() -> ModuleType | None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from longctx.arch import ModelArch
 from longctx.objective import Objective
 from longctx.util.fs import atomic_write_text
+from longctx.util.wandb_settings import WandbSettings
 
 
 class LRSchedule(BaseModel):
@@ -32,16 +33,6 @@ class LRSchedule(BaseModel):
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
-
-
-class WandbSettings(BaseModel):
-    """Megatron-LM's --wandb-project / --wandb-exp-name / --wandb-save-dir, for the local trainer's W&B log."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    project: str
-    exp_name: str
-    save_dir: str
 
 
 class TokenizerInfo(BaseModel):
@@ -99,7 +90,9 @@ class TrainSpec(BaseModel):
     threads_per_process: int | None = None
     metrics_file: str | None = None
     tensorboard_dir: str | None = None  # Megatron-LM's tags, one event file per launch (longctx.train.events)
-    wandb: WandbSettings | None = None  # logged only when `wandb` is installed
+    wandb: WandbSettings | None = (
+        None  # the stage's run (plan.values.stage_wandb); logged when `wandb` is installed
+    )
     extra_args: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
     @model_validator(mode="after")

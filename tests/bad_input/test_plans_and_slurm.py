@@ -102,3 +102,23 @@ def test_slurm_profile_not_utf8(plan: Path, fresh_run: Path, tmp_path: Path) -> 
     prof.write_bytes(b'name = "n\xe9ud"\n')
     args = ["slurm", "render", plan, "--profile", prof, "--out", tmp_path / "out"]
     refused(args, [fresh_run, tmp_path], needle="latin.toml")
+
+
+@pytest.mark.parametrize(
+    ("table", "needle"),
+    [
+        ('qoss = "x"', "unknown key in the plan's slurm table: qoss"),
+        ("master_port = 70000", "master_port"),
+        ('cpus_per_task = "many"', "cpus_per_task"),
+        ('backend = "tensorflow"', "backend"),
+    ],
+    ids=["unknown-key", "port", "cpus", "backend"],
+)
+@pytest.mark.parametrize("command", [["plan", "check"], ["slurm", "render"]], ids=" ".join)
+def test_a_bad_slurm_table_is_refused_when_the_plan_is_resolved(
+    fresh_run: Path, tmp_path: Path, table: str, needle: str, command: list[str]
+) -> None:
+    # the [slurm] table is typed with the rest of the plan: every command refuses it, not Slurm's alone
+    plan = write_plan(tmp_path / "plan.toml", fresh_run, extra=f"\n[slurm]\n{table}\n")
+    msg = refused([*command, plan], [fresh_run, tmp_path], needle=needle)
+    assert "plan.toml: slurm" in msg

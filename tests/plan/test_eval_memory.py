@@ -12,7 +12,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.eval_memory import eval_cp, eval_memory
 from longctx.plan.load import load_plan
 from longctx.plan.memory import OVERHEAD_BYTES, GiB
-from longctx.slurm.render import eval_launch
+from longctx.slurm.script import eval_launch
 
 REPO = Path(__file__).resolve().parents[2]
 ARCH = ModelArch(

@@ -14,7 +14,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm import commands
 from longctx.slurm.chain import _failure_streak, estimate_chain, submit, tokens_per_gpu_second
-from longctx.slurm.render import render
+from longctx.slurm.script import render
 from longctx.slurm.settings import job_settings
 
 runner = CliRunner()

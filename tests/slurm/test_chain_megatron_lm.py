@@ -40,7 +40,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm import commands
 from longctx.slurm.chain import submitted, submitted_ids
-from longctx.slurm.render import render
+from longctx.slurm.script import render
 from longctx.slurm.status import chain_status
 from longctx.stage import ledger
 from longctx.stage.state import next_step, plan_state

@@ -24,7 +24,7 @@ from longctx.plan.load import load_plan
 from longctx.slurm import commands
 from longctx.slurm.chain import submit, submitted_ids
 from longctx.slurm.quote import sbatch_word
-from longctx.slurm.render import render
+from longctx.slurm.script import render
 from longctx.slurm.status import chain_status
 from longctx.stage import ledger
 from longctx.stage.state import next_step, plan_state

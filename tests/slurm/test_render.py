@@ -18,7 +18,7 @@ from longctx.errors import SlurmError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm.quote import check_text, fill, sbatch_word, sh, slurm_filename
-from longctx.slurm.render import render
+from longctx.slurm.script import render
 
 GOLDEN = Path(__file__).parent / "golden" / "baby_9b_dense.leonardo"
 LONGCTX = ["/opt/longctx/.venv/bin/python", "-m", "longctx"]

@@ -12,8 +12,9 @@ from longctx.cli.main import app
 from longctx.errors import SlurmError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
+from longctx.plan.slurm import PLAN_SLURM_KEYS
 from longctx.slurm.profiles import available_profiles, load_profile
-from longctx.slurm.settings import PLAN_SLURM_KEYS, job_settings
+from longctx.slurm.settings import job_settings
 from longctx.slurm.timefmt import parse_signal, parse_time
 
 runner = CliRunner()

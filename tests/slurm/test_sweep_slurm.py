@@ -15,7 +15,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm import commands
 from longctx.slurm.chain import submit
-from longctx.slurm.render import render
+from longctx.slurm.script import render
 from longctx.slurm.sweep_jobs import ARRAY_KIND, CHOOSE_KIND, active_with_tasks
 from longctx.stage import ledger
 from longctx.stage.state import plan_state, stage_state

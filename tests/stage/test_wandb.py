@@ -10,10 +10,8 @@ import pytest
 
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
-from longctx.plan.schema import WandbSpec
 from longctx.stage.megatron_args import stage_flags
-from longctx.stage.wandb_settings import stage_wandb
-from longctx.train.spec import WandbSettings
+from longctx.util.wandb_settings import WandbSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,25 +19,25 @@ REPO = Path(__file__).resolve().parents[2]
 def test_wandb_table_becomes_megatron_lms_flags(baby) -> None:
     rp, tmp = baby
     assert not any(f.name.startswith("--wandb") for f in stage_flags(rp, rp.stage("64k")))  # none by default
-    plan = rp.plan.model_copy(update={"wandb": WandbSpec(project="baby-longctx", exp_name="try1")})
+    plan = rp.plan.model_copy(update={"wandb": WandbSettings(project="baby-longctx", exp_name="try1")})
     rp = resolve_plan(plan)
     flags = {f.name: f.values for f in stage_flags(rp, rp.stage("64k"))}
     save = str(tmp / "run" / "stages" / "64k" / "wandb")
     assert flags["--wandb-project"] == ("baby-longctx",)
     assert flags["--wandb-exp-name"] == ("try1-64k",)
     assert flags["--wandb-save-dir"] == (save,)
-    # the local trainer gets the same settings
-    assert stage_wandb(rp.stage("64k")) == WandbSettings(
-        project="baby-longctx", exp_name="try1-64k", save_dir=save
-    )
+    # the local trainer's spec takes the stage's settings as they are: one type from the plan to both backends
+    assert rp.stage("64k").wandb == WandbSettings(project="baby-longctx", exp_name="try1-64k", save_dir=save)
 
 
 def test_wandb_save_dir_takes_the_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LONGCTX_BABY_RUN_DIR", str(tmp_path / "run"))
     plan = load_plan(REPO / "stages" / "baby_9b_dense.toml")
-    plan = plan.model_copy(update={"wandb": WandbSpec(project="p", exp_name="e", save_dir="${RUN_DIR}/wb")})
+    plan = plan.model_copy(
+        update={"wandb": WandbSettings(project="p", exp_name="e", save_dir="${RUN_DIR}/wb")}
+    )
     rp = resolve_plan(plan)
-    assert stage_wandb(rp.stage("16k")).save_dir == str(tmp_path / "run" / "wb" / "16k")
+    assert rp.stage("16k").wandb.save_dir == str(tmp_path / "run" / "wb" / "16k")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from longctx.checkpoint.layout import iter_dir_name
 from longctx.errors import SlurmError
-from longctx.plan.derive import ResolvedPlan
+from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.eval_memory import BATCHES, eval_cp
 from longctx.plan.memory import GiB
 from longctx.slurm.profiles import Profile
@@ -134,91 +134,99 @@ def render(
     eff = settings.profile
     out = Path(out_dir).resolve() if out_dir is not None else default_out_dir(settings.run_dir)
     command = longctx_command or eff.longctx_command or default_longctx_command()
-    where = str(settings.plan_path)
-
-    env = _environment(settings, where)
-    chain_directives = _directives(
-        settings, nodes=settings.nodes, time=eff.time.strip(), name=settings.job_name, signal=True
-    )
-    scripts = [
-        Script(
-            CHAIN_SCRIPT,
-            "chain",
-            fill(
-                template("chain"),
-                {
-                    "title": _comment(
-                        f"longctx chain job: plan {settings.plan_name}, profile {eff.name}, "
-                        f"backend {settings.backend}"
-                    ),
-                    "directives": chain_directives,
-                    "environment": env,
-                    "longctx": sh_words(command, "longctx command"),
-                    "plan": sh(settings.plan_path, "plan path"),
-                    "backend": sh(settings.backend),
-                    "launcher": sh(settings.launcher),
-                    "stage_options": _stage_options(settings)
-                    + (" --sweep-branches array" if any(st.sweep for st in rp.stages) else ""),
-                    "scripts_dir": sh(out, "scripts directory"),
-                },
-                where=f"template {CHAIN_SCRIPT}",
-            ),
-        ),
-    ]
+    env = _environment(settings, str(settings.plan_path))
+    scripts = [_chain_script(rp, settings, env, command, out)]
     scripts += _sweep_scripts(rp, settings, env, command)
     notes: list[str] = []
     if settings.backend == "megatron-lm":
-        for st in rp.stages:
-            directives = _directives(
-                settings,
-                nodes=eff.eval_nodes,
-                time=eff.eval_time.strip(),
-                name=f"{settings.job_name}-eval-{st.name}",
-                signal=False,
-            )
-            final = st.save_dir / iter_dir_name(st.train_iters)
-            est, batch = eval_cp(
-                rp.arch,
-                st.padded_vocab_size,
-                st.seq_length,
-                max_cp=settings.gpus_per_node,
-                gpu_memory_gib=rp.cluster.gpu_memory_gib,
-                margin=rp.cluster.memory_margin,
-                where=f"{where}: stage {st.name}",
-            )
-            launch, note = eval_launch(command, est.cp)
-            if note and note not in notes:
-                notes.append(note)
-            scripts.append(
-                Script(
-                    eval_script_name(st.name),
-                    "eval",
-                    fill(
-                        template("eval"),
-                        {
-                            "title": _comment(
-                                f"longctx eval job: plan {settings.plan_name}, stage {st.name}, profile {eff.name}"
-                            ),
-                            "directives": directives,
-                            "environment": env,
-                            "longctx": sh_words(launch, "longctx command"),
-                            "checkpoint": sh(final, "checkpoint path"),
-                            "plan": sh(settings.plan_path, "plan path"),
-                            "stage": sh(st.name, "stage name"),
-                            "eval_options": ""
-                            if est.cp == 1 and batch == BATCHES[0]
-                            else f" --cp {est.cp} --batch-size {batch}",
-                            "memory": _comment(
-                                f"memory per GPU (longctx.plan.eval_memory): {est.total / GiB:.1f} of "
-                                f"{est.budget / GiB:.1f} GiB at CP {est.cp}, {batch} per forward"
-                            ),
-                        },
-                        where=f"template {eval_script_name(st.name)}",
-                    ),
-                    stage=st.name,
-                )
-            )
+        scripts += [_eval_script(rp, st, settings, env, command, notes) for st in rp.stages]
     return Rendered(settings, out, scripts, inputs=plan_inputs(rp), notes=notes)
+
+
+def _chain_script(rp: ResolvedPlan, settings: JobSettings, env: str, command: list[str], out: Path) -> Script:
+    """The chain job's script: every job of the chain runs it (`stage run`, then `slurm job-end`)."""
+    eff = settings.profile
+    chain_directives = _directives(
+        settings, nodes=settings.nodes, time=eff.time.strip(), name=settings.job_name, signal=True
+    )
+    return Script(
+        CHAIN_SCRIPT,
+        "chain",
+        fill(
+            template("chain"),
+            {
+                "title": _comment(
+                    f"longctx chain job: plan {settings.plan_name}, profile {eff.name}, "
+                    f"backend {settings.backend}"
+                ),
+                "directives": chain_directives,
+                "environment": env,
+                "longctx": sh_words(command, "longctx command"),
+                "plan": sh(settings.plan_path, "plan path"),
+                "backend": sh(settings.backend),
+                "launcher": sh(settings.launcher),
+                "stage_options": _stage_options(settings)
+                + (" --sweep-branches array" if any(st.sweep for st in rp.stages) else ""),
+                "scripts_dir": sh(out, "scripts directory"),
+            },
+            where=f"template {CHAIN_SCRIPT}",
+        ),
+    )
+
+
+def _eval_script(
+    rp: ResolvedPlan, st: ResolvedStage, settings: JobSettings, env: str, command: list[str], notes: list[str]
+) -> Script:
+    """A stage's eval job (megatron-lm backend), sized by the evaluation's memory model; a note on how it
+    launches is added to `notes` once."""
+    eff, where = settings.profile, str(settings.plan_path)
+    directives = _directives(
+        settings,
+        nodes=eff.eval_nodes,
+        time=eff.eval_time.strip(),
+        name=f"{settings.job_name}-eval-{st.name}",
+        signal=False,
+    )
+    final = st.save_dir / iter_dir_name(st.train_iters)
+    est, batch = eval_cp(
+        rp.arch,
+        st.padded_vocab_size,
+        st.seq_length,
+        max_cp=settings.gpus_per_node,
+        gpu_memory_gib=rp.cluster.gpu_memory_gib,
+        margin=rp.cluster.memory_margin,
+        where=f"{where}: stage {st.name}",
+    )
+    launch, note = eval_launch(command, est.cp)
+    if note and note not in notes:
+        notes.append(note)
+    return Script(
+        eval_script_name(st.name),
+        "eval",
+        fill(
+            template("eval"),
+            {
+                "title": _comment(
+                    f"longctx eval job: plan {settings.plan_name}, stage {st.name}, profile {eff.name}"
+                ),
+                "directives": directives,
+                "environment": env,
+                "longctx": sh_words(launch, "longctx command"),
+                "checkpoint": sh(final, "checkpoint path"),
+                "plan": sh(settings.plan_path, "plan path"),
+                "stage": sh(st.name, "stage name"),
+                "eval_options": ""
+                if est.cp == 1 and batch == BATCHES[0]
+                else f" --cp {est.cp} --batch-size {batch}",
+                "memory": _comment(
+                    f"memory per GPU (longctx.plan.eval_memory): {est.total / GiB:.1f} of "
+                    f"{est.budget / GiB:.1f} GiB at CP {est.cp}, {batch} per forward"
+                ),
+            },
+            where=f"template {eval_script_name(st.name)}",
+        ),
+        stage=st.name,
+    )
 
 
 _SWEEP_ROLES = {
