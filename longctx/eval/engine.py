@@ -568,16 +568,7 @@ def evaluate_checkpoints(
             if log is not None:
                 log(f"evaluating {p.job.ref.label}: {p.job.ref.path}")
             evals.append(_evaluate_one(p, ctx))
-    base = next((e for e in evals if e.label == BASE_LABEL and e.short is not None), None)
-    for e in evals:
-        if base is not None and e.short is not None:
-            e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
-            if e is not base and e.short.doc_tokens == base.short.doc_tokens:  # type: ignore[union-attr]
-                e.short_delta_interval = paired_delta_interval(
-                    e.short.doc_nll,
-                    base.short.doc_nll,  # type: ignore[union-attr]
-                    e.short.doc_tokens,
-                )
+    _short_deltas(evals)
     unnatural = [f"{e.label}@{r.length}" for e in evals for r in e.results if r.passkey.natural < 1.0]
     if unnatural:
         notes.append(
@@ -595,6 +586,20 @@ def evaluate_checkpoints(
         notes=list(dict.fromkeys(notes)),
         seconds=time.perf_counter() - t0,
     )
+
+
+def _short_deltas(evals: list[CheckpointEval]) -> None:
+    """Each checkpoint's short-context loss against the base's, with its paired interval."""
+    base = next((e for e in evals if e.label == BASE_LABEL and e.short is not None), None)
+    for e in evals:
+        if base is not None and e.short is not None:
+            e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
+            if e is not base and e.short.doc_tokens == base.short.doc_tokens:  # type: ignore[union-attr]
+                e.short_delta_interval = paired_delta_interval(
+                    e.short.doc_nll,
+                    base.short.doc_nll,  # type: ignore[union-attr]
+                    e.short.doc_tokens,
+                )
 
 
 def _earlier(out_dir: Path) -> EvalReport | None:

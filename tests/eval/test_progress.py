@@ -69,8 +69,10 @@ def test_eval_run_prints_progress_on_stderr_and_one_json_document(
     eval_run_copy: EvalRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("LONGCTX_NO_PROGRESS", raising=False)
-    args = ["eval", "run", str(eval_run_copy.stage("s2")), "--plan", str(eval_run_copy.plan), "--lengths",
-            f"{S1_LEN},{S2_LEN}", *FAST, "--tasks", "single,multikey-2", "--packed-windows", "0", "--json"]  # fmt: skip
+    lengths = f"{S1_LEN},{S2_LEN}"
+    plan, s2 = str(eval_run_copy.plan), str(eval_run_copy.stage("s2"))
+    tasks = ["--tasks", "single,multikey-2", "--packed-windows", "0"]
+    args = ["eval", "run", s2, "--plan", plan, "--lengths", lengths, *FAST, *tasks, "--json"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)  # stdout is exactly the report
