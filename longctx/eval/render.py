@@ -261,6 +261,19 @@ def print_tables(report: EvalReport, con: Console) -> None:
 
 
 def markdown_table(report: EvalReport) -> str:
+    """summary.md: the tables, settings, legend, method, notes and plot paths."""
+    title = f"# evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})"
+    lines = [title, "", *markdown_tables(report)]
+    lines += ["", settings_line(report), "", _legend(report), "", f"method: {report.method}"]
+    lines += [f"- note: {n}" for n in report.notes]
+    if report.plots:
+        lines += [""] + [f"- {k}: {v}" for k, v in report.plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_tables(report: EvalReport) -> list[str]:
+    """The passkey table and, where tasks were measured, the needle-task table in Markdown: what
+    summary.md shows and docs/measured.md quotes from a stored report (tests/eval/test_measured.py)."""
     packed = _has_packed(report)
     head = [
         "checkpoint",
@@ -270,19 +283,13 @@ def markdown_table(report: EvalReport) -> str:
         "short loss",
         *(["packed"] if packed else []),
     ]
-    title = f"# evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})"
-    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report.table():
         lengths = [_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths]
         packed_cell = [_packed(row)] if packed else []
         cells = [row["checkpoint"], str(row["trained_length"] or "?"), *lengths, _effective(row), _short(row)]
         lines.append("| " + " | ".join([*cells, *packed_cell]) + " |")
-    lines += _markdown_tasks(report)
-    lines += ["", settings_line(report), "", _legend(report), "", f"method: {report.method}"]
-    lines += [f"- note: {n}" for n in report.notes]
-    if report.plots:
-        lines += [""] + [f"- {k}: {v}" for k, v in report.plots.items()]
-    return "\n".join(lines) + "\n"
+    return lines + _markdown_tasks(report)
 
 
 def _markdown_tasks(report: EvalReport) -> list[str]:
