@@ -272,8 +272,8 @@ def markdown_table(report: EvalReport) -> str:
 
 
 def markdown_tables(report: EvalReport) -> list[str]:
-    """The passkey table and, where tasks were measured, the needle-task table in Markdown: what
-    summary.md shows and docs/measured.md quotes from a stored report (tests/eval/test_measured.py)."""
+    """The passkey table and, where tasks were measured, the needle-task table in Markdown (summary.md's,
+    and what a page quoting a stored report.json renders from it)."""
     packed = _has_packed(report)
     head = [
         "checkpoint",
