@@ -98,9 +98,12 @@ class EvalProgress:
         if not self.enabled:
             return
         elapsed = self._clock() - self._start
-        eta = elapsed / self.measured * self.left if self.measured > 0 else None
-        rest = "done" if self.done >= self.total else ("time left unknown" if eta is None else "")
-        rest = rest or f"about {_clock(eta or 0.0)} left"
+        if self.done >= self.total:
+            rest = "done"
+        elif self.measured > 0:  # the time so far per unit of weight, over the weight still to measure
+            rest = f"about {_clock(elapsed / self.measured * self.left)} left"
+        else:
+            rest = "time left unknown"
         self._write(
             f"{PREFIX} {self.done}/{self.total} {checkpoint} @ {human_length(length)} "
             f"{what}: {_clock(elapsed)} elapsed, {rest}"
