@@ -169,8 +169,9 @@ def niah_figure(report: EvalReport):
     )
     fig.suptitle(
         f"passkey retrieval (colour = greedy exact match; g = greedy exact keys, ± = margin in nats{ll}; "
-        f"* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood interval does; all depths ≥90 % to N = "
-        f"the every-depth effective length, greedy ≥ {report.every_depth_threshold:.0%} at every depth up to N",
+        "* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood "
+        "interval does; all depths ≥90 % to N = the every-depth effective length, greedy ≥ "
+        f"{report.every_depth_threshold:.0%} at every depth up to N",
         fontsize=9,
         y=1.0 + 0.35 / fig.get_figheight(),
     )
