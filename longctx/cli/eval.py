@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from longctx.cli._common import cli_errors, parse_int_list, print_json
+from longctx.cli._common import cli_errors, parse_int_list, print_json, resolved_plan
 from longctx.cli._params import PLAN_HELP, Json, RunDir
 from longctx.errors import EvalError
+
+if TYPE_CHECKING:
+    from longctx.eval.settings import EvalSettings
+    from longctx.plan.derive import ResolvedPlan
 
 app = typer.Typer(
     help=(
@@ -32,70 +37,149 @@ app = typer.Typer(
 # `longctx --help` and the other commands do not need.
 
 
-PLAN = typer.Option(..., "--plan", help=f"{PLAN_HELP}: tokenizer, data, base, stage lengths")
 SummaryPlan = Annotated[Path | None, typer.Argument(help=PLAN_HELP, show_default=False)]
-LENGTHS = typer.Option(
-    None, "--lengths", help="context lengths, e.g. 1K,4K (default: the plan's stage lengths)"
-)
+RunPlan = Annotated[Path, typer.Option("--plan", help=f"{PLAN_HELP}: tokenizer, data, base, stage lengths")]
+Checkpoint = Annotated[Path, typer.Argument(help="save dir (with its tracker) or iter_NNNNNNN directory")]
+Stage = Annotated[
+    str | None, typer.Option("--stage", help="the stage whose data and lengths to use (default: the last)")
+]
+Lengths = Annotated[
+    str | None,
+    typer.Option("--lengths", help="context lengths, e.g. 1K,4K (default: the plan's stage lengths)"),
+]
 # Every evaluation setting defaults to the plan's [eval] table (docs/evaluation.md), so `eval summary`
 # after the demo or after `stage run` measures what they measured and re-uses their cached results;
 # an option given overrides that one field.
 _PLANS = "default: the plan's [eval]"
-DEPTHS = typer.Option(
-    None, "--depths", help=f"needle depths as fractions, e.g. 0,0.25,0.5,0.75,1 ({_PLANS}.depths)"
-)
-KEYS = typer.Option(None, "--keys", help=f"pass keys per (length, depth) cell ({_PLANS}.keys_per_cell)")
-DISTRACTORS = typer.Option(
-    None,
-    "--distractors",
-    help=f"distractor keys per item for the log-likelihood method, 0: greedy only ({_PLANS}.distractors)",
-)
-DIGITS = typer.Option(None, "--key-digits", help=f"digits per pass key ({_PLANS}.key_digits)")
-FILLER = typer.Option(
-    None,
-    "--filler",
-    help=f"synthetic (the demo corpus' sentences) or heldout (held-out tokens) ({_PLANS}.filler)",
-)
-LOSS_DOCS = typer.Option(
-    None, "--loss-docs", help=f"held-out documents per length for loss by position ({_PLANS}.loss_docs)"
-)
-SHORT_DOCS = typer.Option(
-    None,
-    "--short-docs",
-    help=f"short held-out documents for the short-context loss, 0: skip ({_PLANS}.short_docs)",
-)
-PACKED = typer.Option(
-    None,
-    "--packed-windows",
-    help="windows per length packed from several held-out documents, scored with attention across and "
-    f"within documents, 0: skip ({_PLANS}.packed_windows)",
-)
-TASKS = typer.Option(
-    None,
-    "--tasks",
-    help="needle tasks, e.g. single,multikey-2,multivalue,multiquery,absent (single is always measured; "
-    f"docs/evaluation.md) ({_PLANS}.tasks)",
-)
-ANY_DIGITS = typer.Option(
-    None,
-    "--any-digit-keys/--distinct-digit-keys",
-    help=f"keys of any digits, repeats allowed, or of distinct digits ({_PLANS}.any_digit_keys)",
-)
-SEED = typer.Option(None, "--seed", help=f"seed of keys, names and filler ({_PLANS}.seed)")
-BATCH = typer.Option(None, "--batch-size", help=f"sequences per forward ({_PLANS}.batch_size)")
-DATA = typer.Option(
-    None, "--data", help="unseen data prefix for the losses (repeatable; default: the plan's held-out split)"
-)
-CP = typer.Option(
-    None,
-    "--cp",
-    help="context-parallel size = the number of processes (default: torchrun's world size, else 1)",
-)
-THREADS = typer.Option(None, "--threads", help="torch CPU threads")
-OUT = typer.Option(None, "--out", help="output directory (default: under <run_dir>/eval/)")
-NO_CACHE = typer.Option(
-    False, "--no-cache", help="recompute instead of re-using results under <run_dir>/eval/cache"
-)
+Depths = Annotated[
+    str | None,
+    typer.Option("--depths", help=f"needle depths as fractions, e.g. 0,0.25,0.5,0.75,1 ({_PLANS}.depths)"),
+]
+Keys = Annotated[
+    int | None, typer.Option("--keys", help=f"pass keys per (length, depth) cell ({_PLANS}.keys_per_cell)")
+]
+Distractors = Annotated[
+    int | None,
+    typer.Option(
+        "--distractors",
+        help=f"distractor keys per item for the log-likelihood method, 0: greedy only ({_PLANS}.distractors)",
+    ),
+]
+Digits = Annotated[
+    int | None, typer.Option("--key-digits", help=f"digits per pass key ({_PLANS}.key_digits)")
+]
+Filler = Annotated[
+    str | None,
+    typer.Option(
+        "--filler",
+        help=f"synthetic (the demo corpus' sentences) or heldout (held-out tokens) ({_PLANS}.filler)",
+    ),
+]
+LossDocs = Annotated[
+    int | None,
+    typer.Option(
+        "--loss-docs", help=f"held-out documents per length for loss by position ({_PLANS}.loss_docs)"
+    ),
+]
+ShortDocs = Annotated[
+    int | None,
+    typer.Option(
+        "--short-docs",
+        help=f"short held-out documents for the short-context loss, 0: skip ({_PLANS}.short_docs)",
+    ),
+]
+Packed = Annotated[
+    int | None,
+    typer.Option(
+        "--packed-windows",
+        help="windows per length packed from several held-out documents, scored with attention across and "
+        f"within documents, 0: skip ({_PLANS}.packed_windows)",
+    ),
+]
+Tasks = Annotated[
+    str | None,
+    typer.Option(
+        "--tasks",
+        help="needle tasks, e.g. single,multikey-2,multivalue,multiquery,absent (single is always measured; "
+        f"docs/evaluation.md) ({_PLANS}.tasks)",
+    ),
+]
+AnyDigits = Annotated[
+    bool | None,
+    typer.Option(
+        "--any-digit-keys/--distinct-digit-keys",
+        help=f"keys of any digits, repeats allowed, or of distinct digits ({_PLANS}.any_digit_keys)",
+    ),
+]
+Seed = Annotated[int | None, typer.Option("--seed", help=f"seed of keys, names and filler ({_PLANS}.seed)")]
+Batch = Annotated[
+    int | None, typer.Option("--batch-size", help=f"sequences per forward ({_PLANS}.batch_size)")
+]
+Data = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--data", help="unseen data prefix for the losses (repeatable; default: the plan's held-out split)"
+    ),
+]
+Cp = Annotated[
+    int | None,
+    typer.Option(
+        "--cp",
+        help="context-parallel size = the number of processes (default: torchrun's world size, else 1)",
+    ),
+]
+Threads = Annotated[int | None, typer.Option("--threads", help="torch CPU threads")]
+Out = Annotated[Path | None, typer.Option("--out", help="output directory (default: under <run_dir>/eval/)")]
+NoCache = Annotated[
+    bool, typer.Option("--no-cache", help="recompute instead of re-using results under <run_dir>/eval/cache")
+]
+RotaryBase = Annotated[
+    int | None, typer.Option("--rotary-base", help="evaluate with this RoPE base instead of the saved one")
+]
+Extrapolate = Annotated[
+    bool, typer.Option("--extrapolate", help="allow lengths beyond the checkpoint's trained window")
+]
+BaseRef = Annotated[
+    bool, typer.Option("--base/--no-base", help="also score the plan's base model on short documents")
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingOptions:
+    """The options that override single fields of the plan's [eval] (None: not given)."""
+
+    depths: str | None = None
+    keys: int | None = None
+    distractors: int | None = None
+    key_digits: int | None = None
+    filler: str | None = None
+    loss_docs: int | None = None
+    short_docs: int | None = None
+    packed_windows: int | None = None
+    tasks: str | None = None
+    any_digit_keys: bool | None = None
+    seed: int | None = None
+    batch_size: int | None = None
+
+    def settings(self, rp: ResolvedPlan) -> EvalSettings:
+        """The plan's [eval] settings, each option given overriding its field."""
+        from longctx.eval.runner import plan_settings
+
+        return plan_settings(
+            rp,
+            depths=_depths(self.depths),
+            keys_per_cell=self.keys,
+            distractors=self.distractors,
+            key_digits=self.key_digits,
+            filler=self.filler,
+            loss_docs=self.loss_docs,
+            short_docs=self.short_docs,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            packed_windows=self.packed_windows,
+            tasks=_tasks(self.tasks),
+            any_digit_keys=self.any_digit_keys,
+        )
 
 
 def _depths(text: str | None) -> list[float] | None:
@@ -107,52 +191,10 @@ def _depths(text: str | None) -> list[float] | None:
         raise typer.BadParameter(f"depths must be numbers in [0, 1], got {text!r}") from None
 
 
-def _settings(
-    rp,
-    depths,
-    keys,
-    distractors,
-    digits,
-    filler,
-    loss_docs,
-    short_docs,
-    seed,
-    batch,
-    packed_windows,
-    tasks=None,
-    any_digits=None,
-):
-    """The plan's [eval] settings, each option given (not None) overriding its field."""
-    from longctx.eval.runner import plan_settings
-
-    return plan_settings(
-        rp,
-        depths=_depths(depths),
-        keys_per_cell=keys,
-        distractors=distractors,
-        key_digits=digits,
-        filler=filler,
-        loss_docs=loss_docs,
-        short_docs=short_docs,
-        seed=seed,
-        batch_size=batch,
-        packed_windows=packed_windows,
-        tasks=_tasks(tasks),
-        any_digit_keys=any_digits,
-    )
-
-
 def _tasks(text: str | None) -> list[str] | None:
     if text is None or not text.strip():
         return None
     return [t for t in text.replace(" ", "").split(",") if t]
-
-
-def _resolved(plan: Path, run_dir: Path | None):
-    from longctx.plan.derive import resolve_plan
-    from longctx.plan.load import load_plan
-
-    return resolve_plan(load_plan(plan, run_dir=run_dir))
 
 
 def _cp(cp: int | None) -> int:
@@ -189,8 +231,6 @@ def _threads(n: int | None) -> None:
     if n is None:
         return
     if n < 1:
-        from longctx.errors import EvalError
-
         raise EvalError(
             f"--threads must be at least 1, got {n}",
             where="--threads",
@@ -217,38 +257,30 @@ def _show(report, json_out: bool) -> None:
 @app.command("run")
 @cli_errors
 def run(
-    checkpoint: Path = typer.Argument(..., help="save dir (with its tracker) or iter_NNNNNNN directory"),
-    plan: Path = PLAN,
-    stage: str | None = typer.Option(
-        None, "--stage", help="the stage whose data and lengths to use (default: the last)"
-    ),
-    lengths: str | None = LENGTHS,
-    depths: str | None = DEPTHS,
-    keys: int | None = KEYS,
-    distractors: int | None = DISTRACTORS,
-    key_digits: int | None = DIGITS,
-    filler: str | None = FILLER,
-    loss_docs: int | None = LOSS_DOCS,
-    short_docs: int | None = SHORT_DOCS,
-    packed_windows: int | None = PACKED,
-    tasks: str | None = TASKS,
-    any_digit_keys: bool | None = ANY_DIGITS,
-    seed: int | None = SEED,
-    batch_size: int | None = BATCH,
-    rotary_base: int | None = typer.Option(
-        None, "--rotary-base", help="evaluate with this RoPE base instead of the saved one"
-    ),
-    extrapolate: bool = typer.Option(
-        False, "--extrapolate", help="allow lengths beyond the checkpoint's trained window"
-    ),
-    base_ref: bool = typer.Option(
-        True, "--base/--no-base", help="also score the plan's base model on short documents"
-    ),
-    data: list[str] | None = DATA,
-    cp: int | None = CP,
-    threads: int | None = THREADS,
-    out: Path | None = OUT,
-    no_cache: bool = NO_CACHE,
+    checkpoint: Checkpoint,
+    plan: RunPlan,
+    stage: Stage = None,
+    lengths: Lengths = None,
+    depths: Depths = None,
+    keys: Keys = None,
+    distractors: Distractors = None,
+    key_digits: Digits = None,
+    filler: Filler = None,
+    loss_docs: LossDocs = None,
+    short_docs: ShortDocs = None,
+    packed_windows: Packed = None,
+    tasks: Tasks = None,
+    any_digit_keys: AnyDigits = None,
+    seed: Seed = None,
+    batch_size: Batch = None,
+    rotary_base: RotaryBase = None,
+    extrapolate: Extrapolate = False,
+    base_ref: BaseRef = True,
+    data: Data = None,
+    cp: Cp = None,
+    threads: Threads = None,
+    out: Out = None,
+    no_cache: NoCache = False,
     run_dir: RunDir = None,
     json_out: Json = False,
 ) -> None:
@@ -264,28 +296,27 @@ def run(
     ranks = _cp(cp)  # a bad WORLD_SIZE is refused before anything is loaded
     if rotary_base is not None:  # the bound every base is held to
         check_base(rotary_base, what="--rotary-base: the rotary base", where="--rotary-base")
-    rp = _resolved(plan, run_dir)
-    settings = _settings(
-        rp,
-        depths,
-        keys,
-        distractors,
-        key_digits,
-        filler,
-        loss_docs,
-        short_docs,
-        seed,
-        batch_size,
-        packed_windows,
-        tasks,
-        any_digit_keys,
+    rp = resolved_plan(plan, run_dir)
+    options = SettingOptions(
+        depths=depths,
+        keys=keys,
+        distractors=distractors,
+        key_digits=key_digits,
+        filler=filler,
+        loss_docs=loss_docs,
+        short_docs=short_docs,
+        packed_windows=packed_windows,
+        tasks=tasks,
+        any_digit_keys=any_digit_keys,
+        seed=seed,
+        batch_size=batch_size,
     )
     report = evaluate_path(
         rp,
         checkpoint,
         stage=stage,
         lengths=parse_int_list(lengths),
-        settings=settings,
+        settings=options.settings(rp),
         rotary_base=rotary_base,
         extrapolate=extrapolate,
         base_reference=base_ref,
@@ -301,24 +332,24 @@ def run(
 @cli_errors
 def summary(
     plan: SummaryPlan = None,
-    lengths: str | None = LENGTHS,
-    depths: str | None = DEPTHS,
-    keys: int | None = KEYS,
-    distractors: int | None = DISTRACTORS,
-    key_digits: int | None = DIGITS,
-    filler: str | None = FILLER,
-    loss_docs: int | None = LOSS_DOCS,
-    short_docs: int | None = SHORT_DOCS,
-    packed_windows: int | None = PACKED,
-    tasks: str | None = TASKS,
-    any_digit_keys: bool | None = ANY_DIGITS,
-    seed: int | None = SEED,
-    batch_size: int | None = BATCH,
-    data: list[str] | None = DATA,
-    cp: int | None = CP,
-    threads: int | None = THREADS,
-    out: Path | None = OUT,
-    no_cache: bool = NO_CACHE,
+    lengths: Lengths = None,
+    depths: Depths = None,
+    keys: Keys = None,
+    distractors: Distractors = None,
+    key_digits: Digits = None,
+    filler: Filler = None,
+    loss_docs: LossDocs = None,
+    short_docs: ShortDocs = None,
+    packed_windows: Packed = None,
+    tasks: Tasks = None,
+    any_digit_keys: AnyDigits = None,
+    seed: Seed = None,
+    batch_size: Batch = None,
+    data: Data = None,
+    cp: Cp = None,
+    threads: Threads = None,
+    out: Out = None,
+    no_cache: NoCache = False,
     run_dir: RunDir = None,
     json_out: Json = False,
 ) -> None:
@@ -334,26 +365,25 @@ def summary(
 
     the_plan = _summary_plan(plan)
     _threads(threads)
-    rp = _resolved(the_plan, run_dir)
-    settings = _settings(
-        rp,
-        depths,
-        keys,
-        distractors,
-        key_digits,
-        filler,
-        loss_docs,
-        short_docs,
-        seed,
-        batch_size,
-        packed_windows,
-        tasks,
-        any_digit_keys,
+    rp = resolved_plan(the_plan, run_dir)
+    options = SettingOptions(
+        depths=depths,
+        keys=keys,
+        distractors=distractors,
+        key_digits=key_digits,
+        filler=filler,
+        loss_docs=loss_docs,
+        short_docs=short_docs,
+        packed_windows=packed_windows,
+        tasks=tasks,
+        any_digit_keys=any_digit_keys,
+        seed=seed,
+        batch_size=batch_size,
     )
     report = summarize_plan(
         rp,
         lengths=parse_int_list(lengths),
-        settings=settings,
+        settings=options.settings(rp),
         out_dir=out,
         data=data or None,
         cp=_cp(cp),

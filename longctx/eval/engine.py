@@ -33,6 +33,7 @@ from longctx.eval.loss_position import (
     position_buckets,
 )
 from longctx.eval.plots import plot_elbo_by_context, plot_loss_by_position, plot_niah
+from longctx.eval.progress import Cell, EvalProgress, length_cells, short_cell, silent
 from longctx.eval.render import markdown_table
 from longctx.eval.results import (
     METHOD_TEXT,
@@ -45,7 +46,9 @@ from longctx.eval.score import ScoreFn, forwards_needed, model_scorer, score_pas
 from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss, short_context_loss
 from longctx.eval.stats import paired_delta_interval
+from longctx.eval.task_results import TaskResult
 from longctx.eval.task_run import TaskItems, run_causal_tasks, run_infill_tasks, task_items
+from longctx.eval.unmask import InfillFn
 from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
 from longctx.objective import Objective
 from longctx.tokenizer.load import LoadedTokenizer
@@ -156,6 +159,7 @@ class _Context:
     cache: ResultCache
     grid: PasskeyGrid
     notes: list[str]
+    progress: EvalProgress = dataclasses.field(default_factory=silent)
 
 
 @dataclasses.dataclass
@@ -175,9 +179,28 @@ class _Job:
         return _key("short", short_length, self.fingerprint)
 
 
-def _evaluate_one(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> CheckpointEval:
-    """Cached results first; the model is loaded only for what the cache does not hold."""
-    t0 = time.perf_counter()
+@dataclasses.dataclass
+class _Pending:
+    """A checkpoint read, its cached results taken, and what is still to measure."""
+
+    job: _Job
+    out: CheckpointEval
+    results: dict[int, LengthResult]
+    todo: list[int]
+    short: ShortLoss | None
+    need_short: bool
+
+    def cells(self, ctx: _Context) -> list[Cell]:
+        """What `_measure` will measure, for the progress count."""
+        s, label = ctx.settings, self.job.ref.label
+        causal = self.job.info.objective == "ar"
+        packed = causal and s.packed_windows > 0 and ctx.tokenizer.eod_id is not None
+        cells = [c for n in self.todo for c in length_cells(label, n, s, causal=causal, packed=packed)]
+        return cells + ([short_cell(label, s, ctx.short_length)] if self.need_short else [])
+
+
+def _prepare(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> _Pending:
+    """Read the checkpoint and take what the cache holds; nothing is loaded yet."""
     job = _start_job(ref, lengths, ctx)
     info = job.info
     out = CheckpointEval(
@@ -189,9 +212,16 @@ def _evaluate_one(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> 
     results, todo = _cached_lengths(job, ctx, out.cached)
     short = _cached_short(job, ctx, out.cached)
     need_short = ctx.settings.short_docs > 0 and short is None and info.objective == "ar"
-    if todo or need_short:
-        measured_short = _measure(job, todo, need_short, ctx, results)
-        if need_short:
+    return _Pending(job, out, results, todo, short, need_short)
+
+
+def _evaluate_one(pending: _Pending, ctx: _Context) -> CheckpointEval:
+    """The model is loaded only for what the cache does not hold."""
+    t0 = time.perf_counter()
+    job, out, results, short = pending.job, pending.out, pending.results, pending.short
+    if pending.todo or pending.need_short:
+        measured_short = _measure(job, pending.todo, pending.need_short, ctx, results)
+        if pending.need_short:
             short = measured_short
     for n in job.lens:
         r = results[n]
@@ -270,14 +300,19 @@ def _measure(
     eod = ctx.tokenizer.eod_id
     within = model_scorer(loaded, eod=eod) if eod is not None else None
     short: ShortLoss | None = None
-    with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
+    label = job.ref.label
+    with progress_bar(f"eval {label}", total, unit="forwards") as advance:
         for n in todo:
             results[n] = _measure_length(job, n, items[n], loss_docs[n], score, advance, ctx)
             if within is not None and eod is not None and n in windows:
                 results[n].packed = _measure_packed(n, windows[n], score, within, eod, advance, ctx)
-            results[n].tasks = run_causal_tasks(
-                tasks[n], n, score, ctx.tokenizer, batch_size=s.batch_size, advance=advance
-            )
+                ctx.progress.finished(label, n, "packed windows")
+            results[n].tasks = []
+            for name, task in tasks[n].items():  # one task at a time: a progress line each
+                results[n].tasks += run_causal_tasks(
+                    {name: task}, n, score, ctx.tokenizer, batch_size=s.batch_size, advance=advance
+                )
+                ctx.progress.finished(label, n, name)
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
         if need_short:
@@ -289,6 +324,7 @@ def _measure(
                 cp=ctx.parallel.cp,
                 advance=advance,
             )
+            ctx.progress.finished(label, ctx.short_length, "short-context loss")
             if ctx.parallel.is_main:
                 ctx.cache.put(job.short_key(ctx.short_length), short.model_dump(mode="json"))
     return short
@@ -298,67 +334,90 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
     """A diffusion model at the lengths in `todo`: passkey by infilling and the ELBO by context
     (`longctx.eval.infill`); next-token losses mean nothing for it, so no loss by position or short loss."""
     s, info = ctx.settings, job.info
-    vocab = ctx.tokenizer.vocab_size
-    objective = Objective(kind=info.objective, mask_id=info.mask_id if info.objective == "mdm" else None)
     items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell, closed=True) for n in todo}
     tasks = {n: task_items(ctx.grid, s, n, closed=True) for n in todo}
-    docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
+    docs = {n: ctx.heldout.long_documents(n, s.loss_docs)[0] for n in todo}
     contexts = {n: elbo_contexts(n, s.elbo_window) for n in todo}
-    total = sum(len(v) for v in items.values()) + sum(len(docs[n][0]) * len(contexts[n]) for n in todo)
+    total = sum(len(v) for v in items.values()) + sum(len(docs[n]) * len(contexts[n]) for n in todo)
     total += _task_count(tasks)
     loaded = load_model(info, ctx.parallel, max_length=max(todo))
-    infill = model_infiller(loaded, vocab)
+    infill = model_infiller(loaded, ctx.tokenizer.vocab_size)
     with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
         for n in todo:
-            t1 = time.perf_counter()
-            scores = score_infill(
-                items[n],
-                infill,
-                kind=objective.kind,
-                mask_id=objective.mask_id,
-                vocab_size=vocab,
-                seed=s.seed,
-                threshold=s.infill_threshold,
-                batch_size=s.batch_size,
-                advance=advance,
-            )
-            elbo = context_elbo(
-                docs[n][0],
-                infill,
-                objective=objective,
-                vocab_size=vocab,
-                window=s.elbo_window,
-                contexts=contexts[n],
-                t_levels=s.elbo_levels,
-                seed=s.seed,
-                advance=advance,
-            )
-            natural = sum(it.natural for it in items[n]) / len(items[n])
-            results[n] = LengthResult(
-                length=n,
-                extrapolated=job.extrapolated[n],
-                position=None,
-                context_elbo=elbo,
-                objective=objective.kind,
-                seconds=time.perf_counter() - t1,
-                passkey=PasskeyResult.from_items(n, s.distractors, scores, natural),
-                tasks=run_infill_tasks(
-                    tasks[n],
-                    n,
-                    infill,
-                    ctx.tokenizer,
-                    objective=objective,
-                    seed=s.seed,
-                    threshold=s.infill_threshold,
-                    batch_size=s.batch_size,
-                    advance=advance,
-                ),
+            results[n] = _diffusion_length(
+                job, n, (items[n], tasks[n], docs[n], contexts[n]), infill, advance, ctx
             )
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
     ctx.notes.append(
         f"{job.ref.label} is a {info.objective} model: passkey by infilling the restated key, and the ELBO of a "
         f"{s.elbo_window}-token window by its clean context instead of the loss by position"
+    )
+
+
+def _diffusion_length(
+    job: _Job,
+    n: int,
+    what: tuple[list[PasskeyItem], TaskItems, list[np.ndarray], list[int]],
+    infill: InfillFn,
+    advance: Callable[..., None],
+    ctx: _Context,
+) -> LengthResult:
+    """One length of a diffusion model: the passkey grid, the ELBO by context, the needle tasks."""
+    s, info, label = ctx.settings, job.info, job.ref.label
+    items, tasks, docs, contexts = what
+    vocab = ctx.tokenizer.vocab_size
+    objective = Objective(kind=info.objective, mask_id=info.mask_id if info.objective == "mdm" else None)
+    t1 = time.perf_counter()
+    scores = score_infill(
+        items,
+        infill,
+        kind=objective.kind,
+        mask_id=objective.mask_id,
+        vocab_size=vocab,
+        seed=s.seed,
+        threshold=s.infill_threshold,
+        batch_size=s.batch_size,
+        advance=advance,
+    )
+    ctx.progress.finished(label, n, "passkey")
+    elbo = context_elbo(
+        docs,
+        infill,
+        objective=objective,
+        vocab_size=vocab,
+        window=s.elbo_window,
+        contexts=contexts,
+        t_levels=s.elbo_levels,
+        seed=s.seed,
+        advance=advance,
+    )
+    ctx.progress.finished(label, n, "elbo by context")
+    done: list[TaskResult] = []
+    for name, task in tasks.items():  # one task at a time: a progress line each
+        done += run_infill_tasks(
+            {name: task},
+            n,
+            infill,
+            ctx.tokenizer,
+            objective=objective,
+            seed=s.seed,
+            threshold=s.infill_threshold,
+            batch_size=s.batch_size,
+            advance=advance,
+        )
+        ctx.progress.finished(label, n, name)
+    return LengthResult(
+        length=n,
+        extrapolated=job.extrapolated[n],
+        position=None,
+        context_elbo=elbo,
+        objective=objective.kind,
+        seconds=time.perf_counter() - t1,
+        passkey=PasskeyResult.from_items(
+            n, s.distractors, scores, sum(it.natural for it in items) / len(items)
+        ),
+        tasks=done,
     )
 
 
@@ -420,6 +479,7 @@ def _measure_length(
     s = ctx.settings
     t1 = time.perf_counter()
     scores = score_passkey(items, score, batch_size=s.batch_size, advance=advance)
+    ctx.progress.finished(job.ref.label, n, "passkey")
     natural = sum(it.natural for it in items) / len(items)
     docs, packed = loss_docs
     if packed:
@@ -435,6 +495,7 @@ def _measure_length(
         batch_size=s.batch_size,
         advance=advance,
     )
+    ctx.progress.finished(job.ref.label, n, "loss by position")
     return LengthResult(
         length=n,
         extrapolated=job.extrapolated[n],
@@ -464,9 +525,11 @@ def evaluate_checkpoints(
     plan: str | None = None,
     stage: str | None = None,
     log: Callable[[str], None] | None = None,
+    progress: bool = True,
 ) -> EvalReport:
     """Evaluate every checkpoint at `lengths` (each ref may narrow them); the ref labelled `base`
-    is the reference for the short-context regression."""
+    is the reference for the short-context regression. `progress`: a line on stderr per measured cell
+    (`longctx.eval.progress`; LONGCTX_NO_PROGRESS=1 silences it too)."""
     t0 = time.perf_counter()
     s = settings or EvalSettings()
     check_depths(s.depths)
@@ -495,20 +558,17 @@ def evaluate_checkpoints(
     evals: list[CheckpointEval] = []
     with eval_parallel(cp) as par:
         ctx = _Context(tokenizer, heldout, s, short_length, par, ResultCache(cache_dir), grid, notes)
-        for ref in refs:
+        pending = [_prepare(ref, lengths, ctx) for ref in refs]  # the whole count before the first cell
+        ctx.progress = EvalProgress(
+            [c for p in pending for c in p.cells(ctx)],
+            cached=sum(len(p.out.cached) for p in pending),
+            enabled=par.is_main and progress,
+        )
+        for p in pending:
             if log is not None:
-                log(f"evaluating {ref.label}: {ref.path}")
-            evals.append(_evaluate_one(ref, lengths, ctx))
-    base = next((e for e in evals if e.label == BASE_LABEL and e.short is not None), None)
-    for e in evals:
-        if base is not None and e.short is not None:
-            e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
-            if e is not base and e.short.doc_tokens == base.short.doc_tokens:  # type: ignore[union-attr]
-                e.short_delta_interval = paired_delta_interval(
-                    e.short.doc_nll,
-                    base.short.doc_nll,  # type: ignore[union-attr]
-                    e.short.doc_tokens,
-                )
+                log(f"evaluating {p.job.ref.label}: {p.job.ref.path}")
+            evals.append(_evaluate_one(p, ctx))
+    _short_deltas(evals)
     unnatural = [f"{e.label}@{r.length}" for e in evals for r in e.results if r.passkey.natural < 1.0]
     if unnatural:
         notes.append(
@@ -526,6 +586,20 @@ def evaluate_checkpoints(
         notes=list(dict.fromkeys(notes)),
         seconds=time.perf_counter() - t0,
     )
+
+
+def _short_deltas(evals: list[CheckpointEval]) -> None:
+    """Each checkpoint's short-context loss against the base's, with its paired interval."""
+    base = next((e for e in evals if e.label == BASE_LABEL and e.short is not None), None)
+    for e in evals:
+        if base is not None and e.short is not None:
+            e.short_delta_vs_base = e.short.loss - base.short.loss  # type: ignore[union-attr]
+            if e is not base and e.short.doc_tokens == base.short.doc_tokens:  # type: ignore[union-attr]
+                e.short_delta_interval = paired_delta_interval(
+                    e.short.doc_nll,
+                    base.short.doc_nll,  # type: ignore[union-attr]
+                    e.short.doc_tokens,
+                )
 
 
 def _earlier(out_dir: Path) -> EvalReport | None:

@@ -146,9 +146,12 @@ def niah_figure(report: EvalReport):
     for ax, ce in zip(axes[0], evals, strict=True):
         image = _draw_panel(plt, ax, niah_panel(ce, depths, lengths), ce, depths, lengths)
         window = f"trained ≤ {human_length(ce.trained_length)}" if ce.trained_length else ""
-        eff = human_length(ce.effective_length) if ce.effective_length else "none"
+        every = ce.every_depth_effective_length
+        eff = human_length(every) if every else "none"
         head = "single — " if len(tasks) > 1 else ""
-        ax.set_title(f"{head}{ce.label}: effective {eff}\n{window}, θ = {ce.rotary_base:,}", fontsize=9)
+        ax.set_title(
+            f"{head}{ce.label}: all depths ≥90 % to {eff}\n{window}, θ = {ce.rotary_base:,}", fontsize=9
+        )
     for row, task in enumerate(tasks[1:], start=1):
         for ax, ce in zip(axes[row], evals, strict=True):
             _draw_panel(plt, ax, task_panel(ce, task, depths, lengths), ce, depths, lengths)
@@ -166,8 +169,9 @@ def niah_figure(report: EvalReport):
     )
     fig.suptitle(
         f"passkey retrieval (colour = greedy exact match; g = greedy exact keys, ± = margin in nats{ll}; "
-        f"* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood interval does; effective = greedy ≥ "
-        f"{report.effective_threshold:.0%} at every depth up to that length",
+        "* beyond trained window)\nhatched = greedy 95 % interval reaches chance, ~ll = its log-likelihood "
+        "interval does; all depths ≥90 % to N = the every-depth effective length, greedy ≥ "
+        f"{report.every_depth_threshold:.0%} at every depth up to N",
         fontsize=9,
         y=1.0 + 0.35 / fig.get_figheight(),
     )

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import textwrap
+from typing import TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from longctx.eval.results import EvalReport, TaskLength, TaskSummary
 from longctx.util.table import TERMINAL_COLUMNS, narrow_table
 from longctx.util.units import human_length
 
+# a log or a pipe has no width: as wide as the CLI's console there (`longctx.cli._common`)
+PIPE_COLUMNS = 180
 # the NIAH heatmap (longctx.eval.plots.plot_niah) is coloured by the headline measure
 HEATMAP_LEGEND = (
     "niah.png: colour = greedy exact-match accuracy, the log-likelihood accuracy in each cell's text"
@@ -35,9 +41,15 @@ def _cell(report: EvalReport, value: dict | None) -> str:
     return f"{acc} {value['margin']:+.2f} │ " + ("—" if elbo is None else f"elbo {elbo:.3f}") + star
 
 
+def every_depth_header(report: EvalReport, sep: str = "\n") -> str:
+    """The passkey table's effective-length column: its name and its rule (RULER's and the relative
+    rule have their own columns in the needle-task table, so no two lengths share a heading)."""
+    return f"effective{sep}all depths ≥{report.every_depth_threshold:.0%}"
+
+
 def _effective(row: dict) -> str:
-    n = row["effective_length"]
-    return "—" if n is None else str(n)
+    n = row["every_depth_effective_length"]
+    return "—" if n is None else human_length(n)
 
 
 def _short(row: dict) -> str:
@@ -69,8 +81,8 @@ def _legend(report: EvalReport, *, terminal: bool = False) -> str:
     text = (
         f"cells: greedy exact keys / keys (ll = accuracy by {method}) and margin in nats │ mean "
         "loss at positions ≥ length/2; ~ = the 95 % interval of some depth reaches chance; "
-        "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
-        f"keeps greedy ≥ {report.effective_threshold:.0%}; short = loss on short held-out documents "
+        f"* = beyond the checkpoint's trained window; {_every_depth_legend(report)}; "
+        "short = loss on short held-out documents "
         f"(change vs base [95 % interval over the documents]); {HEATMAP_LEGEND}"
     )
     if any(r.context_elbo is not None for ce in report.checkpoints for r in ce.results):
@@ -125,11 +137,11 @@ def report_tables(report: EvalReport) -> list[Table]:
     passkey = narrow_table(_title(report, "passkey"))
     loss = narrow_table(_title(report, "loss at positions ≥ length/2"))
     for table in (passkey, loss):
-        table.add_column("checkpoint")
+        table.add_column("checkpoint", overflow="fold")
         table.add_column("trained", justify="right")
         for n in lengths:
             table.add_column(n, justify="right")
-    passkey.add_column("effective", justify="right")
+    passkey.add_column(every_depth_header(report), justify="right")
     short = narrow_table(_title(report, "short-context loss"))
     for col in (
         "checkpoint",
@@ -177,14 +189,14 @@ def _task_row(report: EvalReport, t: TaskSummary, first: bool) -> list[str]:
     return [t.task if first else "", t.checkpoint, *(_task_cell(at.get(n)) for n in report.lengths), *eff]
 
 
-def _task_headers(report: EvalReport) -> list[str]:
+def _task_headers(report: EvalReport, sep: str = "\n") -> list[str]:
     s = report.settings
     return [
         "task",
         "checkpoint",
         *(human_length(n) for n in report.lengths),
-        f"RULER ≥{s.ruler_threshold:.1%}",
-        f"rel ≥{s.relative_threshold:g}×",
+        f"effective{sep}RULER ≥{s.ruler_threshold:.1%}",
+        f"effective{sep}rel ≥{s.relative_threshold:g}×",
     ]
 
 
@@ -202,7 +214,8 @@ def task_table(report: EvalReport) -> Table:
     and NoLiMa's relative rule; the absent-name control shows how often a present key was returned."""
     table = narrow_table(_title(report, "needle tasks"))
     for k, head in enumerate(_task_headers(report)):
-        table.add_column(head, justify="left" if k < 2 else "right")
+        # a narrow terminal folds a task's or a checkpoint's name rather than cutting it short
+        table.add_column(head, justify="left" if k < 2 else "right", overflow="fold")
     for group in task_rows(report):
         for row in group:
             table.add_row(*row)
@@ -211,15 +224,23 @@ def task_table(report: EvalReport) -> Table:
 
 
 TASK_LEGEND = (
-    "needle tasks: hits / items of greedy exact match (every asked key returned, any order); RULER = the "
-    "longest length up to which the score stays ≥ the threshold, rel = ≥ that fraction of the checkpoint's "
-    "score at its shortest length; absent = a control whose question names no needle: p = answers "
-    "returning a key stated in the haystack (never a hit, no effective length)"
+    "needle tasks: hits / items of greedy exact match (every asked key returned, any order); effective "
+    "RULER = the longest length up to which the task's score over all depths stays ≥ the threshold, "
+    "effective rel = ≥ that fraction of the checkpoint's score at its shortest length; absent = a control "
+    "whose question names no needle: p = answers returning a key stated in the haystack (never a hit, no "
+    "effective length)"
 )
 
 
+def _every_depth_legend(report: EvalReport) -> str:
+    return (
+        f"effective all depths ≥{report.every_depth_threshold:.0%} = the every-depth effective length: the "
+        f"longest length up to which greedy stays ≥ {report.every_depth_threshold:.0%} at every depth"
+    )
+
+
 def legend_lines(report: EvalReport, width: int = TERMINAL_COLUMNS) -> list[str]:
-    """The tables' legend, wrapped to the terminal's 100 columns."""
+    """The tables' legend, wrapped to `width` columns (the terminal's)."""
     return textwrap.wrap(_legend(report, terminal=True), width=width)
 
 
@@ -230,32 +251,19 @@ def settings_line(report: EvalReport) -> str:
 
 
 def print_tables(report: EvalReport, con: Console) -> None:
+    """The tables, the settings and the legend, each line at most the console's width."""
+    width = con.size.width
     for table in report_tables(report):
         con.print(table)
-    con.print(settings_line(report), highlight=False, markup=False, soft_wrap=True)
-    for line in legend_lines(report):
+    lines = textwrap.wrap(settings_line(report), width=width, subsequent_indent="  ")
+    for line in [*lines, *legend_lines(report, width)]:
         con.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def markdown_table(report: EvalReport) -> str:
-    packed = _has_packed(report)
-    head = [
-        "checkpoint",
-        "trained",
-        *(str(n) for n in report.lengths),
-        "effective",
-        "short loss",
-        *(["packed"] if packed else []),
-    ]
-    lines = [f"# evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-    for row in report.table():
-        cells = [row["checkpoint"], str(row["trained_length"] or "?"),
-                 *(_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths), _effective(row),
-                 _short(row),
-                 *([_packed(row)] if packed else [])]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += _markdown_tasks(report)
+    """summary.md: the tables, settings, legend, method, notes and plot paths."""
+    title = f"# evaluation{' of stage ' + report.stage if report.stage else ''} ({report.plan or 'no plan'})"
+    lines = [title, "", *markdown_tables(report)]
     lines += ["", settings_line(report), "", _legend(report), "", f"method: {report.method}"]
     lines += [f"- note: {n}" for n in report.notes]
     if report.plots:
@@ -263,11 +271,32 @@ def markdown_table(report: EvalReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_tables(report: EvalReport) -> list[str]:
+    """The passkey table and, where tasks were measured, the needle-task table in Markdown (summary.md's,
+    and what a page quoting a stored report.json renders from it)."""
+    packed = _has_packed(report)
+    head = [
+        "checkpoint",
+        "trained",
+        *(str(n) for n in report.lengths),
+        every_depth_header(report, " "),
+        "short loss",
+        *(["packed"] if packed else []),
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in report.table():
+        lengths = [_cell(report, row[str(n)]).replace("│", "/") for n in report.lengths]
+        packed_cell = [_packed(row)] if packed else []
+        cells = [row["checkpoint"], str(row["trained_length"] or "?"), *lengths, _effective(row), _short(row)]
+        lines.append("| " + " | ".join([*cells, *packed_cell]) + " |")
+    return lines + _markdown_tasks(report)
+
+
 def _markdown_tasks(report: EvalReport) -> list[str]:
     """The needle-task table in Markdown (nothing when only `single` was measured)."""
     if not has_tasks(report):
         return []
-    head = _task_headers(report)
+    head = _task_headers(report, " ")
     lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for group in task_rows(report) for row in group]
     return [*lines, "", TASK_LEGEND]
@@ -277,8 +306,8 @@ def _terminal_legend(report: EvalReport, method: str) -> str:
     acc = f"; % = passkey accuracy by {method}" if report.settings.distractors else ""
     text = (
         f"passkey: greedy exact keys / keys{acc}; ~ = the 95 % interval of some depth reaches chance; "
-        "* = beyond the checkpoint's trained window; effective = longest length up to which every depth "
-        f"keeps greedy ≥ {report.effective_threshold:.0%}. loss: mean loss at positions ≥ length/2. "
+        f"* = beyond the checkpoint's trained window; {_every_depth_legend(report)}. "
+        "loss: mean loss at positions ≥ length/2. "
         "short: loss on short held-out documents and its change vs the base [95 % interval over the "
         f"documents]. Margins and every interval: --json. {HEATMAP_LEGEND}."
     )
@@ -293,11 +322,21 @@ def _terminal_legend(report: EvalReport, method: str) -> str:
     return text
 
 
+def report_width(stream: TextIO) -> int:
+    """The width the report is laid out to: COLUMNS where set, else the terminal's; logs and pipes get
+    the CLI's wide console (`longctx.cli._common`), so tables stay whole there."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and 0 < int(columns) <= 10_000:
+        return int(columns)
+    return shutil.get_terminal_size().columns if stream.isatty() else PIPE_COLUMNS
+
+
 def print_report(report: EvalReport, *, stderr: bool = False) -> None:
+    """The tables, settings, legend, notes and plot paths, every line within the terminal's width."""
     stream = sys.stderr if stderr else sys.stdout
-    con = Console(file=stream, width=None if stream.isatty() else 180)
+    con = Console(file=stream, width=report_width(stream))
     print_tables(report, con)
-    for note in report.notes:
-        con.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    for note in report.notes:  # wrapped (long paths folded) to the width, not soft-wrapped past it
+        con.print(f"[yellow]note:[/] {escape(note)}", highlight=False, overflow="fold")
     for name, path in report.plots.items():
-        con.print(f"{name}: {path}", highlight=False, soft_wrap=True)
+        con.print(f"{name}: {path}", highlight=False, markup=False, overflow="fold")

@@ -280,9 +280,11 @@ class CheckpointEval(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
-    def effective_length(self) -> int | None:
-        """RULER's effective length on this grid: the longest evaluated length up to which every depth's
-        greedy exact match stays ≥ EFFECTIVE_THRESHOLD (longctx.eval.stats)."""
+    def every_depth_effective_length(self) -> int | None:
+        """The single needle's every-depth effective length: the longest evaluated length up to which
+        greedy exact match stays ≥ EFFECTIVE_THRESHOLD at every depth (longctx.eval.stats). Stricter than
+        the per-task lengths of `task_summary` (RULER's and the relative rule, over all depths at once),
+        so it has its own name wherever it is shown."""
         return effective_length(
             {r.length: [c.greedy_accuracy for c in r.passkey.cells] for r in self.results}
         )
@@ -306,9 +308,8 @@ class EvalReport(BaseModel):
     plots: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     seconds: float = 0.0
-    effective_threshold: float = (
-        EFFECTIVE_THRESHOLD  # greedy accuracy every depth keeps up to the effective length
-    )
+    # greedy accuracy every depth keeps up to the every-depth effective length
+    every_depth_threshold: float = EFFECTIVE_THRESHOLD
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -362,7 +363,7 @@ class EvalReport(BaseModel):
                         else None,
                     }
                 )
-            row["effective_length"] = ce.effective_length
+            row["every_depth_effective_length"] = ce.every_depth_effective_length
             row["short_loss"] = ce.short.loss if ce.short else None
             row["short_delta_vs_base"] = ce.short_delta_vs_base
             row["short_delta_interval"] = ce.short_delta_interval

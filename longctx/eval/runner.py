@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from longctx.checkpoint.layout import read_tracker
 from longctx.errors import EvalError
@@ -245,10 +246,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print a `demo_summary` result on a rich console: the table, the notes, the plot paths."""
     report = EvalReport.model_validate_json(Path(summary["report"]).read_text(encoding="utf-8"))
     print_tables(report, console)
-    for note in report.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    for note in report.notes:  # wrapped to the console's width (long paths folded)
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, overflow="fold")
     for name, path in report.plots.items():
-        console.print(f"{name}: {path}", highlight=False, soft_wrap=True)
+        console.print(f"{name}: {path}", highlight=False, markup=False, overflow="fold")
 
 
 def evaluate_path(

@@ -63,7 +63,7 @@ def test_the_colour_is_greedy_and_the_text_gives_log_likelihood_too() -> None:
     assert panel.text[1][0].startswith("g 20/20") and "ll 25%" in panel.text[1][0]
     # hatched where the colour's own interval reaches chance: no key retrieved greedily
     assert panel.hatched == [(0, 0)]
-    assert report.checkpoints[0].effective_length is None  # the headline agrees with the colour
+    assert report.checkpoints[0].every_depth_effective_length is None  # the headline agrees with the colour
 
 
 def test_the_heatmap_is_drawn(tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ def report() -> EvalReport:
 def test_summary_json_carries_counts_intervals_and_effective_length(report: EvalReport) -> None:
     doc = json.loads(report.model_dump_json())
     ce = doc["checkpoints"][0]
-    assert ce["effective_length"] == 1024  # 90 %+ at every depth through 1K, 15 % / 0 % at 4K
+    assert ce["every_depth_effective_length"] == 1024  # 90 %+ at every depth through 1K, 15 % / 0 % at 4K
     at4k = ce["results"][2]["passkey"]
     assert at4k["keys"] == 40 and at4k["greedy_hits"] == 3
     assert at4k["greedy_interval"] == pytest.approx(list(wilson_interval(3, 40)))
@@ -137,14 +137,14 @@ def test_summary_json_carries_counts_intervals_and_effective_length(report: Eval
     # log-likelihood chance with 2 distractors is 1/3: 9/20 and 6/20 both reach it, 20/20 does not
     assert at4k["depths_at_chance"] == [0.0, 0.5]
     assert ce["results"][0]["passkey"]["depths_at_chance"] == []
-    assert doc["effective_threshold"] == 0.9
+    assert doc["every_depth_threshold"] == 0.9
     row = report.table()[0]
-    assert row["effective_length"] == 1024 and row["4096"]["greedy_hits"] == 3
+    assert row["every_depth_effective_length"] == 1024 and row["4096"]["greedy_hits"] == 3
 
 
 def test_table_and_heatmap_mark_cells_at_chance(report: EvalReport, tmp_path) -> None:
     md = markdown_table(report)
-    assert "effective" in md and "| 1024 |" in md
+    assert "effective all depths ≥90%" in md and "| 1K |" in md
     assert "~" in md.split("\n")[4]  # the 4K cell reaches chance
     assert plot_niah(report, tmp_path / "niah.png").stat().st_size > 0
 
