@@ -108,8 +108,8 @@ def run_preprocess_data(
     checkout: str | os.PathLike[str], jobs: list[list[str]], *, timeout: float = 900.0
 ) -> list[tuple[float, float]]:
     """Run `tools/preprocess_data.py` of `checkout` once per argv in `jobs`, in one child process;
-    (wall seconds, CPU seconds of the script's processes) of each run. A run that writes no output (the script exits 0 when its worker fails)
-    raises `StageError` with the end of the child's output."""
+    (wall seconds, CPU seconds of the script's processes) of each run. A run that writes no output (the
+    script exits 0 when its worker fails) raises `StageError` with the end of the child's output."""
     root = Path(checkout).resolve()
     with tempfile.TemporaryDirectory(prefix="longctx-preprocess-") as tmp:
         jobs_file = Path(tmp) / "jobs.json"

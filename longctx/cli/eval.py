@@ -14,6 +14,7 @@ from longctx.cli._params import PLAN_HELP, Json, RunDir
 from longctx.errors import EvalError
 
 if TYPE_CHECKING:
+    from longctx.eval.results import EvalReport
     from longctx.eval.settings import EvalSettings
     from longctx.plan.derive import ResolvedPlan
 
@@ -241,7 +242,7 @@ def _threads(n: int | None) -> None:
     torch.set_num_threads(n)
 
 
-def _show(report, json_out: bool) -> None:
+def _show(report: EvalReport, json_out: bool) -> None:
     from longctx.mcore.parallel import is_main_process
 
     if not is_main_process():

@@ -2,7 +2,8 @@
 
 One item is a token sequence of exactly `length` tokens, assembled at the token level:
 
-    [filler][needle: "the pass key of <name> is <key> ."][filler][question: "the pass key of <name> is"][answer: the key]
+    [filler][needle: "the pass key of <name> is <key> ."][filler]
+        [question: "the pass key of <name> is"][answer: the key]
 
 `length` counts everything the model sees in one forward, the answer included, so an item at the
 model's training length stays inside its window (and splits evenly for context parallelism). The

@@ -15,7 +15,8 @@ SUBJECTS = ("the farmer", "a sailor", "the old clock", "my neighbour", "the rive
 VERBS = ("watched", "carried", "painted", "followed", "remembered", "found", "built", "crossed", "opened",
          "described", "counted", "visited")  # fmt: skip
 OBJECTS = ("the green door", "a long road", "seven lanterns", "the northern field", "a wooden box", "the harbour",
-           "an empty room", "the morning light", "a paper map", "the stone bridge", "three apples", "the winter sky")  # fmt: skip
+           "an empty room", "the morning light", "a paper map", "the stone bridge", "three apples",
+           "the winter sky")  # fmt: skip
 TAILS = ("before noon", "in the rain", "without a word", "for many years", "at the end of the day", "with great care",
          "near the village", "after the storm", "once again", "as usual")  # fmt: skip
 

@@ -48,8 +48,8 @@ def _table() -> dict[str, str]:
         (_MODEL, ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
                   "--group-query-attention", "--num-query-groups", "--normalization", "--norm-epsilon",
                   "--swiglu", "--qk-layernorm", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                  "--add-qkv-bias", "--rotary-percent", "--init-method-std", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-                  "--moe-shared-expert-intermediate-size")),
+                  "--add-qkv-bias", "--rotary-percent", "--init-method-std", "--num-experts", "--moe-router-topk",
+                  "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size")),
         ("[megatron].attention_backend", ("--attention-backend",)),
         ("the stage's recompute and recompute_* fields", (
             "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules")),

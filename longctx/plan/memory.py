@@ -77,8 +77,8 @@ On a GPU (`GPU_LOCAL_BF16`) torch's RMSNorm is one fused kernel: each norm keeps
 
 Calibration (tests/plan/test_memory.py): a 32K run of a Llama-like 8B model (262K vocab) on
 A100-64GB at TP 4, SP, distributed optimizer and full recompute measured a 55.4 GB peak (the model,
-with longctx's full-recompute default uniform / 1 layer: 51.2 GB); NeMo's Llama-3-8B recipes (TP 4, PP 2, CP 2 @16K, 4 @64K, 8 @128K) run on
-80 GB.
+with longctx's full-recompute default uniform / 1 layer: 51.2 GB); NeMo's Llama-3-8B recipes (TP 4, PP 2,
+CP 2 @16K, 4 @64K, 8 @128K) run on 80 GB.
 """
 
 from __future__ import annotations

@@ -103,7 +103,8 @@ def estimate_chain(
     per_job = train_minutes_per_job(rp, settings)
     if per_job <= 0:
         raise SlurmError(
-            f"a job of {settings.profile.time} leaves no training time after the {settings.profile.job_overhead_mins:g} "
+            f"a job of {settings.profile.time} leaves no training time after the "
+            f"{settings.profile.job_overhead_mins:g} "
             "min per-job overhead",
             where=str(settings.plan_path),
             fix="raise the time limit (or exit_duration_in_mins), or lower job_overhead_mins",

@@ -96,7 +96,8 @@ def job_settings(
         raise SlurmError(
             f"the plan says {gpn} GPUs per node, profile {eff.name!r} has {eff.gpus_per_node}",
             where=f"{where}: cluster.gpus_per_node",
-            fix=f"set gpus_per_node = {eff.gpus_per_node} in the plan, or use the profile of the cluster it was planned for",
+            fix=f"set gpus_per_node = {eff.gpus_per_node} in the plan, or use the profile of the cluster it was "
+            "planned for",
         )
     if eff.backend == "local" and nodes > 1:
         raise SlurmError(
@@ -181,13 +182,15 @@ def _check_qos(eff: Profile, nodes: int, time_s: int, where: str, *, job: str) -
     )
     if lim.max_nodes is not None and nodes > lim.max_nodes:
         raise SlurmError(
-            f"the {job} needs {nodes} nodes, but QoS {eff.qos!r} of profile {eff.name!r} allows at most {lim.max_nodes}",
+            f"the {job} needs {nodes} nodes, but QoS {eff.qos!r} of profile {eff.name!r} allows at most "
+            f"{lim.max_nodes}",
             where=f"{where}: slurm.qos / stage nodes",
             fix=hint,
         )
     if nodes < lim.min_nodes:
         raise SlurmError(
-            f"the {job} needs {nodes} nodes, but QoS {eff.qos!r} of profile {eff.name!r} is for {lim.min_nodes} or more",
+            f"the {job} needs {nodes} nodes, but QoS {eff.qos!r} of profile {eff.name!r} is for "
+            f"{lim.min_nodes} or more",
             where=f"{where}: slurm.qos",
             fix=hint,
         )

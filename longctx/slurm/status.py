@@ -2,9 +2,9 @@
 
 Progress comes from disk (the stage state machine), timing from the tokens/s the trainer logged over the
 stage's last launch (`longctx.stage.pace`), else the ledger (wall seconds per iteration of finished
-launches, start-up included), else the trainer's metrics, else the profile's throughput figure. Job states come from squeue for queued and running jobs, and for finished ones from sacct
-when the cluster keeps accounting, else the controller's memory and a jobcomp file, else the ledger
-and the logs.
+launches, start-up included), else the trainer's metrics, else the profile's throughput figure. Job states
+come from squeue for queued and running jobs, and for finished ones from sacct when the cluster keeps
+accounting, else the controller's memory and a jobcomp file, else the ledger and the logs.
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ def encoding_differences(expected: EncodingFingerprint, found: EncodingFingerpri
     out: list[str] = []
     if expected.probe_ids != found.probe_ids:
         out.append(
-            f"the probe texts encode differently (first difference at {_first_difference(expected.probe_ids, found.probe_ids)})"
+            "the probe texts encode differently (first difference at "
+            f"{_first_difference(expected.probe_ids, found.probe_ids)})"
         )
     e_sp, f_sp = expected.probe_ids_with_special_tokens, found.probe_ids_with_special_tokens
     if e_sp is not None and f_sp is not None and e_sp != f_sp and expected.probe_ids == found.probe_ids:

@@ -74,31 +74,86 @@ def test_unset_recompute_is_none(tmp_path: Path, plan: dict[str, Any]) -> None:
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
     # (id, stage settings, pattern in the message, pattern naming the field)
-    ("unknown-module", {"recompute": "selective", "recompute_modules": ["attention"]}, r"Input should be 'core_attn'",
-     r"stages\[0\] \('16k'\)\.recompute_modules"),
-    ("num-layers-zero", {"recompute": "full", "recompute_num_layers": 0}, r"greater than 0", r"recompute_num_layers"),
-    ("num-layers-negative", {"recompute": "full", "recompute_num_layers": -2}, r"greater than 0",
-     r"recompute_num_layers"),
-    ("unknown-method", {"recompute": "full", "recompute_method": "every"}, r"'uniform' or 'block'", r"recompute_method"),
+    (
+        "unknown-module",
+        {"recompute": "selective", "recompute_modules": ["attention"]},
+        r"Input should be 'core_attn'",
+        r"stages\[0\] \('16k'\)\.recompute_modules",
+    ),
+    (
+        "num-layers-zero",
+        {"recompute": "full", "recompute_num_layers": 0},
+        r"greater than 0",
+        r"recompute_num_layers",
+    ),
+    (
+        "num-layers-negative",
+        {"recompute": "full", "recompute_num_layers": -2},
+        r"greater than 0",
+        r"recompute_num_layers",
+    ),
+    (
+        "unknown-method",
+        {"recompute": "full", "recompute_method": "every"},
+        r"'uniform' or 'block'",
+        r"recompute_method",
+    ),
     # PP 2: 4 layers per pipeline stage — Megatron's recompute_num_layers counts per stage
-    ("uniform-not-dividing", {"recompute": "full", "recompute_num_layers": 3}, r"does not divide the 4 layers",
-     r"recompute_num_layers"),
-    ("uniform-too-many", {"recompute": "full", "recompute_num_layers": 8}, r"more than the 4 layers per pipeline",
-     r"recompute_num_layers"),
-    ("block-too-many", {"recompute": "full", "recompute_method": "block", "recompute_num_layers": 5},
-     r"more than the 4 layers", r"recompute_num_layers"),
-    ("selective-without-modules", {"recompute": "selective"}, r"needs recompute_modules", r"recompute_modules"),
-    ("selective-empty", {"recompute": "selective", "recompute_modules": []}, r"needs recompute_modules",
-     r"recompute_modules"),
-    ("core-attn-alone", {"recompute": "selective", "recompute_modules": ["core_attn"]},
-     r"core_attn with attention_backend 'flash' saves almost nothing", r"recompute_modules"),
-    ("repeated-module", {"recompute": "selective", "recompute_modules": ["mlp", "mlp"]}, r"repeats mlp",
-     r"recompute_modules"),
-    ("dense-layernorm", {"recompute": "selective", "recompute_modules": ["layernorm"]}, r"layernorm recomputes nothing",
-     r"recompute_modules"),
-    ("dense-moe-act", {"recompute": "selective", "recompute_modules": ["moe_act"]}, r"this model is dense",
-     r"recompute_modules"),
-]  # fmt: skip
+    (
+        "uniform-not-dividing",
+        {"recompute": "full", "recompute_num_layers": 3},
+        r"does not divide the 4 layers",
+        r"recompute_num_layers",
+    ),
+    (
+        "uniform-too-many",
+        {"recompute": "full", "recompute_num_layers": 8},
+        r"more than the 4 layers per pipeline",
+        r"recompute_num_layers",
+    ),
+    (
+        "block-too-many",
+        {"recompute": "full", "recompute_method": "block", "recompute_num_layers": 5},
+        r"more than the 4 layers",
+        r"recompute_num_layers",
+    ),
+    (
+        "selective-without-modules",
+        {"recompute": "selective"},
+        r"needs recompute_modules",
+        r"recompute_modules",
+    ),
+    (
+        "selective-empty",
+        {"recompute": "selective", "recompute_modules": []},
+        r"needs recompute_modules",
+        r"recompute_modules",
+    ),
+    (
+        "core-attn-alone",
+        {"recompute": "selective", "recompute_modules": ["core_attn"]},
+        r"core_attn with attention_backend 'flash' saves almost nothing",
+        r"recompute_modules",
+    ),
+    (
+        "repeated-module",
+        {"recompute": "selective", "recompute_modules": ["mlp", "mlp"]},
+        r"repeats mlp",
+        r"recompute_modules",
+    ),
+    (
+        "dense-layernorm",
+        {"recompute": "selective", "recompute_modules": ["layernorm"]},
+        r"layernorm recomputes nothing",
+        r"recompute_modules",
+    ),
+    (
+        "dense-moe-act",
+        {"recompute": "selective", "recompute_modules": ["moe_act"]},
+        r"this model is dense",
+        r"recompute_modules",
+    ),
+]
 
 
 @pytest.mark.parametrize(("stage", "message", "field"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -2,7 +2,8 @@
 
 The chain test submits a tiny two-stage plan as 1-minute jobs with `--signal=TERM@5`, so the trainer
 is told to save and exit in every job (slurmctld checks time limits every 30 s and sends the warning
-signal up to 30 s early, never late: 25–55 s into a 1-minute job, after the trainer has started); it SIGKILLs the training step of one job mid-step, and checks
+signal up to 30 s early, never late: 25–55 s into a 1-minute job, after the trainer has started); it
+SIGKILLs the training step of one job mid-step, and checks
 afterwards that every stage reached its target, no stage was restarted from the previous stage after
 making progress, at most a save interval of steps was lost at each interruption, the jobs left in the
 queue were cancelled by the job that finished the plan, and `slurm status` told the truth throughout.

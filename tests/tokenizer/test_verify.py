@@ -75,7 +75,8 @@ def test_tiny_tokenizer_is_not_the_openeurollm_one(oellm_like_hf_dir: Path, repo
         "error: md5: md5 of tokenizer.model differs (expected 07295117baaf7a55d5924428e59925d6" in res.stderr
     )
     assert (
-        f"error: vocab-size: vocab size (len(tokenizer), Megatron's view) differs (expected 262145, found {OELLM_LIKE_VOCAB + 1})"
+        "error: vocab-size: vocab size (len(tokenizer), Megatron's view) differs "
+        f"(expected 262145, found {OELLM_LIKE_VOCAB + 1})"
         in res.stderr
     )
 
