@@ -14,6 +14,7 @@ from longctx.cli.main import app
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.stage import ledger
+from longctx.stage.ledger_events import Launch, RecordedBinding
 from longctx.stage.run import binding_for
 from tests.fixtures.run import write_plan
 
@@ -48,8 +49,8 @@ def test_a_copied_run_resumes_without_force_and_a_real_change_is_refused(
     [launch] = json.loads(r.stdout)
     assert (launch["stage"], launch["action"], launch["start_iteration"]) == ("s1", "resume", 2), launch
     assert launch["end_iteration"] == 4, launch
-    records = [x for x in ledger.read(moved) if x["event"] == "launch"]
-    assert len(records) == 2 and records[-1]["forced"] is None
+    records = [x for x in ledger.read(moved) if x.event == "launch"]
+    assert len(records) == 2 and records[-1].forced is None
 
     # the same copy with another RoPE base for the started stage: refused, nothing written
     _interrupt_after(moved / "stages" / "s1" / "checkpoints", 2)
@@ -76,9 +77,9 @@ def test_a_ledger_written_before_identity_by_content_still_resumes_in_place(
     del old["identity"]
     old["data_digest"] = current.legacy_data_digest
     old["base_identity"] = f"{st.load_from}@{current.base_identity}"
-    ledger.append(fresh_run, {"event": "launch", "stage": "s1", "binding": old})
+    ledger.append(fresh_run, Launch(stage="s1", binding=RecordedBinding.model_validate(old)))
     assert ledger.check_binding(fresh_run, "s1", current, force=False) == {}
     changed = binding_for(rp, st)
     changed.rotary_base = 123456
-    conflicts = ledger.binding_conflicts(old, changed)
+    conflicts = ledger.binding_conflicts(RecordedBinding.model_validate(old), changed)
     assert list(conflicts) == ["rotary_base"]
