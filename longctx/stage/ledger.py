@@ -195,28 +195,26 @@ def recorded_binding(run_dir: Path, stage: str) -> RecordedBinding | None:
 def binding_conflicts(recorded: RecordedBinding | None, current: Binding) -> dict[str, tuple[Any, Any]]:
     """The bound fields whose recorded value differs from the current one (a field the record does not
     hold is not compared: it was bound after the record was written)."""
-    if recorded is None or not recorded.model_fields_set:
+    if recorded is None:
         return {}
-    rec = recorded.model_dump()
     cur = current.as_dict()
     if recorded.identity != CONTENT_IDENTITY:
-        rec, cur = _legacy_view(rec, current)
-    held = recorded.model_fields_set
-    return {k: (rec[k], cur[k]) for k in BINDING_FIELDS if k in held and rec[k] != cur[k]}
+        recorded, cur = _legacy_view(recorded, current)
+    old = {k: getattr(recorded, k) for k in BINDING_FIELDS if k in recorded.model_fields_set}
+    return {k: (v, cur[k]) for k, v in old.items() if v != cur[k]}
 
 
-def _legacy_view(recorded: dict[str, Any], current: Binding) -> tuple[dict[str, Any], dict[str, Any]]:
+def _legacy_view(recorded: RecordedBinding, current: Binding) -> tuple[RecordedBinding, dict[str, Any]]:
     """A record written before identity by content, and the current binding, made comparable: the base
     without its save directory (`<dir>@iter_…:<digest>` → `iter_…:<digest>`), the data by the old digest
     (paths included: an old record of a run that has since moved still differs, once)."""
-    rec = dict(recorded)
-    base = rec.get("base_identity")
-    if isinstance(base, str) and "@" in base:
-        rec["base_identity"] = base.rsplit("@", 1)[1]
+    base = recorded.base_identity
+    if base is not None and "@" in base:
+        recorded = recorded.model_copy(update={"base_identity": base.rsplit("@", 1)[1]})
     cur = current.as_dict()
     if current.legacy_data_digest is not None:
         cur["data_digest"] = current.legacy_data_digest
-    return rec, cur
+    return recorded, cur
 
 
 def check_binding(run_dir: Path, stage: str, current: Binding, *, force: bool) -> dict[str, tuple[Any, Any]]:
