@@ -249,8 +249,8 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
     assert f"attempting to finetune with checkpoint in {base}" in tl_log
     assert "exiting program after receiving SIGTERM" in tl_log, tl_log[-4000:]
     tl_its = _iterations(Path(tl.log))
-    assert tl_its[0] == 1 and 0 < tl_end["end_iteration"] == tl_its[-1] < SAVE, (tl_its, tl_end)
-    assert tl_end["new_saves"] == [tl_its[-1]]
+    assert tl_its[0] == 1 and 0 < tl_end.end_iteration == tl_its[-1] < SAVE, (tl_its, tl_end)
+    assert tl_end.new_saves == [tl_its[-1]]
     info = commands.scontrol_job(limited[0])
     if info is not None:  # the controller still remembers it: it ran under the lowered limit
         assert info.time_limit == f"00:{limited[1]:02d}:00", info
@@ -260,14 +260,14 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
     assert (kill.stage, kill.action, kill.start_iteration) == (
         "a",
         "resume",
-        tl_end["end_iteration"],
+        tl_end.end_iteration,
     )
     kill_log = _text(Path(kill.log))
     assert "attempting to finetune" not in kill_log and "exiting program" not in kill_log
     kill_its = _iterations(Path(kill.log))
     assert kill_its[0] == kill.start_iteration + 1, kill_its[:3]
-    saved = kill_end["end_iteration"]  # the last complete save, which the tracker names
-    assert kill_end["exit_code"] == 137 and saved % SAVE == 0, kill_end
+    saved = kill_end.end_iteration  # the last complete save, which the tracker names
+    assert kill_end.exit_code == 137 and saved % SAVE == 0, kill_end
     assert kill.start_iteration < saved < killed[1] <= kill_its[-1] < saved + SAVE, (
         saved,
         killed,
@@ -278,14 +278,14 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
     assert (fin_a.stage, fin_a.action, fin_a.start_iteration) == ("a", "resume", saved)
     fin_its = _iterations(Path(fin_a.log))
     assert fin_its == list(range(saved + 1, A_ITERS + 1)), fin_its[:3]
-    assert (fin_a_end["exit_code"], fin_a_end["status"], fin_a_end["end_iteration"]) == (0, "done", A_ITERS)
+    assert (fin_a_end.exit_code, fin_a_end.status, fin_a_end.end_iteration) == (0, "done", A_ITERS)
 
     # 4. stage b started from a's final save and finished the plan
     assert (first_b.stage, first_b.action, first_b.start_iteration) == ("b", "first-launch", 0)
     assert first_b.argv[first_b.argv.index("--pretrained-checkpoint") + 1] == str(save_a)
     assert f"attempting to finetune with checkpoint in {save_a}" in _text(Path(first_b.log))
     assert _iterations(Path(first_b.log)) == list(range(1, B_ITERS + 1))
-    assert (b_end["exit_code"], b_end["status"], b_end["end_iteration"]) == (0, "done", B_ITERS)
+    assert (b_end.exit_code, b_end.status, b_end.end_iteration) == (0, "done", B_ITERS)
 
     # every stage at its target on disk; the trackers say so
     for st, save in zip(rp.stages, (save_a, save_b), strict=True):
@@ -300,8 +300,8 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
     assert [(r.stage, str(r.job_id)) for r in evals] == [("a", ids[2]), ("b", ids[3])], evals
     assert {str(r.slurm_job_id) for r in evals} == evals_seen
     cancels = [r for r in records if r.event == "chain-cancel"]
-    assert len(cancels) == 1 and cancels[0]["reason"] == "the plan is complete"
-    assert str(cancels[0]["job_id"]) == ids[WORK - 1] and cancels[0]["slurm_job_ids"] == ids[WORK:]
+    assert len(cancels) == 1 and cancels[0].reason == "the plan is complete"
+    assert str(cancels[0].job_id) == ids[WORK - 1] and cancels[0].slurm_job_ids == ids[WORK:]
     st = chain_status(rp)
     assert st.next_action == "all-done" and st.running == [] and st.pending == []
     by_id = {j.job_id: j for j in st.jobs}

@@ -82,7 +82,7 @@ def test_sigterm_stops_until_done_at_once_and_the_rerun_resumes(
     # nothing went on from the stopped launch: no relaunch, no next stage, s1 not reported done
     assert _launches(fresh_run) == [("s1", "first-launch", 0)]
     ends = [r for r in ledger.read(fresh_run) if r.event == "end"]
-    assert [(e["status"], e["end_iteration"]) for e in ends] == [("in-progress", stopped)]
+    assert [(e.status, e.end_iteration) for e in ends] == [("in-progress", stopped)]
     status = _status(plan, fresh_run)
     assert (status["s1"]["status"], status["s1"]["iteration"], status["s2"]["status"]) == (
         "in-progress",
