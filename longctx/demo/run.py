@@ -41,6 +41,7 @@ from longctx.mcore.parallel import visible_device_count
 from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.plan.stage_data import stage_blend
 from longctx.stage import ledger
+from longctx.stage.ledger_events import Launch
 from longctx.stage.run import LaunchOutcome
 from longctx.stage.state import NextStep, plan_state, stage_state
 from longctx.stage.sweep import record_choice
@@ -481,7 +482,7 @@ def _stage_rows(rp: ResolvedPlan, run_dir: Path) -> list[dict[str, Any]]:
         metrics = (
             [json.loads(x) for x in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
         )
-        launches = [r for r in records if r.get("event") == "launch" and r.get("stage") == st.name]
+        launches = [r for r in records if isinstance(r, Launch) and r.stage == st.name]
         rows.append(
             {
                 "stage": st.name,
@@ -490,7 +491,7 @@ def _stage_rows(rp: ResolvedPlan, run_dir: Path) -> list[dict[str, Any]]:
                 "cp": st.cp,
                 "iterations": f"{s.iteration}/{s.target_iterations}",
                 "status": s.status,
-                "launches": [r.get("action") for r in launches],
+                "launches": [r.action for r in launches],
                 "first_loss": metrics[0]["loss"] if metrics else None,
                 "final_loss": metrics[-1]["loss"] if metrics else None,
                 "tokens_per_s": (sum(m["tokens_per_s"] for m in metrics[-5:]) / min(5, len(metrics)))

@@ -24,7 +24,6 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from longctx.errors import SlurmError, StageError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
@@ -34,6 +33,8 @@ from longctx.slurm.script import Rendered, eval_script_name, log_dir
 from longctx.slurm.settings import JobSettings
 from longctx.slurm.sweep_jobs import SweepJobs, submit_sweep
 from longctx.stage import ledger
+from longctx.stage.ledger_events import Cancel, ChainCancel, End, Launch, LedgerEvent, Submit, SubmitFailed
+from longctx.stage.ledger_events import JobEnd as JobEndRecord
 from longctx.stage.lock import Holder, read_holder, stale_reason
 from longctx.stage.state import NextStep, StageState, next_step, plan_state
 
@@ -215,18 +216,17 @@ def submit(
             raise
         ledger.append(
             run_dir,
-            {
-                "event": "submit",
-                "kind": "chain",
-                "slurm_job_id": job,
-                "chain_id": chain_id,
-                "position": i + 1,
-                "chain_length": chain,
-                "dependency": prev,
-                "script": str(script),
-                "profile": settings.profile.name,
-                "backend": settings.backend,
-            },
+            Submit(
+                kind="chain",
+                slurm_job_id=job,
+                chain_id=chain_id,
+                position=i + 1,
+                chain_length=chain,
+                dependency=prev,
+                script=str(script),
+                profile=settings.profile.name,
+                backend=settings.backend,
+            ),
         )
         ids.append(job)
         prev = job
@@ -255,28 +255,24 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
     job = os.environ.get("SLURM_JOB_ID")
     states = plan_state(rp)
     step = next_step(rp, states)
-    records = ledger.read(run_dir)
-    ends = [r for r in records if r.get("event") == "end" and job is not None and str(r.get("job_id")) == job]
-    progress = sum(
-        max(0, int(r.get("end_iteration") or 0) - int(r.get("start_iteration") or 0)) for r in ends
-    )
-    finished = [str(r["stage"]) for r in ends if r.get("status") == "done"]
+    ends = _ends_of(job, ledger.read(run_dir))
+    progress = sum(max(0, r.gained) for r in ends)
+    finished = [str(r.stage) for r in ends if r.status == "done"]
     ledger.append(
         run_dir,
-        {
-            "event": "job-end",
-            "exit_code": exit_code,
-            "progress": progress,
-            "next": step.action,
-            "next_stage": step.stage,
-            "reason": step.reason,
-            "finished_stages": finished,
-        },
+        JobEndRecord(
+            exit_code=exit_code,
+            progress=progress,
+            next_action=step.action,
+            next_stage=step.stage,
+            reason=step.reason,
+            finished_stages=finished,
+        ),
     )
 
     evals: dict[str, str] = {}
     if scripts_dir is not None:
-        done_before = {r.get("stage") for r in submitted(run_dir, "eval")}
+        done_before = {r.stage for r in submitted(run_dir, "eval")}
         for stage in finished:
             script = Path(scripts_dir) / eval_script_name(stage)
             if stage in done_before or not script.is_file():
@@ -284,20 +280,9 @@ def job_end(rp: ResolvedPlan, exit_code: int, *, scripts_dir: Path | None = None
             try:
                 jid = commands.sbatch(script)
             except SlurmError as err:
-                ledger.append(
-                    run_dir, {"event": "submit-failed", "kind": "eval", "stage": stage, "error": err.what}
-                )
+                ledger.append(run_dir, SubmitFailed(kind="eval", stage=stage, error=err.what))
                 continue
-            ledger.append(
-                run_dir,
-                {
-                    "event": "submit",
-                    "kind": "eval",
-                    "slurm_job_id": jid,
-                    "stage": stage,
-                    "script": str(script),
-                },
-            )
+            ledger.append(run_dir, Submit(kind="eval", slurm_job_id=jid, stage=stage, script=str(script)))
             evals[stage] = jid
 
     sweep = _sweep_jobs(rp, step, scripts_dir, job)
@@ -325,9 +310,7 @@ def _sweep_jobs(
     try:
         return submit_sweep(rp, rp.stage(st.branch_of), scripts_dir, job=job)
     except SlurmError as err:
-        ledger.append(
-            rp.run_dir, {"event": "submit-failed", "kind": "sweep", "stage": st.branch_of, "error": err.what}
-        )
+        ledger.append(rp.run_dir, SubmitFailed(kind="sweep", stage=st.branch_of, error=err.what))
         return None
 
 
@@ -345,7 +328,7 @@ def _live_holder(run_dir: Path, job: str | None) -> Holder | None:
 def chain_stop_reason(
     action: str,
     reason: str,
-    records: list[dict[str, Any]],
+    records: list[LedgerEvent],
     *,
     job: str | None,
     exit_code: int,
@@ -367,16 +350,11 @@ def chain_stop_reason(
         return "the plan is complete"
     if action == "blocked":
         return f"the plan cannot go on: {reason}"
-    ends = [r for r in records if r.get("event") == "end" and job is not None and str(r.get("job_id")) == job]
+    ends = _ends_of(job, records)
     last = ends[-1] if ends else None
-    if last is not None and int(last.get("exit_code", 1)) == 0 and last.get("no_progress"):
-        return (
-            f"stage {last.get('stage')}'s launch made no progress and the next job would repeat it: "
-            f"{last['no_progress']}"
-        )
-    launched = any(
-        r.get("event") == "launch" and job is not None and str(r.get("job_id")) == job for r in records
-    )
+    if last is not None and last.exit_code == 0 and last.no_progress:
+        return f"stage {last.stage}'s launch made no progress and the next job would repeat it: {last.no_progress}"
+    launched = any(isinstance(r, Launch) and job is not None and str(r.job_id) == job for r in records)
     if job is not None and exit_code == REFUSED and not launched and lock_holder is None:
         return "the stage's launch was refused before it started (see this job's log) and every next job would be"
     streak = _failure_streak(records)
@@ -385,10 +363,15 @@ def chain_stop_reason(
     return None
 
 
-def _failure_streak(records: list[dict[str, Any]]) -> int:
+def _ends_of(job: str | None, records: list[LedgerEvent]) -> list[End]:
+    """The `end` records of the launches Slurm job `job` ran (none outside a Slurm job)."""
+    return [r for r in records if isinstance(r, End) and job is not None and str(r.job_id) == job]
+
+
+def _failure_streak(records: list[LedgerEvent]) -> int:
     n = 0
-    for r in reversed([r for r in records if r.get("event") == "job-end"]):
-        if int(r.get("exit_code") or 0) != 0 and int(r.get("progress") or 0) == 0:
+    for r in reversed([r for r in records if isinstance(r, JobEndRecord)]):
+        if (r.exit_code or 0) != 0 and (r.progress or 0) == 0:
             n += 1
         else:
             break
@@ -403,7 +386,7 @@ def cancel_behind(rp: ResolvedPlan, *, reason: str) -> list[str]:
     victims = [j for j in reversed(ids) if j in live]
     if victims:
         commands.cancel_jobs(victims)
-    ledger.append(rp.run_dir, {"event": "chain-cancel", "slurm_job_ids": victims, "reason": reason})
+    ledger.append(rp.run_dir, ChainCancel(slurm_job_ids=list(victims), reason=reason))
     return victims
 
 
@@ -414,7 +397,7 @@ def cancel(rp: ResolvedPlan) -> list[str]:
     victims = [j for j in reversed(ids) if j in live]
     if victims:
         commands.cancel_jobs(victims)
-    ledger.append(rp.run_dir, {"event": "cancel", "slurm_job_ids": victims, "reason": "slurm cancel"})
+    ledger.append(rp.run_dir, Cancel(slurm_job_ids=list(victims), reason="slurm cancel"))
     return victims
 
 

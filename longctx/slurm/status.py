@@ -15,7 +15,6 @@ import datetime as dt
 import math
 import re
 from pathlib import Path
-from typing import Any
 
 from longctx.checkpoint.layout import iter_dir_name
 from longctx.errors import LongctxError
@@ -26,6 +25,7 @@ from longctx.slurm.script import log_dir
 from longctx.slurm.settings import job_settings
 from longctx.stage import ledger
 from longctx.stage.curves import read_plan_curves
+from longctx.stage.ledger_events import Cancel, ChainCancel, End, JobEnd, Launch, LedgerEvent, Submit
 from longctx.stage.pace import MAX_ETA_SECONDS, plan_pace
 from longctx.stage.run_files import METRICS_BYTES, run_file_lines
 from longctx.stage.state import StageState, next_step, plan_state
@@ -118,15 +118,13 @@ def _last_checkpoint(s: StageState) -> tuple[int | None, str | None]:
         return it, None
 
 
-def _ledger_rate(records: list[dict[str, Any]], stage: str) -> float | None:
+def _ledger_rate(records: list[LedgerEvent], stage: str) -> float | None:
     secs = 0.0
     iters = 0
     for r in records:
-        if r.get("event") == "end" and r.get("stage") == stage:
-            gained = int(r.get("end_iteration") or 0) - int(r.get("start_iteration") or 0)
-            if gained > 0:
-                secs += float(r.get("seconds") or 0.0)
-                iters += gained
+        if isinstance(r, End) and r.stage == stage and r.gained > 0:
+            secs += r.seconds or 0.0
+            iters += r.gained
     return secs / iters if iters else None
 
 
@@ -158,7 +156,7 @@ def _profile_rate(rp: ResolvedPlan, st: ResolvedStage, profile: str | None) -> f
 
 
 def stage_progress(
-    rp: ResolvedPlan, states: list[StageState], records: list[dict[str, Any]], profile: str | None = None
+    rp: ResolvedPlan, states: list[StageState], records: list[LedgerEvent], profile: str | None = None
 ) -> list[StageProgress]:
     out: list[StageProgress] = []
     eta: float | None = 0.0
@@ -198,51 +196,39 @@ def stage_progress(
     return out
 
 
-def _jobs_from_ledger(records: list[dict[str, Any]]) -> tuple[list[JobRow], dict[str, str]]:
+def _jobs_from_ledger(records: list[LedgerEvent]) -> tuple[list[JobRow], dict[str, str]]:
     """Rows for every submitted job as the ledger knows them; and the jobs longctx cancelled, with why."""
     rows: dict[str, JobRow] = {}
     cancelled_by_us: dict[str, str] = {}
     for r in records:
-        ev = r.get("event")
-        if ev == "submit":
+        if isinstance(r, Submit):
             jid = job_id_of(r)
-            if jid is None:
-                continue
-            rows[jid] = JobRow(
-                jid,
-                str(r.get("kind", "chain")),
-                r.get("position"),
-                "SUBMITTED",
-                "ledger",
-                stage=r.get("stage"),
-            )
-        elif ev in ("chain-cancel", "cancel"):
+            if jid is not None:
+                rows[jid] = JobRow(
+                    jid, str(r.kind or "chain"), r.position, "SUBMITTED", "ledger", stage=r.stage
+                )
+        elif isinstance(r, ChainCancel | Cancel):
             why = (
-                f"cancelled by job {r.get('job_id')}: {r.get('reason')}"
-                if ev == "chain-cancel"
+                f"cancelled by job {r.job_id}: {r.reason}"
+                if isinstance(r, ChainCancel)
                 else "cancelled by `slurm cancel`"
             )
-            ids = r.get("slurm_job_ids")
-            cancelled_by_us.update((str(j), why) for j in (ids if isinstance(ids, list) else []))
-    launches: dict[str, dict[str, Any]] = {}
+            cancelled_by_us.update((str(j), why) for j in r.slurm_job_ids or [])
     for r in records:
-        jid = str(r.get("job_id")) if r.get("job_id") is not None else None
-        if jid is None or jid not in rows:
+        row = rows.get(str(r.job_id)) if r.job_id is not None else None
+        if row is None:
             continue
-        row = rows[jid]
-        ev = r.get("event")
-        if ev == "launch":
-            launches[jid] = r
-            row.stage = r.get("stage")
-            row.iterations = f"{r.get('start_iteration')} → ?"
-            row.state, row.note = "LAUNCHED", f"{r.get('action')} {r.get('stage')}"
-        elif ev == "end":
-            row.iterations = f"{r.get('start_iteration')} → {r.get('end_iteration')}"
-            row.exit_code = str(r.get("exit_code"))
+        if isinstance(r, Launch):
+            row.stage = r.stage
+            row.iterations = f"{r.start_iteration} → ?"
+            row.state, row.note = "LAUNCHED", f"{r.action} {r.stage}"
+        elif isinstance(r, End):
+            row.iterations = f"{r.start_iteration} → {r.end_iteration}"
+            row.exit_code = str(r.exit_code)
             row.state = "ENDED"
-        elif ev == "job-end":
-            row.state = "COMPLETED" if int(r.get("exit_code") or 0) == 0 else "FAILED"
-            row.exit_code = str(r.get("exit_code"))
+        elif isinstance(r, JobEnd):
+            row.state = "COMPLETED" if (r.exit_code or 0) == 0 else "FAILED"
+            row.exit_code = str(r.exit_code)
     return list(rows.values()), cancelled_by_us
 
 
@@ -258,9 +244,9 @@ def _error_line(path: Path) -> str | None:
 
 
 def _last_failure(
-    rows: list[JobRow], records: list[dict[str, Any]], run_dir: Path, cancelled: dict[str, str]
+    rows: list[JobRow], records: list[LedgerEvent], run_dir: Path, cancelled: dict[str, str]
 ) -> str | None:
-    logs = {str(r.get("job_id")): r.get("log") for r in records if r.get("event") == "launch"}
+    logs = {str(r.job_id): r.log for r in records if isinstance(r, Launch)}
     for row in sorted(rows, key=lambda r: int(r.job_id), reverse=True):
         bad_state = row.state in FAILED_STATES and not (row.state == "CANCELLED" and row.job_id in cancelled)
         bad_exit = row.exit_code not in (None, "0", "0:0")

@@ -21,6 +21,7 @@ from longctx.slurm import commands
 from longctx.slurm.records import job_id_of, submitted
 from longctx.slurm.script import sweep_script_name
 from longctx.stage import ledger
+from longctx.stage.ledger_events import ChainWait, Submit
 from longctx.stage.state import stage_state
 
 ARRAY_KIND = "sweep-array"
@@ -51,7 +52,7 @@ def _live_sweep_jobs(rp: ResolvedPlan, stage: str) -> list[str]:
     ids = [
         job_id_of(r)
         for r in submitted(rp.run_dir)
-        if r.get("kind") in (ARRAY_KIND, CHOOSE_KIND) and r.get("stage") == stage
+        if r.kind in (ARRAY_KIND, CHOOSE_KIND) and r.stage == stage
     ]
     return active_with_tasks([i for i in ids if i is not None])
 
@@ -59,9 +60,7 @@ def _live_sweep_jobs(rp: ResolvedPlan, stage: str) -> list[str]:
 def _next_chain_job(rp: ResolvedPlan, job: str | None) -> str | None:
     """The chain job queued right behind `job` (the one whose dependency is `job`), if still pending."""
     behind = [
-        job_id_of(r)
-        for r in submitted(rp.run_dir, "chain")
-        if job is not None and str(r.get("dependency")) == job
+        job_id_of(r) for r in submitted(rp.run_dir, "chain") if job is not None and str(r.dependency) == job
     ]
     live = commands.active_jobs([b for b in behind if b is not None])
     pending = [j for j, info in live.items() if info.state == "PENDING"]
@@ -90,35 +89,26 @@ def submit_sweep(
         array = commands.parse_parsable(commands.run(argv).stdout)
         ledger.append(
             rp.run_dir,
-            {
-                "event": "submit",
-                "kind": ARRAY_KIND,
-                "slurm_job_id": array,
-                "stage": st.name,
-                "tasks": tasks,
-                "branches": [st.branches[i].name for i in tasks],
-                "script": str(branches),
-            },
+            Submit(
+                kind=ARRAY_KIND,
+                slurm_job_id=array,
+                stage=st.name,
+                tasks=tasks,
+                branches=[st.branches[i].name for i in tasks],
+                script=str(branches),
+            ),
         )
     chosen = commands.sbatch(choose, dependency=array or None)
     ledger.append(
         rp.run_dir,
-        {
-            "event": "submit",
-            "kind": CHOOSE_KIND,
-            "slurm_job_id": chosen,
-            "stage": st.name,
-            "dependency": array or None,
-            "script": str(choose),
-        },
+        Submit(
+            kind=CHOOSE_KIND, slurm_job_id=chosen, stage=st.name, dependency=array or None, script=str(choose)
+        ),
     )
     waiting = _next_chain_job(rp, job)
     if waiting is not None:
         commands.run(["scontrol", "update", f"JobId={waiting}", f"Dependency=afterany:{chosen}"])
-        ledger.append(
-            rp.run_dir,
-            {"event": "chain-wait", "slurm_job_id": waiting, "waits_for": chosen, "stage": st.name},
-        )
+        ledger.append(rp.run_dir, ChainWait(slurm_job_id=waiting, waits_for=chosen, stage=st.name))
     return SweepJobs(st.name, array, tasks, chosen, waiting)
 
 

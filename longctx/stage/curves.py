@@ -29,6 +29,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from longctx.errors import StageError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.stage import ledger
+from longctx.stage.ledger_events import End, Launch, LedgerEvent
 from longctx.stage.run_files import (
     EVENTS_BYTES,
     LEDGER_BYTES,
@@ -330,44 +331,37 @@ def _stage_curves(rp: ResolvedPlan) -> list[StageCurve]:
 
 
 def _launch_marks(
-    rp: ResolvedPlan, records: list[dict[str, Any]], curves: dict[str, StageCurve], problems: list[str]
+    rp: ResolvedPlan, records: list[LedgerEvent], curves: dict[str, StageCurve], problems: list[str]
 ) -> list[LaunchMark]:
     marks: list[LaunchMark] = []
-    open_launch: dict[str, tuple[LaunchMark, dict[str, Any]]] = {}
+    open_launch: dict[str, tuple[LaunchMark, Launch]] = {}
     for rec in records:
-        stage = rec.get("stage")
-        if stage not in curves:
+        if not isinstance(rec, Launch | End) or rec.stage not in curves:
             continue
+        stage = rec.stage
         c = curves[stage]
-        if rec.get("event") == "launch":
-            start = min(max(int(rec.get("start_iteration") or 0), 0), c.target_iterations)
+        if isinstance(rec, Launch):
+            start = min(max(rec.start_iteration or 0, 0), c.target_iterations)
             mark = LaunchMark(
-                stage,
-                str(rec.get("action")),
-                start,
-                None,
-                c.tokens_at(start),
-                None,
-                "running",
-                str(rec.get("time", "")),
+                stage, str(rec.action), start, None, c.tokens_at(start), None, "running", str(rec.time or "")
             )
             marks.append(mark)
             open_launch[stage] = (mark, rec)
-        elif rec.get("event") == "end" and stage in open_launch:
+        elif stage in open_launch:
             mark, launch = open_launch.pop(stage)
-            end = min(max(int(rec.get("end_iteration") or mark.start_iteration), 0), c.target_iterations)
+            end = min(max(rec.end_iteration or mark.start_iteration, 0), c.target_iterations)
             mark.end_iteration, mark.end_tokens = end, c.tokens_at(end)
-            log = stage_log(rp.stage(stage).stage_dir, launch.get("log"))
+            log = stage_log(rp.stage(stage).stage_dir, launch.log)
             mark.ended = _ended(rec, log, rp.run_dir, end >= c.target_iterations, problems)
     return marks
 
 
-def _ended(end: dict[str, Any], log: Path | None, run_dir: Path, finished: bool, problems: list[str]) -> str:
-    if end.get("exit_code") not in (0, None) or end.get("outcome") == "failed":
+def _ended(end: End, log: Path | None, run_dir: Path, finished: bool, problems: list[str]) -> str:
+    if end.exit_code not in (0, None) or end.outcome == "failed":
         return "failed"
     if finished:
         return "done"
-    if end.get("outcome") == "interrupted":
+    if end.outcome == "interrupted":
         return "signal"
     try:
         lines = (
@@ -402,10 +396,10 @@ def read_plan_curves(rp: ResolvedPlan) -> PlanCurves:
 
 
 def _read_stage(
-    rp: ResolvedPlan, st: ResolvedStage, c: StageCurve, records: list[dict[str, Any]], problems: list[str]
+    rp: ResolvedPlan, st: ResolvedStage, c: StageCurve, records: list[LedgerEvent], problems: list[str]
 ) -> None:
     root, run_dir = st.stage_dir, rp.run_dir
-    launched = [r.get("log") for r in records if r.get("event") == "launch" and r.get("stage") == st.name]
+    launched = [r.log for r in records if isinstance(r, Launch) and r.stage == st.name]
     logs: list[tuple[str, Path]] = []
     for recorded in filter(None, launched):
         log = stage_log(root, recorded)

@@ -1,6 +1,7 @@
 """The ledger: an append-only, fsynced JSONL record of every launch of every stage in a run directory.
 
-Each launch writes a `launch` record before the process starts and an `end` record after it exits.
+Each launch writes a `launch` record before the process starts and an `end` record after it exits
+(each kind of record is a model of `longctx.stage.ledger_events`).
 A launch records what the stage is bound to — tokenizer md5, data digests, base checkpoint identity,
 RoPE base and scaling, sequence length. Relaunching a stage with anything different is refused unless
 forced, and the override is recorded.
@@ -22,7 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from longctx import __version__
 from longctx.errors import StageError
+from longctx.stage.ledger_events import EVENTS, RECORD, End, Launch, LedgerEvent, RecordedBinding
 from longctx.stage.run_files import LEDGER_BYTES, check_run_file, read_run_text
 from longctx.util import bounded_json
 from longctx.util.fs import append_line_durably
@@ -66,6 +71,10 @@ class Binding:
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "identity": CONTENT_IDENTITY}
 
+    def record(self) -> RecordedBinding:
+        """The binding as a launch record holds it."""
+        return RecordedBinding.model_validate(self.as_dict())
+
 
 def ledger_path(run_dir: Path) -> Path:
     return Path(run_dir) / LEDGER_NAME
@@ -75,24 +84,35 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def append(run_dir: Path, record: dict[str, Any]) -> None:
-    record = {"time": now(), "host": socket.gethostname(), "pid": os.getpid(),
-              "job_id": os.environ.get("SLURM_JOB_ID"), **record}  # fmt: skip
+def append(run_dir: Path, event: LedgerEvent) -> None:
+    """Add `event` to the run's ledger, stamped with when, where and which process and Slurm job; the
+    fields the writer set (null included) are written, and the line is one `read` accepts."""
+    stamp = {
+        "time": now(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+    }
+    record = {
+        **stamp,
+        **event.model_dump(mode="json", by_alias=True, exclude_unset=True),
+        "event": event.event,
+    }
+    RECORD.validate_python(record)
     path = ledger_path(run_dir)
     check_run_file(path, Path(run_dir), "ledger")
     append_line_durably(path, json.dumps(record, sort_keys=True, default=str))
 
 
-def read(run_dir: Path) -> list[dict[str, Any]]:
+def read(run_dir: Path) -> list[LedgerEvent]:
     """All records; a torn last line (a crash mid-write) is skipped, any other bad line is an error, as is
-    a record whose known fields have the wrong type or an unbounded number."""
+    a record of no event longctx writes, or whose fields have the wrong type or an unbounded number."""
     path = ledger_path(run_dir)
-    fix = "inspect the file; the ledger is append-only and must not be edited"
     text = read_run_text(path, Path(run_dir), "ledger", max_bytes=LEDGER_BYTES)
     if text is None:
         return []
     lines = text.splitlines()
-    out: list[dict[str, Any]] = []
+    out: list[LedgerEvent] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -101,98 +121,102 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
         except bounded_json.BadJSON as err:
             if i == len(lines) - 1 and not text.endswith("\n"):
                 continue
-            raise StageError(f"ledger line {i + 1} is not JSON ({err})", where=str(path), fix=fix) from None
+            raise _damaged(path, i, f"is not JSON ({err})") from None
         if not isinstance(rec, dict):
-            raise StageError(
-                f"ledger line {i + 1} is a JSON {type(rec).__name__}, not a record (an object)",
-                where=str(path),
-                fix=fix,
-            )
-        bad = _mistyped(rec)
-        if bad:
-            raise StageError(f"ledger line {i + 1}: {bad}", where=str(path), fix=fix)
-        out.append(rec)
+            raise _damaged(path, i, f"is a JSON {type(rec).__name__}, not a record (an object)")
+        try:
+            out.append(RECORD.validate_python(rec))
+        except ValidationError as err:
+            raise _damaged(path, i, _what_is_wrong(rec, err)) from None
     return out
 
 
-# the type of each field longctx reads back from a record (absent or null is always allowed)
-_INT_FIELDS = ("pid", "start_iteration", "end_iteration", "target_iterations", "exit_code", "progress",
-               "position", "chain_length")  # fmt: skip
-_STR_FIELDS = ("event", "stage", "action", "backend", "time", "host", "log", "status", "outcome", "kind",
-               "reason", "chain_id", "script", "profile")  # fmt: skip
-_ID_FIELDS = ("job_id", "slurm_job_id")  # a Slurm id: text or a number
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    **{k: (int,) for k in _INT_FIELDS},
-    **{k: (str,) for k in _STR_FIELDS},
-    **{k: (str, int) for k in _ID_FIELDS},
-    "seconds": (int, float),
-    "binding": (dict,),
-    "new_saves": (list,),
-    "slurm_job_ids": (list,),
+def _damaged(path: Path, index: int, what: str) -> StageError:
+    sep = "" if what.startswith("is ") else ":"
+    fix = "inspect the file; the ledger is append-only and must not be edited"
+    if "none longctx writes" in what:  # perhaps a newer longctx's event
+        fix = f"run the longctx version that wrote this run directory (this is {__version__}), or {fix}"
+    return StageError(f"ledger line {index + 1}{sep} {what}", where=str(path), fix=fix)
+
+
+# what a field of the wrong type should have been, by pydantic's error type
+_WANTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "string_type": "text",
+    "model_type": "an object",
+    "dict_type": "an object",
+    "list_type": "a list",
+    "bool_type": "true or false",
 }
 
 
-def _mistyped(rec: dict[str, Any]) -> str | None:
-    """What is wrong with the record's known fields (None: nothing)."""
-    for key, types in _FIELD_TYPES.items():
-        v = rec.get(key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, types):
-            want = " or ".join(
-                {int: "an integer", float: "a number", str: "text", dict: "an object", list: "a list"}[t]
-                for t in types
-            )
-            return f"{key} is {json.dumps(v)[:60]}, not {want}"
-    schedule = rec.get("binding", {}).get("schedule") if isinstance(rec.get("binding"), dict) else None
-    if schedule is not None and not isinstance(schedule, dict):
-        return "binding.schedule is not an object"
-    for key in ("new_saves", "slurm_job_ids"):
-        items = rec.get(key) or []
-        if any(isinstance(x, bool) or not isinstance(x, int | str) for x in items):
-            return f"{key} holds something other than iterations or job ids"
-    return None
+def _what_is_wrong(rec: dict[str, Any], err: ValidationError) -> str:
+    """The first wrong field of a record, as `end_iteration is "abc", not an integer`."""
+    errors = err.errors()
+    first = errors[0]
+    if first["type"] == "union_tag_not_found":
+        return f"the record names no event (one of {', '.join(EVENTS)})"
+    if first["type"] == "union_tag_invalid":
+        return f"event {json.dumps(rec.get('event'))[:60]} is none longctx writes ({', '.join(EVENTS)})"
+    # a field that may be one of several types fails once per type, at the same input
+    same = [e for e in errors if e["input"] is first["input"] and e["loc"][:2] == first["loc"][:2]]
+    loc = _common_prefix([e["loc"][1:] for e in same])  # the first item is the event kind
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    want = " or ".join(dict.fromkeys(_WANTED.get(e["type"], e["msg"]) for e in same))
+    return f"{key} is {json.dumps(first['input'], default=str)[:60]}, not {want}"
 
 
-def launches(run_dir: Path, stage: str | None = None) -> Iterator[dict[str, Any]]:
+def _common_prefix(locs: list[tuple[int | str, ...]]) -> tuple[int | str, ...]:
+    n = 0
+    while all(len(loc) > n and loc[n] == locs[0][n] for loc in locs):
+        n += 1
+    return locs[0][:n]
+
+
+def launches(run_dir: Path, stage: str | None = None) -> Iterator[Launch]:
     for rec in read(run_dir):
-        if rec.get("event") == "launch" and (stage is None or rec.get("stage") == stage):
+        if isinstance(rec, Launch) and (stage is None or rec.stage == stage):
             yield rec
 
 
-def recorded_binding(run_dir: Path, stage: str) -> dict[str, Any] | None:
+def recorded_binding(run_dir: Path, stage: str) -> RecordedBinding | None:
     """The binding of the stage's most recent launch (forced overrides become the new binding)."""
     last = None
     for rec in launches(run_dir, stage):
-        last = rec.get("binding")
+        last = rec.binding
     return last
 
 
-def binding_conflicts(recorded: dict[str, Any] | None, current: Binding) -> dict[str, tuple[Any, Any]]:
-    if not recorded:
+def binding_conflicts(recorded: RecordedBinding | None, current: Binding) -> dict[str, tuple[Any, Any]]:
+    """The bound fields whose recorded value differs from the current one (a field the record does not
+    hold is not compared: it was bound after the record was written)."""
+    if recorded is None:
         return {}
     cur = current.as_dict()
-    if recorded.get("identity") != CONTENT_IDENTITY:
+    if recorded.identity != CONTENT_IDENTITY:
         recorded, cur = _legacy_view(recorded, current)
-    return {
-        k: (recorded.get(k), cur[k]) for k in BINDING_FIELDS if k in recorded and recorded.get(k) != cur[k]
-    }
+    old = {k: getattr(recorded, k) for k in BINDING_FIELDS if k in recorded.model_fields_set}
+    return {k: (v, cur[k]) for k, v in old.items() if v != cur[k]}
 
 
-def _legacy_view(recorded: dict[str, Any], current: Binding) -> tuple[dict[str, Any], dict[str, Any]]:
+def _legacy_view(recorded: RecordedBinding, current: Binding) -> tuple[RecordedBinding, dict[str, Any]]:
     """A record written before identity by content, and the current binding, made comparable: the base
     without its save directory (`<dir>@iter_…:<digest>` → `iter_…:<digest>`). Its data digest hashed
     paths and is not computed any more: check_binding refuses it rather than compare it."""
-    rec = dict(recorded)
-    base = rec.get("base_identity")
-    if isinstance(base, str) and "@" in base:
-        rec["base_identity"] = base.rsplit("@", 1)[1]
-    return rec, current.as_dict()
+    base = recorded.base_identity
+    if base is not None and "@" in base:
+        recorded = recorded.model_copy(update={"base_identity": base.rsplit("@", 1)[1]})
+    return recorded, current.as_dict()
 
 
-def _old_data_digest(recorded: dict[str, Any] | None) -> bool:
+def _old_data_digest(recorded: RecordedBinding | None) -> bool:
     """The record binds the data by the digest written before identity by content."""
-    return recorded is not None and recorded.get("identity") != CONTENT_IDENTITY and "data_digest" in recorded
+    return (
+        recorded is not None
+        and recorded.identity != CONTENT_IDENTITY
+        and "data_digest" in recorded.model_fields_set
+    )
 
 
 def check_binding(run_dir: Path, stage: str, current: Binding, *, force: bool) -> dict[str, tuple[Any, Any]]:
@@ -227,21 +251,13 @@ def recorded_schedule(run_dir: Path, stage: str) -> dict[str, Any] | None:
     current: dict[str, Any] | None = None
     pending: dict[str, Any] | None = None
     for rec in read(run_dir):
-        if rec.get("stage") != stage:
-            continue
-        if rec.get("event") == "launch":
-            pending = (rec.get("binding") or {}).get("schedule")
+        if isinstance(rec, Launch) and rec.stage == stage:
+            pending = rec.binding.schedule if rec.binding is not None else None
             if current is None:
                 current = pending
-        elif rec.get("event") == "end" and pending is not None and _progressed(rec):
+        elif isinstance(rec, End) and rec.stage == stage and pending is not None and rec.progressed:
             current = pending
     return current
-
-
-def _progressed(end: dict[str, Any]) -> bool:
-    return int(end.get("end_iteration") or 0) > int(end.get("start_iteration") or 0) or bool(
-        end.get("new_saves")
-    )
 
 
 def schedule_conflicts(

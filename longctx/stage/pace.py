@@ -14,12 +14,12 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
 
 from longctx.errors import StageError
 from longctx.plan.derive import ResolvedPlan
 from longctx.stage import ledger
 from longctx.stage.curves import PlanCurves, StageCurve, read_plan_curves
+from longctx.stage.ledger_events import End, LedgerEvent
 from longctx.stage.state import StageState
 
 JUMP_WINDOW = 3  # iterations compared on each side of a resume
@@ -51,7 +51,7 @@ class StagePace:
         return "; ".join(j.describe() for j in self.resume_jumps)
 
 
-def _last_launch_rate(curve: StageCurve, curves: PlanCurves, records: list[dict[str, Any]]) -> float | None:
+def _last_launch_rate(curve: StageCurve, curves: PlanCurves, records: list[LedgerEvent]) -> float | None:
     mine = [m for m in curves.launches if m.stage == curve.stage]
     if not mine:
         return None
@@ -61,10 +61,11 @@ def _last_launch_rate(curve: StageCurve, curves: PlanCurves, records: list[dict[
     if logged:
         rate = statistics.median(logged)
         return rate if math.isfinite(rate) and rate > 0 else None
-    ends = [r for r in records if r.get("event") == "end" and r.get("stage") == curve.stage]
-    if ends and float(ends[-1].get("seconds") or 0) > 0:
-        gained = int(ends[-1].get("end_iteration") or 0) - int(ends[-1].get("start_iteration") or 0)
-        rate = gained * curve.tokens_per_iteration / float(ends[-1]["seconds"]) if gained > 0 else None
+    ends = [r for r in records if isinstance(r, End) and r.stage == curve.stage]
+    seconds = (ends[-1].seconds or 0.0) if ends else 0.0
+    if seconds > 0:
+        gained = ends[-1].gained
+        rate = gained * curve.tokens_per_iteration / seconds if gained > 0 else None
         return rate if rate is not None and math.isfinite(rate) else None
     return None
 
@@ -88,7 +89,7 @@ def resume_jumps(curve: StageCurve, curves: PlanCurves) -> list[ResumeJump]:
 
 
 def plan_pace(
-    rp: ResolvedPlan, states: list[StageState], curves: PlanCurves, records: list[dict[str, Any]]
+    rp: ResolvedPlan, states: list[StageState], curves: PlanCurves, records: list[LedgerEvent]
 ) -> list[StagePace]:
     out: list[StagePace] = []
     plan_eta: float | None = 0.0

@@ -34,6 +34,13 @@ from longctx.errors import StageError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.stage.checkout import require_checkout_version
 from longctx.stage.megatron_args import argv
+from longctx.stage.preflight_protocol import (
+    Check,
+    PreflightReply,
+    PreflightRequest,
+    StageRequest,
+    TargetFacts,
+)
 from longctx.stage.run import megatron_lm_script
 
 WORKER = "longctx.stage.preflight_worker"
@@ -140,15 +147,6 @@ class StageJob:
     rotary: bool = True
 
 
-@dataclasses.dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str = ""
-    message: str | None = None  # Megatron's own (or the fork's) message on failure
-    where: str | None = None
-
-
 @dataclasses.dataclass
 class StageReport:
     stage: str
@@ -206,8 +204,8 @@ class PreflightReport:
                     "passed": s.passed(),
                     "model_provider": s.model_provider,
                     "device_calls": s.device_calls,
-                    "failure": None if s.failure is None else dataclasses.asdict(s.failure),
-                    "checks": [dataclasses.asdict(c) for c in s.checks],
+                    "failure": None if s.failure is None else s.failure.model_dump(),
+                    "checks": [c.model_dump() for c in s.checks],
                     "rotary": s.rotary,
                 }
                 for s in self.stages
@@ -253,73 +251,116 @@ def run_preflight(
             fix="point $LONGCTX_MEGATRON_LM at a Megatron-LM checkout (the directory with pretrain_gpt.py)",
         )
     t0 = time.monotonic()
-    cdmc = facts.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     pythonpath = [
         p for p in str(facts.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))).split(os.pathsep) if p
     ]
+    limit = timeout if timeout is not None else 240 + 60 * len(jobs)
     with tempfile.TemporaryDirectory(prefix="longctx-preflight-") as tmp:
         req_path, res_path, log_path = (
             Path(tmp, "request.json"),
             Path(tmp, "result.json"),
             Path(tmp, "log.txt"),
         )
-        request = {
-            "script": str(script.resolve()), "result": str(res_path), "sys_path": pythonpath,
-            "facts": {"source": facts.source, "gpu_arch": facts.gpu_arch, "gpu_name": facts.gpu_name,
-                      "gpu_memory_gib": facts.gpu_memory_gib, "transformer_engine": facts.transformer_engine},
-            "stages": [{"name": j.name, "argv": list(j.argv), "world_size": j.world_size,
-                        "gpus_per_node": j.gpus_per_node, "cuda_device_max_connections": cdmc, "rotary": j.rotary,
-                        "expect": {k: v for k, v in (("rotary_base", j.rotary_base), ("seq_length", j.seq_length))
-                                   if v is not None}}
-                       for j in jobs],
-        }  # fmt: skip
-        req_path.write_text(json.dumps(request))
-        # no TransformerEngine attention switches: the rotary check builds a tiny CPU model with megatron-core's
-        # own layers and attention backend "auto", which asserts when NVTE_* ask for a particular kernel
-        env = {k: v for k, v in {**os.environ, **facts.env}.items() if not k.startswith("NVTE_")}
-        env["PYTHONPATH"] = os.pathsep.join([str(_PROJECT_ROOT), *pythonpath])
-        env.setdefault("OMP_NUM_THREADS", "1")
-        limit = timeout if timeout is not None else 240 + 60 * len(jobs)
-        error = None
-        with open(log_path, "wb") as log:
-            try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", WORKER, str(req_path)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    timeout=limit,
-                    check=False,
-                )
-                if proc.returncode != 0:
-                    error = f"exit {proc.returncode}"
-            except subprocess.TimeoutExpired:
-                error = f"no answer within {limit:.0f} s"
+        req_path.write_text(_request(script, res_path, pythonpath, jobs, facts).model_dump_json())
+        error = _run_worker(req_path, log_path, _worker_env(facts, pythonpath), limit)
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
-        result: dict[str, Any] = {}
-        if res_path.is_file():
-            result = json.loads(res_path.read_text())
-        elif error is None:
-            error = "no result written"
-    if result.get("error"):
-        error = result["error"]
-        tail = (result.get("traceback") or "") + "\n" + tail
-    stages = [
-        StageReport(
-            stage=s["stage"],
-            world_size=next((j.world_size for j in jobs if j.name == s["stage"]), 0),
-            checks=[Check(**c) for c in s.get("checks", [])],
-            seconds=float(s.get("seconds", 0.0)),
-            rotary=s.get("rotary"),
-            model_provider=s.get("model_provider"),
-            device_calls=dict(s.get("device_calls") or {}),
-            traceback=s.get("traceback"),
-        )
-        for s in result.get("stages", [])
-    ]
+        reply, unreadable = _read_reply(res_path)
+        error = error or unreadable
+    if reply.error:
+        error = reply.error
+        tail = (reply.traceback or "") + "\n" + tail
     return PreflightReport(
-        str(script), facts, stages, time.monotonic() - t0, list(result.get("stood_in") or []), error, tail
+        str(script),
+        facts,
+        _stage_reports(reply, jobs),
+        time.monotonic() - t0,
+        list(reply.stood_in),
+        error,
+        tail,
     )
+
+
+def _request(
+    script: Path, result: Path, pythonpath: list[str], jobs: Sequence[StageJob], facts: DeviceFacts
+) -> PreflightRequest:
+    cdmc = facts.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    return PreflightRequest(
+        script=str(script.resolve()),
+        result=str(result),
+        sys_path=pythonpath,
+        facts=TargetFacts(
+            source=facts.source,
+            gpu_arch=facts.gpu_arch,
+            gpu_name=facts.gpu_name,
+            gpu_memory_gib=facts.gpu_memory_gib,
+            transformer_engine=facts.transformer_engine,
+        ),
+        stages=[
+            StageRequest(
+                stage=j.name,
+                argv=list(j.argv),
+                world_size=j.world_size,
+                gpus_per_node=j.gpus_per_node,
+                cuda_device_max_connections=cdmc,
+                rotary=j.rotary,
+                rotary_base=j.rotary_base,
+                seq_length=j.seq_length,
+            )
+            for j in jobs
+        ],
+    )
+
+
+def _worker_env(facts: DeviceFacts, pythonpath: list[str]) -> dict[str, str]:
+    # no TransformerEngine attention switches: the rotary check builds a tiny CPU model with megatron-core's
+    # own layers and attention backend "auto", which asserts when NVTE_* ask for a particular kernel
+    env = {k: v for k, v in {**os.environ, **facts.env}.items() if not k.startswith("NVTE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(_PROJECT_ROOT), *pythonpath])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run_worker(req_path: Path, log_path: Path, env: dict[str, str], limit: float) -> str | None:
+    """Run the child on the request; its output goes to `log_path`. What went wrong with it (None: nothing)."""
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", WORKER, str(req_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=limit,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return f"no answer within {limit:.0f} s"
+    return f"exit {proc.returncode}" if proc.returncode != 0 else None
+
+
+def _read_reply(path: Path) -> tuple[PreflightReply, str | None]:
+    """The child's reply, and why there is none (an empty reply then)."""
+    if not path.is_file():
+        return PreflightReply(), "no result written"
+    try:
+        return PreflightReply.model_validate(json.loads(path.read_text())), None
+    except ValueError as err:  # a child cut off mid-write, or another longctx's
+        return PreflightReply(), f"an unreadable result ({str(err).splitlines()[0]})"
+
+
+def _stage_reports(reply: PreflightReply, jobs: Sequence[StageJob]) -> list[StageReport]:
+    return [
+        StageReport(
+            stage=s.stage,
+            world_size=next((j.world_size for j in jobs if j.name == s.stage), 0),
+            checks=list(s.checks),
+            seconds=s.seconds,
+            rotary=s.rotary,
+            model_provider=s.model_provider,
+            device_calls=dict(s.device_calls),
+            traceback=s.traceback,
+        )
+        for s in reply.stages
+    ]
 
 
 def stage_job(rp: ResolvedPlan, st: ResolvedStage, *, rotary: bool = True) -> StageJob:

@@ -23,7 +23,8 @@ For each stage, in order (a stage stops at its first failing check):
 6. `rotary` — the model the entry script's model provider builds (tiny widths, CPU, world size 1, gloo),
    its rotary `inv_freq` against 1/base^(2i/d) of the stage's base, and positions up to the stage length.
 
-Only the standard library and torch are imported before the entry script runs.
+Only the standard library, pydantic (the request and reply, `longctx.stage.preflight_protocol`) and torch are
+imported before the entry script runs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from longctx.stage.preflight_protocol import (
+    Check,
+    PreflightReply,
+    PreflightRequest,
+    StageRequest,
+    StageResult,
+    TargetFacts,
+)
 
 
 class _Captured(Exception):
@@ -89,12 +99,12 @@ def _stub_batch_invariant_kernels(stood_in: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _device(facts: dict[str, Any], calls: dict[str, int]) -> Iterator[None]:
+def _device(facts: TargetFacts, gpus_per_node: int, calls: dict[str, int]) -> Iterator[None]:
     """torch.cuda's device queries answered from the target's facts; counted in `calls`."""
     import torch
 
-    gpu = facts.get("gpu_arch")
-    count = int(facts.get("gpus_per_node") or 0)
+    gpu = facts.gpu_arch
+    count = gpus_per_node
     names = (
         "is_available",
         "device_count",
@@ -114,11 +124,11 @@ def _device(facts: dict[str, Any], calls: dict[str, int]) -> Iterator[None]:
     if gpu is not None:
         major, minor = int(gpu[0]), int(gpu[1])
         props = types.SimpleNamespace(
-            name=facts.get("gpu_name") or f"GPU (compute capability {major}.{minor})",
+            name=facts.gpu_name or f"GPU (compute capability {major}.{minor})",
             major=major,
             minor=minor,
-            total_memory=int(float(facts.get("gpu_memory_gib") or 80) * 2**30),
-            multi_processor_count=int(facts.get("multi_processor_count") or 108),
+            total_memory=int(float(facts.gpu_memory_gib or 80) * 2**30),
+            multi_processor_count=facts.multi_processor_count or 108,
             is_integrated=False,
             is_multi_gpu_board=False,
         )
@@ -133,7 +143,7 @@ def _device(facts: dict[str, Any], calls: dict[str, int]) -> Iterator[None]:
 
         def no_gpu(*_a: Any, **_k: Any) -> Any:
             raise RuntimeError(
-                f"the target ({facts.get('source') or 'these facts'}) has no GPU: torch.cuda device query refused"
+                f"the target ({facts.source or 'these facts'}) has no GPU: torch.cuda device query refused"
             )
 
         fns = {
@@ -385,7 +395,9 @@ def _applied_base(inv: Any, dim: int) -> float:
     return math.exp(-math.log(float(inv[k])) * dim / (2 * k))
 
 
-def _rotary_check(provider: Any, args: argparse.Namespace, expect: dict[str, Any]) -> dict[str, Any]:
+def _rotary_check(
+    provider: Any, args: argparse.Namespace, rotary_base: float, seq_length: int
+) -> dict[str, Any]:
     import torch
     from megatron.training import global_vars
 
@@ -395,8 +407,8 @@ def _rotary_check(provider: Any, args: argparse.Namespace, expect: dict[str, Any
     model = provider(pre_process=True, post_process=True)
     mods = _rotary_modules(model)
     cls = f"{type(model).__module__}.{type(model).__qualname__}"
-    base = float(expect["rotary_base"])
-    length = int(expect["seq_length"])
+    base = float(rotary_base)
+    length = int(seq_length)
     dim = int(tiny.kv_channels)
     if getattr(tiny, "rotary_percent", 1.0) < 1.0:
         dim = int(dim * tiny.rotary_percent)
@@ -406,7 +418,7 @@ def _rotary_check(provider: Any, args: argparse.Namespace, expect: dict[str, Any
     if not mods:
         info["problem"] = (
             f"the model the entry script builds ({cls}) has no rotary module (no inv_freq): "
-            f"--rotary-base {expect['rotary_base']} would not be applied"
+            f"--rotary-base {rotary_base} would not be applied"
         )
         return info
     name, mod = mods[0]
@@ -428,7 +440,7 @@ def _rotary_check(provider: Any, args: argparse.Namespace, expect: dict[str, Any
     if rel > 1e-4:
         info["problem"] = (
             f"the model class {cls} (model provider {info['provider']}) applies RoPE base {applied:.6g}, not "
-            f"the stage's --rotary-base {expect['rotary_base']} (rotary module {name}, largest relative "
+            f"the stage's --rotary-base {rotary_base} (rotary module {name}, largest relative "
             f"inv_freq error {rel:.3g}): it ignores --rotary-base"
         )
         return info
@@ -468,34 +480,17 @@ def _rotary_check(provider: Any, args: argparse.Namespace, expect: dict[str, Any
 # -- one stage --------------------------------------------------------------------------------------
 
 
-def _check(
-    checks: list[dict[str, Any]],
-    name: str,
-    ok: bool,
-    detail: str = "",
-    message: str | None = None,
-    where: str | None = None,
-) -> bool:
-    checks.append({"name": name, "ok": ok, "detail": detail, "message": message, "where": where})
-    return ok
-
-
-def _stage(script: Path, job: dict[str, Any], facts: dict[str, Any], stood_in: list[str]) -> dict[str, Any]:
+def _stage(script: Path, job: StageRequest, facts: TargetFacts, stood_in: list[str]) -> StageResult:
     t0 = time.monotonic()
-    checks: list[dict[str, Any]] = []
-    calls: dict[str, int] = {}
-    out: dict[str, Any] = {"stage": job["name"], "checks": checks, "device_calls": calls}
-    argv = [str(w) for w in job["argv"]]
-    world = int(job["world_size"])
-    facts = {**facts, "gpus_per_node": job.get("gpus_per_node", facts.get("gpus_per_node"))}
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world),
-           "LOCAL_WORLD_SIZE": str(int(facts.get("gpus_per_node") or 1)),
-           "CUDA_DEVICE_MAX_CONNECTIONS": job.get("cuda_device_max_connections")}  # fmt: skip
+    out = StageResult(stage=job.stage)
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(job.world_size),
+           "LOCAL_WORLD_SIZE": str(job.gpus_per_node or 1),
+           "CUDA_DEVICE_MAX_CONNECTIONS": job.cuda_device_max_connections}  # fmt: skip
     try:
         with _environ(env):
-            _run_stage(script, argv, job, facts, stood_in, checks, calls, out)
+            _run_stage(_Stage(script, [str(w) for w in job.argv], job, facts, stood_in, out))
     finally:
-        out["seconds"] = round(time.monotonic() - t0, 2)
+        out.seconds = round(time.monotonic() - t0, 2)
     return out
 
 
@@ -505,42 +500,30 @@ class _Stage:
 
     script: Path
     argv: list[str]
-    job: dict[str, Any]
-    facts: dict[str, Any]
+    job: StageRequest
+    facts: TargetFacts
     stood_in: list[str]
-    checks: list[dict[str, Any]]
-    calls: dict[str, int]
-    out: dict[str, Any]
+    out: StageResult
 
     def check(
         self, name: str, ok: bool, detail: str, message: str | None = None, where: str | None = None
     ) -> None:
-        _check(self.checks, name, ok, detail, message, where)
+        self.out.checks.append(Check(name=name, ok=ok, detail=detail, message=message, where=where))
 
     def failed(self, name: str, detail: str, err: BaseException) -> None:
         self.check(name, False, detail, _message(err), _where(err))
-        self.out["traceback"] = traceback.format_exc()
+        self.out.traceback = traceback.format_exc()
 
 
-def _run_stage(
-    script: Path,
-    argv: list[str],
-    job: dict[str, Any],
-    facts: dict[str, Any],
-    stood_in: list[str],
-    checks: list[dict[str, Any]],
-    calls: dict[str, int],
-    out: dict[str, Any],
-) -> None:
+def _run_stage(s: _Stage) -> None:
     """The checks in order; each step records its result and the first failure ends the stage."""
-    s = _Stage(script, argv, job, facts, stood_in, checks, calls, out)
     entry = _entry_step(s)
     if entry is None:
         return
     args = _parse_step(s, entry)
     if args is None or not _validate_step(s, entry, args) or not _config_step(s, args):
         return
-    if s.job.get("rotary", True):
+    if s.job.rotary:
         _rotary_step(s, entry["model_provider"], args)
 
 
@@ -574,7 +557,7 @@ def _entry_step(s: _Stage) -> dict[str, Any] | None:
         )
     else:
         s.check("entry-script", True, f"{s.script.name} hands pretrain the model provider {name}")
-    s.out["model_provider"] = name
+    s.out.model_provider = name
     return entry
 
 
@@ -607,7 +590,7 @@ def _validate_step(s: _Stage, entry: dict[str, Any], args: Any) -> bool:
     from megatron.training import arguments  # the checkout's (see _parse_step)
 
     try:
-        with _device(s.facts, s.calls):
+        with _device(s.facts, s.job.gpus_per_node, s.out.device_calls):
             arguments.validate_args(args, entry.get("args_defaults") or {})
     except Exception as err:
         s.failed("validate_args", f"world size {args.world_size}", err)
@@ -619,9 +602,9 @@ def _validate_step(s: _Stage, entry: dict[str, Any], args: Any) -> bool:
 def _config_step(s: _Stage, args: Any) -> bool:
     from megatron.training import arguments  # the checkout's (see _parse_step)
 
-    te = s.facts.get("transformer_engine")
+    te = s.facts.transformer_engine
     try:
-        with _device(s.facts, s.calls), _transformer_engine(te, s.stood_in):
+        with _device(s.facts, s.job.gpus_per_node, s.out.device_calls), _transformer_engine(te, s.stood_in):
             config = arguments.core_transformer_config_from_args(args)
     except Exception as err:
         s.failed("transformer_config", "TransformerConfig refuses the arguments", err)
@@ -641,16 +624,14 @@ def _config_step(s: _Stage, args: Any) -> bool:
 
 
 def _rotary_step(s: _Stage, provider: Any, args: Any) -> None:
-    expect = s.job.get("expect") or {}
-    if "rotary_base" not in expect:
-        expect = {**expect, "rotary_base": args.rotary_base}
-    expect.setdefault("seq_length", args.seq_length)
+    base = s.job.rotary_base if s.job.rotary_base is not None else args.rotary_base
+    length = s.job.seq_length if s.job.seq_length is not None else args.seq_length
     try:
-        info = _rotary_check(provider, args, expect)
+        info = _rotary_check(provider, args, base, length)
     except Exception as err:
         s.failed("rotary", "the entry script's model provider did not build a model on CPU", err)
         return
-    s.out["rotary"] = info
+    s.out.rotary = info
     if "problem" in info:
         s.check("rotary", False, info["problem"], info["problem"], s.script.as_posix())
         return
@@ -664,25 +645,22 @@ def _rotary_step(s: _Stage, provider: Any, args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    req = json.loads(Path(words[0]).read_text())
-    result_path = Path(req["result"])
-    script = Path(req["script"])
-    facts = req.get("facts") or {}
-    stood_in: list[str] = []
-    result: dict[str, Any] = {"stages": [], "stood_in": stood_in}
+    req = PreflightRequest.model_validate_json(Path(words[0]).read_text())
+    script = Path(req.script)
+    reply = PreflightReply()
     try:
         # as a launch sees it: the script's directory first (python puts it there, so a checkout that
         # carries its own megatron/core uses it), then $PYTHONPATH of the launch environment
-        for i, p in enumerate([str(script.parent), *(req.get("sys_path") or [])]):
+        for i, p in enumerate([str(script.parent), *req.sys_path]):
             if p in sys.path:
                 sys.path.remove(p)
             sys.path.insert(i, p)
-        _stub_batch_invariant_kernels(stood_in)
-        for job in req["stages"]:
-            result["stages"].append(_stage(script, job, facts, stood_in))
+        _stub_batch_invariant_kernels(reply.stood_in)
+        for job in req.stages:
+            reply.stages.append(_stage(script, job, req.facts, reply.stood_in))
     except BaseException as err:
-        result["error"] = _message(err)
-        result["traceback"] = traceback.format_exc()
+        reply.error = _message(err)
+        reply.traceback = traceback.format_exc()
     finally:
         with contextlib.suppress(Exception):
             import torch
@@ -692,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
         if "store" in _DIST:
             with contextlib.suppress(OSError):
                 os.unlink(_DIST["store"])
-        result_path.write_text(json.dumps(result, default=str))
+        # default=str: the rotary findings may hold what the model reports as it is (a tensor's size)
+        Path(req.result).write_text(json.dumps(reply.model_dump(), default=str))
     return 0
 
 

@@ -38,6 +38,7 @@ from longctx.plan.stage_data import require_startable, stage_blend
 from longctx.plan.sweep import require_chosen
 from longctx.report import Findings
 from longctx.stage import ledger
+from longctx.stage.ledger_events import End, Launch
 from longctx.stage.lock import run_lock
 from longctx.stage.megatron_args import argv as megatron_argv
 from longctx.stage.megatron_args import attention_backend_env, cpu_flags
@@ -562,35 +563,46 @@ def _execute_locked(
     _refuse_moved_on(rp, lp)
     conflicts = ledger.check_binding(run_dir, lp.stage.name, lp.binding, force=force)
     check_run_file(lp.log, run_dir, "launch log")
-    repair, load_repair = lp.step.repair, lp.step.load_repair
     for r in lp.step.repairs():
         r.apply()
     if lp.spec_path is not None and lp.train_spec is not None:
         lp.spec_path.parent.mkdir(parents=True, exist_ok=True)
         lp.train_spec.dump(lp.spec_path)
-    ledger.append(
-        run_dir,
-        {
-            "event": "launch",
-            "stage": lp.stage.name,
-            "action": lp.step.action,
-            "backend": lp.backend,
-            "start_iteration": lp.step.start_iteration,
-            "target_iterations": lp.stage.train_iters,
-            "argv_digest": hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
-            "argv": lp.argv[1:],
-            "cpu": {"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp)} if lp.cpu else None,
-            "binding": lp.binding.as_dict(),
-            "log": str(lp.log),
-            "repair": _repair_record(repair),
-            "load_repair": _repair_record(load_repair),
-            "forced": {k: list(v) for k, v in conflicts.items()} if conflicts else None,
-            "schedule_override": {k: list(v) for k, v in lp.schedule_override.items()}
-            if lp.schedule_override
-            else None,
-            "stale_lock": stale,
-        },
+    ledger.append(run_dir, _launch_record(lp, conflicts, stale))
+    outcome = _run_launch(lp, launcher, stale)
+    ledger.append(run_dir, _end_record(lp, outcome))
+    return outcome
+
+
+def _launch_record(
+    lp: LaunchPlan, conflicts: dict[str, tuple[object, object]], stale: dict[str, object] | None
+) -> Launch:
+    """What the ledger records before the launch starts: the stage, its argv and binding, the repairs and
+    overrides applied."""
+    return Launch(
+        stage=lp.stage.name,
+        action=lp.step.action,
+        backend=lp.backend,
+        start_iteration=lp.step.start_iteration,
+        target_iterations=lp.stage.train_iters,
+        argv_digest=hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
+        argv=lp.argv[1:],
+        cpu={"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp)} if lp.cpu else None,
+        binding=lp.binding.record(),
+        log=str(lp.log),
+        repair=_repair_record(lp.step.repair),
+        load_repair=_repair_record(lp.step.load_repair),
+        forced={k: list(v) for k, v in conflicts.items()} if conflicts else None,
+        schedule_override={k: list(v) for k, v in lp.schedule_override.items()}
+        if lp.schedule_override
+        else None,
+        stale_lock=stale,
     )
+
+
+def _run_launch(lp: LaunchPlan, launcher: Launcher, stale: dict[str, object] | None) -> LaunchOutcome:
+    """Run the launch and say what it did: the stage's iteration and saves before and after, the signals
+    that came meanwhile; after a failure, the unfinished saves it left are removed (and named)."""
     saves_before = set(complete_iterations(lp.stage.save_dir))
     partial_before = set(partial_saves(lp.stage.save_dir))
     signals_before = len(signals_received())
@@ -619,25 +631,25 @@ def _execute_locked(
         outcome.no_progress = no_progress_message(
             lp.stage.name, code, lp.step.start_iteration, lp.stage.save_dir, lp.log, outcome.log_lines
         )
-    ledger.append(
-        run_dir,
-        {
-            "event": "end",
-            "stage": lp.stage.name,
-            "exit_code": code,
-            "start_iteration": lp.step.start_iteration,
-            "end_iteration": after.iteration,
-            "status": after.status,
-            "seconds": round(outcome.seconds, 1),
-            "new_saves": outcome.new_saves,
-            "outcome": outcome.verdict,
-            "no_progress": outcome.no_progress,
-            "log_lines": outcome.log_lines or None,
-            "discarded": discarded or None,
-            "storage": outcome.storage,
-        },
-    )
     return outcome
+
+
+def _end_record(lp: LaunchPlan, outcome: LaunchOutcome) -> End:
+    """What the ledger records after the launch exited."""
+    return End(
+        stage=lp.stage.name,
+        exit_code=outcome.exit_code,
+        start_iteration=outcome.start_iteration,
+        end_iteration=outcome.end_iteration,
+        status=outcome.status,
+        seconds=round(outcome.seconds, 1),
+        new_saves=outcome.new_saves,
+        outcome=outcome.verdict,
+        no_progress=outcome.no_progress,
+        log_lines=outcome.log_lines or None,
+        discarded=outcome.discarded or None,
+        storage=outcome.storage,
+    )
 
 
 def _refuse_moved_on(rp: ResolvedPlan, lp: LaunchPlan) -> None:

@@ -30,6 +30,7 @@ from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.stage_data import plan_tokenizer
 from longctx.plan.sweep import RULE, SweepChoice
 from longctx.stage import ledger
+from longctx.stage.ledger_events import RopeSweep
 from longctx.stage.lock import run_lock
 from longctx.stage.pace import stage_pace
 from longctx.stage.state import plan_state, stage_state
@@ -185,7 +186,7 @@ def record_choice(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> Sw
     )
     with run_lock(rp.run_dir, st.name):
         atomic_write_json(st.sweep.choice_path, choice.as_dict())
-        ledger.append(rp.run_dir, {"event": "rope-sweep", "stage": st.name, **choice.as_dict()})
+        ledger.append(rp.run_dir, RopeSweep.model_validate({"stage": st.name, **choice.as_dict()}))
     return choice
 
 

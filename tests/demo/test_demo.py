@@ -42,8 +42,8 @@ def test_small_demo_then_resume(tmp_path: Path) -> None:
     # `stage run` says it was stopped: the shell's code for SIGTERM
     assert report.interrupted is not None and report.interrupted["exit_code"] == 143
     assert 1 <= report.interrupted["stopped_at"] < report.interrupted["target"]
-    resumes = [r for r in ledger.read(run_dir) if r["event"] == "launch" and r["action"] == "resume"]
-    assert resumes[0]["start_iteration"] == report.interrupted["stopped_at"]
+    resumes = [r for r in ledger.read(run_dir) if r.event == "launch" and r.action == "resume"]
+    assert resumes[0].start_iteration == report.interrupted["stopped_at"]
 
     ev = report.evaluation
     assert ev is not None and Path(ev["report"]).exists()

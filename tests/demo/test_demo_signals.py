@@ -82,7 +82,7 @@ def test_sigterm_stops_the_demo_in_the_base_and_in_a_stage_and_the_rerun_resumes
     assert "resumed from" in (run / "base" / "train.log").read_text() and _iteration(base) == BASE_ITERS
     second.send(signal.SIGTERM)  # … through the `stage run` step to its workers
     _stopped(second, run, lambda: f"stage s1 at iteration {_iteration(s1)} of {S1_ITERS} (not done")
-    launches = [(r["stage"], r["action"]) for r in ledger.read(run) if r["event"] == "launch"]
+    launches = [(r.stage, r.action) for r in ledger.read(run) if r.event == "launch"]
     assert launches == [("s1", "first-launch")], "the stopped stage was relaunched, or the next one started"
     assert not (run / "eval").exists()
 

@@ -16,6 +16,7 @@ from longctx.slurm import commands
 from longctx.slurm.chain import _failure_streak, estimate_chain, submit, tokens_per_gpu_second
 from longctx.slurm.script import render
 from longctx.slurm.settings import job_settings
+from longctx.stage.ledger_events import JobEnd, Launch
 
 runner = CliRunner()
 
@@ -84,11 +85,11 @@ def test_dry_run_prints_the_afterany_chain(baby_plan: Path, tmp_path: Path) -> N
 
 
 def test_failure_streak() -> None:
-    ok = {"event": "job-end", "exit_code": 0, "progress": 0}
-    bad = {"event": "job-end", "exit_code": 1, "progress": 0}
-    bad_but_progress = {"event": "job-end", "exit_code": 137, "progress": 40}
+    ok = JobEnd(exit_code=0, progress=0)
+    bad = JobEnd(exit_code=1, progress=0)
+    bad_but_progress = JobEnd(exit_code=137, progress=40)
     assert _failure_streak([bad, bad, ok]) == 0
-    assert _failure_streak([ok, bad, {"event": "launch"}, bad, bad]) == 3
+    assert _failure_streak([ok, bad, Launch(), bad, bad]) == 3
     assert _failure_streak([bad, bad_but_progress, bad]) == 1
 
 

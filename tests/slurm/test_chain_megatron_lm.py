@@ -199,9 +199,9 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
                 commands.scancel([job])
             for job in (j for j, i in live.items() if j in ids and i.state == "RUNNING"):
                 launch = open_launch(run_dir, job)
-                if launch is None or launch["stage"] != "a":
+                if launch is None or launch.stage != "a":
                     continue
-                log = Path(launch["log"])
+                log = Path(launch.log)
                 if limited is None and _iterations(log):  # in the loop, past Megatron-LM's signal handler
                     paused, paused_at = _trainer_pids(job), time.monotonic()
                     assert len(paused) >= 2, paused  # two workers (and their checkpoint writer)
@@ -217,7 +217,7 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
                 ):
                     tracker = read_tracker(save_a)
                     # mid-step, a few steps past a save this launch made: those steps are lost
-                    if tracker and launch["start_iteration"] < tracker.iteration <= its[-1] - 3:
+                    if tracker and launch.start_iteration < tracker.iteration <= its[-1] - 3:
                         commands.scancel([f"{job}.0"], signal="KILL")
                         killed = (job, its[-1])
             time.sleep(0.3)
@@ -227,66 +227,65 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
     seconds = time.monotonic() - t0
 
     records = ledger.read(run_dir)
-    launches = [r for r in records if r.get("event") == "launch"]
-    ends = [r for r in records if r.get("event") == "end"]
+    launches = [r for r in records if r.event == "launch"]
+    ends = [r for r in records if r.event == "end"]
     assert limited is not None, "no job's trainer reached its loop"
     assert killed is not None, "no resumed job ran long enough to be killed mid-step"
-    assert len(launches) == len(ends) == WORK, [(r["event"], r.get("job_id")) for r in launches + ends]
+    assert len(launches) == len(ends) == WORK, [(r.event, r.job_id) for r in launches + ends]
     tl, kill, fin_a, first_b = launches
     tl_end, kill_end, fin_a_end, b_end = ends
-    assert [str(r["job_id"]) for r in launches] == ids[:WORK]  # one launch per job, in chain order
+    assert [str(r.job_id) for r in launches] == ids[:WORK]  # one launch per job, in chain order
     assert all(
-        r["backend"] == "megatron-lm" and r["cpu"]["runner"] == "longctx.mcore.run_megatron_lm"
-        for r in launches
+        r.backend == "megatron-lm" and r.cpu["runner"] == "longctx.mcore.run_megatron_lm" for r in launches
     )
 
     # 1. the time limit: stage a's first launch (from the base) got Slurm's signal during training,
     # saved at the iteration it had reached and exited; no step was lost
-    assert str(tl["job_id"]) == limited[0] and limited[2] < 45, limited
-    assert (tl["stage"], tl["action"], tl["start_iteration"]) == ("a", "first-launch", 0)
+    assert str(tl.job_id) == limited[0] and limited[2] < 45, limited
+    assert (tl.stage, tl.action, tl.start_iteration) == ("a", "first-launch", 0)
     base = tiny_chain_artefacts / "base" / "checkpoints"
-    assert tl["argv"][tl["argv"].index("--pretrained-checkpoint") + 1] == str(base)
-    tl_log = _text(Path(tl["log"]))
+    assert tl.argv[tl.argv.index("--pretrained-checkpoint") + 1] == str(base)
+    tl_log = _text(Path(tl.log))
     assert f"attempting to finetune with checkpoint in {base}" in tl_log
     assert "exiting program after receiving SIGTERM" in tl_log, tl_log[-4000:]
-    tl_its = _iterations(Path(tl["log"]))
-    assert tl_its[0] == 1 and 0 < tl_end["end_iteration"] == tl_its[-1] < SAVE, (tl_its, tl_end)
-    assert tl_end["new_saves"] == [tl_its[-1]]
+    tl_its = _iterations(Path(tl.log))
+    assert tl_its[0] == 1 and 0 < tl_end.end_iteration == tl_its[-1] < SAVE, (tl_its, tl_end)
+    assert tl_end.new_saves == [tl_its[-1]]
     info = commands.scontrol_job(limited[0])
     if info is not None:  # the controller still remembers it: it ran under the lowered limit
         assert info.time_limit == f"00:{limited[1]:02d}:00", info
 
     # 2. the SIGKILL: the relaunch resumed from that save and died mid-step after an interval save
-    assert str(kill["job_id"]) == killed[0]
-    assert (kill["stage"], kill["action"], kill["start_iteration"]) == (
+    assert str(kill.job_id) == killed[0]
+    assert (kill.stage, kill.action, kill.start_iteration) == (
         "a",
         "resume",
-        tl_end["end_iteration"],
+        tl_end.end_iteration,
     )
-    kill_log = _text(Path(kill["log"]))
+    kill_log = _text(Path(kill.log))
     assert "attempting to finetune" not in kill_log and "exiting program" not in kill_log
-    kill_its = _iterations(Path(kill["log"]))
-    assert kill_its[0] == kill["start_iteration"] + 1, kill_its[:3]
-    saved = kill_end["end_iteration"]  # the last complete save, which the tracker names
-    assert kill_end["exit_code"] == 137 and saved % SAVE == 0, kill_end
-    assert kill["start_iteration"] < saved < killed[1] <= kill_its[-1] < saved + SAVE, (
+    kill_its = _iterations(Path(kill.log))
+    assert kill_its[0] == kill.start_iteration + 1, kill_its[:3]
+    saved = kill_end.end_iteration  # the last complete save, which the tracker names
+    assert kill_end.exit_code == 137 and saved % SAVE == 0, kill_end
+    assert kill.start_iteration < saved < killed[1] <= kill_its[-1] < saved + SAVE, (
         saved,
         killed,
         kill_its[-3:],
     )
 
     # 3. the next job resumed from that interval save (fewer than SAVE steps lost) and finished stage a
-    assert (fin_a["stage"], fin_a["action"], fin_a["start_iteration"]) == ("a", "resume", saved)
-    fin_its = _iterations(Path(fin_a["log"]))
+    assert (fin_a.stage, fin_a.action, fin_a.start_iteration) == ("a", "resume", saved)
+    fin_its = _iterations(Path(fin_a.log))
     assert fin_its == list(range(saved + 1, A_ITERS + 1)), fin_its[:3]
-    assert (fin_a_end["exit_code"], fin_a_end["status"], fin_a_end["end_iteration"]) == (0, "done", A_ITERS)
+    assert (fin_a_end.exit_code, fin_a_end.status, fin_a_end.end_iteration) == (0, "done", A_ITERS)
 
     # 4. stage b started from a's final save and finished the plan
-    assert (first_b["stage"], first_b["action"], first_b["start_iteration"]) == ("b", "first-launch", 0)
-    assert first_b["argv"][first_b["argv"].index("--pretrained-checkpoint") + 1] == str(save_a)
-    assert f"attempting to finetune with checkpoint in {save_a}" in _text(Path(first_b["log"]))
-    assert _iterations(Path(first_b["log"])) == list(range(1, B_ITERS + 1))
-    assert (b_end["exit_code"], b_end["status"], b_end["end_iteration"]) == (0, "done", B_ITERS)
+    assert (first_b.stage, first_b.action, first_b.start_iteration) == ("b", "first-launch", 0)
+    assert first_b.argv[first_b.argv.index("--pretrained-checkpoint") + 1] == str(save_a)
+    assert f"attempting to finetune with checkpoint in {save_a}" in _text(Path(first_b.log))
+    assert _iterations(Path(first_b.log)) == list(range(1, B_ITERS + 1))
+    assert (b_end.exit_code, b_end.status, b_end.end_iteration) == (0, "done", B_ITERS)
 
     # every stage at its target on disk; the trackers say so
     for st, save in zip(rp.stages, (save_a, save_b), strict=True):
@@ -298,11 +297,11 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
 
     # each finished stage's job submitted its eval job once; the job that finished b cancelled the spare
     evals = submitted(run_dir, "eval")
-    assert [(r["stage"], str(r["job_id"])) for r in evals] == [("a", ids[2]), ("b", ids[3])], evals
-    assert {str(r["slurm_job_id"]) for r in evals} == evals_seen
-    cancels = [r for r in records if r.get("event") == "chain-cancel"]
-    assert len(cancels) == 1 and cancels[0]["reason"] == "the plan is complete"
-    assert str(cancels[0]["job_id"]) == ids[WORK - 1] and cancels[0]["slurm_job_ids"] == ids[WORK:]
+    assert [(r.stage, str(r.job_id)) for r in evals] == [("a", ids[2]), ("b", ids[3])], evals
+    assert {str(r.slurm_job_id) for r in evals} == evals_seen
+    cancels = [r for r in records if r.event == "chain-cancel"]
+    assert len(cancels) == 1 and cancels[0].reason == "the plan is complete"
+    assert str(cancels[0].job_id) == ids[WORK - 1] and cancels[0].slurm_job_ids == ids[WORK:]
     st = chain_status(rp)
     assert st.next_action == "all-done" and st.running == [] and st.pending == []
     by_id = {j.job_id: j for j in st.jobs}

@@ -28,6 +28,7 @@ from longctx.slurm.quote import sbatch_word
 from longctx.slurm.script import render
 from longctx.slurm.status import chain_status
 from longctx.stage import ledger
+from longctx.stage.ledger_events import End
 from longctx.stage.state import next_step, plan_state
 from tests.fixtures.slurm import SAVE_INTERVAL, open_launch
 
@@ -117,15 +118,15 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
                 job = running[0]
                 launch = open_launch(run_dir, job)
                 if launch is not None:
-                    its = _metrics(run_dir, launch["stage"])
+                    its = _metrics(run_dir, launch.stage)
                     last = its[-1] if its else 0
                     # mid-step: a few steps past this launch's start and past a save
-                    if last >= launch["start_iteration"] + 13 and last % SAVE_INTERVAL not in (
+                    if last >= launch.start_iteration + 13 and last % SAVE_INTERVAL not in (
                         0,
                         SAVE_INTERVAL - 1,
                     ):
                         commands.scancel([f"{job}.0"], signal="KILL")
-                        killed = (job, launch["stage"], last)
+                        killed = (job, launch.stage, last)
             if running and len(seen_status) < 4:
                 seen_status.append(_check_status_during(rp, ids))
             time.sleep(0.3)
@@ -144,14 +145,12 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
     # a job was SIGKILLed mid-step, and the chain carried on
     assert killed is not None, "no job ran long enough to be killed mid-step"
     kjob = killed[0]
-    kend = [r for r in records if r.get("event") == "end" and str(r.get("job_id")) == kjob]
-    assert kend and kend[0]["exit_code"] == 137, kend
-    assert any(r.get("event") == "launch" and ids.index(str(r["job_id"])) > ids.index(kjob) for r in records)
+    kend = [r for r in records if r.event == "end" and str(r.job_id) == kjob]
+    assert kend and kend[0].exit_code == 137, kend
+    assert any(r.event == "launch" and ids.index(str(r.job_id)) > ids.index(kjob) for r in records)
 
     # jobs hit their time limit: the trainer saved on the time-limit signal and exited 0 mid-stage
-    graceful = [
-        r for r in records if r.get("event") == "end" and r["exit_code"] == 0 and r["status"] == "in-progress"
-    ]
+    graceful = [r for r in records if r.event == "end" and r.exit_code == 0 and r.status == "in-progress"]
     assert graceful, "no job ended on the time-limit signal"
     assert "(signal); relaunch to resume" in logs
 
@@ -159,14 +158,14 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
     for st in rp.stages:
         progressed = False
         for r in records:
-            if r.get("stage") != st.name:
+            if r.stage != st.name:
                 continue
-            if r.get("event") == "launch":
-                if progressed or r["start_iteration"] > 0:
-                    assert r["action"] == "resume", r
+            if r.event == "launch":
+                if progressed or r.start_iteration > 0:
+                    assert r.action == "resume", r
                 else:
-                    assert r["action"] == "first-launch", r
-            if r.get("event") == "end" and r["end_iteration"] > 0:
+                    assert r.action == "first-launch", r
+            if r.event == "end" and r.end_iteration > 0:
                 progressed = True
 
     # steps lost at each interruption ≤ the save interval (iterations logged, then redone)
@@ -178,13 +177,13 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
                 assert prev - (nxt - 1) <= SAVE_INTERVAL, (st.name, prev, nxt)
 
     # the job that finished the plan cancelled the jobs queued behind it
-    cancels = [r for r in records if r.get("event") == "chain-cancel"]
-    assert cancels and cancels[0]["reason"] == "the plan is complete"
-    finisher = str(cancels[0]["job_id"])
+    cancels = [r for r in records if r.event == "chain-cancel"]
+    assert cancels and cancels[0].reason == "the plan is complete"
+    finisher = str(cancels[0].job_id)
     behind = ids[ids.index(finisher) + 1 :]
     assert behind, "the chain was too short to leave jobs queued"
-    assert sorted(cancels[0]["slurm_job_ids"], key=int) == behind
-    never_ran = {str(r.get("job_id")) for r in records if r.get("event") == "launch"} & set(behind)
+    assert sorted(cancels[0].slurm_job_ids, key=int) == behind
+    never_ran = {str(r.job_id) for r in records if r.event == "launch"} & set(behind)
     assert not never_ran, f"cancelled jobs ran: {never_ran}"
 
     # status afterwards
@@ -200,8 +199,8 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
     assert all(by_id[j].state == "CANCELLED" for j in behind), {j: by_id[j].state for j in behind}
     assert by_id[behind[0]].note == f"cancelled by job {finisher}: the plan is complete"
     assert by_id[kjob].state == "FAILED" and str(by_id[kjob].exit_code).startswith("137"), by_id[kjob]
-    fin_end = [r for r in records if r.get("event") == "end" and str(r.get("job_id")) == finisher][-1]
-    assert fin_end["status"] == "done" and fin_end["stage"] == rp.stages[-1].name
+    fin_end = [r for r in records if r.event == "end" and str(r.job_id) == finisher][-1]
+    assert fin_end.status == "done" and fin_end.stage == rp.stages[-1].name
     # COMPLETED — or FAILED with 143 when the time-limit signal caught a worker after its final save
     assert by_id[finisher].state == "COMPLETED" or str(by_id[finisher].exit_code).startswith("143"), by_id[
         finisher
@@ -253,21 +252,13 @@ def test_job_end_submits_the_eval_job_of_a_finished_stage_once(
     monkeypatch.setenv("SLURM_JOB_ID", "999999")  # as if inside chain job 999999, which finished stage a
     ledger.append(
         rp.run_dir,
-        {
-            "event": "end",
-            "stage": "a",
-            "exit_code": 0,
-            "start_iteration": 150,
-            "end_iteration": 200,
-            "status": "done",
-            "seconds": 10.0,
-        },
+        End(stage="a", exit_code=0, start_iteration=150, end_iteration=200, status="done", seconds=10.0),
     )
     first = job_end(rp, 0, scripts_dir=scripts)
     second = job_end(rp, 0, scripts_dir=scripts)
     assert list(first.eval_jobs) == ["a"] and second.eval_jobs == {}
     evals = submitted(rp.run_dir, "eval")
-    assert [(r["stage"], r["slurm_job_id"]) for r in evals] == [("a", first.eval_jobs["a"])]
+    assert [(r.stage, r.slurm_job_id) for r in evals] == [("a", first.eval_jobs["a"])]
     assert first.progress == 50 and first.next_action == "first-launch" and first.cancelled == []
 
 

@@ -130,8 +130,8 @@ def _moment_gap(a: Path, b: Path) -> float:
 
 
 def _assert_resumed(run: Path, backend: str, losses: dict[int, float], reference: dict[int, float]) -> None:
-    launch = [x for x in ledger.read(run) if x["event"] == "launch"][-1]
-    assert (launch["backend"], launch["action"], launch["start_iteration"]) == (backend, "resume", K)
+    launch = [x for x in ledger.read(run) if x.event == "launch"][-1]
+    assert (launch.backend, launch.action, launch.start_iteration) == (backend, "resume", K)
     assert sorted(losses) == list(range(K + 1, N + 1)), losses
     gaps = {i: abs(losses[i] - reference[i]) for i in losses}
     assert max(gaps.values()) < LOSS_TOL, (gaps, losses, reference)
@@ -161,10 +161,10 @@ def test_local_save_resumed_by_megatron_lm(
     _state_at_k(tmp_path / "local", tmp_path / "resumed")
     _stage_run(resumed, "megatron-lm")
 
-    launch = [x for x in ledger.read(tmp_path / "resumed") if x["event"] == "launch"][-1]
-    log = Path(launch["log"]).read_text()
+    launch = [x for x in ledger.read(tmp_path / "resumed") if x.event == "launch"][-1]
+    log = Path(launch.log).read_text()
     assert "Loading distributed optimizer sharded state of type fully_reshardable" in log
-    assert "--no-load-optim" not in launch["argv"] and "--no-load-rng" not in launch["argv"]
+    assert "--no-load-optim" not in launch.argv and "--no-load-rng" not in launch.argv
     _assert_resumed(
         tmp_path / "resumed",
         "megatron-lm",

@@ -19,6 +19,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm import chain, commands
 from longctx.stage import ledger
+from longctx.stage.ledger_events import Submit
 from longctx.stage.lock import lock_path, read_holder, run_lock
 from longctx.stage.run import LaunchPlan, execute, prepare_launch
 from tests.bad_input.harness import refused
@@ -84,7 +85,7 @@ def test_a_chain_job_refused_by_the_lock_cancels_nothing(
     plan = write_plan(tmp_path / "plan.toml", fresh_run)
     _holder(fresh_run, live_pid, job="101")
     for jid in ("101", "102", "201", "202"):
-        ledger.append(fresh_run, {"event": "submit", "kind": "chain", "slurm_job_id": jid})
+        ledger.append(fresh_run, Submit(kind="chain", slurm_job_id=jid))
     monkeypatch.setenv("SLURM_JOB_ID", "201")
     r = runner.invoke(app, ["stage", "run", str(plan)])
     assert r.exit_code == 2 and "locked by another launch" in r.output
@@ -99,7 +100,7 @@ def test_a_chain_job_refused_by_the_lock_cancels_nothing(
     assert out.cancelled
     assert (
         "refused before it started"
-        in [x for x in ledger.read(fresh_run) if x["event"] == "chain-cancel"][-1]["reason"]
+        in [x for x in ledger.read(fresh_run) if x.event == "chain-cancel"][-1].reason
     )
 
 
@@ -128,8 +129,8 @@ def test_the_launch_holds_the_lock_and_a_stale_one_is_named_and_replaced(
     [held] = launcher.holders
     assert held is not None and (held.pid, held.host, held.stage) == (os.getpid(), socket.gethostname(), "s1")
     assert outcome.stale_lock is not None and outcome.stale_lock["pid"] == dead
-    [launch] = [r for r in ledger.read(fresh_run) if r["event"] == "launch"]
-    assert launch["stale_lock"]["pid"] == dead and "no process" in launch["stale_lock"]["stale"]
+    [launch] = [r for r in ledger.read(fresh_run) if r.event == "launch"]
+    assert launch.stale_lock["pid"] == dead and "no process" in launch.stale_lock["stale"]
     assert not lock_path(fresh_run).exists()  # released after the launch
 
 

@@ -62,13 +62,13 @@ def test_stage_run_megatron_lm_backend(fresh_run: Path, tmp_path: Path, monkeypa
     assert all(c["argv"] == expected for c in calls)
     assert {c["cuda_max_conn"] for c in calls} == {"1"}
     assert all(c["nvte"] == ["1", "0", "0"] for c in calls)  # what --attention-backend flash expects
-    launch = next(x for x in ledger.read(fresh_run) if x["event"] == "launch")
-    assert launch["backend"] == "megatron-lm" and launch["argv"] == [str(mlm / "pretrain_gpt.py"), *expected]
-    assert launch["cpu"] is None
+    launch = next(x for x in ledger.read(fresh_run) if x.event == "launch")
+    assert launch.backend == "megatron-lm" and launch.argv == [str(mlm / "pretrain_gpt.py"), *expected]
+    assert launch.cpu is None
     # the stage is still pending, decided from disk, not from the exit code; the ledger says it failed
-    end = next(x for x in ledger.read(fresh_run) if x["event"] == "end")
-    assert (end["exit_code"], end["status"], end["outcome"]) == (0, "pending", "failed")
-    assert "made no progress" in end["no_progress"]
+    end = next(x for x in ledger.read(fresh_run) if x.event == "end")
+    assert (end.exit_code, end.status, end.outcome) == (0, "pending", "failed")
+    assert "made no progress" in end.no_progress
 
 
 def test_megatron_lm_backend_needs_a_checkout(fresh_run: Path, tmp_path: Path, monkeypatch) -> None:

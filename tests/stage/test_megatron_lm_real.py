@@ -111,8 +111,8 @@ def test_real_megatron_lm_chain_sigterm_resume_next_stage(
     assert "Megatron-LM runs on the CPU with shims" in out
     assert "attempting to finetune with checkpoint in" in out  # --pretrained-checkpoint: the base
     assert "a: exit 0, iteration 0 → " in out
-    launch = next(x for x in ledger.read(run_dir) if x["event"] == "launch")
-    log_a = Path(launch["log"]).read_text()
+    launch = next(x for x in ledger.read(run_dir) if x.event == "launch")
+    log_a = Path(launch.log).read_text()
     assert "exiting program after receiving SIGTERM" in log_a, log_a[-4000:]
     its = _iterations(log_a)
     assert its[0] == 1
@@ -121,23 +121,22 @@ def test_real_megatron_lm_chain_sigterm_resume_next_stage(
     assert stopped.iteration == its[-1]
     # the ledger keeps the stage's argv (the same as on a GPU) and how this machine ran it
     assert (
-        launch["argv"][0] == str(megatron_lm / "pretrain_gpt.py")
-        and "--distributed-backend" not in launch["argv"]
+        launch.argv[0] == str(megatron_lm / "pretrain_gpt.py") and "--distributed-backend" not in launch.argv
     )
-    assert launch["cpu"] == {"runner": "longctx.mcore.run_megatron_lm", "flags": cpu_flags()}
-    end = [x for x in ledger.read(run_dir) if x["event"] == "end"][-1]
-    assert end["end_iteration"] == stopped.iteration and end["status"] != "done"
+    assert launch.cpu == {"runner": "longctx.mcore.run_megatron_lm", "flags": cpu_flags()}
+    end = [x for x in ledger.read(run_dir) if x.event == "end"][-1]
+    assert end.end_iteration == stopped.iteration and end.status != "done"
 
     # 2. the relaunch resumes from that save (not from iteration 0) and finishes stage a
     r = CliRunner().invoke(app, ["stage", "run", str(plan), *RUN])
     assert r.exit_code == 0, r.output[-4000:]
-    launch = [x for x in ledger.read(run_dir) if x["event"] == "launch"][-1]
-    assert (launch["stage"], launch["action"], launch["start_iteration"]) == (
+    launch = [x for x in ledger.read(run_dir) if x.event == "launch"][-1]
+    assert (launch.stage, launch.action, launch.start_iteration) == (
         "a",
         "resume",
         stopped.iteration,
     )
-    log = Path(launch["log"]).read_text()
+    log = Path(launch.log).read_text()
     assert "attempting to finetune" not in log
     resumed = _iterations(log)
     assert resumed[0] == stopped.iteration + 1 and resumed[-1] == A_ITERS, resumed
@@ -154,9 +153,9 @@ def test_real_megatron_lm_chain_sigterm_resume_next_stage(
     # 3. the next launch starts stage b from a's save, with b's RoPE base and length
     r = CliRunner().invoke(app, ["stage", "run", str(plan), *RUN])
     assert r.exit_code == 0, r.output[-4000:]
-    launch = [x for x in ledger.read(run_dir) if x["event"] == "launch"][-1]
-    assert (launch["stage"], launch["action"]) == ("b", "first-launch")
-    log_b = Path(launch["log"]).read_text()
+    launch = [x for x in ledger.read(run_dir) if x.event == "launch"][-1]
+    assert (launch.stage, launch.action) == ("b", "first-launch")
+    log_b = Path(launch.log).read_text()
     assert f"attempting to finetune with checkpoint in {save_a}" in log_b
     assert _iterations(log_b)[0] == 1
     info = inspect_checkpoint(save_b)

@@ -98,8 +98,8 @@ def test_no_eval_with_a_validation_part_is_refused_and_would_stop_megatron_lm(
         env=dict(os.environ, COLUMNS="400"),
     )
     assert done.returncode != 0
-    launch = next(x for x in ledger.read(run_dir) if x["event"] == "launch")
-    log = Path(launch["log"]).read_text(errors="replace")
+    launch = next(x for x in ledger.read(run_dir) if x.event == "launch")
+    log = Path(launch.log).read_text(errors="replace")
     assert "AssertionError: no sample to consume: 0" in log, log[-4000:]
 
     # 3. with evaluation on, the same data and split start and train
@@ -109,5 +109,5 @@ def test_no_eval_with_a_validation_part_is_refused_and_would_stop_megatron_lm(
     assert not [f for f in json.loads(ok.stdout)["findings"] if f["code"].startswith("split-")]
     ran = CliRunner().invoke(app, ["stage", "run", str(fixed), "--backend", "megatron-lm", "--no-preflight"])
     assert ran.exit_code == 0, ran.output[-4000:]
-    end = [x for x in ledger.read(run_ok) if x["event"] == "end"][-1]
-    assert end["stage"] == "a" and end["end_iteration"] == ITERS
+    end = [x for x in ledger.read(run_ok) if x.event == "end"][-1]
+    assert end.stage == "a" and end.end_iteration == ITERS

@@ -66,11 +66,9 @@ def test_real_megatron_lm_sweep_branches_choice_and_stage(
         info = inspect_checkpoint(branch.save_dir)
         assert info.ok and info.iteration == branch.train_iters, info.findings
         assert (info.args["rotary_base"], info.args["seq_length"]) == (base, 256)
-        launch = next(
-            x for x in ledger.read(rp.run_dir) if x["event"] == "launch" and x["stage"] == branch.name
-        )
-        assert launch["argv"][0] == str(megatron_lm / "pretrain_gpt.py")
-        log = Path(launch["log"]).read_text()
+        launch = next(x for x in ledger.read(rp.run_dir) if x.event == "launch" and x.stage == branch.name)
+        assert launch.argv[0] == str(megatron_lm / "pretrain_gpt.py")
+        log = Path(launch.log).read_text()
         assert f"attempting to finetune with checkpoint in {save_a}" in log
     assert b.rotary_base == doc["sweep"]["choice"]["base"] and not b.sweep.pending
 
@@ -79,6 +77,6 @@ def test_real_megatron_lm_sweep_branches_choice_and_stage(
     assert r.exit_code == 0, r.output[-4000:]
     info = inspect_checkpoint(b.save_dir)
     assert info.ok and info.args["rotary_base"] == b.rotary_base, info.findings
-    launch = [x for x in ledger.read(rp.run_dir) if x["event"] == "launch"][-1]
-    assert (launch["stage"], launch["action"]) == ("b", "first-launch")
-    assert f"attempting to finetune with checkpoint in {save_a}" in Path(launch["log"]).read_text()
+    launch = [x for x in ledger.read(rp.run_dir) if x.event == "launch"][-1]
+    assert (launch.stage, launch.action) == ("b", "first-launch")
+    assert f"attempting to finetune with checkpoint in {save_a}" in Path(launch.log).read_text()

@@ -15,6 +15,7 @@ from longctx.errors import StageError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.stage import ledger
+from longctx.stage.ledger_events import Launch, RecordedBinding
 from longctx.stage.run import binding_for
 from tests.bad_input.harness import refused
 from tests.fixtures.run import write_plan
@@ -50,8 +51,8 @@ def test_a_copied_run_resumes_without_force_and_a_real_change_is_refused(
     [launch] = json.loads(r.stdout)
     assert (launch["stage"], launch["action"], launch["start_iteration"]) == ("s1", "resume", 2), launch
     assert launch["end_iteration"] == 4, launch
-    records = [x for x in ledger.read(moved) if x["event"] == "launch"]
-    assert len(records) == 2 and records[-1]["forced"] is None
+    records = [x for x in ledger.read(moved) if x.event == "launch"]
+    assert len(records) == 2 and records[-1].forced is None
 
     # the same copy with another RoPE base for the started stage: refused, nothing written
     _interrupt_after(moved / "stages" / "s1" / "checkpoints", 2)
@@ -78,7 +79,7 @@ def test_a_ledger_that_binds_the_data_by_the_old_digest_is_refused_until_forced(
     del old["identity"]
     old["data_digest"] = "0123456789abcdef"  # what the path-hashing digest looked like
     old["base_identity"] = f"{st.load_from}@{current.base_identity}"
-    ledger.append(fresh_run, {"event": "launch", "stage": "s1", "binding": old})
+    ledger.append(fresh_run, Launch(stage="s1", binding=RecordedBinding.model_validate(old)))
     text = refused(
         ["stage", "run", plan, "--no-eval"], [fresh_run], needle="recorded its data by a digest of paths"
     )
@@ -90,4 +91,7 @@ def test_a_ledger_that_binds_the_data_by_the_old_digest_is_refused_until_forced(
     assert forced == {"data_digest": ("0123456789abcdef", current.data_digest)}
     changed = binding_for(rp, st)
     changed.rotary_base = 123456
-    assert list(ledger.binding_conflicts(old, changed)) == ["data_digest", "rotary_base"]
+    assert list(ledger.binding_conflicts(RecordedBinding.model_validate(old), changed)) == [
+        "data_digest",
+        "rotary_base",
+    ]

@@ -17,6 +17,7 @@ from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
 from longctx.slurm import chain, commands
 from longctx.stage import ledger
+from longctx.stage.ledger_events import End, Launch, LedgerEvent, Submit
 from longctx.stage.lock import Holder
 from longctx.stage.run import LaunchOutcome, no_progress_message, relevant_log_lines, schedule_for
 from longctx.stage.until_done import UntilDone, after_step
@@ -120,23 +121,23 @@ def test_rng_exit_0_fails_is_recorded_and_cancels_the_chain(
     monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
     monkeypatch.setenv("LONGCTX_MEGATRON_CPU", "0")
     monkeypatch.setenv("SLURM_JOB_ID", "101")
-    ledger.append(fresh_run, {"event": "submit", "kind": "chain", "slurm_job_id": "101", "position": 1})
-    ledger.append(fresh_run, {"event": "submit", "kind": "chain", "slurm_job_id": "102", "position": 2})
-    ledger.append(fresh_run, {"event": "submit", "kind": "chain", "slurm_job_id": "103", "position": 3})
+    ledger.append(fresh_run, Submit(kind="chain", slurm_job_id="101", position=1))
+    ledger.append(fresh_run, Submit(kind="chain", slurm_job_id="102", position=2))
+    ledger.append(fresh_run, Submit(kind="chain", slurm_job_id="103", position=3))
 
     r = CliRunner().invoke(app, ["stage", "run", str(plan), "--backend", "megatron-lm", "--no-preflight"])
     assert r.exit_code == 1, r.output  # Megatron-LM exited 0, the launch failed
     assert "s1 made no progress" in r.output and "Unable to load rng state from checkpoint" in r.output
-    end = [x for x in ledger.read(fresh_run) if x["event"] == "end"][-1]
-    assert (end["exit_code"], end["outcome"], end["status"], end["new_saves"]) == (
+    end = [x for x in ledger.read(fresh_run) if x.event == "end"][-1]
+    assert (end.exit_code, end.outcome, end.status, end.new_saves) == (
         0,
         "failed",
         "in-progress",
         [],
     )
-    assert end["start_iteration"] == end["end_iteration"] == 2 and end["job_id"] == "101"
-    assert "Unable to load rng state" in end["no_progress"] and "--no-load-rng" in end["no_progress"]
-    assert any("Unable to load rng state" in x for x in end["log_lines"])
+    assert end.start_iteration == end.end_iteration == 2 and end.job_id == "101"
+    assert "Unable to load rng state" in end.no_progress and "--no-load-rng" in end.no_progress
+    assert any("Unable to load rng state" in x for x in end.log_lines)
 
     # job_end of that job: the next job would relaunch the same resume, so the queued ones are cancelled
     cancelled: list[list[str]] = []
@@ -144,25 +145,26 @@ def test_rng_exit_0_fails_is_recorded_and_cancels_the_chain(
     monkeypatch.setattr(commands, "cancel_jobs", lambda ids: cancelled.append(list(ids)))
     out = chain.job_end(rp, r.exit_code)
     assert out.cancelled == ["103", "102"] and cancelled == [["103", "102"]]
-    event = [x for x in ledger.read(fresh_run) if x["event"] == "chain-cancel"][-1]
-    assert event["slurm_job_ids"] == ["103", "102"]
-    assert "made no progress and the next job would repeat it" in event["reason"]
-    assert "Unable to load rng state" in event["reason"]
+    event = [x for x in ledger.read(fresh_run) if x.event == "chain-cancel"][-1]
+    assert event.slurm_job_ids == ["103", "102"]
+    assert "made no progress and the next job would repeat it" in event.reason
+    assert "Unable to load rng state" in event.reason
 
 
 def test_chain_stop_reason() -> None:
-    def end(job: str, code: int, start: int, stop: int, no_progress: str | None = None) -> dict:
-        return {
-            "event": "end",
-            "job_id": job,
-            "stage": "s1",
-            "exit_code": code,
-            "start_iteration": start,
-            "end_iteration": stop,
-            "no_progress": no_progress,
-        }
+    def end(job: str, code: int, start: int, stop: int, no_progress: str | None = None) -> End:
+        return End(
+            job_id=job,
+            stage="s1",
+            exit_code=code,
+            start_iteration=start,
+            end_iteration=stop,
+            no_progress=no_progress,
+        )
 
-    def why(records: list[dict], job: str | None = "7", action: str = "resume", code: int = 0) -> str | None:
+    def why(
+        records: list[LedgerEvent], job: str | None = "7", action: str = "resume", code: int = 0
+    ) -> str | None:
         return chain.chain_stop_reason(action, "x", records, job=job, exit_code=code)
 
     assert why([end("7", 0, 0, 4)]) is None  # progress: the chain goes on
@@ -177,7 +179,7 @@ def test_chain_stop_reason() -> None:
     assert why([], action="blocked").startswith("the plan cannot go on")
     # refused before launching (exit 2, no launch of this job: an edited schedule, a preflight): stop now
     assert "refused before it started" in (why([], code=2) or "")
-    assert why([{"event": "launch", "job_id": "7"}, end("7", 2, 2, 2, None)], code=2) is None  # it launched
+    assert why([Launch(job_id="7"), end("7", 2, 2, 2, None)], code=2) is None  # it launched
     assert why([], job=None, code=2) is None
     # refused because another launch holds the run (a second chain, a manual run): that one trains, so
     # nothing is cancelled, its own job included

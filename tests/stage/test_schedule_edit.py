@@ -97,8 +97,8 @@ def test_a_schedule_edit_is_refused_then_forced(fresh_run: Path, tmp_path: Path,
     assert isinstance(lp, LaunchPlan) and lp.schedule_override is None
     assert lp.argv[1:] == argv(rp, s1, script=str(mlm / "pretrain_gpt.py"))
     execute(rp, lp, trainer)
-    first = [r for r in ledger.read(fresh_run) if r["event"] == "launch"][-1]
-    assert first["binding"]["schedule"] == schedule_for(s1) and first["schedule_override"] is None
+    first = [r for r in ledger.read(fresh_run) if r.event == "launch"][-1]
+    assert first.binding.schedule == schedule_for(s1) and first.schedule_override is None
     old = schedule_for(s1)
 
     # an unchanged plan resumes without the flag
@@ -143,11 +143,11 @@ def test_a_schedule_edit_is_refused_then_forced(fresh_run: Path, tmp_path: Path,
     )
     execute(rp2, lp, trainer, force=True)
     assert trainer.calls[-1][-1] == OVERRIDE_SCHEDULER_FLAG
-    forced = [r for r in ledger.read(fresh_run) if r["event"] == "launch"][-1]
+    forced = [r for r in ledger.read(fresh_run) if r.event == "launch"][-1]
     changed = {k: [old[k], new[k]] for k in old if old[k] != new[k]}
-    assert forced["schedule_override"] == changed and "lr_decay_iters" in changed and "lr" not in changed
-    assert OVERRIDE_SCHEDULER_FLAG in forced["argv"]
-    assert json.loads(json.dumps(forced["binding"]["schedule"])) == new
+    assert forced.schedule_override == changed and "lr_decay_iters" in changed and "lr" not in changed
+    assert OVERRIDE_SCHEDULER_FLAG in forced.argv
+    assert json.loads(json.dumps(forced.binding.schedule)) == new
 
     # that launch saved: its checkpoints carry the new schedule, so the edited plan resumes plainly now,
     # and going back to the old schedule is the edit that is refused

@@ -75,15 +75,15 @@ def test_forced_schedule_edit_resumes_the_real_engine_with_the_new_schedule(
     longer_warmup = _plan(tmp_path, "edited", tiny_chain_artefacts, warmup="0.5")
     r = CliRunner().invoke(app, ["stage", "run", str(longer_warmup), *MLM])
     assert r.exit_code == 2 and "lr_warmup_iters (--lr-warmup-iters): 1 → 4" in r.output, r.output[-3000:]
-    assert not [x for x in ledger.read(tmp_path / "edited") if x["event"] == "launch"]
+    assert not [x for x in ledger.read(tmp_path / "edited") if x.event == "launch"]
 
     r = CliRunner().invoke(app, ["stage", "run", str(longer_warmup), *MLM, "--force"])
     assert r.exit_code == 0, r.output[-4000:]
-    launch = [x for x in ledger.read(tmp_path / "edited") if x["event"] == "launch"][-1]
-    assert (launch["action"], launch["start_iteration"]) == ("resume", K)
-    assert launch["argv"][-1] == OVERRIDE_SCHEDULER_FLAG
-    assert launch["schedule_override"] == {"lr_warmup_iters": [1, 4]}
-    log = Path(launch["log"]).read_text()
+    launch = [x for x in ledger.read(tmp_path / "edited") if x.event == "launch"][-1]
+    assert (launch.action, launch.start_iteration) == ("resume", K)
+    assert launch.argv[-1] == OVERRIDE_SCHEDULER_FLAG
+    assert launch.schedule_override == {"lr_warmup_iters": [1, 4]}
+    log = Path(launch.log).read_text()
     found = re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*?learning rate: ([0-9.E+-]+)", log)
     logged = {int(i): float(lr) for i, lr in found}
     assert sorted(logged) == list(range(K + 1, N + 1)), logged

@@ -182,11 +182,11 @@ def test_ledger_refuses_a_relaunch_with_other_inputs(plan: Path, fresh_run: Path
     rec = Recorder()
     execute(rp, lp, rec)
     assert len(rec.calls) == 1
-    launches = [r for r in ledger.read(fresh_run) if r["event"] == "launch"]
-    assert launches[0]["binding"]["rotary_base"] == rp.stages[0].rotary_base
+    launches = [r for r in ledger.read(fresh_run) if r.event == "launch"]
+    assert launches[0].binding.rotary_base == rp.stages[0].rotary_base
     from longctx.tokenizer import tokenizer_md5
 
-    assert launches[0]["binding"]["tokenizer_md5"] == tokenizer_md5(fresh_run / "tokenizer")
+    assert launches[0].binding.tokenizer_md5 == tokenizer_md5(fresh_run / "tokenizer")
 
     # the same stage, relaunched with another RoPE base → refused, nothing launched, nothing recorded
     changed = write_plan(tmp_path / "plan2.toml", fresh_run, s2_base="base = 1234567")
@@ -212,8 +212,8 @@ def test_ledger_refuses_a_relaunch_with_other_inputs(plan: Path, fresh_run: Path
 
     # --force launches and records the override
     execute(rp2, prepare_launch(rp2, "local"), rec, force=True)
-    last = [r for r in ledger.read(fresh_run) if r["event"] == "launch"][-1]
-    assert last["forced"]["rotary_base"][1] == 123456 and len(rec.calls) == 2
+    last = [r for r in ledger.read(fresh_run) if r.event == "launch"][-1]
+    assert last.forced["rotary_base"][1] == 123456 and len(rec.calls) == 2
 
 
 def test_garbage_tracker_of_a_finished_stage_is_repaired_by_the_next_launch(

@@ -38,9 +38,7 @@ def _stage_run(long_command: Callable[..., Command], plan: Path, run: Path, *ext
 
 
 def _launches(run: Path) -> list[tuple[str, str, int]]:
-    return [
-        (r["stage"], r["action"], r["start_iteration"]) for r in ledger.read(run) if r["event"] == "launch"
-    ]
+    return [(r.stage, r.action, r.start_iteration) for r in ledger.read(run) if r.event == "launch"]
 
 
 def _status(plan: Path, run: Path) -> dict[str, dict]:
@@ -83,8 +81,8 @@ def test_sigterm_stops_until_done_at_once_and_the_rerun_resumes(
     stopped = _stopped_by_signal(cmd, fresh_run, signal.SIGTERM)
     # nothing went on from the stopped launch: no relaunch, no next stage, s1 not reported done
     assert _launches(fresh_run) == [("s1", "first-launch", 0)]
-    ends = [r for r in ledger.read(fresh_run) if r["event"] == "end"]
-    assert [(e["status"], e["end_iteration"]) for e in ends] == [("in-progress", stopped)]
+    ends = [r for r in ledger.read(fresh_run) if r.event == "end"]
+    assert [(e.status, e.end_iteration) for e in ends] == [("in-progress", stopped)]
     status = _status(plan, fresh_run)
     assert (status["s1"]["status"], status["s1"]["iteration"], status["s2"]["status"]) == (
         "in-progress",

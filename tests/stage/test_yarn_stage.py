@@ -19,6 +19,7 @@ from longctx.plan.derive import ResolvedPlan, resolve_plan, validate_plan
 from longctx.plan.load import load_plan
 from longctx.rope.scaling import RopeScaling
 from longctx.stage import ledger
+from longctx.stage.ledger_events import RecordedBinding
 from longctx.stage.megatron_source import parser_flags
 from longctx.stage.run import local_spec
 from tests.fixtures.plan_toml import dump_toml
@@ -261,7 +262,12 @@ def test_the_ledger_binds_the_scaling() -> None:
     yarn = {"type": "yarn", "factor": 4.0, "original_length": 16384}
     now = ledger.Binding("md5", "data", "base", 1_000_000, 65536, rope_scaling=yarn)
     plain = ledger.Binding("md5", "data", "base", 1_000_000, 65536).as_dict()
-    assert ledger.binding_conflicts(plain, now) == {"rope_scaling": (None, yarn)}
-    older = {k: v for k, v in plain.items() if k != "rope_scaling"}
+    assert ledger.binding_conflicts(RecordedBinding.model_validate(plain), now) == {
+        "rope_scaling": (None, yarn)
+    }
+    older = RecordedBinding.model_validate({k: v for k, v in plain.items() if k != "rope_scaling"})
     assert ledger.binding_conflicts(older, now) == {}
-    assert ledger.binding_conflicts(json.loads(json.dumps(now.as_dict())), now) == {}
+    assert (
+        ledger.binding_conflicts(RecordedBinding.model_validate(json.loads(json.dumps(now.as_dict()))), now)
+        == {}
+    )

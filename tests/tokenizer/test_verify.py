@@ -76,8 +76,7 @@ def test_tiny_tokenizer_is_not_the_openeurollm_one(oellm_like_hf_dir: Path, repo
     )
     assert (
         "error: vocab-size: vocab size (len(tokenizer), Megatron's view) differs "
-        f"(expected 262145, found {OELLM_LIKE_VOCAB + 1})"
-        in res.stderr
+        f"(expected 262145, found {OELLM_LIKE_VOCAB + 1})" in res.stderr
     )
 
 

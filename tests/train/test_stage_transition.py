@@ -48,10 +48,10 @@ def test_two_stages_until_done(fresh_run: Path, tmp_path: Path) -> None:
     assert a2["opt_param_scheduler"]["num_steps"] == 2 * s2.global_batch_size
     assert a2["args"].consumed_train_samples == 2 * s2.global_batch_size
 
-    launches = [(x["stage"], x["action"]) for x in ledger.read(fresh_run) if x["event"] == "launch"]
+    launches = [(x.stage, x.action) for x in ledger.read(fresh_run) if x.event == "launch"]
     assert launches == [("s1", "first-launch"), ("s2", "first-launch")]
-    ends = [x for x in ledger.read(fresh_run) if x["event"] == "end"]
-    assert [(e["stage"], e["exit_code"], e["status"]) for e in ends] == [("s1", 0, "done"), ("s2", 0, "done")]
+    ends = [x for x in ledger.read(fresh_run) if x.event == "end"]
+    assert [(e.stage, e.exit_code, e.status) for e in ends] == [("s1", 0, "done"), ("s2", 0, "done")]
 
     r = CliRunner().invoke(app, ["stage", "status", str(plan), "--json"])
     assert json.loads(r.output)["next"]["action"] == "all-done"
