@@ -27,7 +27,7 @@ class LongctxError(Exception):
             text += f" — fix: {self.fix}"
         return text
 
-    def to_dict(self) -> dict[str, str | None]:
+    def to_json(self) -> dict[str, str | None]:
         return {"type": type(self).__name__, "what": self.what, "where": self.where, "fix": self.fix}
 
 

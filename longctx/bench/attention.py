@@ -148,7 +148,7 @@ class AttentionBenchReport:
     targets: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
     host: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "spec": asdict(self.spec),
             "memory_method": self.memory_method,

@@ -74,7 +74,7 @@ class CkptBenchReport:
     def total_s(self) -> float:
         return self.inspect_s + self.verify_s
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["total_s"] = self.total_s
         d["ratio_to_baseline"] = self.total_s / self.baseline_unpickle_s if self.baseline_unpickle_s else None

@@ -26,7 +26,7 @@ import torch
 
 from longctx.arch import ModelArch
 from longctx.bench.trainer import build_data
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.errors import LongctxError
 from longctx.launch.local import LocalLauncher
 from longctx.tokenizer import load_tokenizer, padded_vocab_size

@@ -1,7 +1,7 @@
 """`longctx bench attention --documents MIX`: the document bench from its options to one record.
 
 run = run_documents(DocumentsOptions(mix="10%<4K", seq_lens=(16384,), cp=2, heads=8, kv_heads=8, head_dim=64))
-run.to_dict()    # the --json document
+run.to_json()    # the --json document
 run.cases        # DocumentBenchCase per length (see `run_document_bench`)
 """
 
@@ -19,7 +19,7 @@ from longctx.bench.attention import (
     read_data_mix,
     run_document_bench,
 )
-from longctx.bench.memory import machine
+from longctx.bench.memory_check import machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ class DocumentsRun:
             "documents drawn from these lengths)"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The --json document."""
         cases = [
             {**asdict(c), **({"processes": _process_json(c.processes)} if c.processes else {})}

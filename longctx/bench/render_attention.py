@@ -11,7 +11,7 @@ from rich.table import Table
 
 from longctx.bench.attention import TARGETS, AttentionBenchReport, AttentionBenchSpec
 from longctx.bench.documents_run import DocumentsRun
-from longctx.bench.render import machine_line, mib
+from longctx.bench.tables import machine_line, mib
 
 _COLUMNS = ("S", "piece", "t_full s", "t_cp s", "spread full/cp", "efficiency", "cpu eff", "peak full MiB",
             "peak/rank MiB", "peak ratio", "held ratio", "balance zigzag", "balance contiguous")  # fmt: skip

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from longctx.bench.memory import machine
+from longctx.bench.memory_check import machine
 from longctx.bench.steps import StepCase, StepMeasure, measure_steps
 
 # bf16 dense tensor-core peaks (FLOP/s) from the vendors' datasheets, by a name torch reports
@@ -69,7 +69,7 @@ class ThroughputReport:
     machine: dict[str, Any]
     rows: list[ThroughputRow]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"machine": self.machine, "rows": [asdict(r) for r in self.rows]}
 
 

@@ -210,7 +210,7 @@ class TokenizeBenchResult:
         """Tokens per CPU-second, longctx over Megatron-LM."""
         return self.megatron_cpu_seconds / self.longctx_cpu_seconds
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out.update(
             longctx_tokens_per_s=self.longctx_tokens_per_s,

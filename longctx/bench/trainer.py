@@ -136,7 +136,7 @@ class TrainerBenchSettings:
                 fix="change the options named above",
             )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.update(
             threads=self.threads_per_process,
@@ -178,7 +178,7 @@ class TrainerBenchResult:
     work_dir: str | None  # kept inputs and run directories (None: removed)
     target_ratio: float = TARGET_RATIO
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         for key in ("local", "megatron_lm"):
             d[key]["seconds_per_iteration"] = getattr(self, key).seconds_per_iteration
@@ -593,7 +593,7 @@ def run_trainer_bench(
             shutil.rmtree(root, ignore_errors=True)
             local.log = mlm.log = None
     return TrainerBenchResult(
-        settings=s.to_dict(),
+        settings=s.to_json(),
         local=local,
         megatron_lm=mlm,
         ratio=local.tokens_per_s / mlm.tokens_per_s,

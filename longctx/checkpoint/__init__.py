@@ -20,7 +20,7 @@ from longctx.checkpoint.compare import CompareReport, compare
 from longctx.checkpoint.download import DownloadResult, download
 from longctx.checkpoint.infer_arch import InferredArch, infer_arch
 from longctx.checkpoint.inspect import CheckpointReport, inspect_checkpoint
-from longctx.checkpoint.layout import (
+from longctx.checkpoint.save_layout import (
     TRACKER,
     ResolvedCheckpoint,
     Tracker,

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Literal
 
 from longctx.checkpoint.archive import UnsafeName, member_path
-from longctx.checkpoint.layout import (
+from longctx.checkpoint.metadata import args_dict, read_common_state, read_dcp_index
+from longctx.checkpoint.save_layout import (
     RELEASE,
     TRACKER,
     ResolvedCheckpoint,
@@ -41,7 +42,6 @@ from longctx.checkpoint.layout import (
     read_tracker,
     resolve_in_tree,
 )
-from longctx.checkpoint.metadata import args_dict, read_common_state, read_dcp_index
 from longctx.checkpoint.tree import ByteRange, DirTree, TarTree, open_tree
 from longctx.checkpoint.verify import VerifyReport, verify_checkpoint, verify_resolved
 from longctx.errors import CheckpointError

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from longctx.checkpoint.adopt import AdoptResult, adopt
-from longctx.checkpoint.layout import DISTCP_RE, MARKERS, TRACKER
+from longctx.checkpoint.save_layout import DISTCP_RE, MARKERS, TRACKER
 from longctx.errors import CheckpointError
 from longctx.util.progress import progress_disabled
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from longctx.checkpoint.family import FamilyReport, detect_family, family_findings
 from longctx.checkpoint.infer_arch import InferredArch, infer_arch
 from longctx.checkpoint.keys import model_entries
-from longctx.checkpoint.layout import ResolvedCheckpoint, Tracker, resolve_in_tree
 from longctx.checkpoint.metadata import (
     BackendInfo,
     DcpIndex,
@@ -27,6 +26,7 @@ from longctx.checkpoint.metadata import (
     read_common_state,
     read_dcp_index,
 )
+from longctx.checkpoint.save_layout import ResolvedCheckpoint, Tracker, resolve_in_tree
 from longctx.checkpoint.shapes import check_shapes
 from longctx.checkpoint.tree import Tree, join, open_tree
 from longctx.megatron_versions import common_state_releases

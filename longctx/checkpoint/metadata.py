@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from longctx.checkpoint.layout import COMMON_PT, DCP_METADATA, METADATA_JSON
+from longctx.checkpoint.save_layout import COMMON_PT, DCP_METADATA, METADATA_JSON
 from longctx.checkpoint.tree import Tree, join
 from longctx.checkpoint.unpickle import gc_paused, safe_torch_load, safe_unpickle
 from longctx.errors import CheckpointError

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from longctx.checkpoint.family import FamilyReport, detect_family, family_findings
-from longctx.checkpoint.layout import (
+from longctx.checkpoint.metadata import DcpIndex, args_dict, read_backend, read_common_state, read_dcp_index
+from longctx.checkpoint.save_layout import (
     DISTCP_RE,
     ResolvedCheckpoint,
     TrackerError,
@@ -37,7 +38,6 @@ from longctx.checkpoint.layout import (
     complete_iterations_in,
     resolve_in_tree,
 )
-from longctx.checkpoint.metadata import DcpIndex, args_dict, read_backend, read_common_state, read_dcp_index
 from longctx.checkpoint.shapes import check_shapes
 from longctx.checkpoint.tree import TarTree, Tree, join, open_tree
 from longctx.errors import CheckpointError

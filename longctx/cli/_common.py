@@ -47,7 +47,7 @@ def fail(err: LongctxError, *, as_json: bool = False) -> NoReturn:
     exits 128 + the signal's number instead. What it quotes from files (a lock's host, a log line) is
     printed with its control characters escaped."""
     if as_json:
-        _error_document(err.to_dict())
+        _error_document(err.to_json())
     stopped = isinstance(err, Interrupted)
     head = "[bold yellow]" if stopped else "[bold red]error:[/] "  # Interrupted's what says "stopped by …"
     err_console.print(

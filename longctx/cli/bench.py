@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from longctx.bench.render import (
+from longctx.bench.tables import (
     print_ckpt,
     print_data_check,
     print_index_check,
@@ -185,7 +185,7 @@ def attention_cmd(
     with progress_bar("attention bench", total=len(lens), unit="lengths") as advance:
         report = run_attention_bench(spec, advance=advance)
     if json_out:
-        print_json(report.to_dict())
+        print_json(report.to_json())
     else:
         print_attention(spec, report, console)
 
@@ -224,7 +224,7 @@ def _documents_bench(
         )
     )
     if json_out:
-        print_json(run.to_dict())
+        print_json(run.to_json())
     else:
         print_documents(run, console)
 
@@ -294,7 +294,7 @@ def ckpt_cmd(
 
     r = run_ckpt_bench(n_files=files, repeats=repeats, keep=keep, dp=dp)
     if json_out:
-        print_json(r.to_dict())
+        print_json(r.to_json())
     else:
         print_ckpt(r, console)
 
@@ -448,7 +448,7 @@ def trainer_cmd(
     ) as advance:
         r = run_trainer_bench(settings, megatron_lm=checkout, work_dir=work_dir, advance=advance)
     if json_out:
-        print_json(r.to_dict())
+        print_json(r.to_json())
     else:
         print_trainer(r, console, warmup=settings.warmup, local_bf16=settings.local_bf16)
 
@@ -473,7 +473,7 @@ def memory_cmd(
 
     Example: longctx bench memory --json
     """
-    from longctx.bench.memory import GRID, QUICK, run_memory_bench
+    from longctx.bench.memory_check import GRID, QUICK, run_memory_bench
     from longctx.errors import PlanError
     from longctx.util.progress import progress_bar
 
@@ -484,7 +484,7 @@ def memory_cmd(
     with progress_bar("memory bench", total=len(cases), unit="configurations") as advance:
         report = run_memory_bench(cases, iterations=iterations, threads=threads, advance=advance)
     if json_out:
-        print_json(report.to_dict())
+        print_json(report.to_json())
     else:
         print_memory(report, console)
 
@@ -536,7 +536,7 @@ def throughput_cmd(
             names, lens, cp_sizes, iterations=iterations, bf16=bf16, advance=advance
         )
     if json_out:
-        print_json(report.to_dict())
+        print_json(report.to_json())
     else:
         print_throughput(report, console, bf16=bf16)
 
@@ -594,6 +594,6 @@ def tokenize_cmd(
             work_dir=work_dir,
         )
     if json_out:
-        print_json(r.to_dict())
+        print_json(r.to_json())
     else:
         print_tokenize(r, console)

@@ -322,7 +322,7 @@ def _run_check(request: Any, plan: Path | None) -> Any:
 
 
 def render_report(report: Any) -> None:
-    from longctx.data.render import blend_table, prefix_table, status_line
+    from longctx.data.check_tables import blend_table, prefix_table, status_line
 
     for p in report.prefixes:
         console.print(prefix_table(report, p))

@@ -23,7 +23,7 @@ def names(value: str | None) -> list[str] | None:
 
 
 def print_artifact_report(report: Any) -> None:
-    from longctx.data.artifact.render import artifact_status, artifact_table
+    from longctx.data.artifact.artifact_tables import artifact_status, artifact_table
 
     console.print(artifact_table(report))
     if report.findings:
@@ -99,8 +99,8 @@ def fetch_cmd(
         print_json({"ok": result.ok, **vars(result)})
         exit_for(result.findings)
         return
-    from longctx.data.artifact.render import fetch_table
-    from longctx.data.render import status_line
+    from longctx.data.artifact.artifact_tables import fetch_table
+    from longctx.data.check_tables import status_line
 
     console.print(fetch_table(result))
     if result.findings:

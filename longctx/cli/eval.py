@@ -250,7 +250,7 @@ def _show(report: EvalReport, json_out: bool) -> None:
     if json_out:
         print_json(report.model_dump(mode="json"))
     else:
-        from longctx.eval.render import print_report
+        from longctx.eval.report_tables import print_report
 
         print_report(report)
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from longctx.cli._common import cli_errors, console, exit_for, print_findings, print_json
 from longctx.cli._params import Json, Plan, RunDir
-from longctx.plan.sweep import describe as describe_sweep
+from longctx.plan.rope_sweep import describe as describe_sweep
 from longctx.util.table import narrow_table
 from longctx.util.units import human_length
 

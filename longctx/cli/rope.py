@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from longctx.plan.derive import ResolvedPlan, ResolvedStage
     from longctx.rope import RopeModelArgs
     from longctx.rope.check import RopeCheck
-    from longctx.stage.sweep import SweepCost
+    from longctx.stage.sweep_choice import SweepCost
 
 # The library is imported inside the commands: `longctx --help` need not load numpy and the RoPE maths.
 
@@ -174,7 +174,7 @@ def suggest_cmd(
     Example: longctx rope suggest --rotary-dim 128 --base 100000 --from-length 4096 --lengths 16384,65536,131072
     """
     from longctx.rope import BASE_METHODS, SCALING_METHODS, suggest
-    from longctx.rope.render import suggest_header, suggest_lines, suggest_table
+    from longctx.rope.rope_tables import suggest_header, suggest_lines, suggest_table
 
     targets = _sizes(lengths, "--lengths") or []
     dim, hd, b, n = _model_inputs(
@@ -274,7 +274,7 @@ def check_cmd(
 
 
 def _print_check(result: RopeCheck) -> None:
-    from longctx.rope.render import check_table
+    from longctx.rope.rope_tables import check_table
 
     console.print(check_table(result))
     print_findings(result.findings)
@@ -309,7 +309,7 @@ def plot_cmd(
     Example: longctx rope plot --bases 5000000,31000000 --rotary-dim 128 --lengths 16K,64K,128K --out cossum.png
     """
     from longctx.rope.plot import plot_cos_sum
-    from longctx.rope.render import fmt_pos
+    from longctx.rope.rope_tables import fmt_pos
     from longctx.util.confine import check_output_file
 
     magic = _FIGURE_MAGIC.get(out.suffix.lower())
@@ -429,7 +429,7 @@ def choose_cmd(
     longctx rope choose men-safe --rotary-dim 128 --base 100000 --from-length 4K --length 128K --megatron 0.16.1
     """
     from longctx.rope import choose_base, megatron_rope_flags
-    from longctx.rope.render import fmt_pos
+    from longctx.rope.rope_tables import fmt_pos
 
     dim, hd, b, n = _model_inputs(
         checkpoint,
@@ -504,7 +504,7 @@ def sweep_cmd(
     Example: longctx rope sweep stages/tiny.toml --stage 4k
     """
     from longctx.stage.run_policy import RunOptions, run_steps
-    from longctx.stage.sweep import sweep_cost, sweep_stage
+    from longctx.stage.sweep_choice import sweep_cost, sweep_stage
 
     rp = resolved_plan(plan, run_dir)
     st = sweep_stage(rp, stage)
@@ -532,7 +532,7 @@ def sweep_cmd(
         print_json(
             {
                 "stage": st.name,
-                "cost": cost.as_dict(),
+                "cost": cost.to_json(),
                 "stop": steps.result.stop,
                 "reason": steps.result.reason,
                 "outcomes": steps.result.outcomes,
@@ -544,10 +544,10 @@ def sweep_cmd(
 
 
 def _print_sweep(rp: ResolvedPlan, st: ResolvedStage, cost: SweepCost, *, json_out: bool) -> None:
-    from longctx.plan.sweep import describe
+    from longctx.plan.rope_sweep import describe
 
     if json_out:
-        print_json({"stage": st.name, "cost": cost.as_dict(), "sweep": st.sweep.summary(), "dry_run": True})
+        print_json({"stage": st.name, "cost": cost.to_json(), "sweep": st.sweep.summary(), "dry_run": True})
         return
     for line in describe(st.sweep, st.branches[0].tokens_realized):
         console.print(line, highlight=False, soft_wrap=True, markup=False)

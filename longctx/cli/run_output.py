@@ -12,7 +12,7 @@ from longctx.util.printable import printable
 if TYPE_CHECKING:
     from longctx.launch.local import Launcher
     from longctx.plan.derive import ResolvedPlan
-    from longctx.plan.sweep import SweepChoice
+    from longctx.plan.rope_sweep import SweepChoice
     from longctx.stage.preflight import DeviceFacts, PreflightReport
     from longctx.stage.run import LaunchOutcome, LaunchPlan
     from longctx.stage.state import NextStep

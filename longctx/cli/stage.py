@@ -87,7 +87,7 @@ def args(
     words = argv(rp, st)
     report = preflight_plan(rp, device_facts(rp, profile), stages=[st.name])
     if json_out:
-        print_json({"argv": words, "preflight": report.to_dict()})
+        print_json({"argv": words, "preflight": report.to_json()})
     else:
         sys.stdout.write("\n".join(render_lines(rp, st)) + "\n")
         sys.stdout.flush()
@@ -183,7 +183,7 @@ def _state_json(
 
 def _sweep_notes(rp: ResolvedPlan, sweeps: dict[str, dict[str, Any]]) -> list[str]:
     """Each swept stage: its RoPE base and why, the cost, and every branch's progress and evidence."""
-    from longctx.plan.sweep import describe
+    from longctx.plan.rope_sweep import describe
 
     notes = []
     for name, info in sweeps.items():
@@ -216,7 +216,7 @@ def status(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
     jumped far above its value before (a restart from the wrong save). --json has the detail."""
     from longctx.stage.pace import stage_pace
     from longctx.stage.state import next_step, plan_state
-    from longctx.stage.sweep import sweep_status
+    from longctx.stage.sweep_choice import sweep_status
 
     rp = resolved_plan(plan, run_dir)
     states = plan_state(rp)
@@ -247,7 +247,7 @@ def _lock_json(rp: ResolvedPlan) -> dict[str, Any] | None:
     holder = read_holder(rp.run_dir)
     if holder is None:
         return None
-    return {**holder.as_dict(), "describe": holder.describe(), "stale": stale_reason(holder)}
+    return {**holder.to_json(), "describe": holder.describe(), "stale": stale_reason(holder)}
 
 
 @app.command("curves")
@@ -292,7 +292,7 @@ def curves(
         png = plot_curves(result, png_path)
         console.print(f"wrote {png}")
     if json_out:
-        print_json({"ok": True, "png": str(png), **result.to_dict()})
+        print_json({"ok": True, "png": str(png), **result.to_json()})
 
 
 def _curves_out(rp: ResolvedPlan, out: Path | None, force: bool) -> Path:

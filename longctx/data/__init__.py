@@ -14,6 +14,7 @@ Public API::
 
 from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend, read_data_args
 from longctx.data.check import DataReport, PrefixReport, check_datasets
+from longctx.data.doc_lengths import LengthCoverage, LengthStats, length_stats
 from longctx.data.fingerprint import fingerprint_dataset
 from longctx.data.indexed import (
     DTYPE_CODES,
@@ -27,7 +28,6 @@ from longctx.data.indexed import (
 )
 from longctx.data.scan import ScanParams, ScanResult, scan_datasets
 from longctx.data.sidecar import DatasetSidecar, read_sidecar, sidecar_path, write_sidecar
-from longctx.data.stats import LengthCoverage, LengthStats, length_stats
 from longctx.data.tokenize import tokenize_jsonl
 
 __all__ = [

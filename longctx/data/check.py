@@ -19,6 +19,7 @@ from typing import Any, overload
 import numpy as np
 
 from longctx.data.blend import Blend, BlendEntry, blend_from_prefixes, parse_blend
+from longctx.data.doc_lengths import LengthStats, checked_lengths, label, length_stats
 from longctx.data.indexed import (
     IndexInfo,
     dtype_holds_vocab,
@@ -28,7 +29,6 @@ from longctx.data.indexed import (
 )
 from longctx.data.scan import BLOCK_BYTES, ScanParams, ScanResult, scan_datasets
 from longctx.data.sidecar import DatasetSidecar, read_sidecar, sidecar_path
-from longctx.data.stats import LengthStats, checked_lengths, label, length_stats
 from longctx.errors import DatasetError, TokenizerError
 from longctx.report import Findings
 from longctx.tokenizer import EncodingFingerprint, LoadedTokenizer, encoding_differences, load_tokenizer

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.data.artifact.check import ArtifactReport, check_artifact
-from longctx.data.artifact.layout import looks_like_artifact
+from longctx.data.artifact.chunk_layout import looks_like_artifact
 from longctx.data.blend import read_data_args
 from longctx.data.check import DataReport, check_datasets
 from longctx.errors import DatasetError

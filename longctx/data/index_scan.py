@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from longctx.data.doc_lengths import LengthStats, length_stats
 from longctx.data.indexed import (
     DTYPE_CODES,
     HEADER_BYTES,
@@ -32,7 +33,6 @@ from longctx.data.indexed import (
     validate_index,
 )
 from longctx.data.scan import ScanParams
-from longctx.data.stats import LengthStats, length_stats
 from longctx.errors import DatasetError
 from longctx.report import Findings
 from longctx.util.progress import progress_bar

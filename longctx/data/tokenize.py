@@ -94,7 +94,7 @@ def _encode_batch_safe(
     try:
         return _encode_batch(batch)
     except LongctxError as err:
-        return err.to_dict()
+        return err.to_json()
 
 
 def _sentences(raw: bytes, key: str, source: str, lineno: int) -> list[str]:

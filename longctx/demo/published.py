@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from longctx.arch import ModelArch
 from longctx.checkpoint import adopt, inspect_checkpoint
-from longctx.checkpoint.layout import TRACKER
+from longctx.checkpoint.save_layout import TRACKER
 from longctx.errors import CheckpointError, TokenizerError
 from longctx.tokenizer import load_manifest, verify_tokenizer
 from longctx.util.confined_read import read_text

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.layout import TRACKER
+from longctx.checkpoint.save_layout import TRACKER
 from longctx.data.check import check_datasets
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.demo.corpus import documents, write_jsonl
@@ -44,7 +44,7 @@ from longctx.stage import ledger
 from longctx.stage.ledger_events import Launch
 from longctx.stage.run import LaunchOutcome
 from longctx.stage.state import NextStep, plan_state, stage_state
-from longctx.stage.sweep import record_choice
+from longctx.stage.sweep_choice import record_choice
 from longctx.stage.until_done import UntilDone, run_until_done
 from longctx.tokenizer import (
     fingerprint,

@@ -36,7 +36,7 @@ import torch
 
 from longctx.arch import ModelArch
 from longctx.checkpoint.inspect import inspect_checkpoint
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.data.tokenize import tokenize_jsonl
 from longctx.demo.adapt import adapt_ar_to_diffusion
 from longctx.demo.corpus import documents, write_jsonl

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.errors import StageError
 from longctx.launch.local import LocalLauncher
 from longctx.launch.stop import raise_if_requested

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from longctx.errors import EvalError
+from longctx.eval.accuracy import paired_delta_interval
 from longctx.eval.data import HeldOut
 from longctx.eval.grid import PasskeyGrid, PasskeyItem, check_depths
 from longctx.eval.infill import context_elbo, elbo_contexts, model_infiller, score_infill
@@ -34,7 +35,7 @@ from longctx.eval.loss_position import (
 )
 from longctx.eval.plots import plot_elbo_by_context, plot_loss_by_position, plot_niah
 from longctx.eval.progress import Cell, EvalProgress, length_cells, short_cell, silent
-from longctx.eval.render import markdown_table
+from longctx.eval.report_tables import markdown_table
 from longctx.eval.results import (
     METHOD_TEXT,
     CheckpointEval,
@@ -45,7 +46,6 @@ from longctx.eval.results import (
 from longctx.eval.score import ScoreFn, forwards_needed, model_scorer, score_passkey
 from longctx.eval.settings import EvalSettings
 from longctx.eval.short_context import ShortLoss, short_context_loss
-from longctx.eval.stats import paired_delta_interval
 from longctx.eval.task_results import TaskResult
 from longctx.eval.task_run import TaskItems, run_causal_tasks, run_infill_tasks, task_items
 from longctx.eval.unmask import InfillFn

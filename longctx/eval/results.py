@@ -8,11 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
-from longctx.eval.loss_position import PackedLoss, PositionLoss
-from longctx.eval.score import ItemScore
-from longctx.eval.settings import EvalSettings
-from longctx.eval.short_context import ShortLoss
-from longctx.eval.stats import (
+from longctx.eval.accuracy import (
     EFFECTIVE_THRESHOLD,
     chance_greedy,
     chance_loglik,
@@ -23,6 +19,10 @@ from longctx.eval.stats import (
     spans,
     wilson_interval,
 )
+from longctx.eval.loss_position import PackedLoss, PositionLoss
+from longctx.eval.score import ItemScore
+from longctx.eval.settings import EvalSettings
+from longctx.eval.short_context import ShortLoss
 from longctx.eval.task_results import TaskResult
 from longctx.plan.eval_tasks import parse_task
 
@@ -282,7 +282,7 @@ class CheckpointEval(BaseModel):
     @property
     def every_depth_effective_length(self) -> int | None:
         """The single needle's every-depth effective length: the longest evaluated length up to which
-        greedy exact match stays ≥ EFFECTIVE_THRESHOLD at every depth (longctx.eval.stats). Stricter than
+        greedy exact match stays ≥ EFFECTIVE_THRESHOLD at every depth (longctx.eval.accuracy). Stricter than
         the per-task lengths of `task_summary` (RULER's and the relative rule, over all depths at once),
         so it has its own name wherever it is shown."""
         return effective_length(
@@ -315,7 +315,7 @@ class EvalReport(BaseModel):
     @property
     def task_summary(self) -> list[TaskSummary]:
         """Per task (settings order), per checkpoint with results: the score at each length and the
-        effective lengths by RULER's and NoLiMa's rules (longctx.eval.stats)."""
+        effective lengths by RULER's and NoLiMa's rules (longctx.eval.accuracy)."""
         return [
             task_summary(ce, t, self.settings)
             for t in self.settings.tasks

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.errors import EvalError
 from longctx.eval.data import heldout_for_stage
 from longctx.eval.engine import (
@@ -38,7 +38,7 @@ from longctx.eval.engine import (
     write_outputs,
 )
 from longctx.eval.load import checkpoint_info
-from longctx.eval.render import markdown_table, print_report, print_tables
+from longctx.eval.report_tables import markdown_table, print_report, print_tables
 from longctx.eval.results import EvalReport
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import is_main_process

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, computed_field
 
-from longctx.eval.stats import wilson_interval
+from longctx.eval.accuracy import wilson_interval
 from longctx.eval.task_score import TaskItemScore
 
 

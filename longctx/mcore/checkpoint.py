@@ -26,7 +26,7 @@ from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadSt
 from megatron.core.dist_checkpointing.validation import StrictHandling
 from megatron.core.transformer.module import MegatronModule
 
-from longctx.checkpoint.layout import TRACKER, iter_dir_name
+from longctx.checkpoint.save_layout import TRACKER, iter_dir_name
 from longctx.checkpoint.unpickle import safe_torch_load
 from longctx.errors import CheckpointError
 from longctx.util.fs import atomic_write_text

@@ -23,7 +23,7 @@ from longctx.plan import memory, paths
 from longctx.plan.entry import check_entry_script, check_family_args
 from longctx.plan.flags import check_user_flags
 from longctx.plan.load import load_plan
-from longctx.plan.objective import (
+from longctx.plan.objective_check import (
     check_against_base,
     check_schedule,
     check_vocab_rows,
@@ -31,9 +31,9 @@ from longctx.plan.objective import (
     vocab_rows,
 )
 from longctx.plan.rehearsal_mark import refuse_rehearsal_dir
+from longctx.plan.rope_sweep import SWEEP_DIR, ResolvedSweep, resolve_sweep
 from longctx.plan.schema import ClusterSpec, EvalSpec, LocalSpec, LRSpec, Plan, StageDefaults, StageSpec
 from longctx.plan.slurm import PlanSlurm, parse_plan_slurm
-from longctx.plan.sweep import SWEEP_DIR, ResolvedSweep, resolve_sweep
 from longctx.plan.values import (
     BaseValues,
     MegatronValues,
@@ -108,7 +108,7 @@ class ResolvedStage:
     wandb: WandbSettings | None = None  # the stage's W&B run (None: no [wandb])
     output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
     rope_scaling: RopeScaling | None = None  # YaRN on top of rotary_base (Megatron-LM ≥ 0.19 only)
-    # a RoPE sweep (`longctx.plan.sweep`): its candidates and choice, and one branch stage per candidate
+    # a RoPE sweep (`longctx.plan.rope_sweep`): its candidates and choice, and one branch stage per candidate
     sweep: ResolvedSweep | None = None
     branches: tuple[ResolvedStage, ...] = ()
     branch_of: str | None = None  # a branch: the stage it sweeps for

@@ -57,7 +57,7 @@ MAX_SWEEP_CANDIDATES = 12
 class RopeSpec(_Strict):
     """Exactly one of: an explicit integer base, a method of `longctx.rope` with its parameters, or a
     sweep — short branches at each candidate base, the stage then runs with the base their evaluation
-    chose (`longctx.plan.sweep`)."""
+    chose (`longctx.plan.rope_sweep`)."""
 
     base: RotaryBase | None = None
     """An explicit integer rotary base (--rotary-base) for the stage."""
@@ -151,7 +151,7 @@ class LRSpec(_Strict):
 
 
 class TierMix(_Strict):
-    """Stage data drawn from length tiers of a tokenized artifact (see `longctx.data.artifact.layout`)."""
+    """Stage data drawn from length tiers of a tokenized artifact (see `longctx.data.artifact.chunk_layout`)."""
 
     artifact: str
     """The tokenized artifact's directory (a path, like the plan's others)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.data.artifact.check import ArtifactReport, check_artifact
-from longctx.data.artifact.layout import Artifact, open_artifact
+from longctx.data.artifact.chunk_layout import Artifact, open_artifact
 from longctx.data.artifact.tiers import (
     DATA_ARGS_FILE,
     DATA_ARGS_INFO,

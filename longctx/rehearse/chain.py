@@ -13,12 +13,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from longctx.checkpoint.layout import TRACKER
+from longctx.checkpoint.save_layout import TRACKER
 from longctx.errors import StageError
 from longctx.plan.derive import ResolvedPlan, open_plan
 from longctx.stage.run import LaunchOutcome
 from longctx.stage.state import NextStep, stage_state
-from longctx.stage.sweep import record_choice
+from longctx.stage.sweep_choice import record_choice
 from longctx.stage.until_done import run_until_done
 
 Echo = Callable[[str], None]

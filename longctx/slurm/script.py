@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from longctx.checkpoint.layout import iter_dir_name
+from longctx.checkpoint.save_layout import iter_dir_name
 from longctx.errors import SlurmError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.eval_memory import BATCHES, eval_cp

@@ -16,7 +16,7 @@ import math
 import re
 from pathlib import Path
 
-from longctx.checkpoint.layout import iter_dir_name
+from longctx.checkpoint.save_layout import iter_dir_name
 from longctx.errors import LongctxError
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.slurm import commands

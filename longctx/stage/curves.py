@@ -106,7 +106,7 @@ class PlanCurves:
     def readable(self) -> bool:
         return any(s.loss for s in self.stages)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 

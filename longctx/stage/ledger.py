@@ -68,12 +68,12 @@ class Binding:
     # before it was bound lack the key and are not compared on it)
     rope_scaling: dict[str, Any] | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "identity": CONTENT_IDENTITY}
 
     def record(self) -> RecordedBinding:
         """The binding as a launch record holds it."""
-        return RecordedBinding.model_validate(self.as_dict())
+        return RecordedBinding.model_validate(self.to_json())
 
 
 def ledger_path(run_dir: Path) -> Path:
@@ -193,7 +193,7 @@ def binding_conflicts(recorded: RecordedBinding | None, current: Binding) -> dic
     hold is not compared: it was bound after the record was written)."""
     if recorded is None:
         return {}
-    cur = current.as_dict()
+    cur = current.to_json()
     if recorded.identity != CONTENT_IDENTITY:
         recorded, cur = _legacy_view(recorded, current)
     old = {k: getattr(recorded, k) for k in BINDING_FIELDS if k in recorded.model_fields_set}
@@ -207,7 +207,7 @@ def _legacy_view(recorded: RecordedBinding, current: Binding) -> tuple[RecordedB
     base = recorded.base_identity
     if base is not None and "@" in base:
         recorded = recorded.model_copy(update={"base_identity": base.rsplit("@", 1)[1]})
-    return recorded, current.as_dict()
+    return recorded, current.to_json()
 
 
 def _old_data_digest(recorded: RecordedBinding | None) -> bool:

@@ -20,7 +20,7 @@ class _Record(BaseModel):
 
 
 class RecordedBinding(_Record):
-    """What a launch bound its stage to (`ledger.Binding.as_dict`); which keys a record holds matters:
+    """What a launch bound its stage to (`ledger.Binding.to_json`); which keys a record holds matters:
     a record written before a field was bound is not compared on it (`model_fields_set`)."""
 
     tokenizer_md5: str | None = None

@@ -41,9 +41,12 @@ class Holder:
     def describe(self) -> str:
         """One line for people; the fields come from a file, so their control characters are escaped."""
         job = f", Slurm job {one_line(self.job_id)}" if self.job_id else ""
-        return f"pid {self.pid} on {one_line(self.host)}{job}, since {one_line(self.since)}, stage {one_line(self.stage)}"
+        return (
+            f"pid {self.pid} on {one_line(self.host)}{job}, since {one_line(self.since)}, "
+            f"stage {one_line(self.stage)}"
+        )
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -128,7 +131,7 @@ def _create(path: Path, me: Holder) -> bool:
     except FileExistsError:
         return False
     try:
-        os.write(fd, json.dumps(me.as_dict(), sort_keys=True).encode())
+        os.write(fd, json.dumps(me.to_json(), sort_keys=True).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -150,7 +153,7 @@ def run_lock(run_dir: Path, stage: str) -> Iterator[dict[str, Any] | None]:
         if holder is not None and reason is None:
             raise _held(path, holder)
         if holder is not None:
-            replaced = {**holder.as_dict(), "stale": reason}
+            replaced = {**holder.to_json(), "stale": reason}
             path.unlink(missing_ok=True)
         if not _create(path, me):  # another launcher replaced it first
             taken = read_holder(run_dir)

@@ -24,8 +24,8 @@ from longctx.megatron_versions import (
 )
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.entry import UPSTREAM_SCRIPT, family_values, render_family_args, trains_objective
+from longctx.plan.rope_sweep import require_chosen
 from longctx.plan.stage_artifact import stage_blend_file
-from longctx.plan.sweep import require_chosen
 from longctx.rope.megatron import check_conflicting_flags, rope_flags
 from longctx.stage.checkout import require_checkout_version
 from longctx.tokenizer.encoding import version_flags

@@ -108,7 +108,7 @@ class DeviceFacts:
             else "CUDA_DEVICE_MAX_CONNECTIONS unset",
         ]
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "gpu_arch": None if self.gpu_arch is None else ".".join(map(str, self.gpu_arch)),
@@ -187,12 +187,12 @@ class PreflightReport:
     def failures(self) -> list[StageReport]:
         return [s for s in self.stages if not s.ok]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "script": self.script,
             "seconds": round(self.seconds, 2),
-            "facts": self.facts.as_dict(),
+            "facts": self.facts.to_json(),
             "stood_in": list(self.stood_in),
             "error": self.error,
             "stages": [

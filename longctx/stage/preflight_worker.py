@@ -275,8 +275,12 @@ def _capture_entry(script: Path, argv: list[str]) -> dict[str, Any]:
         got["entry_style"] = "parse_and_validate_args"
         raise _Captured
 
-    patched = [(mt, "pretrain", recorder), (mtt, "pretrain", recorder),
-               (mta, "parse_and_validate_args", parse_recorder), (mt, "parse_and_validate_args", parse_recorder)]  # fmt: skip
+    patched = [
+        (mt, "pretrain", recorder),
+        (mtt, "pretrain", recorder),
+        (mta, "parse_and_validate_args", parse_recorder),
+        (mt, "parse_and_validate_args", parse_recorder),
+    ]
     missing = object()
     saved = [(mod, name, getattr(mod, name, missing)) for mod, name, _ in patched]
     for mod, name, fn in patched:

@@ -27,15 +27,21 @@ from pathlib import Path
 from typing import Literal
 
 from longctx.checkpoint.inspect import inspect_checkpoint
-from longctx.checkpoint.layout import TRACKER, complete_iterations, iter_dir_name, partial_saves, read_tracker
+from longctx.checkpoint.save_layout import (
+    TRACKER,
+    complete_iterations,
+    iter_dir_name,
+    partial_saves,
+    read_tracker,
+)
 from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.errors import CheckpointError, LongctxError, StageError
 from longctx.launch.local import Launcher
 from longctx.launch.stop import signals_received
 from longctx.plan.derive import ResolvedPlan, ResolvedStage, scaling_summary
 from longctx.plan.entry import UPSTREAM_SCRIPT
+from longctx.plan.rope_sweep import require_chosen
 from longctx.plan.stage_data import require_startable, stage_blend
-from longctx.plan.sweep import require_chosen
 from longctx.report import Findings
 from longctx.stage import ledger
 from longctx.stage.ledger_events import End, Launch

@@ -19,12 +19,12 @@ from longctx.errors import StageError
 from longctx.launch.local import Launcher
 from longctx.launch.stop import requested
 from longctx.plan.derive import ResolvedPlan
-from longctx.plan.sweep import SweepChoice
-from longctx.plan.sweep import describe as describe_sweep
+from longctx.plan.rope_sweep import SweepChoice
+from longctx.plan.rope_sweep import describe as describe_sweep
 from longctx.stage.preflight import DeviceFacts, PreflightReport
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan, execute, launch_plan
 from longctx.stage.state import NextStep, branch_step, stage_state
-from longctx.stage.sweep import record_choice
+from longctx.stage.sweep_choice import record_choice
 from longctx.stage.until_done import (
     Resolve,
     UntilDone,

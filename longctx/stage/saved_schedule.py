@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from longctx.checkpoint.layout import read_tracker
 from longctx.checkpoint.metadata import args_dict, read_common_state
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.checkpoint.tree import DirTree
 from longctx.errors import LongctxError
 

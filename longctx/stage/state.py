@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from longctx.checkpoint.layout import (
+from longctx.checkpoint.save_layout import (
     TRACKER,
     complete_iterations,
     iter_dir_name,

@@ -27,7 +27,7 @@ from megatron.core import parallel_state as ps
 from torch.distributed.checkpoint.api import CheckpointException
 
 from longctx.attention.megatron_adapter import document_params
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.diffusion.loss import mdm_token_loss, udm_token_loss
 from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import common_strategy, load_common_state, save_checkpoint

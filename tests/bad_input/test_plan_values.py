@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from longctx.cli.main import app
 from longctx.errors import PlanError
 from longctx.plan.derive import open_plan
-from longctx.plan.sweep import CHOICE_FILE, RULE
+from longctx.plan.rope_sweep import CHOICE_FILE, RULE
 from tests.bad_input.harness import refused
 from tests.fixtures.eval import EvalRun
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.arch import ModelArch
-from longctx.bench.memory import GPU_FIT, QUICK, TOLERANCE, predict
+from longctx.bench.memory_check import GPU_FIT, QUICK, TOLERANCE, predict
 from longctx.bench.steps import StepCase, measure_steps
 from longctx.cli.main import app
 from longctx.plan.memory import CPU_LOCAL_BF16, CPU_LOCAL_FP32, GPU_FUSED, GPU_LOCAL_BF16, activation_terms
@@ -83,7 +83,7 @@ def test_prediction_scales_as_the_case_does() -> None:
 
 
 def test_gpu_local_model_against_peaks_measured_on_a_gpu() -> None:
-    # peaks measured on one H200 by `python -m longctx.bench.memory --cases gpu-fit`; the GPU description
+    # peaks measured on one H200 by `python -m longctx.bench.memory_check --cases gpu-fit`; the GPU description
     # must stay within the bench's tolerance of every one, and on the safe side (never below)
     data = json.loads((Path(__file__).parents[1] / "plan" / "data" / "gpu_local_bf16_peaks.json").read_text())
     labels = {c.label for c in GPU_FIT}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from longctx.checkpoint import TrackerError, complete_iterations, read_tracker, resolve_checkpoint
-from longctx.checkpoint.layout import parse_tracker_text
+from longctx.checkpoint.save_layout import parse_tracker_text
 from tests.fixtures.checkpoint import CheckpointFixtures, copy_checkpoint
 
 

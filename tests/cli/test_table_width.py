@@ -12,7 +12,7 @@ from rich.console import Console
 from longctx.cli.demo import stages_table
 from longctx.cli.plan import memory_table, plan_table
 from longctx.eval.loss_position import PackedLoss, PositionLoss
-from longctx.eval.render import legend_lines, report_tables
+from longctx.eval.report_tables import legend_lines, report_tables
 from longctx.eval.results import CheckpointEval, EvalReport, LengthResult, PasskeyResult
 from longctx.eval.score import ItemScore
 from longctx.eval.settings import EvalSettings

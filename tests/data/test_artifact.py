@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
+from longctx.data.artifact.chunk_layout import open_artifact, parse_prefix_name
 from longctx.data.artifact.fetch import fetch_artifact, verify_artifact
-from longctx.data.artifact.layout import open_artifact, parse_prefix_name
 from longctx.data.blend import read_data_args
 from longctx.errors import DatasetError
 from tests.fixtures.artifact import (

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from longctx.cli.main import app
 from longctx.data.artifact.check import check_artifact
-from longctx.data.artifact.layout import open_artifact
+from longctx.data.artifact.chunk_layout import open_artifact
 from longctx.data.index_scan import read_index_only, scan_index
 from longctx.data.indexed import read_index
 from longctx.data.scan import ScanParams

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
-from longctx.data.artifact.layout import open_artifact
+from longctx.data.artifact.chunk_layout import open_artifact
 from longctx.data.artifact.tiers import blend_supply, tempered_weights, tier_blend, weight_text
 from longctx.data.blend import parse_blend, read_data_args
 from longctx.data.indexed import read_index

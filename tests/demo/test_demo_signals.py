@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from longctx.checkpoint.layout import TRACKER, read_tracker
+from longctx.checkpoint.save_layout import TRACKER, read_tracker
 from longctx.cli.main import app
 from longctx.demo.train_launch import train_to_target
 from longctx.errors import Interrupted, StageError

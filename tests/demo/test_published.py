@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from longctx.checkpoint.inspect import inspect_checkpoint
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.demo.corpus import documents
 from longctx.demo.published import (
     ARCHIVE,

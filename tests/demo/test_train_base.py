@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from longctx.checkpoint.inspect import inspect_checkpoint
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.demo.published import install_published, verify_published
 from longctx.demo.train_base import RECIPES, BaseRecipe, recipe_for, train_base
 from longctx.errors import StageError

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
+from longctx.eval.accuracy import effective_length, spans, wilson_interval
 from longctx.eval.loss_position import PositionLoss
 from longctx.eval.plots import plot_niah
-from longctx.eval.render import markdown_table
+from longctx.eval.report_tables import markdown_table
 from longctx.eval.results import CheckpointEval, EvalReport, LengthResult, PasskeyResult
 from longctx.eval.score import ItemScore
 from longctx.eval.settings import EvalSettings
-from longctx.eval.stats import effective_length, spans, wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,7 @@ def test_table_and_heatmap_mark_cells_at_chance(report: EvalReport, tmp_path) ->
 
 
 def test_paired_delta_interval_against_exact_cases() -> None:
-    from longctx.eval.stats import paired_delta_interval
+    from longctx.eval.accuracy import paired_delta_interval
 
     tokens = [10, 20, 30, 40]
     base = [12.0, 30.0, 33.0, 60.0]

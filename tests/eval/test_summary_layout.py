@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
-from longctx.eval.render import markdown_table, print_report
+from longctx.eval.report_tables import markdown_table, print_report
 from longctx.eval.results import CheckpointEval, EvalReport, LengthResult, PasskeyResult
 from longctx.eval.score import ItemScore
 from longctx.eval.settings import EvalSettings

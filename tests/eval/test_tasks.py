@@ -14,14 +14,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from longctx.eval.accuracy import relative_effective_length, ruler_effective_length
 from longctx.eval.grid import PasskeyGrid, needle_start, segment_tokens
 from longctx.eval.needles import TaskGrid, TaskItem, place_others
 from longctx.eval.plots import niah_figure, task_panel
-from longctx.eval.render import markdown_table, report_tables
+from longctx.eval.report_tables import markdown_table, report_tables
 from longctx.eval.results import CheckpointEval, EvalReport, LengthResult, PasskeyResult
 from longctx.eval.score import ItemScore, TokenScores
 from longctx.eval.settings import EvalSettings
-from longctx.eval.stats import relative_effective_length, ruler_effective_length
 from longctx.eval.task_infill import corrupted_positions, score_task_infill
 from longctx.eval.task_results import TaskResult
 from longctx.eval.task_score import TaskItemScore, greedy_answers, returned, score_tasks

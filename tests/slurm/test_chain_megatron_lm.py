@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.errors import SlurmError
 from longctx.plan.derive import resolve_plan

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from typer.testing import CliRunner
 
 from longctx.checkpoint import inspect_checkpoint, verify_checkpoint
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.cli.main import app
 from longctx.launch.local import LocalLauncher

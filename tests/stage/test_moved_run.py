@@ -75,7 +75,7 @@ def test_a_ledger_that_binds_the_data_by_the_old_digest_is_refused_until_forced(
     rp = resolve_plan(load_plan(plan))
     st = rp.stages[0]
     current = binding_for(rp, st)
-    old = current.as_dict()
+    old = current.to_json()
     del old["identity"]
     old["data_digest"] = "0123456789abcdef"  # what the path-hashing digest looked like
     old["base_identity"] = f"{st.load_from}@{current.base_identity}"

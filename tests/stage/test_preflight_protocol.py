@@ -63,7 +63,7 @@ def test_the_childs_reply_becomes_the_report(tmp_path: Path) -> None:
     assert stage.model_provider == "__main__.model_provider"
     failure = stage.failure
     assert failure is not None and "unrecognized arguments: --bogus-flag 7" in (failure.message or "")
-    assert report.to_dict()["stages"][0]["failure"]["name"] == "parse_args"
+    assert report.to_json()["stages"][0]["failure"]["name"] == "parse_args"
     with pytest.raises(PreflightError, match="refuses stage s1 at parse_args"):
         require_passed(report)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from longctx.checkpoint.layout import TRACKER, read_tracker
+from longctx.checkpoint.save_layout import TRACKER, read_tracker
 from longctx.cli.main import app
 from longctx.stage import ledger
 from tests.fixtures.run import write_plan

@@ -17,11 +17,11 @@ from longctx.cli.main import app
 from longctx.errors import PlanError, StageError
 from longctx.plan.derive import ResolvedPlan, resolve_plan
 from longctx.plan.load import load_plan
-from longctx.plan.sweep import CHOICE_FILE, RULE, SweepChoice
+from longctx.plan.rope_sweep import CHOICE_FILE, RULE, SweepChoice
 from longctx.stage.run import LaunchOutcome
 from longctx.stage.run_policy import sweep_until
 from longctx.stage.state import NextStep, branch_step, next_step, stage_state
-from longctx.stage.sweep import BranchEvidence, choose, record_choice, sweep_stage
+from longctx.stage.sweep_choice import BranchEvidence, choose, record_choice, sweep_stage
 from longctx.stage.until_done import run_until_done
 from longctx.util.fs import atomic_write_json
 from tests.fixtures.run import copy_base_save, write_plan
@@ -81,7 +81,7 @@ def _fake_choice(base: int):
                 candidates=st.sweep.bases,
                 branch_tokens=st.sweep.branch_tokens,
                 evidence=(),
-            ).as_dict(),
+            ).to_json(),
         )
         return True
 

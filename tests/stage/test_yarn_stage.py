@@ -261,13 +261,13 @@ def test_the_ledger_binds_the_scaling() -> None:
     scaling was bound is not compared on it."""
     yarn = {"type": "yarn", "factor": 4.0, "original_length": 16384}
     now = ledger.Binding("md5", "data", "base", 1_000_000, 65536, rope_scaling=yarn)
-    plain = ledger.Binding("md5", "data", "base", 1_000_000, 65536).as_dict()
+    plain = ledger.Binding("md5", "data", "base", 1_000_000, 65536).to_json()
     assert ledger.binding_conflicts(RecordedBinding.model_validate(plain), now) == {
         "rope_scaling": (None, yarn)
     }
     older = RecordedBinding.model_validate({k: v for k, v in plain.items() if k != "rope_scaling"})
     assert ledger.binding_conflicts(older, now) == {}
     assert (
-        ledger.binding_conflicts(RecordedBinding.model_validate(json.loads(json.dumps(now.as_dict()))), now)
+        ledger.binding_conflicts(RecordedBinding.model_validate(json.loads(json.dumps(now.to_json()))), now)
         == {}
     )

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from longctx.arch import ModelArch
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.cli.main import app
 from tests.fixtures.run import ARCH
 

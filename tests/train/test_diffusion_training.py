@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from longctx.checkpoint import inspect_checkpoint
-from longctx.checkpoint.layout import read_tracker
+from longctx.checkpoint.save_layout import read_tracker
 from longctx.cli.main import app
 from longctx.objective import Objective
 from longctx.plan.derive import resolve_plan

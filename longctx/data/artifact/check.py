@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from longctx.data.artifact.layout import (
+from longctx.data.artifact.chunk_layout import (
     Artifact,
     BuildInfo,
     Chunk,
@@ -32,10 +32,10 @@ from longctx.data.artifact.layout import (
 )
 from longctx.data.blend import blend_from_prefixes
 from longctx.data.check import TokenizerArg, check_datasets, resolve_tokenizer
+from longctx.data.doc_lengths import LengthStats, checked_lengths, label
 from longctx.data.index_scan import scan_indexes
 from longctx.data.indexed import dtype_holds_vocab, optimal_dtype
 from longctx.data.scan import ScanParams
-from longctx.data.stats import LengthStats, checked_lengths, label
 from longctx.report import Finding, Findings
 from longctx.tokenizer import LoadedTokenizer, TokenizerManifest, load_manifest
 from longctx.util.units import fmt_bytes

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from longctx.data.artifact.layout import (
+from longctx.data.artifact.chunk_layout import (
     DEFAULT_REPO_ID,
     MIX_FILES,
     STATE_DIR,

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from longctx.data.artifact.layout import DEFAULT_REPO_ID, Artifact, Chunk, TierBounds
+from longctx.data.artifact.chunk_layout import DEFAULT_REPO_ID, Artifact, Chunk, TierBounds
 from longctx.data.blend import Blend, BlendEntry
+from longctx.data.doc_lengths import label
 from longctx.data.index_scan import scan_indexes
-from longctx.data.stats import label
 from longctx.errors import DatasetError
 from longctx.report import Findings
 

@@ -6,7 +6,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from longctx.data.check import DataReport, PrefixReport
-from longctx.data.stats import LengthStats, label
+from longctx.data.doc_lengths import LengthStats, label
 
 
 def size_text(n: int) -> str:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from longctx.data.artifact.check import ArtifactReport, coverage_text
 from longctx.data.artifact.fetch import FetchResult
-from longctx.data.stats import label
+from longctx.data.doc_lengths import label
 from longctx.util.units import fmt_bytes
 
 

@@ -48,7 +48,7 @@ class _Record(BaseModel):
 
 
 class BranchRecord(_Record):
-    """One branch's evidence in `choice.json`, as `longctx.stage.sweep.BranchEvidence.as_dict` writes it:
+    """One branch's evidence in `choice.json`, as `longctx.stage.sweep_choice.BranchEvidence.to_json` writes it:
     the fields `plan show` and `stage status` read are typed; the others are kept as written."""
 
     model_config = ConfigDict(frozen=True, allow_inf_nan=False, extra="allow")
@@ -103,7 +103,7 @@ class SweepChoice:
     branch_tokens: int
     evidence: tuple[dict[str, Any], ...]
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {
             "candidates": list(self.candidates),
             "evidence": list(self.evidence),
@@ -151,7 +151,7 @@ class ResolvedSweep:
             "total_tokens": self.branch_tokens * len(self.candidates),
             "share_of_stage": self.branch_tokens * len(self.candidates) / self.stage_tokens,
             "rule": RULE,
-            "choice": self.chosen.as_dict() if self.chosen else None,
+            "choice": self.chosen.to_json() if self.chosen else None,
             "stale": self.stale,
             "record": str(self.choice_path),
         }

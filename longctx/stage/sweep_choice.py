@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from longctx.errors import StageError
+from longctx.eval.accuracy import wilson_interval
 from longctx.eval.data import heldout_for_stage
 from longctx.eval.engine import CheckpointRef, evaluate_checkpoints
 from longctx.eval.results import CheckpointEval
 from longctx.eval.runner import plan_settings
-from longctx.eval.stats import wilson_interval
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
+from longctx.plan.rope_sweep import RULE, SweepChoice
 from longctx.plan.stage_data import plan_tokenizer
-from longctx.plan.sweep import RULE, SweepChoice
 from longctx.stage import ledger
 from longctx.stage.ledger_events import RopeSweep
 from longctx.stage.lock import run_lock
@@ -63,7 +63,7 @@ class BranchEvidence:
         loss = self.far_loss if self.far_loss is not None and math.isfinite(self.far_loss) else math.inf
         return (-self.worst, -self.total, loss, self.base)
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         lo, hi = wilson_interval(self.worst, self.keys)
         n = self.keys * len(self.hits)
         return {
@@ -158,12 +158,18 @@ def choose(evidence: list[BranchEvidence]) -> tuple[int, str]:
     """The chosen base by the `worst-depth` rule, and the reason in one line."""
     ranked = sorted(evidence, key=BranchEvidence.rank_key)
     best = ranked[0]
-    why = f"{best.worst}/{best.keys} at its worst depth and {best.total}/{best.keys * len(best.hits)} overall at {best.length:,}"
+    why = (
+        f"{best.worst}/{best.keys} at its worst depth and {best.total}/{best.keys * len(best.hits)} overall "
+        f"at {best.length:,}"
+    )
     if len(ranked) > 1:
         second = ranked[1]
         if (best.worst, best.total) == (second.worst, second.total):
             if best.far_loss is not None and second.far_loss is not None and best.far_loss != second.far_loss:
-                why += f", tied with {second.base:,} on retrieval: lower far-end loss ({best.far_loss:.4f} vs {second.far_loss:.4f})"
+                why += (
+                    f", tied with {second.base:,} on retrieval: lower far-end loss "
+                    f"({best.far_loss:.4f} vs {second.far_loss:.4f})"
+                )
             else:
                 why += f", tied with {second.base:,}: the smaller base"
         else:
@@ -182,11 +188,11 @@ def record_choice(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> Sw
         reason=reason,
         candidates=st.sweep.bases,
         branch_tokens=st.sweep.branch_tokens,
-        evidence=tuple(e.as_dict() for e in evidence),
+        evidence=tuple(e.to_json() for e in evidence),
     )
     with run_lock(rp.run_dir, st.name):
-        atomic_write_json(st.sweep.choice_path, choice.as_dict())
-        ledger.append(rp.run_dir, RopeSweep.model_validate({"stage": st.name, **choice.as_dict()}))
+        atomic_write_json(st.sweep.choice_path, choice.to_json())
+        ledger.append(rp.run_dir, RopeSweep.model_validate({"stage": st.name, **choice.to_json()}))
     return choice
 
 
@@ -206,7 +212,7 @@ class SweepCost:
     def share(self) -> float:
         return self.total_tokens / self.stage_tokens
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"share": self.share}
 
 

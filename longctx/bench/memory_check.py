@@ -133,7 +133,7 @@ class MemoryReport:
     def worst(self) -> float:
         return max((abs(r.ratio - 1.0) for r in self.rows), default=0.0)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "device": self.device,
             "device_model": self.device_model,
@@ -198,10 +198,10 @@ def run_memory_bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m longctx.bench.memory --cases gpu --jsonl FILE`: each case measured and appended to FILE
+    """`python -m longctx.bench.memory_check --cases gpu --jsonl FILE`: each case measured and appended to FILE
     as one JSON line the moment it ends; a case that fails is a line with its error, and the next runs.
     Exits 1 when a case failed."""
-    p = argparse.ArgumentParser(prog="python -m longctx.bench.memory")
+    p = argparse.ArgumentParser(prog="python -m longctx.bench.memory_check")
     p.add_argument("--cases", choices=sorted(CASES), default="gpu")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
