@@ -28,7 +28,7 @@ from longctx.slurm.quote import sbatch_word
 from longctx.slurm.script import render
 from longctx.slurm.status import chain_status
 from longctx.stage import ledger
-from longctx.stage.ledger_events import End
+from longctx.stage.ledger_events import End, Launch
 from longctx.stage.state import next_step, plan_state
 from tests.fixtures.slurm import SAVE_INTERVAL, open_launch
 
@@ -158,14 +158,12 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
     for st in rp.stages:
         progressed = False
         for r in records:
-            if r.stage != st.name:
-                continue
-            if r.event == "launch":
+            if isinstance(r, Launch) and r.stage == st.name:
                 if progressed or r.start_iteration > 0:
                     assert r.action == "resume", r
                 else:
                     assert r.action == "first-launch", r
-            if r.event == "end" and r.end_iteration > 0:
+            if isinstance(r, End) and r.stage == st.name and r.end_iteration > 0:
                 progressed = True
 
     # steps lost at each interruption ≤ the save interval (iterations logged, then redone)
