@@ -17,10 +17,16 @@ from tests.fixtures.run import write_plan
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
-def test_small_demo_then_resume(tmp_path: Path) -> None:
+def test_small_demo_then_resume_then_eval_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = tmp_path / "demo"
     # eight steps in the interrupted stage: the SIGTERM after its first save lands well before the end
-    plan = write_plan(tmp_path / "plan.toml", run_dir, s2_tokens=8 * 2 * 256, s2_save=2)
+    plan = write_plan(
+        tmp_path / "plan.toml",
+        run_dir,
+        s2_tokens=8 * 2 * 256,
+        s2_save=2,
+        extra="\n[eval]\nkeys_per_cell = 3\n",
+    )
     lines: list[str] = []
     report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
 
@@ -49,27 +55,22 @@ def test_small_demo_then_resume(tmp_path: Path) -> None:
     assert ev is not None and Path(ev["report"]).exists()
     assert all(Path(p).stat().st_size > 1000 for p in ev["plots"].values())
     assert {row["checkpoint"] for row in ev["table"]} >= {"base", "s1", "s2"}
+    assert ev["settings"]["keys_per_cell"] == 3
+    demo_table = (run_dir / "eval" / "summary" / "summary.md").read_text()
 
     # a second run in the same directory resumes: nothing is rebuilt or retrained
     again = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
     skipped = {s.step: s.skipped for s in again.steps}
     assert skipped["tokenizer"] and skipped["corpus"] and skipped["data"] and skipped["base model"]
     assert [r["launches"] for r in again.stages] == [r["launches"] for r in report.stages]
+    _eval_summary_reuses_the_demos_results(plan, run_dir, ev, demo_table, monkeypatch)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
-def test_eval_summary_after_the_small_demo_prints_the_demos_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _eval_summary_reuses_the_demos_results(
+    plan: Path, run_dir: Path, ev: dict, demo_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The demo evaluates with its plan's [eval]; `eval summary PLAN` afterwards measures the same, so it
     loads no model (every result from the demo's cache) and prints the demo's table."""
-    run_dir = tmp_path / "demo"
-    plan = write_plan(tmp_path / "plan.toml", run_dir, extra="\n[eval]\nkeys_per_cell = 3\n")
-    report = run_demo(run_dir, DemoConfig.small(plan), echo=[].append)
-    ev = report.evaluation
-    assert ev is not None and ev["settings"]["keys_per_cell"] == 3
-    demo_table = (run_dir / "eval" / "summary" / "summary.md").read_text()
 
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("eval summary loaded a model: the demo's results were not re-used")
