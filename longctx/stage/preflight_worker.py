@@ -354,23 +354,57 @@ def _tiny(args: argparse.Namespace) -> argparse.Namespace:
     t = copy.copy(args)
     kv = int(args.kv_channels)
     over = {
-        "num_layers": 1, "encoder_num_layers": 1, "decoder_num_layers": None, "num_attention_heads": 1,
-        "num_query_groups": 1, "group_query_attention": False, "hidden_size": kv, "ffn_hidden_size": 16,
-        "padded_vocab_size": 64, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-        "context_parallel_size": 1, "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1,
-        "virtual_pipeline_model_parallel_size": None, "sequence_parallel": False, "world_size": 1,
-        "data_parallel_size": 1, "num_experts": None, "moe_layer_freq": 1, "mtp_num_layers": None,
-        "use_cpu_initialization": True, "bf16": False, "fp16": False, "params_dtype": torch.float32,
-        "transformer_impl": "local", "apply_rope_fusion": False, "bias_swiglu_fusion": False,
-        "bias_gelu_fusion": False, "bias_dropout_fusion": False, "masked_softmax_fusion": False,
-        "gradient_accumulation_fusion": False, "no_persist_layer_norm": True, "cross_entropy_loss_fusion": False,
-        "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
-        "distribute_saved_activations": False, "fp8": None, "fp4": None, "record_memory_history": False,
-        "pipeline_model_parallel_layout": None, "account_for_embedding_in_pipeline_split": False,
-        "account_for_loss_in_pipeline_split": False, "num_layers_in_first_pipeline_stage": None,
-        "num_layers_in_last_pipeline_stage": None, "decoder_first_pipeline_num_layers": None,
-        "decoder_last_pipeline_num_layers": None, "enable_cuda_graph": False, "attention_backend": None,
-    }  # fmt: skip
+        "num_layers": 1,
+        "encoder_num_layers": 1,
+        "decoder_num_layers": None,
+        "num_attention_heads": 1,
+        "num_query_groups": 1,
+        "group_query_attention": False,
+        "hidden_size": kv,
+        "ffn_hidden_size": 16,
+        "padded_vocab_size": 64,
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1,
+        "expert_model_parallel_size": 1,
+        "expert_tensor_parallel_size": 1,
+        "virtual_pipeline_model_parallel_size": None,
+        "sequence_parallel": False,
+        "world_size": 1,
+        "data_parallel_size": 1,
+        "num_experts": None,
+        "moe_layer_freq": 1,
+        "mtp_num_layers": None,
+        "use_cpu_initialization": True,
+        "bf16": False,
+        "fp16": False,
+        "params_dtype": torch.float32,
+        "transformer_impl": "local",
+        "apply_rope_fusion": False,
+        "bias_swiglu_fusion": False,
+        "bias_gelu_fusion": False,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "gradient_accumulation_fusion": False,
+        "no_persist_layer_norm": True,
+        "cross_entropy_loss_fusion": False,
+        "recompute_granularity": None,
+        "recompute_method": None,
+        "recompute_num_layers": None,
+        "distribute_saved_activations": False,
+        "fp8": None,
+        "fp4": None,
+        "record_memory_history": False,
+        "pipeline_model_parallel_layout": None,
+        "account_for_embedding_in_pipeline_split": False,
+        "account_for_loss_in_pipeline_split": False,
+        "num_layers_in_first_pipeline_stage": None,
+        "num_layers_in_last_pipeline_stage": None,
+        "decoder_first_pipeline_num_layers": None,
+        "decoder_last_pipeline_num_layers": None,
+        "enable_cuda_graph": False,
+        "attention_backend": None,
+    }
     for k, v in over.items():
         if k == "attention_backend":
             from megatron.core.transformer.enums import AttnBackend
@@ -399,6 +433,31 @@ def _applied_base(inv: Any, dim: int) -> float:
     return math.exp(-math.log(float(inv[k])) * dim / (2 * k))
 
 
+def _check_positions(mod: Any, inv: Any, length: int, cls: str, info: dict[str, Any]) -> None:
+    """The angles the rotary module gives the stage's positions (what get_emb concatenates, before the CUDA
+    move): as many as the stage trains at, each position × inv_freq; a problem is written into `info`."""
+    import torch
+
+    freqs_of = getattr(mod, "get_freqs_non_repeated", None)
+    if callable(freqs_of):
+        freqs = freqs_of(length).detach().to("cpu", torch.float64).reshape(-1, len(inv))
+        info["positions"] = int(freqs.shape[0])
+        if freqs.shape[0] < length:
+            info["problem"] = (
+                f"{cls}'s rotary module gives {freqs.shape[0]} positions for a {length}-token stage"
+            )
+            return
+        err = float(
+            (freqs[length - 1] - (length - 1) * inv).abs().max() / ((length - 1) * float(inv[0]) or 1.0)
+        )
+        info["last_position_rel_error"] = err
+        if err > 1e-3:
+            info["problem"] = (
+                f"{cls}'s rotary angles at position {length - 1} differ from position × inv_freq "
+                f"(relative {err:.3g}): positions are rescaled"
+            )
+
+
 def _rotary_check(
     provider: Any, args: argparse.Namespace, rotary_base: float, seq_length: int
 ) -> dict[str, Any]:
@@ -417,8 +476,13 @@ def _rotary_check(
     if getattr(tiny, "rotary_percent", 1.0) < 1.0:
         dim = int(dim * tiny.rotary_percent)
     want = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    info: dict[str, Any] = {"model_class": cls, "provider": _provider_name(provider), "rotary_dim": dim,
-                            "expected_base": base, "seq_length": length}  # fmt: skip
+    info: dict[str, Any] = {
+        "model_class": cls,
+        "provider": _provider_name(provider),
+        "rotary_dim": dim,
+        "expected_base": base,
+        "seq_length": length,
+    }
     if not mods:
         info["problem"] = (
             f"the model the entry script builds ({cls}) has no rotary module (no inv_freq): "
@@ -457,26 +521,7 @@ def _rotary_check(
     if msl is not None and int(msl) < length:
         info["problem"] = f"{cls} is built for {msl} positions, the stage trains at {length}"
         return info
-    # the angles it gives the stage's positions (what get_emb concatenates, before the CUDA move)
-    freqs_of = getattr(mod, "get_freqs_non_repeated", None)
-    if callable(freqs_of):
-        freqs = freqs_of(length).detach().to("cpu", torch.float64).reshape(-1, len(inv))
-        info["positions"] = int(freqs.shape[0])
-        if freqs.shape[0] < length:
-            info["problem"] = (
-                f"{cls}'s rotary module gives {freqs.shape[0]} positions for a {length}-token stage"
-            )
-            return info
-        err = float(
-            (freqs[length - 1] - (length - 1) * inv).abs().max() / ((length - 1) * float(inv[0]) or 1.0)
-        )
-        info["last_position_rel_error"] = err
-        if err > 1e-3:
-            info["problem"] = (
-                f"{cls}'s rotary angles at position {length - 1} differ from position × inv_freq "
-                f"(relative {err:.3g}): positions are rescaled"
-            )
-            return info
+    _check_positions(mod, inv, length, cls, info)
     del model
     return info
 
@@ -487,9 +532,13 @@ def _rotary_check(
 def _stage(script: Path, job: StageRequest, facts: TargetFacts, stood_in: list[str]) -> StageResult:
     t0 = time.monotonic()
     out = StageResult(stage=job.stage)
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(job.world_size),
-           "LOCAL_WORLD_SIZE": str(job.gpus_per_node or 1),
-           "CUDA_DEVICE_MAX_CONNECTIONS": job.cuda_device_max_connections}  # fmt: skip
+    env = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(job.world_size),
+        "LOCAL_WORLD_SIZE": str(job.gpus_per_node or 1),
+        "CUDA_DEVICE_MAX_CONNECTIONS": job.cuda_device_max_connections,
+    }
     try:
         with _environ(env):
             _run_stage(_Stage(script, [str(w) for w in job.argv], job, facts, stood_in, out))
