@@ -100,12 +100,17 @@ class ModelArch(BaseModel):
     def megatron_flags(self) -> list[str]:
         """The architecture part of a Megatron-LM argv (defaults passed explicitly, for reproducibility)."""
         flags = [
-            "--num-layers", str(self.num_layers),
-            "--hidden-size", str(self.hidden_size),
-            "--ffn-hidden-size", str(self.ffn_hidden_size),
-            "--num-attention-heads", str(self.num_attention_heads),
-            "--kv-channels", str(self.head_dim),
-        ]  # fmt: skip
+            "--num-layers",
+            str(self.num_layers),
+            "--hidden-size",
+            str(self.hidden_size),
+            "--ffn-hidden-size",
+            str(self.ffn_hidden_size),
+            "--num-attention-heads",
+            str(self.num_attention_heads),
+            "--kv-channels",
+            str(self.head_dim),
+        ]
         if self.num_query_groups and self.num_query_groups != self.num_attention_heads:
             flags += ["--group-query-attention", "--num-query-groups", str(self.num_query_groups)]
         flags += ["--normalization", self.normalization, "--norm-epsilon", _num(self.norm_epsilon)]

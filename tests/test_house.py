@@ -6,9 +6,8 @@ Each rule's checker is also run on a planted violation, so a checker that finds 
 from __future__ import annotations
 
 import ast
-import io
-import re
-import tokenize
+import importlib.util
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
@@ -17,35 +16,16 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "longctx"
 CLI = PACKAGE / "cli"
 MAX_LINE = 120
-# a table worth its own layout has at least this many rows
-TABLE_ROWS = 3
-_SKIP = re.compile(r"#\s*fmt:\s*skip\b")
+# the one definition of a data table and of a misplaced marker: scripts/house-figures counts them with it
+_LOADER = SourceFileLoader("house_figures", str(REPO / "scripts" / "house-figures"))
+_FIGURES = importlib.util.module_from_spec(importlib.util.spec_from_loader("house_figures", _LOADER))
+_LOADER.exec_module(_FIGURES)
+misplaced_fmt_skips = _FIGURES.misplaced_fmt_skips
 
 
 def _python_files() -> list[Path]:
     files = [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
     return sorted(p for p in files if "__pycache__" not in p.parts)
-
-
-def _is_table(node: ast.stmt) -> bool:
-    value = getattr(node, "value", None)
-    if not isinstance(node, ast.Assign | ast.AnnAssign):
-        return False
-    if isinstance(value, ast.Dict):
-        return len(value.keys) >= TABLE_ROWS
-    return isinstance(value, ast.List | ast.Tuple | ast.Set) and len(value.elts) >= TABLE_ROWS
-
-
-def misplaced_fmt_skips(source: str) -> list[int]:
-    """Lines whose `# fmt: skip` comment sits on anything but a data table (an assignment of a list, tuple,
-    set or dict display of TABLE_ROWS or more rows)."""
-    tables = {n.end_lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt) and _is_table(n)}
-    comments = tokenize.generate_tokens(io.StringIO(source).readline)
-    return [
-        tok.start[0]
-        for tok in comments
-        if tok.type == tokenize.COMMENT and _SKIP.search(tok.string) and tok.start[0] not in tables
-    ]
 
 
 def unannotated_cli_parameters(source: str) -> list[str]:
@@ -137,6 +117,11 @@ TABLE = "ROWS = [\n    (1, 2),\n    (3, 4),\n    (5, 6),\n]  # fmt: skip\n"
         ("x = f(1,  2)  # fmt: skip\n", [1]),
         ("PAIR = [1, 2]  # fmt: skip\n", [1]),
         ("def f():\n    return {'a': 1, 'b': 2, 'c': 3}  # fmt: skip\n", [2]),
+        ("ENV = {'A': job.a, 'B': 1, 'C': 2}  # fmt: skip\n", [1]),
+        ("CMD = [f'--x={x}', '--y', '1']  # fmt: skip\n", [1]),
+        ("NEG = [(-1, 'a'), (2, 'b'), (3, None)]  # fmt: skip\n", []),
+        ("GROUPS = [(_DATA, ('--a',)), (_MODEL, ('--b',)), ('x', ())]  # fmt: skip\n", []),
+        ("ROWS = [(a, 1), (b, 2), (c, 3)]  # fmt: skip\n", [1]),
         ("x = 1  # a comment about fmt: skip, not a directive... still a marker  # fmt: skip\n", [1]),
         ("s = '# fmt: skip'\n", []),
     ],

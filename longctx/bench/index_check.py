@@ -107,10 +107,15 @@ def make_artifact(
         prefix = str(bin_dir / f"{name}_text_document")
         b, x = write_prefix(prefix, documents)
         entry = {
-            "name": name, "language": lang, "tier": tier, "docs": docs_per_prefix, "bin_bytes": b, "idx_bytes": x,
+            "name": name,
+            "language": lang,
+            "tier": tier,
+            "docs": docs_per_prefix,
+            "bin_bytes": b,
+            "idx_bytes": x,
             "bin_sha256": hashlib.sha256(Path(prefix + ".bin").read_bytes()).hexdigest(),
             "idx_sha256": hashlib.sha256(Path(prefix + ".idx").read_bytes()).hexdigest(),
-        }  # fmt: skip
+        }
         (chunk_dir / f"{name}.json").write_text(json.dumps(entry), encoding="utf-8")
         docs += docs_per_prefix
         bin_total += b

@@ -213,8 +213,12 @@ def main(argv: list[str] | None = None) -> int:
             record = {"ok": True, **row_dict(measure_case(case, ns.iterations, ns.threads))}
         except Exception as err:  # the case is a row with its cause; the others still run
             failed += 1
-            record = {"ok": False, "case": asdict(case), "error": f"{type(err).__name__}: {err}",
-                      "traceback": traceback.format_exc(limit=4)}  # fmt: skip
+            record = {
+                "ok": False,
+                "case": asdict(case),
+                "error": f"{type(err).__name__}: {err}",
+                "traceback": traceback.format_exc(limit=4),
+            }
         with open(ns.jsonl, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         print(

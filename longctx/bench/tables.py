@@ -43,10 +43,13 @@ def print_data_check(r: Any, con: Console, *, repeats: int, keep: bool) -> None:
     raw_detail = ", ".join(f"{b >> 10} KiB blocks: {v:.2f}" for b, v in r.raw_by_block.items())
     rows = [
         ("raw sequential read", f"{r.raw_gbps:.2f}", f"best of {repeats}; {raw_detail}"),
-        ("data check (full)", f"{r.check_gbps:.2f}",
-         f"{r.check_seconds:.3f} s; {r.workers} thread(s), {r.block_bytes >> 10} KiB blocks"),
+        (
+            "data check (full)",
+            f"{r.check_gbps:.2f}",
+            f"{r.check_seconds:.3f} s; {r.workers} thread(s), {r.block_bytes >> 10} KiB blocks",
+        ),
         ("token scan alone", f"{r.scan_gbps:.2f}", ""),
-    ]  # fmt: skip
+    ]
     title = f"data check vs raw read: {r.bin_bytes / 2**30:.2f} GiB int32, {r.documents:,} documents"
     con.print(_table(title, ("what", "GB/s", "detail"), rows, justify="left"))
     con.print(
@@ -63,9 +66,13 @@ def print_ckpt(r: Any, con: Console) -> None:
         f"{r.logical_bytes / 2**30:.1f} GiB logical ({r.disk_bytes / 2**20:.1f} MiB on disk)"
     )
     base = r.baseline_unpickle_s
-    timed = [("baseline: pickle.load(.metadata)", base), ("inspect (cold)", r.inspect_s),
-             ("verify after inspect", r.verify_s), ("inspect + verify", r.total_s),
-             ("verify alone (cold)", r.verify_cold_s)]  # fmt: skip
+    timed = [
+        ("baseline: pickle.load(.metadata)", base),
+        ("inspect (cold)", r.inspect_s),
+        ("verify after inspect", r.verify_s),
+        ("inspect + verify", r.total_s),
+        ("verify alone (cold)", r.verify_cold_s),
+    ]
     rows = [(name, f"{sec:.3f}", f"{sec / base:.2f}×" if base else "-") for name, sec in timed]
     con.print(_table(title, ("what", "seconds", "vs baseline"), rows, justify="left"))
     status = "[green]meets[/]" if r.total_s < 1.0 else "[yellow]misses[/]"
@@ -85,12 +92,20 @@ def print_index_check(r: Any, con: Console, *, lengths: str, keep: bool) -> None
         f"{r.bin_bytes / 2**20:.1f} MiB .bin, {r.idx_bytes / 2**20:.2f} MiB .idx"
     )
     rows = [
-        ("index-only check", f"{r.index_seconds:.3f}", f"{r.prefixes_per_second:,.0f} prefixes/s",
-         f"ok: {r.index_ok}; lengths {lengths}"),
-        ("raw sequential read", f"{r.bin_bytes / r.raw_gbps / 1e9:.3f}", f"{r.raw_gbps:.2f} GB/s",
-         "every .bin, open + read"),
+        (
+            "index-only check",
+            f"{r.index_seconds:.3f}",
+            f"{r.prefixes_per_second:,.0f} prefixes/s",
+            f"ok: {r.index_ok}; lengths {lengths}",
+        ),
+        (
+            "raw sequential read",
+            f"{r.bin_bytes / r.raw_gbps / 1e9:.3f}",
+            f"{r.raw_gbps:.2f} GB/s",
+            "every .bin, open + read",
+        ),
         ("full check", f"{r.full_seconds:.3f}", f"{r.full_gbps:.2f} GB/s", f"ok: {r.full_ok}"),
-    ]  # fmt: skip
+    ]
     if r.big:
         rows += [
             (

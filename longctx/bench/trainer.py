@@ -333,17 +333,32 @@ def build_base(rp: ResolvedPlan, root: Path, env: dict[str, str]) -> Path:
     tok = load_tokenizer(tok_dir)
     save = root / "base" / "checkpoints"
     spec = {  # longctx.train.spec.TrainSpec, with its defaults where they serve
-        "stage": "base", "arch": rp.arch.model_dump(), "seq_length": st.seq_length,
-        "max_position_embeddings": st.max_position_embeddings, "rotary_base": rp.base.rotary_base,
-        "padded_vocab_size": st.padded_vocab_size, "make_vocab_size_divisible_by": rp.make_vocab_size_divisible_by,
-        "tokenizer": {"path": str(tok_dir), "md5": tok.md5, "vocab_size": tok.vocab_size, "eod_id": tok.eod_id,
-                      "pad_id": tok.pad_id},
+        "stage": "base",
+        "arch": rp.arch.model_dump(),
+        "seq_length": st.seq_length,
+        "max_position_embeddings": st.max_position_embeddings,
+        "rotary_base": rp.base.rotary_base,
+        "padded_vocab_size": st.padded_vocab_size,
+        "make_vocab_size_divisible_by": rp.make_vocab_size_divisible_by,
+        "tokenizer": {
+            "path": str(tok_dir),
+            "md5": tok.md5,
+            "vocab_size": tok.vocab_size,
+            "eod_id": tok.eod_id,
+            "pad_id": tok.pad_id,
+        },
         "data": [[None, str(p)] for p in (st.data.prefixes or ())] if st.data else [],
-        "split": SPLIT, "data_cache_path": str(root / "base" / "cache"), "micro_batch_size": 1,
-        "global_batch_size": 1, "train_iters": 1,
-        "lr": {"lr": 1e-4, "min_lr": 1e-5, "decay_iters": 1}, "bf16": False,
-        "save": str(save), "save_interval": 1, "threads_per_process": int(env["OMP_NUM_THREADS"]),
-    }  # fmt: skip
+        "split": SPLIT,
+        "data_cache_path": str(root / "base" / "cache"),
+        "micro_batch_size": 1,
+        "global_batch_size": 1,
+        "train_iters": 1,
+        "lr": {"lr": 1e-4, "min_lr": 1e-5, "decay_iters": 1},
+        "bf16": False,
+        "save": str(save),
+        "save_interval": 1,
+        "threads_per_process": int(env["OMP_NUM_THREADS"]),
+    }
     spec_path = root / "base" / "train_spec.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")

@@ -234,11 +234,23 @@ def _fresh_dtype(factory: Callable[..., Any]) -> Callable[..., Any]:
 # ---- the allow-list ---------------------------------------------------------------------------------
 
 _BUILTINS = {
-    "set": _bounded(set), "frozenset": _bounded(frozenset), "complex": complex,
-    "bytearray": _bounded(bytearray), "slice": slice, "range": _safe_range, "object": object, "int": int,
-    "float": float, "str": str, "bool": bool, "list": _bounded(list), "dict": dict,
-    "tuple": _bounded(tuple), "bytes": _bounded(bytes), "getattr": _safe_getattr,
-}  # fmt: skip
+    "set": _bounded(set),
+    "frozenset": _bounded(frozenset),
+    "complex": complex,
+    "bytearray": _bounded(bytearray),
+    "slice": slice,
+    "range": _safe_range,
+    "object": object,
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": _bounded(list),
+    "dict": dict,
+    "tuple": _bounded(tuple),
+    "bytes": _bounded(bytes),
+    "getattr": _safe_getattr,
+}
 
 _DCP_NAMES = {
     "torch.distributed.checkpoint.metadata": (

@@ -30,8 +30,17 @@ app = typer.Typer(
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 MAX_SHARD_BYTES = 10**15  # beyond any file system's file
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -110,13 +119,19 @@ def hf(
         ("rope_theta / max positions", f"{report.rotary_base:,} / {report.max_position_embeddings:,}"),
         ("rope_type", _rope_type(report.rope_parameters)),
         ("vocabulary", f"{report.vocab_size:,} (checkpoint rows {report.padded_vocab_size:,})"),
-        ("weights", f"{report.parameters:,} parameters, {report.dtype}, {report.weight_bytes / 2**20:,.1f} MiB "
-                    f"in {report.shards} file(s)"),
-        ("tokenizer", f"{report.tokenizer.tokenizer_class}, md5 {report.tokenizer.md5}; "
-                      f"{report.tokenizer.samples_checked} texts encode as in Megatron"),
+        (
+            "weights",
+            f"{report.parameters:,} parameters, {report.dtype}, {report.weight_bytes / 2**20:,.1f} MiB "
+            f"in {report.shards} file(s)",
+        ),
+        (
+            "tokenizer",
+            f"{report.tokenizer.tokenizer_class}, md5 {report.tokenizer.md5}; "
+            f"{report.tokenizer.samples_checked} texts encode as in Megatron",
+        ),
         ("largest read", f"{report.largest_read_bytes / 2**20:,.1f} MiB"),
         ("time", f"{report.seconds:.1f} s"),
-    ]  # fmt: skip
+    ]
     for k, v in rows:
         table.add_row(k, escape(str(v)))
     console.print(table)

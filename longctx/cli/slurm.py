@@ -71,8 +71,14 @@ def _render(
     from longctx.slurm.script import render
 
     rp = resolved_plan(plan, run_dir)
-    overrides: dict[str, Any] = {"time": time, "signal": signal, "qos": qos, "partition": partition,
-                                 "account": account, "backend": backend}  # fmt: skip
+    overrides: dict[str, Any] = {
+        "time": time,
+        "signal": signal,
+        "qos": qos,
+        "partition": partition,
+        "account": account,
+        "backend": backend,
+    }
     try:
         cmd = shlex.split(longctx_cmd) if longctx_cmd else None
     except ValueError as err:

@@ -33,10 +33,18 @@ _TIME_KEYS = ("time_embed", "t_embedder", "adaLN", "adaln")
 
 # saved Megatron args that change the maths without changing any tensor shape: (name, is-fine test, why)
 _ARG_RULES: tuple[tuple[str, Any, str], ...] = (
-    ("position_embedding_type", lambda v: v in (None, "rope", "yarn"), "only RoPE (plain or YaRN) models are mapped"),
+    (
+        "position_embedding_type",
+        lambda v: v in (None, "rope", "yarn"),
+        "only RoPE (plain or YaRN) models are mapped",
+    ),
     ("rotary_interleaved", lambda v: not v, "interleaved RoPE pairs other dimensions than transformers"),
     ("use_rope_scaling", lambda v: not v, "Megatron's llama3 RoPE scaling is not exported"),
-    ("rotary_seq_len_interpolation_factor", lambda v: v in (None, 1, 1.0), "position interpolation is not exported"),
+    (
+        "rotary_seq_len_interpolation_factor",
+        lambda v: v in (None, 1, 1.0),
+        "position interpolation is not exported",
+    ),
     ("apply_layernorm_1p", lambda v: not v, "zero-centred norm weights (1 + w) are not exported"),
     ("layernorm_zero_centered_gamma", lambda v: not v, "zero-centred norm weights (1 + w) are not exported"),
     ("multi_latent_attention", lambda v: not v, "multi-latent attention has no Qwen3/Llama counterpart"),
@@ -45,7 +53,7 @@ _ARG_RULES: tuple[tuple[str, Any, str], ...] = (
     ("mtp_num_layers", lambda v: not v, "multi-token-prediction layers have no transformers counterpart"),
     ("window_size", lambda v: v is None, "sliding-window attention is not exported"),
     ("softmax_scale", lambda v: v is None, "a custom softmax scale differs from 1/sqrt(head_dim)"),
-)  # fmt: skip
+)
 
 
 def diffusion_reason(keys: Iterable[str], args: Mapping[str, Any]) -> str | None:

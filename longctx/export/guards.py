@@ -19,8 +19,19 @@ from longctx.tokenizer.encoding import encoding_differences
 
 # what torch and DCP raise on a shard whose bytes are not what the index says (EOFError included: left to
 # click, it becomes a bare "Aborted.")
-_DAMAGED = (RuntimeError, ValueError, EOFError, OSError, KeyError, IndexError, TypeError, AssertionError,
-            pickle.UnpicklingError, AttributeError, ImportError)  # fmt: skip
+_DAMAGED = (
+    RuntimeError,
+    ValueError,
+    EOFError,
+    OSError,
+    KeyError,
+    IndexError,
+    TypeError,
+    AssertionError,
+    pickle.UnpicklingError,
+    AttributeError,
+    ImportError,
+)
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -87,8 +87,11 @@ def _token(tok: LoadedTokenizer, idx: int | None) -> str | None:
 
 
 def _fast_config(tok: LoadedTokenizer, max_length: int) -> dict[str, Any]:
-    cfg: dict[str, Any] = {"tokenizer_class": FAST_CLASS, "clean_up_tokenization_spaces": False,
-                           "model_max_length": max_length}  # fmt: skip
+    cfg: dict[str, Any] = {
+        "tokenizer_class": FAST_CLASS,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
     for key, idx in (
         ("bos_token", tok.bos_id),
         ("eos_token", tok.eos_id),

@@ -82,13 +82,17 @@ def check_table(result: Any) -> Table:
         ("rotary dim", f"{dim}" + (f" (head dim {hd})" if hd else "")),
         ("length", f"{result.length:,}"),
         ("first failing position", fmt_pos(diag.first_failing_position, diag.search_cap)),
-        ("min cos-sum below length (at m)",
-         f"{diag.min_cos_sum:+.4f} ({diag.min_cos_sum_position:,}) of {diag.cos_sum_at_zero:g}"),
+        (
+            "min cos-sum below length (at m)",
+            f"{diag.min_cos_sum:+.4f} ({diag.min_cos_sum_position:,}) of {diag.cos_sum_at_zero:g}",
+        ),
         ("Men's bound, exact search", f"{diag.men_bound:,}"),
-        ("Men's bound, paper table / fit",
-         f"{fmt_base(diag.men_paper)} / {fmt_base(round(diag.men_fit)) if diag.men_fit else '–'}"),
+        (
+            "Men's bound, paper table / fit",
+            f"{fmt_base(diag.men_paper)} / {fmt_base(round(diag.men_fit)) if diag.men_fit else '–'}",
+        ),
         ("base / exact bound", f"{diag.margin:.2f}"),
-    ]  # fmt: skip
+    ]
     if diag.liu_d_extra is not None:
         rows += [
             ("Liu d_extra", str(diag.liu_d_extra)),

@@ -54,8 +54,14 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: LRSchedule) -> torch.
     decay, no_decay = [], []
     for p in params:
         (no_decay if p.dim() < 2 else decay).append(p)
-    tags = {"lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False, "default_config": True,
-            "max_lr": cfg.lr, "min_lr": cfg.min_lr}  # fmt: skip
+    tags = {
+        "lr_mult": 1.0,
+        "is_expert_parallel": False,
+        "is_decoupled_lr": False,
+        "default_config": True,
+        "max_lr": cfg.lr,
+        "min_lr": cfg.min_lr,
+    }
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay, "wd_mult": 1.0, **tags},
         {"params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0, **tags},

@@ -192,8 +192,14 @@ def _choice(**changes: object) -> dict:
         }
         for b in (100_000, 200_000)
     ]
-    doc = {"base": 200_000, "rule": RULE, "reason": "base 200,000: test", "candidates": [100_000, 200_000],
-           "branch_tokens": 2048, "evidence": evidence}  # fmt: skip
+    doc = {
+        "base": 200_000,
+        "rule": RULE,
+        "reason": "base 200,000: test",
+        "candidates": [100_000, 200_000],
+        "branch_tokens": 2048,
+        "evidence": evidence,
+    }
     doc.update(changes)
     return {k: v for k, v in doc.items() if v is not None}
 
@@ -277,6 +283,17 @@ def test_eval_settings_are_refused_by_plan_check_as_by_eval_run(
 
 def test_eval_options_are_held_to_the_same_rule(eval_run_copy: EvalRun, tmp_path: Path) -> None:
     run = eval_run_copy
-    args = ["eval", "run", run.stage("s1"), "--plan", run.plan, "--out", tmp_path / "out",
-            "--key-digits", "1", "--distractors", "30"]  # fmt: skip
+    args = [
+        "eval",
+        "run",
+        run.stage("s1"),
+        "--plan",
+        run.plan,
+        "--out",
+        tmp_path / "out",
+        "--key-digits",
+        "1",
+        "--distractors",
+        "30",
+    ]
     refused(args, [run.root, tmp_path], needle="fewer than the 31 distinct keys")

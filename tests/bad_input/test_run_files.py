@@ -215,17 +215,32 @@ def test_a_hard_linked_ledger_is_not_appended_to(fresh_run: Path, plan: Path, tm
 # -- numbers and types the readers do not expect -----------------------------------------------------------
 
 LEDGER_RECORDS = {
-    "5000-digit-integer": ('{"event": "end", "stage": "s1", "end_iteration": ' + "9" * 5000 + "}", "beyond 64 bits"),
-    "text-for-an-iteration": ('{"event": "end", "stage": "s1", "end_iteration": "abc"}', 'end_iteration is "abc"'),
-    "deep-nesting": ('{"event": "launch", "stage": "s1", "binding": ' + "[" * 40 + "]" * 40 + "}", "nested deeper"),
+    "5000-digit-integer": (
+        '{"event": "end", "stage": "s1", "end_iteration": ' + "9" * 5000 + "}",
+        "beyond 64 bits",
+    ),
+    "text-for-an-iteration": (
+        '{"event": "end", "stage": "s1", "end_iteration": "abc"}',
+        'end_iteration is "abc"',
+    ),
+    "deep-nesting": (
+        '{"event": "launch", "stage": "s1", "binding": ' + "[" * 40 + "]" * 40 + "}",
+        "nested deeper",
+    ),
     "1e400": ('{"event": "end", "stage": "s1", "seconds": 1e400}', "beyond a 64-bit float"),
     "binding-a-list": ('{"event": "launch", "stage": "s1", "binding": [1]}', "binding is [1]"),
     "pid-true": ('{"event": "launch", "stage": "s1", "pid": true}', "pid is true"),
-    "job-ids-not-a-list": ('{"event": "cancel", "slurm_job_ids": "123"}', 'slurm_job_ids is "123", not a list'),
-    "schedule-a-list": ('{"event": "launch", "stage": "s1", "binding": {"schedule": [1]}}', "binding.schedule is [1]"),
+    "job-ids-not-a-list": (
+        '{"event": "cancel", "slurm_job_ids": "123"}',
+        'slurm_job_ids is "123", not a list',
+    ),
+    "schedule-a-list": (
+        '{"event": "launch", "stage": "s1", "binding": {"schedule": [1]}}',
+        "binding.schedule is [1]",
+    ),
     "unknown-event": ('{"event": "teleport", "stage": "s1"}', 'event "teleport" is none longctx writes'),
     "no-event": ('{"stage": "s1", "end_iteration": 3}', "names no event"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(LEDGER_RECORDS))

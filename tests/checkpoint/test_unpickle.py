@@ -193,16 +193,24 @@ _DCP = "torch.distributed.checkpoint.metadata"
 _OPT = "megatron.core.optimizer.optimizer_config"  # a Megatron class: an inert stub
 _BUILD_ONTO = {
     # (None, {slots}) state: setattr(Namespace, "__getattribute__", getattr) breaks every later read
-    "Namespace-slots": (hp.glob("argparse", "Namespace"), "__getattribute__", True,
-                        "onto the class argparse.Namespace"),
-    "Namespace-dict": (hp.glob("argparse", "Namespace"), "seq_length", False, "onto the class argparse.Namespace"),
+    "Namespace-slots": (
+        hp.glob("argparse", "Namespace"),
+        "__getattribute__",
+        True,
+        "onto the class argparse.Namespace",
+    ),
+    "Namespace-dict": (
+        hp.glob("argparse", "Namespace"),
+        "seq_length",
+        False,
+        "onto the class argparse.Namespace",
+    ),
     "Metadata": (hp.glob(_DCP, "Metadata"), "__setstate__", True, f"onto the class {_DCP}.Metadata"),
     "Signals": (hp.glob("signal", "Signals"), "_missing_", True, "onto the class signal.Signals"),
     "SIGTERM-member": (hp.glob("signal", "SIGTERM"), "_value_", False, "onto an instance of signal.Signals"),
     "function": (hp.glob("_codecs", "encode"), "__defaults__", True, "onto the function"),
-    "stub-class": (hp.glob(_OPT, "OptimizerConfig"), "x", True,
-                   f"onto the class {_OPT}.OptimizerConfig"),
-}  # fmt: skip
+    "stub-class": (hp.glob(_OPT, "OptimizerConfig"), "x", True, f"onto the class {_OPT}.OptimizerConfig"),
+}
 
 
 @pytest.mark.parametrize("case", sorted(_BUILD_ONTO))

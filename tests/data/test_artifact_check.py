@@ -85,8 +85,18 @@ def test_artifact_passes_with_its_tokenizer(
 
 
 def test_cli_table_and_json(oellm_artifact: Path, oellm_like_hf_dir: Path, oellm_like_manifest: Path) -> None:
-    args = ["data", "check", str(oellm_artifact), "-t", str(oellm_like_hf_dir), "--tokenizer-manifest",
-            str(oellm_like_manifest), "--lengths", "512,2K", "--index-only"]  # fmt: skip
+    args = [
+        "data",
+        "check",
+        str(oellm_artifact),
+        "-t",
+        str(oellm_like_hf_dir),
+        "--tokenizer-manifest",
+        str(oellm_like_manifest),
+        "--lengths",
+        "512,2K",
+        "--index-only",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "data check (index-only): OK" in res.stdout and "16k_plus" in res.stdout and "≥ 2K" in res.stdout

@@ -191,10 +191,32 @@ def test_run_under_torchrun_with_context_parallelism(eval_run: EvalRun, tmp_path
     env = dict(os.environ, OMP_NUM_THREADS="1", LONGCTX_NO_PROGRESS="1", PYTHONWARNINGS="ignore")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    args = ["eval", "run", str(eval_run.stage("s2")), "--plan", str(eval_run.plan), "--lengths", "256", *FAST,
-            "--no-base", "--no-cache", "--json"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "longctx",
-           *args, "--out", str(tmp_path / "cp2")]  # fmt: skip
+    args = [
+        "eval",
+        "run",
+        str(eval_run.stage("s2")),
+        "--plan",
+        str(eval_run.plan),
+        "--lengths",
+        "256",
+        *FAST,
+        "--no-base",
+        "--no-cache",
+        "--json",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "longctx",
+        *args,
+        "--out",
+        str(tmp_path / "cp2"),
+    ]
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     cp2 = json.loads(proc.stdout)  # one JSON document: only rank 0 printed

@@ -35,9 +35,16 @@ def _hf(tmp_path: Path, rope: dict, length: int) -> tuple[torch.Tensor, float]:
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    cfg = {"model_type": "qwen3", "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
-           "head_dim": HEAD_DIM, "max_position_embeddings": length, "rope_parameters": rope,
-           "rope_theta": rope["rope_theta"]}  # fmt: skip
+    cfg = {
+        "model_type": "qwen3",
+        "hidden_size": 256,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": HEAD_DIM,
+        "max_position_embeddings": length,
+        "rope_parameters": rope,
+        "rope_theta": rope["rope_theta"],
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     read = AutoConfig.from_pretrained(str(tmp_path))
     assert read.rope_parameters["rope_type"] == "yarn"
@@ -132,9 +139,16 @@ def test_a_yarn_stage_exports_yarn_and_computes_what_megatron_computed(
     code, doc = _export(export_models, "qwen3_yarn", export_plan_files["qwen3_yarn"], out)
     assert code == 0, doc
     assert doc["stage"] == "y" and doc["stage_source"] == "saved args"
-    want = {"rope_type": "yarn", "rope_theta": float(BASE_THETA), "factor": 4.0, "original_max_position_embeddings": 64,
-            "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": pytest.approx(0.1 * np.log(4.0) + 1.0),
-            "truncate": True}  # fmt: skip
+    want = {
+        "rope_type": "yarn",
+        "rope_theta": float(BASE_THETA),
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "attention_factor": pytest.approx(0.1 * np.log(4.0) + 1.0),
+        "truncate": True,
+    }
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["rope_parameters"] == want == doc["rope_parameters"]
     assert cfg["max_position_embeddings"] == YARN_SEQ

@@ -29,8 +29,13 @@ runner = CliRunner()
 
 
 def _holder(run: Path, pid: int, host: str | None = None, job: str | None = None) -> Path:
-    rec = {"host": host or socket.gethostname(), "pid": pid, "job_id": job, "since": "2026-01-01T00:00:00+00:00",
-           "stage": "s1"}  # fmt: skip
+    rec = {
+        "host": host or socket.gethostname(),
+        "pid": pid,
+        "job_id": job,
+        "since": "2026-01-01T00:00:00+00:00",
+        "stage": "s1",
+    }
     lock_path(run).write_text(json.dumps(rec))
     return lock_path(run)
 

@@ -44,10 +44,15 @@ def artifact_table(report: ArtifactReport) -> Table:
 
 def _group_row(table: Table, g: Any, style: str = "") -> None:
     cells = [
-        g.language, g.tier, f"{g.checked}/{g.chunks}" if g.checked != g.chunks else f"{g.chunks}",
-        f"{g.documents:,}", f"{g.tokens:,}", fmt_bytes(g.bin_bytes),
-        f"{g.max_length:,}" if g.max_length is not None else "-", *[coverage_text(c) for c in g.coverage],
-    ]  # fmt: skip
+        g.language,
+        g.tier,
+        f"{g.checked}/{g.chunks}" if g.checked != g.chunks else f"{g.chunks}",
+        f"{g.documents:,}",
+        f"{g.tokens:,}",
+        fmt_bytes(g.bin_bytes),
+        f"{g.max_length:,}" if g.max_length is not None else "-",
+        *[coverage_text(c) for c in g.coverage],
+    ]
     table.add_row(*[f"[{style}]{escape(c)}[/]" if style else escape(c) for c in cells])
 
 
