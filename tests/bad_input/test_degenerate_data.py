@@ -19,6 +19,7 @@ from longctx.plan.stage_data import require_startable
 from tests.bad_input.harness import refused
 from tests.fixtures.data import write_indexed_dataset
 from tests.fixtures.eval import EvalRun
+from tests.fixtures.plan_toml import tiny_plan_head
 
 # each test's work is a few index reads: a loop that does not end fails here instead of eating memory
 pytestmark = pytest.mark.timeout(120)
@@ -34,30 +35,8 @@ def zero(tmp_path: Path) -> str:
 def _plan(tmp_path: Path, manifest: Path, prefix: str, packing: str, split: str = "98,2,0") -> Path:
     plan = tmp_path / "plan.toml"
     plan.write_text(
-        textwrap.dedent(f"""\
-        name = "zero"
-        run_dir = "{tmp_path / "run"}"
-        [base]
-        path = "{tmp_path / "base"}"
-        seq_length = 64
-        rotary_base = 10000
-        [tokenizer]
-        path = "{tmp_path / "tok"}"
-        manifest = "{manifest}"
-        [model]
-        num_layers = 2
-        hidden_size = 64
-        ffn_hidden_size = 128
-        num_attention_heads = 4
-        num_query_groups = 2
-        kv_channels = 16
-        [cluster]
-        profile = "local"
-        gpus_per_node = 1
-        gpu_memory_gib = 8
-        [defaults]
-        nodes = 1
-        [defaults.data]
+        tiny_plan_head("zero", tmp_path, manifest)
+        + textwrap.dedent(f"""\
         prefixes = ["{prefix}"]
         split = "{split}"
         packing = "{packing}"

@@ -18,6 +18,7 @@ from longctx.plan.derive import open_plan
 from longctx.plan.rope_sweep import CHOICE_FILE, RULE
 from tests.bad_input.harness import refused
 from tests.fixtures.eval import EvalRun
+from tests.fixtures.plan_toml import tiny_plan_head
 
 BIG = 2**63 - 1
 COMMANDS = [["plan", "check"], ["plan", "show"], ["stage", "status"]]
@@ -30,30 +31,8 @@ def _plan(
 ) -> Path:
     plan = tmp_path / "plan.toml"
     plan.write_text(
-        textwrap.dedent(f"""\
-        name = "values"
-        run_dir = "{tmp_path / "run"}"
-        [base]
-        path = "{tmp_path / "base"}"
-        seq_length = 64
-        rotary_base = {base}
-        [tokenizer]
-        path = "{tmp_path / "tok"}"
-        manifest = "{manifest}"
-        [model]
-        num_layers = 2
-        hidden_size = 64
-        ffn_hidden_size = 128
-        num_attention_heads = 4
-        num_query_groups = 2
-        kv_channels = 16
-        [cluster]
-        profile = "local"
-        gpus_per_node = 1
-        gpu_memory_gib = 8
-        [defaults]
-        nodes = 1
-        [defaults.data]
+        tiny_plan_head("values", tmp_path, manifest, base=base)
+        + textwrap.dedent(f"""\
         prefixes = ["{tmp_path / "data"}"]
         [[stages]]
         name = "s1"
