@@ -21,8 +21,8 @@ from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import eval_parallel
 from longctx.objective import Objective
 from longctx.tokenizer import load_tokenizer
+from longctx.util.net import free_port
 from tests.fixtures.diffusion import VOCAB
-from tests.fixtures.ports import free_port
 
 MASK = 600
 

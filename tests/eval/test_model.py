@@ -18,8 +18,8 @@ from longctx.eval.load import checkpoint_info, load_model
 from longctx.eval.runner import check_length, check_tokenizer
 from longctx.eval.score import model_scorer, score_passkey
 from longctx.mcore.parallel import eval_parallel
+from longctx.util.net import free_port
 from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, PADDED, S2_LEN, EvalRun
-from tests.fixtures.ports import free_port
 
 
 def test_checkpoint_info_from_saved_args(eval_run: EvalRun) -> None:

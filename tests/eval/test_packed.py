@@ -27,8 +27,8 @@ from longctx.eval.loss_position import (
 from longctx.eval.score import model_scorer
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import eval_parallel
+from longctx.util.net import free_port
 from tests.fixtures.eval import S2_LEN, EvalRun
-from tests.fixtures.ports import free_port
 
 SEED = 1234
 

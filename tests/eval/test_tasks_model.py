@@ -25,8 +25,8 @@ from longctx.eval.task_score import score_tasks
 from longctx.mcore.parallel import eval_parallel
 from longctx.plan.eval_tasks import parse_task
 from longctx.tokenizer import load_tokenizer
+from longctx.util.net import free_port
 from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, S2_LEN, EvalRun
-from tests.fixtures.ports import free_port
 
 OTHER = "4 4 4 4 4"  # a key of the chain key's form and width
 # multi-key and multi-value only, at three depths: small enough for two CPU processes
