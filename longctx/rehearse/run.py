@@ -5,8 +5,9 @@ Steps (a rehearsal's run directory is its own, marked with `rehearsal.json`; a r
  1. plan      — the rehearsal plan derived from the user's (`longctx.plan.rehearsal`), written as TOML;
  2. checks    — the tokenizer against its manifest, every stage's data at its length and budget;
  3. base      — a micro base initialised and saved at the base's length (one training step);
- 4. stages    — the chain through `run_until_done`, one `stage run` per step, SIGTERM once in the
-                longest stage after its first save, then the resume;
+ 4. stages    — the chain through `run_until_done`, one `stage run` per step on the rehearsal's backend
+                (longctx's trainer, or Megatron-LM's pretrain_gpt.py recording its own measurements),
+                SIGTERM once in the longest stage after its first save, then the resume;
  5. eval      — each stage's checkpoint at every plan length up to its own;
  6. export    — the last stage to Hugging Face, its logits against longctx's at the full length;
  7. report    — per stage: time, memory against the memory model, the RoPE base built, the longest
@@ -48,6 +49,8 @@ from longctx.rehearse.chain import ChainRun, LocalChain
 from longctx.rehearse.cost import LengthCost, length_cost
 from longctx.rehearse.figures import StageFigures, memory_model, stage_figures
 from longctx.rehearse.parity import Parity, export_parity
+from longctx.stage.checkout import require_checkout_version
+from longctx.stage.run import megatron_lm_script, refuse_python_megatron_cannot_resume
 from longctx.tokenizer import load_tokenizer, verify_tokenizer
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.fs import atomic_write_json
@@ -55,8 +58,6 @@ from longctx.util.fs import atomic_write_json
 Echo = Callable[[str], None]
 PLAN_FILE = "plan.toml"
 BASE_ITERATIONS = 1
-# the local trainer reports what the checks read (built RoPE base, positions, memory per iteration)
-BACKEND = "local"
 
 
 class RehearsalReport(BaseModel):
@@ -238,6 +239,17 @@ def _export(rp: ResolvedPlan, plan_file: Path, echo: Echo) -> tuple[Parity, Path
     return parity, out
 
 
+def _megatron_lm(rp: ResolvedPlan, opts: RehearsalOptions) -> RehearsalOptions:
+    """megatron-lm: the checkout the stages will run (refused before anything is written when there is none
+    here, it has another release line than the plan's, or this Python cannot resume Megatron-LM's saves)."""
+    if opts.backend != "megatron-lm":
+        return opts
+    script = megatron_lm_script(rp)
+    require_checkout_version(rp, script.parent)
+    refuse_python_megatron_cannot_resume()
+    return opts.model_copy(update={"megatron_lm": script.parent})
+
+
 def longest_stage(rp: ResolvedPlan) -> str:
     return max(rp.stages, key=lambda s: (s.seq_length, s.index)).name
 
@@ -252,6 +264,7 @@ def rehearse(
     """Rehearse `source` in `run_dir` (see the module docstring); the report says what each stage did."""
     t0 = time.monotonic()
     run_dir = run_dir.resolve()
+    opts = _megatron_lm(source, opts or RehearsalOptions())
     rehearsal = rehearsal_plan(source, run_dir, opts)
     _mark(run_dir, rehearsal)
     plan_file = write_rehearsal_plan(rehearsal, run_dir / PLAN_FILE)
@@ -260,7 +273,7 @@ def rehearse(
     _checks(rp, echo)
     _base(rp, run_dir, echo)
     chain: ChainRun = LocalChain(
-        plan_file, run_dir, backend=BACKEND, interrupt=longest_stage(rp), echo=echo
+        plan_file, run_dir, backend=opts.backend, interrupt=longest_stage(rp), echo=echo
     ).run()
     rp = open_plan(plan_file, run_dir)
     evals = _evaluate(rp, echo)
@@ -271,7 +284,9 @@ def rehearse(
         skipped = f"export hf takes autoregressive plans; this one trains {rp.objective.kind}"
         echo(f"    export skipped: {skipped}")
     stages = [
-        stage_figures(st, source.stage(st.name), evals.get(st.name), chain, memory_model(rp.arch, st))
+        stage_figures(
+            st, source.stage(st.name), evals.get(st.name), chain, memory_model(rp.arch, st, opts.backend)
+        )
         for st in rp.stages
     ]
     cost = length_cost(
@@ -284,7 +299,7 @@ def rehearse(
         plan=rehearsal.source,
         rehearsal_plan=str(plan_file),
         run_dir=str(run_dir),
-        backend=BACKEND,
+        backend=opts.backend,
         machine=machine(),
         reductions=rehearsal.reductions,
         stages=stages,
