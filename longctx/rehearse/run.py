@@ -50,7 +50,7 @@ from longctx.rehearse.cost import LengthCost, length_cost
 from longctx.rehearse.figures import StageFigures, memory_model, stage_figures
 from longctx.rehearse.parity import Parity, export_parity
 from longctx.stage.checkout import require_checkout_version
-from longctx.stage.run import megatron_lm_script, refuse_python_megatron_cannot_resume
+from longctx.stage.run import megatron_lm_script, megatron_on_cpu, refuse_python_megatron_cannot_resume
 from longctx.tokenizer import load_tokenizer, verify_tokenizer
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.fs import atomic_write_json
@@ -250,6 +250,15 @@ def _megatron_lm(rp: ResolvedPlan, opts: RehearsalOptions) -> RehearsalOptions:
     return opts.model_copy(update={"megatron_lm": script.parent})
 
 
+# how Megatron-LM trains here without CUDA (longctx.mcore.megatron_lm_cpu), against the cluster's build
+MEGATRON_ON_CPU = Reduction(
+    what="Megatron-LM on this machine's CPU: megatron-core's local layers (no TransformerEngine, no fused "
+    "kernels), gloo, CP > 1 through longctx's ring attention (--spec)",
+    real_needs="the nodes' TransformerEngine and NCCL: `slurm submit` preflights every stage's argv against the "
+    "cluster profile's device facts",
+)
+
+
 def longest_stage(rp: ResolvedPlan) -> str:
     return max(rp.stages, key=lambda s: (s.seq_length, s.index)).name
 
@@ -266,6 +275,8 @@ def rehearse(
     run_dir = run_dir.resolve()
     opts = _megatron_lm(source, opts or RehearsalOptions())
     rehearsal = rehearsal_plan(source, run_dir, opts)
+    if opts.backend == "megatron-lm" and megatron_on_cpu():
+        rehearsal.reductions.append(MEGATRON_ON_CPU)
     _mark(run_dir, rehearsal)
     plan_file = write_rehearsal_plan(rehearsal, run_dir / PLAN_FILE)
     rp = open_plan(plan_file, run_dir)

@@ -56,6 +56,7 @@ def test_every_stage_trains_through_megatron_lm_and_its_figures_are_megatrons(
     report, run = rehearsed
     assert report.ok, [(s.stage, c) for s in report.stages for c in s.checks if not c.ok]
     assert report.backend == "megatron-lm"
+    assert any(r.what.startswith("Megatron-LM on this machine's CPU") for r in report.reductions)
     assert [(s.seq_length, s.cp) for s in report.stages] == [(512, 1), (1024, 2)]
     for s in report.stages:
         assert s.rotary_base_built == pytest.approx(s.rotary_base_plan, rel=1e-5)
