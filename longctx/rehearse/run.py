@@ -95,16 +95,25 @@ def machine() -> str:
     )
 
 
-def _mark(run_dir: Path, rehearsal: RehearsalPlan) -> None:
-    """The run dir is a rehearsal's: refuse one that holds a real run or another plan's rehearsal."""
+def _mark(run_dir: Path, rehearsal: RehearsalPlan, backend: str) -> None:
+    """The run dir is a rehearsal's: refuse one that holds a real run, another plan's rehearsal, or one
+    on the other backend (its finished stages would be reported as this backend's)."""
     mark = run_dir / REHEARSAL_MARK
     if mark.exists():
-        source = json.loads(mark.read_text(encoding="utf-8")).get("source")
+        marked = json.loads(mark.read_text(encoding="utf-8"))
+        source = marked.get("source")
         if source != rehearsal.source:
             raise StageError(
                 f"{run_dir} holds the rehearsal of another plan ({source})",
                 where=str(mark),
                 fix="give another --run-dir, or remove that directory",
+            )
+        before = marked.get("backend", "local")  # marks written before the megatron-lm backend
+        if before != backend:
+            raise StageError(
+                f"{run_dir} holds a rehearsal on the {before} backend; this one runs on {backend}",
+                where=str(mark),
+                fix=f"give another --run-dir for the {backend} rehearsal, or rerun with --backend {before}",
             )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise StageError(
@@ -118,6 +127,7 @@ def _mark(run_dir: Path, rehearsal: RehearsalPlan) -> None:
         {
             "source": rehearsal.source,
             "rehearsal": True,
+            "backend": backend,
             "reductions": [r.model_dump() for r in rehearsal.reductions],
         },
     )
@@ -277,7 +287,7 @@ def rehearse(
     rehearsal = rehearsal_plan(source, run_dir, opts)
     if opts.backend == "megatron-lm" and megatron_on_cpu():
         rehearsal.reductions.append(MEGATRON_ON_CPU)
-    _mark(run_dir, rehearsal)
+    _mark(run_dir, rehearsal, opts.backend)
     plan_file = write_rehearsal_plan(rehearsal, run_dir / PLAN_FILE)
     rp = open_plan(plan_file, run_dir)
     echo(f"==> rehearsal of {rehearsal.source} in {run_dir} ({len(rehearsal.reductions)} reductions)")

@@ -1,5 +1,5 @@
 """`longctx rehearse` refuses before it writes anything: a tokenizer without its manifest, a run directory
-that holds something else than a rehearsal, an unknown backend, the megatron-lm backend without a
+that holds something else than a rehearsal or a rehearsal on the other backend, an unknown backend, the megatron-lm backend without a
 Megatron-LM checkout (none given, or one without pretrain_gpt.py)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
+from longctx.plan.derive import open_plan
 from longctx.stage.run import MEGATRON_ENV
 from tests.bad_input.harness import refused
 
@@ -80,3 +81,15 @@ def test_an_unknown_backend_is_refused(tmp_path: Path) -> None:
     text = refused(args, [tmp_path], needle="unknown backend 'nemo'")
     assert "local, megatron-lm" in text and _where(args) == "--backend"
     assert not run.exists()
+
+
+def test_a_rehearsal_on_the_other_backend_is_left_alone(tmp_path: Path) -> None:
+    """A rerun resumes a rehearsal on its own backend only: the stages the megatron-lm one finished would
+    otherwise be reported as the local trainer's."""
+    run = tmp_path / "run"
+    run.mkdir()
+    source = str(open_plan(Path(PLAN)).plan.plan_path)
+    mark = {"source": source, "rehearsal": True, "backend": "megatron-lm", "reductions": []}
+    (run / "rehearsal.json").write_text(json.dumps(mark), encoding="utf-8")
+    text = refused(["rehearse", PLAN, "--run-dir", str(run)], [tmp_path], needle="on the megatron-lm backend")
+    assert "this one runs on local" in text and "--backend megatron-lm" in text
