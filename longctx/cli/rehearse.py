@@ -53,7 +53,7 @@ def _backend(text: str) -> str:
 
 
 def report_table(report: object) -> Table:
-    t = narrow_table("longctx rehearse: stages")
+    t = narrow_table(f"longctx rehearse: stages on {report.backend}")  # type: ignore[attr-defined]
     for c in ("stage", "length", "CP", "s/iter", "µs/token", "peak GiB", "model GiB", "RoPE built", "checks"):
         t.add_column(c, justify="left" if c in ("stage", "checks") else "right")
     for s in report.stages:  # type: ignore[attr-defined]
