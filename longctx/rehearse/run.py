@@ -49,6 +49,8 @@ from longctx.rehearse.chain import ChainRun, LocalChain
 from longctx.rehearse.cost import LengthCost, length_cost
 from longctx.rehearse.figures import StageFigures, memory_model, stage_figures
 from longctx.rehearse.parity import Parity, export_parity
+from longctx.slurm.commands import preflight_chain
+from longctx.slurm.profiles import load_profile
 from longctx.stage.checkout import require_checkout_version
 from longctx.stage.run import megatron_lm_script, megatron_on_cpu, refuse_python_megatron_cannot_resume
 from longctx.tokenizer import load_tokenizer, verify_tokenizer
@@ -77,6 +79,7 @@ class RehearsalReport(BaseModel):
     cost: LengthCost | None = None  # seconds per token by length against the FLOPs, FLOP/s against a matmul
     export_dir: str | None = None
     export_skipped: str | None = None  # why the last stage was not exported (a diffusion objective)
+    preflight: str | None = None  # megatron-lm: what Megatron-LM's parser accepted before the chain
     wall_seconds: float = 0.0
     load_average: tuple[float, float, float] | None = None  # at the end: what shared the cores
     problems: list[str] = Field(default_factory=list)
@@ -269,6 +272,19 @@ MEGATRON_ON_CPU = Reduction(
 )
 
 
+def _preflight(rp: ResolvedPlan, opts: RehearsalOptions, echo: Echo) -> str | None:
+    """megatron-lm: every stage's argv through the checkout's parser once, before the chain, as `slurm submit`
+    does before it queues one (the launches then skip theirs, as the chain's jobs could)."""
+    if opts.backend != "megatron-lm":
+        return None
+    report = preflight_chain(rp, load_profile(rp.cluster.profile))
+    if report is None:
+        return None
+    said = f"{len(report.stages)} stages accepted by {report.script} ({report.facts.source})"
+    echo(f"    preflight: {said}")
+    return said
+
+
 def longest_stage(rp: ResolvedPlan) -> str:
     return max(rp.stages, key=lambda s: (s.seq_length, s.index)).name
 
@@ -292,6 +308,7 @@ def rehearse(
     rp = open_plan(plan_file, run_dir)
     echo(f"==> rehearsal of {rehearsal.source} in {run_dir} ({len(rehearsal.reductions)} reductions)")
     _checks(rp, echo)
+    preflight = _preflight(rp, opts, echo)
     _base(rp, run_dir, echo)
     chain: ChainRun = LocalChain(
         plan_file, run_dir, backend=opts.backend, interrupt=longest_stage(rp), echo=echo
@@ -329,6 +346,7 @@ def rehearse(
         cost=cost,
         export_dir=None if out is None else str(out),
         export_skipped=skipped,
+        preflight=preflight,
         wall_seconds=time.monotonic() - t0,
         load_average=os.getloadavg(),
     )

@@ -56,6 +56,8 @@ def test_every_stage_trains_through_megatron_lm_and_its_figures_are_megatrons(
     report, run = rehearsed
     assert report.ok, [(s.stage, c) for s in report.stages for c in s.checks if not c.ok]
     assert report.backend == "megatron-lm"
+    # every stage's argv went through the checkout's parser once, before the chain (as `slurm submit` does)
+    assert report.preflight is not None and report.preflight.startswith("2 stages accepted by")
     assert any(r.what.startswith("Megatron-LM on this machine's CPU") for r in report.reductions)
     assert [(s.seq_length, s.cp) for s in report.stages] == [(512, 1), (1024, 2)]
     for s in report.stages:
