@@ -13,6 +13,7 @@ from longctx.errors import StageError
 from longctx.util.table import narrow_table
 from longctx.util.units import human_length
 
+BACKENDS = ("local", "megatron-lm")
 # the rehearsal is imported inside the command: it loads torch, megatron-core and transformers
 
 HELP = (
@@ -22,9 +23,13 @@ HELP = (
     "and said so), through the same code as the real chain: preflight checks, `stage run` launches, a "
     "SIGTERM and resume in the longest stage, evaluation at every length up to each stage's, and "
     "`export hf` of the last stage with its logits checked against longctx's at the full length. Its run "
-    "directory is its own (marked as a rehearsal); a rerun resumes. Exit 2 when a stage fails a check.\n\n"
+    "directory is its own (marked as a rehearsal); a rerun resumes. Exit 2 when a stage fails a check. "
+    "With --backend megatron-lm the stages run through Megatron-LM's pretrain_gpt.py (CPU shims here), "
+    "which records its own loss, step time, memory, built RoPE base and positions for the checks.\n\n"
     "Examples:\n\n  longctx rehearse stages/baby_9b_dense.toml --run-dir /tmp/baby-rehearsal\n\n"
-    "  longctx rehearse baby_9b_dense --run-dir r --tokenizer tok/ --manifest tok/manifest.toml --json"
+    "  longctx rehearse baby_9b_dense --run-dir r --tokenizer tok/ --manifest tok/manifest.toml --json\n\n"
+    "  LONGCTX_MEGATRON_LM=~/Megatron-LM longctx rehearse stages/baby_9b_dense.toml --run-dir r "
+    "--backend megatron-lm"
 )
 
 
@@ -39,8 +44,16 @@ def _parse_depths(text: str) -> list[float]:
         ) from None
 
 
+def _backend(text: str) -> str:
+    if text not in BACKENDS:
+        raise StageError(
+            f"unknown backend {text!r}", where="--backend", fix=f"use one of: {', '.join(BACKENDS)}"
+        )
+    return text
+
+
 def report_table(report: object) -> Table:
-    t = narrow_table("longctx rehearse: stages")
+    t = narrow_table(f"longctx rehearse: stages on {report.backend}")  # type: ignore[attr-defined]
     for c in ("stage", "length", "CP", "s/iter", "µs/token", "peak GiB", "model GiB", "RoPE built", "checks"):
         t.add_column(c, justify="left" if c in ("stage", "checks") else "right")
     for s in report.stages:  # type: ignore[attr-defined]
@@ -78,6 +91,12 @@ def rehearse(
     layers: int = typer.Option(2, "--layers", min=1, max=8, help="layers of the micro model"),
     head_dim: int = typer.Option(16, "--head-dim", min=8, max=256, help="the largest head dim kept"),
     depths: str = typer.Option("0,0.5", "--depths", help="needle depths evaluated, comma-separated"),
+    backend: str = typer.Option(
+        "local",
+        "--backend",
+        help="local (longctx's trainer) or megatron-lm (the stages through pretrain_gpt.py of "
+        "$LONGCTX_MEGATRON_LM or [megatron].path, on this machine)",
+    ),
     json_out: Json = False,
 ) -> None:
     from longctx.plan.micro import MicroShapeOptions
@@ -91,6 +110,7 @@ def rehearse(
         depths=_parse_depths(depths),
         tokenizer=tokenizer,
         manifest=manifest,
+        backend=_backend(backend),
     )
     source = resolved_plan(plan)
     with stdout_to_stderr(json_out):

@@ -4,16 +4,22 @@ It runs the script the way `python pretrain_gpt.py ARGS…` would (its directory
 the checkout's `megatron/training` joins the megatron-core wheel's `megatron/core` in the `megatron`
 namespace package; `sys.argv` = [script, ARGS…]), after the CPU shims of
 `longctx.mcore.megatron_lm_cpu` when this machine has no CUDA. With CUDA nothing is patched.
-The stage launcher (`longctx stage run --backend megatron-lm`) uses it only on machines without CUDA,
-and adds the CPU flags (`longctx.stage.megatron_args.cpu_flags`) to the stage's argv.
+The stage launcher (`longctx stage run --backend megatron-lm`) uses it on machines without CUDA, and adds
+the CPU flags (`longctx.stage.megatron_args.cpu_flags`) to the stage's argv; and wherever a launch asks
+for the stage's metrics ($LONGCTX_METRICS_FILE, `longctx rehearse`): then Megatron-LM's own loss, step
+time, peak memory, built RoPE base and largest position go there (`longctx.mcore.megatron_lm_metrics`).
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from pathlib import Path
 
+# set by `stage run` when a launch asks for the stage's metrics (longctx.stage.run.METRICS_FILE_ENV)
+METRICS_ENV = "LONGCTX_METRICS_FILE"
+STAGE_ENV = "LONGCTX_METRICS_STAGE"
 USAGE = "usage: python -m longctx.mcore.run_megatron_lm PRETRAIN_SCRIPT.py [ARGS...]"
 
 
@@ -36,6 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     shims = apply_shims()
     if shims:
         print(f"[longctx] no CUDA: Megatron-LM runs on the CPU with shims: {', '.join(shims)}", flush=True)
+    metrics = os.environ.get(METRICS_ENV)
+    if metrics:
+        # imported after the shims: it loads megatron-core's GPT model (and its dist_checkpointing)
+        from longctx.mcore.megatron_lm_metrics import record_metrics
+
+        record_metrics(Path(metrics), os.environ.get(STAGE_ENV) or Path(metrics).parent.name)
+        print(f"[longctx] Megatron-LM's measurements of each iteration go to {metrics}", flush=True)
     runpy.run_path(str(script), run_name="__main__")
 
 

@@ -12,7 +12,7 @@ dim); a sweep keeps its candidates, each as that base.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,6 +51,10 @@ class RehearsalOptions(BaseModel):
     """The manifest `tokenizer` is checked against instead of the plan's."""
     memory_gib: float = Field(default=16.0, gt=0)
     """The memory one rank may plan with here (the plan's per-GPU budget is the cluster's)."""
+    backend: Literal["local", "megatron-lm"] = "local"
+    """What trains the stages: longctx's trainer, or Megatron-LM's pretrain_gpt.py (the plan's [slurm] backend)."""
+    megatron_lm: Path | None = None
+    """megatron-lm: the checkout the stages run (the rehearsal plan's [megatron].path)."""
 
 
 class Reduction(BaseModel):
@@ -266,8 +270,8 @@ def rehearsal_plan(rp: ResolvedPlan, run_dir: Path, opts: RehearsalOptions | Non
     shape = micro_shape(rp.arch, opts.shape)
     notes += [Reduction(what=f"model: {r}") for r in shape.reductions]
     megatron = plan.megatron.model_dump(mode="json", exclude_none=True)
-    if rp.megatron.path is not None:
-        megatron["path"] = str(rp.megatron.path)
+    if opts.megatron_lm is not None or rp.megatron.path is not None:
+        megatron["path"] = str(opts.megatron_lm or rp.megatron.path)
     data: dict[str, Any] = {
         "name": plan.name + NAME_SUFFIX,
         "description": f"rehearsal of {plan.name} on a micro model (longctx rehearse)",
@@ -288,6 +292,8 @@ def rehearsal_plan(rp: ResolvedPlan, run_dir: Path, opts: RehearsalOptions | Non
             "memory_margin": plan.cluster.memory_margin,
         },
         "megatron": megatron,
+        # what `stage run` is given (--backend) and what a chain of this plan would run: the trainer rehearsed
+        "slurm": {"backend": opts.backend},
         "local": plan.local.model_dump(mode="json", exclude_none=True) | {"eval_after_stage": False},
         "eval": _eval(rp, opts),
         "defaults": _defaults(rp, opts, notes),

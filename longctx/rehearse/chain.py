@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from longctx.checkpoint.save_layout import TRACKER
 from longctx.errors import StageError
 from longctx.plan.derive import ResolvedPlan, open_plan
-from longctx.stage.run import LaunchOutcome
+from longctx.stage.run import RECORD_METRICS_ENV, LaunchOutcome
 from longctx.stage.state import NextStep, stage_state
 from longctx.stage.sweep_choice import record_choice
 from longctx.stage.until_done import run_until_done
@@ -71,6 +71,9 @@ class LocalChain:
         self._stopped: LaunchOutcome | None = None
         self.launches: list[LaunchRecord] = []
         self.env = dict(os.environ, LONGCTX_NO_PROGRESS="1")
+        if backend == "megatron-lm":
+            # Megatron-LM writes the stage's metrics.jsonl itself (what the checks read, as the local trainer does)
+            self.env[RECORD_METRICS_ENV] = "1"
 
     def resolve(self) -> ResolvedPlan:
         return open_plan(self.plan, self.run_dir)
@@ -108,6 +111,9 @@ class LocalChain:
             str(self.run_dir),
             "--backend",
             self.backend,
+            # megatron-lm: each launch is Megatron-LM itself, which reports the RoPE base it built; the preflight
+            # (another Megatron-LM start-up per launch) is what `slurm submit` runs before the cluster chain
+            *(["--no-preflight"] if self.backend == "megatron-lm" else []),
         ]
 
     def launch(self, rp: ResolvedPlan, step: NextStep) -> LaunchOutcome:

@@ -1,5 +1,6 @@
-"""One rehearsed stage in figures, each read from what the run left on disk (the trainer's metrics, the
-chain's launches, the evaluation), and the checks a stage must pass at its length."""
+"""One rehearsed stage in figures, each read from what the run left on disk (the metrics.jsonl its trainer
+wrote: longctx's, or Megatron-LM's through longctx's runner; the chain's launches; the evaluation), and the
+checks a stage must pass at its length."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from longctx.arch import ModelArch
 from longctx.eval.results import CheckpointEval
 from longctx.plan.derive import ResolvedStage
-from longctx.plan.memory import CPU_LOCAL_FP32, GiB, MemoryInputs, estimate
+from longctx.plan.memory import CPU_LOCAL_BF16, CPU_LOCAL_FP32, GiB, MemoryInputs, estimate
 from longctx.rehearse.chain import ChainRun
 
 # a stage's last loss may sit this far above its first (the batches differ; data near its entropy floor
@@ -79,8 +80,10 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def memory_model(arch: ModelArch, st: ResolvedStage) -> float:
-    """Bytes per rank the memory model gives the local trainer's step of `st` (fp32 on the CPU)."""
+def memory_model(arch: ModelArch, st: ResolvedStage, backend: str = "local") -> float:
+    """Bytes per rank the memory model gives a step of `st` on the CPU: the local trainer's (fp32), or
+    Megatron-LM's (bf16 weights with fp32 grads and masters, the distributed optimizer its argv asks)."""
+    megatron = backend == "megatron-lm"
     inp = MemoryInputs(
         arch=arch,
         padded_vocab_size=st.padded_vocab_size,
@@ -93,8 +96,8 @@ def memory_model(arch: ModelArch, st: ResolvedStage) -> float:
         num_microbatches=1,
         sequence_parallel=False,
         recompute=st.recompute,  # type: ignore[arg-type]
-        distributed_optimizer=False,
-        device=CPU_LOCAL_FP32,
+        distributed_optimizer=megatron,
+        device=CPU_LOCAL_BF16 if megatron else CPU_LOCAL_FP32,
     )
     return estimate(inp, gpu_memory_gib=1024.0, margin=0.0).total
 

@@ -5,8 +5,9 @@ Steps (a rehearsal's run directory is its own, marked with `rehearsal.json`; a r
  1. plan      — the rehearsal plan derived from the user's (`longctx.plan.rehearsal`), written as TOML;
  2. checks    — the tokenizer against its manifest, every stage's data at its length and budget;
  3. base      — a micro base initialised and saved at the base's length (one training step);
- 4. stages    — the chain through `run_until_done`, one `stage run` per step, SIGTERM once in the
-                longest stage after its first save, then the resume;
+ 4. stages    — the chain through `run_until_done`, one `stage run` per step on the rehearsal's backend
+                (longctx's trainer, or Megatron-LM's pretrain_gpt.py recording its own measurements),
+                SIGTERM once in the longest stage after its first save, then the resume;
  5. eval      — each stage's checkpoint at every plan length up to its own;
  6. export    — the last stage to Hugging Face, its logits against longctx's at the full length;
  7. report    — per stage: time, memory against the memory model, the RoPE base built, the longest
@@ -48,6 +49,10 @@ from longctx.rehearse.chain import ChainRun, LocalChain
 from longctx.rehearse.cost import LengthCost, length_cost
 from longctx.rehearse.figures import StageFigures, memory_model, stage_figures
 from longctx.rehearse.parity import Parity, export_parity
+from longctx.slurm.commands import preflight_chain
+from longctx.slurm.profiles import load_profile
+from longctx.stage.checkout import require_checkout_version
+from longctx.stage.run import megatron_lm_script, megatron_on_cpu, refuse_python_megatron_cannot_resume
 from longctx.tokenizer import load_tokenizer, verify_tokenizer
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.fs import atomic_write_json
@@ -55,8 +60,6 @@ from longctx.util.fs import atomic_write_json
 Echo = Callable[[str], None]
 PLAN_FILE = "plan.toml"
 BASE_ITERATIONS = 1
-# the local trainer reports what the checks read (built RoPE base, positions, memory per iteration)
-BACKEND = "local"
 
 
 class RehearsalReport(BaseModel):
@@ -76,6 +79,7 @@ class RehearsalReport(BaseModel):
     cost: LengthCost | None = None  # seconds per token by length against the FLOPs, FLOP/s against a matmul
     export_dir: str | None = None
     export_skipped: str | None = None  # why the last stage was not exported (a diffusion objective)
+    preflight: str | None = None  # megatron-lm: what Megatron-LM's parser accepted before the chain
     wall_seconds: float = 0.0
     load_average: tuple[float, float, float] | None = None  # at the end: what shared the cores
     problems: list[str] = Field(default_factory=list)
@@ -94,16 +98,25 @@ def machine() -> str:
     )
 
 
-def _mark(run_dir: Path, rehearsal: RehearsalPlan) -> None:
-    """The run dir is a rehearsal's: refuse one that holds a real run or another plan's rehearsal."""
+def _mark(run_dir: Path, rehearsal: RehearsalPlan, backend: str) -> None:
+    """The run dir is a rehearsal's: refuse one that holds a real run, another plan's rehearsal, or one
+    on the other backend (its finished stages would be reported as this backend's)."""
     mark = run_dir / REHEARSAL_MARK
     if mark.exists():
-        source = json.loads(mark.read_text(encoding="utf-8")).get("source")
+        marked = json.loads(mark.read_text(encoding="utf-8"))
+        source = marked.get("source")
         if source != rehearsal.source:
             raise StageError(
                 f"{run_dir} holds the rehearsal of another plan ({source})",
                 where=str(mark),
                 fix="give another --run-dir, or remove that directory",
+            )
+        before = marked.get("backend", "local")  # marks written before the megatron-lm backend
+        if before != backend:
+            raise StageError(
+                f"{run_dir} holds a rehearsal on the {before} backend; this one runs on {backend}",
+                where=str(mark),
+                fix=f"give another --run-dir for the {backend} rehearsal, or rerun with --backend {before}",
             )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise StageError(
@@ -117,6 +130,7 @@ def _mark(run_dir: Path, rehearsal: RehearsalPlan) -> None:
         {
             "source": rehearsal.source,
             "rehearsal": True,
+            "backend": backend,
             "reductions": [r.model_dump() for r in rehearsal.reductions],
         },
     )
@@ -238,6 +252,39 @@ def _export(rp: ResolvedPlan, plan_file: Path, echo: Echo) -> tuple[Parity, Path
     return parity, out
 
 
+def _megatron_lm(rp: ResolvedPlan, opts: RehearsalOptions) -> RehearsalOptions:
+    """megatron-lm: the checkout the stages will run (refused before anything is written when there is none
+    here, it has another release line than the plan's, or this Python cannot resume Megatron-LM's saves)."""
+    if opts.backend != "megatron-lm":
+        return opts
+    script = megatron_lm_script(rp)
+    require_checkout_version(rp, script.parent)
+    refuse_python_megatron_cannot_resume()
+    return opts.model_copy(update={"megatron_lm": script.parent})
+
+
+# how Megatron-LM trains here without CUDA (longctx.mcore.megatron_lm_cpu), against the cluster's build
+MEGATRON_ON_CPU = Reduction(
+    what="Megatron-LM on this machine's CPU: megatron-core's local layers (no TransformerEngine, no fused "
+    "kernels), gloo, CP > 1 through longctx's ring attention (--spec)",
+    real_needs="the nodes' TransformerEngine and NCCL: `slurm submit` preflights every stage's argv against the "
+    "cluster profile's device facts",
+)
+
+
+def _preflight(rp: ResolvedPlan, opts: RehearsalOptions, echo: Echo) -> str | None:
+    """megatron-lm: every stage's argv through the checkout's parser once, before the chain, as `slurm submit`
+    does before it queues one (the launches then skip theirs, as the chain's jobs could)."""
+    if opts.backend != "megatron-lm":
+        return None
+    report = preflight_chain(rp, load_profile(rp.cluster.profile))
+    if report is None:
+        return None
+    said = f"{len(report.stages)} stages accepted by {report.script} ({report.facts.source})"
+    echo(f"    preflight: {said}")
+    return said
+
+
 def longest_stage(rp: ResolvedPlan) -> str:
     return max(rp.stages, key=lambda s: (s.seq_length, s.index)).name
 
@@ -252,15 +299,19 @@ def rehearse(
     """Rehearse `source` in `run_dir` (see the module docstring); the report says what each stage did."""
     t0 = time.monotonic()
     run_dir = run_dir.resolve()
+    opts = _megatron_lm(source, opts or RehearsalOptions())
     rehearsal = rehearsal_plan(source, run_dir, opts)
-    _mark(run_dir, rehearsal)
+    if opts.backend == "megatron-lm" and megatron_on_cpu():
+        rehearsal.reductions.append(MEGATRON_ON_CPU)
+    _mark(run_dir, rehearsal, opts.backend)
     plan_file = write_rehearsal_plan(rehearsal, run_dir / PLAN_FILE)
     rp = open_plan(plan_file, run_dir)
     echo(f"==> rehearsal of {rehearsal.source} in {run_dir} ({len(rehearsal.reductions)} reductions)")
     _checks(rp, echo)
+    preflight = _preflight(rp, opts, echo)
     _base(rp, run_dir, echo)
     chain: ChainRun = LocalChain(
-        plan_file, run_dir, backend=BACKEND, interrupt=longest_stage(rp), echo=echo
+        plan_file, run_dir, backend=opts.backend, interrupt=longest_stage(rp), echo=echo
     ).run()
     rp = open_plan(plan_file, run_dir)
     evals = _evaluate(rp, echo)
@@ -271,7 +322,9 @@ def rehearse(
         skipped = f"export hf takes autoregressive plans; this one trains {rp.objective.kind}"
         echo(f"    export skipped: {skipped}")
     stages = [
-        stage_figures(st, source.stage(st.name), evals.get(st.name), chain, memory_model(rp.arch, st))
+        stage_figures(
+            st, source.stage(st.name), evals.get(st.name), chain, memory_model(rp.arch, st, opts.backend)
+        )
         for st in rp.stages
     ]
     cost = length_cost(
@@ -284,7 +337,7 @@ def rehearse(
         plan=rehearsal.source,
         rehearsal_plan=str(plan_file),
         run_dir=str(run_dir),
-        backend=BACKEND,
+        backend=opts.backend,
         machine=machine(),
         reductions=rehearsal.reductions,
         stages=stages,
@@ -293,6 +346,7 @@ def rehearse(
         cost=cost,
         export_dir=None if out is None else str(out),
         export_skipped=skipped,
+        preflight=preflight,
         wall_seconds=time.monotonic() - t0,
         load_average=os.getloadavg(),
     )

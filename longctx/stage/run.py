@@ -61,6 +61,12 @@ MEGATRON_ENV = "LONGCTX_MEGATRON_LM"
 # "1": run Megatron-LM through the CPU runner, "0": never; unset: when this machine has no CUDA
 MEGATRON_CPU_ENV = "LONGCTX_MEGATRON_CPU"
 MEGATRON_CPU_RUNNER = "longctx.mcore.run_megatron_lm"
+# "1" (`longctx rehearse` sets it): a megatron-lm launch goes through that runner, CUDA or not, and Megatron-LM's
+# own measurements of each iteration go to the stage's metrics.jsonl, as the local trainer writes them; the
+# runner reads the file and stage from the next two (longctx.mcore.run_megatron_lm.METRICS_ENV / STAGE_ENV)
+RECORD_METRICS_ENV = "LONGCTX_RECORD_METRICS"
+METRICS_FILE_ENV = "LONGCTX_METRICS_FILE"
+METRICS_STAGE_ENV = "LONGCTX_METRICS_STAGE"
 
 
 @dataclasses.dataclass
@@ -79,14 +85,18 @@ class LaunchPlan:
     cpu: bool = False
     # a started stage resumed with another LR schedule (forced): field → (old, new); argv has the override
     schedule_override: dict[str, tuple[object, object]] | None = None
+    # megatron-lm: Megatron-LM's measurements go to the stage's metrics.jsonl (through the runner, CUDA or not)
+    metrics: bool = False
 
     @property
     def command(self) -> list[str]:
         """What the launcher starts: `argv`, or on CPU `python -m <runner> pretrain_gpt.py flags… CPU flags`
-        (longctx.mcore.run_megatron_lm applies the shims of longctx.mcore.megatron_lm_cpu first)."""
-        if not self.cpu:
+        (longctx.mcore.run_megatron_lm applies the shims of longctx.mcore.megatron_lm_cpu first); with
+        `metrics` on a GPU, the runner without the CPU flags (it patches nothing there)."""
+        if not self.cpu and not self.metrics:
             return list(self.argv)
-        return [self.argv[0], "-m", MEGATRON_CPU_RUNNER, *self.argv[1:], *cpu_flags(self.stage.cp)]
+        extra = cpu_flags(self.stage.cp) if self.cpu else []
+        return [self.argv[0], "-m", MEGATRON_CPU_RUNNER, *self.argv[1:], *extra]
 
     def shell(self) -> str:
         return " ".join(shlex.quote(w) for w in self.command)
@@ -391,6 +401,7 @@ def megatron_lm_script(rp: ResolvedPlan | None = None) -> Path:
     if not root:
         raise StageError(
             f"the megatron-lm backend needs a Megatron-LM checkout: ${MEGATRON_ENV} is not set",
+            where=f"${MEGATRON_ENV} / {rp.where if rp is not None else 'the plan'}: [megatron].path",
             fix=f"export {MEGATRON_ENV}=/path/to/Megatron-LM (the directory with {name}) "
             "or set [megatron].path in the plan",
         )
@@ -486,8 +497,21 @@ def launch_plan(
         # flags (LaunchPlan.command); one share of the cores per process
         threads = rp.local.threads_per_process or max(1, (os.cpu_count() or 1) // max(1, st.gpus_per_node))
         env["OMP_NUM_THREADS"] = str(threads)
+    metrics = os.environ.get(RECORD_METRICS_ENV) == "1"
+    if metrics:
+        env.update({METRICS_FILE_ENV: str(stage_root / "metrics.jsonl"), METRICS_STAGE_ENV: st.name})
     return LaunchPlan(
-        step, st, backend, words, st.gpus_per_node, env, binding, log, cpu=cpu, schedule_override=override
+        step,
+        st,
+        backend,
+        words,
+        st.gpus_per_node,
+        env,
+        binding,
+        log,
+        cpu=cpu,
+        schedule_override=override,
+        metrics=metrics,
     )
 
 

@@ -12,13 +12,10 @@ token count), so CP = 2 gives the gradient of the same full-sequence loss as CP 
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import torch
 import torch.distributed as dist
@@ -31,6 +28,7 @@ from longctx.checkpoint.save_layout import read_tracker
 from longctx.diffusion.loss import mdm_token_loss, udm_token_loss
 from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import common_strategy, load_common_state, save_checkpoint
+from longctx.mcore.metrics import IterationMetrics, MetricsWriter, peak_memory_bytes
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
 from longctx.mcore.positions import built_rotary_base, rope_from_position_ids
@@ -63,13 +61,6 @@ class RunResult:
     end_iteration: int
     reason: str  # "done" | "signal" | "duration" | "interval"
     losses: list[float]
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """This process's peak so far: the CUDA allocator's on a GPU, else the resident set's (getrusage)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def _log(msg: str) -> None:
@@ -297,8 +288,7 @@ class Trainer:
         self.model.train()
         metrics, self.events = None, None
         if spec.metrics_file and dist.get_rank() == 0:
-            Path(spec.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-            metrics = open(spec.metrics_file, "a")  # noqa: SIM115 - closed in the finally below
+            metrics = MetricsWriter(Path(spec.metrics_file))
         if spec.tensorboard_dir and dist.get_rank() == 0:
             self.events = TrainingEvents(
                 spec.tensorboard_dir, spec.wandb, config=spec.model_dump(mode="json")
@@ -335,7 +325,7 @@ class Trainer:
         return RunResult(start, self.iteration, reason, losses)
 
     def _report(
-        self, metrics: IO[str] | None, loss: float, lr: float, gnorm: float, dt: float, step: float
+        self, metrics: MetricsWriter | None, loss: float, lr: float, gnorm: float, dt: float, step: float
     ) -> None:
         """One JSON line per iteration to the metrics file; a log line every `log_interval` and at the end.
         `dt`: since the last iteration's report (a save in between included); `step`: the step alone."""
@@ -343,23 +333,23 @@ class Trainer:
         tokens_per_iter = spec.global_batch_size * spec.seq_length
         grown = peak_memory_bytes(self.device) - self.memory_before
         max_position, peak = self._all_max(self.max_position, grown)
-        rec = {
-            "stage": spec.stage,
-            "iteration": self.iteration,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": gnorm,
-            "tokens_per_s": tokens_per_iter / dt,
-            "consumed_samples": self.consumed,
-            "seconds": dt,
-            "step_seconds": step,
-            "max_position": max_position,
-            "peak_growth_bytes": peak,
-            "rotary_base_built": self.rotary_base_built,
-        }
         if metrics is not None:
-            metrics.write(json.dumps(rec) + "\n")
-            metrics.flush()
+            metrics.write(
+                IterationMetrics(
+                    stage=spec.stage,
+                    iteration=self.iteration,
+                    loss=loss,
+                    lr=lr,
+                    grad_norm=gnorm,
+                    tokens_per_s=tokens_per_iter / dt,
+                    consumed_samples=self.consumed,
+                    seconds=dt,
+                    step_seconds=step,
+                    max_position=max_position,
+                    peak_growth_bytes=peak,
+                    rotary_base_built=self.rotary_base_built,
+                )
+            )
         if self.events is not None:
             self.events.iteration(
                 self.iteration,

@@ -17,14 +17,9 @@ from longctx.plan.micro import MicroShapeOptions
 from longctx.plan.rehearsal import RehearsalOptions, rehearsal_plan
 from longctx.plan.schema import StageSpec
 from longctx.rehearse.run import RehearsalReport, rehearse
-from tests.fixtures.artifact import build_artifact
 
 REPO = Path(__file__).resolve().parents[2]
 SCALED = {"16k": ("1k", 1024, 1), "64k": ("4k", 4096, 2), "128k": ("16k", 16384, 4)}
-# the producer's tiers scaled 8× down, documents long enough to fill a 16K window; 60 documents per chunk
-# so that the plan's 1 % validation part holds one (megatron-core loops forever on an empty part)
-TIERS = {"16k_plus": (2048, 20_000, 0.5), "4_16k": (512, 2048, 0.3), "under4k": (16, 512, 0.2)}
-LAYOUT = {(lang, tier): [60] for lang in ("en", "de") for tier in TIERS}
 WRAP = 8192
 PLANTED = f"""
 import sys
@@ -43,11 +38,17 @@ if "--spec" in sys.argv:  # the trainer's workers only
 """
 
 
-def scaled_plan(tmp: Path) -> Path:
-    """stages/baby_9b_dense.toml with every length 16× shorter and its CP written out (auto would pick 1)."""
+def scaled_plan(tmp: Path, scaled: dict[str, tuple[str, int, int]] = SCALED) -> Path:
+    """stages/baby_9b_dense.toml with every length 16× shorter and its CP written out (auto would pick 1);
+    the stages `scaled` leaves out are dropped."""
     text = (REPO / "stages" / "baby_9b_dense.toml").read_text(encoding="utf-8")
     text = text.replace("seq_length = 4096", "seq_length = 256")
-    for name, (new, length, cp) in SCALED.items():
+    text = "[[stages]]".join(
+        part
+        for part in text.split("[[stages]]")
+        if not part.startswith('\nname = "') or part.split('"')[1] in scaled
+    )
+    for name, (new, length, cp) in scaled.items():
         old = f'name = "{name}"\nseq_length = {int(name[:-1]) * 1024}'
         assert old in text
         text = text.replace(old, f'name = "{new}"\nseq_length = {length}\ncontext_parallel = {cp}')
@@ -55,13 +56,6 @@ def scaled_plan(tmp: Path) -> Path:
     plan = tmp / "baby_scaled.toml"
     plan.write_text(text, encoding="utf-8")
     return plan
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("rehearsal_inputs")
-    build_artifact(root / "artifact", run="lc16k_full_20260507", layout=LAYOUT, tiers=TIERS)
-    return root
 
 
 def options(oellm_like_hf_dir: Path, oellm_like_manifest: Path) -> RehearsalOptions:

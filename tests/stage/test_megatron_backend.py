@@ -123,3 +123,33 @@ def test_cpu_launch_of_a_cp_stage_takes_longctx_attention_through_spec(
         command = " ".join(launch_plan(rp, step, "megatron-lm").command)
         assert (spec in command) is (st.cp > 1), (st.name, st.cp)
     assert {st.cp for st in rp.stages} == {1, 2}
+
+
+def test_a_launch_asked_for_metrics_runs_the_runner_on_a_gpu_host_too(
+    fresh_run: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """`longctx rehearse` asks ($LONGCTX_RECORD_METRICS=1): the launch goes through longctx's runner, which
+    writes Megatron-LM's measurements to the stage's metrics.jsonl; on a GPU host without the CPU flags. Not
+    asked, a GPU launch is the script itself and nothing is recorded."""
+    from longctx.plan.derive import resolve_plan
+    from longctx.plan.load import load_plan
+    from longctx.stage.run import METRICS_FILE_ENV, METRICS_STAGE_ENV, RECORD_METRICS_ENV, launch_plan
+    from longctx.stage.state import NextStep
+
+    mlm = tmp_path / "Megatron-LM"
+    mlm.mkdir()
+    (mlm / "pretrain_gpt.py").write_text("")
+    monkeypatch.setenv("LONGCTX_MEGATRON_LM", str(mlm))
+    monkeypatch.setenv("LONGCTX_MEGATRON_CPU", "0")
+    rp = resolve_plan(load_plan(write_plan(tmp_path / "plan.toml", fresh_run)))
+    st = rp.stages[0]
+    step = NextStep(action="first-launch", stage=st.name, start_iteration=0, reason="test")
+    monkeypatch.delenv(RECORD_METRICS_ENV, raising=False)
+    plain = launch_plan(rp, step, "megatron-lm")
+    assert plain.command == plain.argv and METRICS_FILE_ENV not in plain.env
+    monkeypatch.setenv(RECORD_METRICS_ENV, "1")
+    asked = launch_plan(rp, step, "megatron-lm")
+    # the runner, and no CPU flag after the stage's argv
+    assert asked.command == [asked.argv[0], "-m", "longctx.mcore.run_megatron_lm", *asked.argv[1:]]
+    assert asked.env[METRICS_FILE_ENV] == str(st.stage_dir / "metrics.jsonl")
+    assert asked.env[METRICS_STAGE_ENV] == st.name
