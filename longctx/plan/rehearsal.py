@@ -17,7 +17,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
-from longctx.errors import PlanError
+from longctx.errors import LongctxError, PlanError
 from longctx.plan import paths
 from longctx.plan.derive import ResolvedPlan, ResolvedStage
 from longctx.plan.eval_memory import eval_memory
@@ -25,6 +25,7 @@ from longctx.plan.memory import GiB
 from longctx.plan.micro import MicroShapeOptions, micro_shape
 from longctx.plan.rehearsal_mark import NAME_SUFFIX
 from longctx.plan.schema import DataSpec, Plan, StageDefaults
+from longctx.plan.stage_data import stage_blend
 from longctx.util.fs import atomic_write_text
 
 
@@ -221,9 +222,32 @@ def _defaults(rp: ResolvedPlan, opts: RehearsalOptions, notes: list[Reduction]) 
         "lr": lr,
     }
     out.update(_kept(d))
+    if opts.backend == "megatron-lm":
+        out["extra_args"] = [*out.get("extra_args", []), *_blend_surplus(rp, notes)]
     if d.data is not None:
         out["data"] = _data(d.data, rp.plan, "defaults.data")
     return out
+
+
+def _blend_surplus(rp: ResolvedPlan, notes: list[Reduction]) -> list[str]:
+    """Megatron-LM builds every validation and test blend at start-up. Asked for the rehearsal's one sample
+    (batch 1), a weighted blend of n datasets is sized Σ ceil(w·1) = n, and megatron-core's draw then takes
+    more from the heaviest dataset than the ceil(ceil(w)·1.005) it built for it (IndexError at start-up); a
+    surplus of n per dataset covers any draw of n. At the cluster's batch the 0.5 % default does."""
+    try:
+        entries = max(len(stage_blend(rp, st).entries) for st in rp.stages)
+    except LongctxError:  # unreadable data: the rehearsal's data checks say so before any launch
+        return []
+    if entries <= 1:
+        return []
+    notes.append(
+        Reduction(
+            what=f"megatron-core's mid-level blend surplus 0.005 → {entries} (validation and test blends of "
+            f"{entries} datasets asked for one sample)",
+            real_needs="the default: at the plan's global batch the blends ask for hundreds of samples",
+        )
+    )
+    return ["--mid-level-dataset-surplus", str(entries)]
 
 
 # what a stage (or [defaults]) sets that the rehearsal keeps as it is: code paths, not cost
