@@ -1,6 +1,6 @@
 """`longctx rehearse` refuses before it writes anything: a tokenizer without its manifest, a run directory
-that holds something else than a rehearsal or a rehearsal on the other backend, an unknown backend, the megatron-lm backend without a
-Megatron-LM checkout (none given, or one without pretrain_gpt.py)."""
+that holds something else than a rehearsal or a rehearsal on the other backend, an unknown backend, the
+megatron-lm backend without a Megatron-LM checkout (none given, or one without pretrain_gpt.py)."""
 
 from __future__ import annotations
 

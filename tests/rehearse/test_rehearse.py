@@ -13,13 +13,11 @@ import pytest
 
 from longctx.errors import PlanError
 from longctx.plan.derive import open_plan
-from longctx.plan.micro import MicroShapeOptions
-from longctx.plan.rehearsal import RehearsalOptions, rehearsal_plan
+from longctx.plan.rehearsal import rehearsal_plan
 from longctx.plan.schema import StageSpec
 from longctx.rehearse.run import RehearsalReport, rehearse
+from tests.fixtures.rehearsal import options, scaled_plan
 
-REPO = Path(__file__).resolve().parents[2]
-SCALED = {"16k": ("1k", 1024, 1), "64k": ("4k", 4096, 2), "128k": ("16k", 16384, 4)}
 WRAP = 8192
 PLANTED = f"""
 import sys
@@ -36,35 +34,6 @@ if "--spec" in sys.argv:  # the trainer's workers only
 
     loop.micro_batch = micro_batch
 """
-
-
-def scaled_plan(tmp: Path, scaled: dict[str, tuple[str, int, int]] = SCALED) -> Path:
-    """stages/baby_9b_dense.toml with every length 16× shorter and its CP written out (auto would pick 1);
-    the stages `scaled` leaves out are dropped."""
-    text = (REPO / "stages" / "baby_9b_dense.toml").read_text(encoding="utf-8")
-    text = text.replace("seq_length = 4096", "seq_length = 256")
-    text = "[[stages]]".join(
-        part
-        for part in text.split("[[stages]]")
-        if not part.startswith('\nname = "') or part.split('"')[1] in scaled
-    )
-    for name, (new, length, cp) in scaled.items():
-        old = f'name = "{name}"\nseq_length = {int(name[:-1]) * 1024}'
-        assert old in text
-        text = text.replace(old, f'name = "{new}"\nseq_length = {length}\ncontext_parallel = {cp}')
-    text = text.replace('"../tokenization/', f'"{REPO}/tokenization/')
-    plan = tmp / "baby_scaled.toml"
-    plan.write_text(text, encoding="utf-8")
-    return plan
-
-
-def options(oellm_like_hf_dir: Path, oellm_like_manifest: Path) -> RehearsalOptions:
-    return RehearsalOptions(
-        shape=MicroShapeOptions(layers=1),
-        iterations=3,
-        tokenizer=oellm_like_hf_dir,
-        manifest=oellm_like_manifest,
-    )
 
 
 @pytest.fixture(scope="module")

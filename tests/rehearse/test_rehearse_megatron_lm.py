@@ -20,7 +20,7 @@ from longctx.checkpoint.unpickle import enums_pickled_by_name
 from longctx.plan.derive import open_plan
 from longctx.rehearse.run import RehearsalReport, rehearse
 from longctx.stage import ledger
-from tests.rehearse.test_rehearse import options, scaled_plan
+from tests.fixtures.rehearsal import options, scaled_plan
 
 # Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
 # longctx refuses to launch it there (tests/stage/test_megatron_python.py)
