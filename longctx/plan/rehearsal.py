@@ -233,7 +233,8 @@ def _blend_surplus(rp: ResolvedPlan, notes: list[Reduction]) -> list[str]:
     """Megatron-LM builds every validation and test blend at start-up. Asked for the rehearsal's one sample
     (batch 1), a weighted blend of n datasets is sized Σ ceil(w·1) = n, and megatron-core's draw then takes
     more from the heaviest dataset than the ceil(ceil(w)·1.005) it built for it (IndexError at start-up); a
-    surplus of n per dataset covers any draw of n. At the cluster's batch the 0.5 % default does."""
+    surplus of n per dataset covers any draw of n. A real run's blends ask for hundreds of samples, and its
+    datasets' parts hold whole epochs of them."""
     try:
         entries = max(len(stage_blend(rp, st).entries) for st in rp.stages)
     except LongctxError:  # unreadable data: the rehearsal's data checks say so before any launch
@@ -244,7 +245,7 @@ def _blend_surplus(rp: ResolvedPlan, notes: list[Reduction]) -> list[str]:
         Reduction(
             what=f"megatron-core's mid-level blend surplus 0.005 → {entries} (validation and test blends of "
             f"{entries} datasets asked for one sample)",
-            real_needs="the default: at the plan's global batch the blends ask for hundreds of samples",
+            real_needs="the default, where each dataset's validation part holds more windows than its draw",
         )
     )
     return ["--mid-level-dataset-surplus", str(entries)]
