@@ -12,7 +12,8 @@ places where the distributed optimizer expects a fused (Apex/TE) optimizer's sta
 
 The CPU flags a launch needs on top of a GPU argv are `longctx.stage.megatron_args.cpu_flags()`.
 Context parallelism (CP > 1) also needs `--spec longctx.mcore.megatron_lm_spec layer_spec`: Megatron's
-local DotProductAttention refuses CP, longctx's core attention runs it (shim 12 covers the device queries).
+local DotProductAttention refuses CP, longctx's core attention runs it (shim 12 covers the device queries);
+a CP 1 stage past 8,192 tokens takes it too (the local attention holds s × s scores per head).
 """
 
 from __future__ import annotations

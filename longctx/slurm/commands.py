@@ -360,6 +360,6 @@ def preflight_chain(
         jobs = []
         for st in rp.launchable(pending):
             job = stage_job(rp, st, rotary=rotary)
-            jobs.append(dataclasses.replace(job, argv=[*job.argv, *cpu_flags(st.cp)]))
+            jobs.append(dataclasses.replace(job, argv=[*job.argv, *cpu_flags(st.cp, st.seq_length)]))
         report = run_preflight(megatron_lm_script(rp), jobs, facts)
     return require_passed(report, where=str(rp.source))

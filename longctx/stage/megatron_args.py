@@ -420,8 +420,14 @@ CPU_FLAGS: tuple[str, ...] = (
 # Megatron-LM's local DotProductAttention refuses context parallelism; without TransformerEngine the
 # layers take longctx's ring attention through Megatron-LM's --spec hook instead.
 CP_SPEC_FLAGS: tuple[str, ...] = ("--spec", "longctx.mcore.megatron_lm_spec", "layer_spec")
+# The local DotProductAttention also holds every head's s × s scores (and their softmax, kept for the
+# backward): a 16,384-token CP 1 stage of a 4-head micro model peaked at 12.4 GiB per rank against 0.19 GiB
+# modelled. Past this length a CPU launch takes longctx's attention at CP 1 too (memory linear in s).
+LOCAL_ATTENTION_MAX_TOKENS = 8192
 
 
-def cpu_flags(context_parallel: int = 1) -> list[str]:
-    """The flags a CPU-only launch appends to a stage's argv (see CPU_FLAGS; CP > 1 adds CP_SPEC_FLAGS)."""
-    return [*CPU_FLAGS, *(CP_SPEC_FLAGS if context_parallel > 1 else ())]
+def cpu_flags(context_parallel: int = 1, seq_length: int = 0) -> list[str]:
+    """The flags a CPU-only launch appends to a stage's argv (see CPU_FLAGS): CP_SPEC_FLAGS too at CP > 1, or
+    at a length past LOCAL_ATTENTION_MAX_TOKENS."""
+    spec = context_parallel > 1 or seq_length > LOCAL_ATTENTION_MAX_TOKENS
+    return [*CPU_FLAGS, *(CP_SPEC_FLAGS if spec else ())]

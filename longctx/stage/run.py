@@ -95,7 +95,7 @@ class LaunchPlan:
         `metrics` on a GPU, the runner without the CPU flags (it patches nothing there)."""
         if not self.cpu and not self.metrics:
             return list(self.argv)
-        extra = cpu_flags(self.stage.cp) if self.cpu else []
+        extra = cpu_flags(self.stage.cp, self.stage.seq_length) if self.cpu else []
         return [self.argv[0], "-m", MEGATRON_CPU_RUNNER, *self.argv[1:], *extra]
 
     def shell(self) -> str:
@@ -617,7 +617,9 @@ def _launch_record(
         target_iterations=lp.stage.train_iters,
         argv_digest=hashlib.sha256("\0".join(lp.argv[1:]).encode()).hexdigest()[:16],
         argv=lp.argv[1:],
-        cpu={"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp)} if lp.cpu else None,
+        cpu={"runner": MEGATRON_CPU_RUNNER, "flags": cpu_flags(lp.stage.cp, lp.stage.seq_length)}
+        if lp.cpu
+        else None,
         binding=lp.binding.record(),
         log=str(lp.log),
         repair=_repair_record(lp.step.repair),

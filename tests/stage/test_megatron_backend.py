@@ -125,6 +125,18 @@ def test_cpu_launch_of_a_cp_stage_takes_longctx_attention_through_spec(
     assert {st.cp for st in rp.stages} == {1, 2}
 
 
+def test_a_cpu_launch_past_the_local_attentions_length_takes_longctx_attention_at_cp_1() -> None:
+    """Megatron-LM's local attention holds each head's s × s scores: rehearsed at 16,384 tokens on CP 1 it
+    peaked at 12.4 GiB per rank against 0.19 GiB modelled (0.25 GiB through the spec). Past 8,192 tokens a CP 1
+    launch on the CPU takes longctx's attention too; shorter ones keep Megatron-LM's own."""
+    from longctx.stage.megatron_args import CP_SPEC_FLAGS, LOCAL_ATTENTION_MAX_TOKENS, cpu_flags
+
+    spec = " ".join(CP_SPEC_FLAGS)
+    assert LOCAL_ATTENTION_MAX_TOKENS == 8192
+    assert spec not in " ".join(cpu_flags(1, 8192)) and spec not in " ".join(cpu_flags())
+    assert spec in " ".join(cpu_flags(1, 16384)) and spec in " ".join(cpu_flags(2, 1024))
+
+
 def test_a_launch_asked_for_metrics_runs_the_runner_on_a_gpu_host_too(
     fresh_run: Path, tmp_path: Path, monkeypatch
 ) -> None:
