@@ -59,6 +59,7 @@ ALLOWED: dict[str, set[str]] = {
         "eval",
         "stage",
         "export",
+        "slurm",  # the preflight a chain's submit runs, before the rehearsal's chain on megatron-lm
     },
     "export": {"tokenizer", "rope", "checkpoint", "plan"},
     "cli": {"*"},
