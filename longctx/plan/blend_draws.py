@@ -128,7 +128,8 @@ def sufficient_surplus(
             for t in range((draw.targets[i] or 0) + 1, draw.drawn[i] + 1)
             if gpt_dataset_length(tokens[i], seq_length, t) >= draw.drawn[i]
         )
-        need = max(need, target / draw.requested_per_dataset[i] - 1)
+        # ceil(c·(1 + s)) reaches it once c·(1 + s) > target - 1
+        need = max(need, (target - 1) / draw.requested_per_dataset[i] - 1)
     step = math.ceil(need / SURPLUS_STEP - 1e-9)
     while True:  # megatron-core's float arithmetic decides: step up until its targets suffice
         surplus = round(step * SURPLUS_STEP, 6)
