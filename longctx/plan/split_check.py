@@ -242,8 +242,8 @@ def _oversample_fix(
 
 
 def split_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend, backend: Backend | None) -> Findings:
-    """What the stage's split does at start-up. `backend` None (plan check): the Megatron-LM rule is an error
-    in a plan that names its Megatron-LM ([megatron]) and a warning otherwise."""
+    """What the stage's split does at start-up on `backend`; None (plan check): on the backend the plan's
+    [slurm] table declares, else as `_views` says."""
     out = Findings()
     split = st.data.split if st.data is not None else None
     if not split or not blend.entries:
@@ -252,23 +252,25 @@ def split_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend, backend: B
     if parts is None:
         return out
     _empty_parts(st, split, parts, out)
-    named = "megatron" in rp.plan.model_fields_set
-    if backend == "megatron-lm" or (backend is None and named):
-        _unevaluated_parts(st, split, blend, parts, "error", out)
-    elif backend is None:
-        _unevaluated_parts(st, split, blend, parts, "warning", out)
     seen: set = set()
-    for view in _views(backend, named):
-        out.extend(_oversampled_parts(rp, st, split, blend, parts, view, seen))
+    for view, level in _views(rp, backend):
+        if view == "megatron-lm":
+            _unevaluated_parts(st, split, blend, parts, level, out)
+        out.extend(_oversampled_parts(rp, st, split, blend, parts, (view, level), seen))
     return out
 
 
-def _views(backend: Backend | None, named: bool) -> list[tuple[Backend, str]]:
-    """The backends a stage's blend is drawn for. Plan check (None): Megatron-LM's draws are errors in a
-    plan that names its Megatron-LM, else the local trainer's are, and Megatron-LM's only warnings."""
+def _views(rp: ResolvedPlan, backend: Backend | None) -> list[tuple[Backend, str]]:
+    """The backends a stage's start-up is checked for, each with the level of what it finds. Plan check
+    (None): the backend the plan's [slurm] declares (a rehearsal's plan does); else Megatron-LM's failures
+    are errors in a plan that names its Megatron-LM ([megatron]), and in one that does not the local
+    trainer's are, Megatron-LM's only warnings."""
+    backend = backend or rp.slurm.backend
     if backend is not None:
         return [(backend, "error")]
-    return [("megatron-lm", "error")] if named else [("local", "error"), ("megatron-lm", "warning")]
+    if "megatron" in rp.plan.model_fields_set:
+        return [("megatron-lm", "error")]
+    return [("local", "error"), ("megatron-lm", "warning")]
 
 
 __all__ = ["split_findings"]

@@ -48,6 +48,7 @@ class _Plan:
     def __init__(self, megatron: bool) -> None:
         self.plan = type("P", (), {"model_fields_set": {"megatron"} if megatron else set()})()
         self.megatron = type("M", (), {"performance_args": ()})()
+        self.slurm = type("S", (), {"backend": None})()
 
 
 def test_an_empty_part_is_an_error_on_every_backend(tmp_path: Path) -> None:
