@@ -13,6 +13,7 @@ only GPTDataset's length is computed here, from the part's tokens with GPTDatase
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -123,11 +124,11 @@ def sufficient_surplus(
     need = draw.surplus
     for i in draw.oversampled:
         # the smallest target whose epochs hold the draws (a GPTDataset holds at least its target)
-        target = next(
-            t
-            for t in range((draw.targets[i] or 0) + 1, draw.drawn[i] + 1)
-            if gpt_dataset_length(tokens[i], seq_length, t) >= draw.drawn[i]
+        candidates = range((draw.targets[i] or 0) + 1, draw.drawn[i] + 1)  # its length grows with it
+        enough = bisect.bisect_left(
+            candidates, True, key=lambda t: gpt_dataset_length(tokens[i], seq_length, t) >= draw.drawn[i]
         )
+        target = candidates[enough]
         # ceil(c·(1 + s)) reaches it once c·(1 + s) > target - 1
         need = max(need, (target - 1) / draw.requested_per_dataset[i] - 1)
     step = math.ceil(need / SURPLUS_STEP - 1e-9)
