@@ -39,12 +39,16 @@ class _Stage:
 
     def __init__(self, split: str, eval_iters: int, seq_length: int = 8) -> None:
         self.name, self.eval_iters, self.seq_length = "s", eval_iters, seq_length
+        self.train_iters, self.global_batch_size, self.eval_interval = 4, 2, 100 if eval_iters else None
+        self.extra_args: list[str] = []
         self.data = type("D", (), {"split": split})()
 
 
 class _Plan:
     def __init__(self, megatron: bool) -> None:
         self.plan = type("P", (), {"model_fields_set": {"megatron"} if megatron else set()})()
+        self.megatron = type("M", (), {"performance_args": ()})()
+        self.slurm = type("S", (), {"backend": None})()
 
 
 def test_an_empty_part_is_an_error_on_every_backend(tmp_path: Path) -> None:
