@@ -222,8 +222,6 @@ def _defaults(rp: ResolvedPlan, opts: RehearsalOptions, notes: list[Reduction]) 
         "lr": lr,
     }
     out.update(_kept(d))
-    if opts.backend == "megatron-lm":
-        out["extra_args"] = [*out.get("extra_args", []), *_blend_surplus(rp, notes)]
     if d.data is not None:
         out["data"] = _data(d.data, rp.plan, "defaults.data")
     return out
@@ -324,6 +322,11 @@ def rehearsal_plan(rp: ResolvedPlan, run_dir: Path, opts: RehearsalOptions | Non
         "defaults": _defaults(rp, opts, notes),
         "stages": [_stage(st, plan, opts, notes) for st in rp.stages],
     }
+    if opts.backend == "megatron-lm":
+        surplus = _blend_surplus(rp, notes)
+        # a stage's own extra_args replace [defaults]' whole list: the surplus goes into each
+        for part in (data["defaults"], *(st for st in data["stages"] if "extra_args" in st)):
+            part["extra_args"] = [*part.get("extra_args", []), *surplus]
     notes.append(
         Reduction(
             what="the base: a micro model initialised here (the plan's base has the real shape)",

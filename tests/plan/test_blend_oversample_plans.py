@@ -169,12 +169,19 @@ def test_the_suggested_surplus_passes_the_check_and_the_real_builder(
 
 
 @pytest.mark.parametrize("backend", ["megatron-lm", "local"])
+@pytest.mark.parametrize("stage_args", [[], ["--log-throughput"]], ids=["defaults", "stage-args"])
 def test_the_rehearsal_of_the_plan_passes_on_either_backend(
-    tmp_path: Path, artifact: Path, oellm_like_hf_dir: Path, oellm_like_manifest: Path, backend: str
+    tmp_path: Path,
+    artifact: Path,
+    oellm_like_hf_dir: Path,
+    oellm_like_manifest: Path,
+    backend: str,
+    stage_args: list[str],
 ) -> None:
     """longctx/plan/rehearsal.py gives a Megatron-LM rehearsal (batch 1) a surplus of the blend's dataset
-    count; a local one builds the train part only (its plan's [slurm] says which backend trains)."""
-    rp = _plan(tmp_path, artifact, oellm_like_hf_dir, oellm_like_manifest, [])
+    count, also to a stage with extra_args of its own (they replace [defaults]'); a local one builds the
+    train part only (its plan's [slurm] says which backend trains)."""
+    rp = _plan(tmp_path, artifact, oellm_like_hf_dir, oellm_like_manifest, stage_args)
     opts = RehearsalOptions(
         shape=MicroShapeOptions(layers=1),
         iterations=3,
@@ -186,6 +193,7 @@ def test_the_rehearsal_of_the_plan_passes_on_either_backend(
     plan = write_rehearsal_plan(rehearsal_plan(rp, run_dir, opts), tmp_path / f"rehearsal-{backend}.toml")
     rehearsal = open_plan(plan, run_dir)
     assert ("--mid-level-dataset-surplus" in rehearsal.stages[0].extra_args) == (backend == "megatron-lm")
+    assert set(stage_args) <= set(rehearsal.stages[0].extra_args)
     assert not [f for r in check_plan_data(rehearsal, scan=False).values() for f in r.findings.errors]
 
 
