@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 SURPLUS_STEP = 0.01  # a suggested surplus is rounded up to this
+# past this many samples a weighted draw that provably fits is not drawn (its indices: 10 bytes a sample)
+EXACT_DRAW_MAX = 10_000_000
 
 
 def gpt_dataset_length(tokens: int, seq_length: int, num_samples: int | None) -> int:
@@ -43,7 +45,7 @@ class BlendDraw:
     requested_per_dataset: tuple[int, ...]  # ceil(N·w_i) (weighted), the blend's size is their sum
     targets: tuple[int | None, ...]  # the GPTDataset's num_samples (None: one epoch)
     lengths: tuple[int, ...]  # len(GPTDataset)
-    drawn: tuple[int, ...]
+    drawn: tuple[int, ...]  # a large blend that provably fits: the bound floor(w·size) + 1 on each count
 
     @property
     def size(self) -> int:
@@ -107,7 +109,14 @@ def blend_draw(
     if weights is not None:
         plain, targets = weighted_targets(weights, requested, surplus)
         lengths = [gpt_dataset_length(t, seq_length, n) for t, n in zip(tokens, targets, strict=True)]
-        drawn = _draw(_normalize(weights), sum(plain))  # the builder normalised them once already
+        w = _normalize(weights)  # the builder normalised them once already
+        bound = [math.floor(wi * sum(plain)) + 1 for wi in w]
+        if sum(plain) > EXACT_DRAW_MAX and all(n >= b for n, b in zip(lengths, bound, strict=True)):
+            # megatron-core's draw keeps every count within floor(w·size) + 1; where each dataset holds
+            # that many the draw cannot oversample, and drawing it exactly would cost 10 bytes a sample
+            drawn = tuple(bound)
+        else:
+            drawn = _draw(w, sum(plain))
         return BlendDraw(requested, surplus, True, tuple(plain), tuple(targets), tuple(lengths), drawn)
     lengths = [gpt_dataset_length(t, seq_length, None) for t in tokens]
     if any(n <= 0 for n in lengths):

@@ -3,6 +3,7 @@ BlendedDataset and BlendedMegatronDatasetBuilder on small datasets."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,3 +102,16 @@ def test_an_oversampled_blend_and_the_surplus_that_mends_it(tmp_path: Path) -> N
     # just below it, megatron-core refuses again: the suggestion is the smallest on its step
     below = blend_draw(weights, tokens, SEQ, 1, surplus - 0.01)
     assert below is not None and below.oversampled == [0]
+
+
+def test_a_large_blend_that_fits_is_bounded_not_drawn() -> None:
+    """Past EXACT_DRAW_MAX samples a weighted blend whose datasets hold floor(w·size) + 1 samples is not
+    drawn (10 bytes a sample); the bound holds on megatron-core's own draw of a smaller blend."""
+    weights = [0.5, 0.3, 0.2]
+    draw = blend_draw(weights, [10**12] * 3, 1024, 50_000_000, 0.005)
+    assert draw is not None and not draw.oversampled
+    assert draw.drawn == tuple(math.floor(w * sum(draw.requested_per_dataset)) + 1 for w in weights)
+    small = blend_draw(weights, [10**9] * 3, 1024, 10_007, 0.005)
+    assert small is not None
+    size = sum(small.requested_per_dataset)
+    assert all(d <= math.floor(w * size) + 1 for d, w in zip(small.drawn, weights, strict=True))
