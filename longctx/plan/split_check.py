@@ -192,7 +192,8 @@ def _oversampled_parts(
         getattr(out, level)(
             "blend-oversampled",
             f"stage {st.name}, split {split!r}, on {backend}: megatron-core would stop at start-up building the "
-            f"{name} blend ({n:,} sample{'s' if n != 1 else ''} asked, {how}; the blend drawn {draw.size:,}): it draws {said}{more} "
+            f"{name} blend ({n:,} sample{'s' if n != 1 else ''} asked, {how}; the blend drawn {draw.size:,}): "
+            f"it draws {said}{more} "
             f"(IndexError: The {name} blend oversamples the contributing datasets, in "
             "BlendedDataset._build_indices)",
             where=blend.entries[bad[0]].prefix,
