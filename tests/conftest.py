@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 _FIXTURES = Path(__file__).parent / "fixtures"
-# `processes` (the inner loop's collection hook and guard) first: the other fixture modules import it,
-# and pytest rewrites the asserts of a plugin only when it imports the plugin itself.
-_OTHERS = sorted(p.stem for p in _FIXTURES.glob("*.py") if p.stem not in ("__init__", "processes"))
-pytest_plugins = ["tests.fixtures.processes", *(f"tests.fixtures.{stem}" for stem in _OTHERS)]
+# `processes` (the inner loop's collection hook and guard) and `shared_builds` first: the other fixture
+# modules import them, and pytest rewrites the asserts of a plugin only when it imports the plugin itself.
+_FIRST = ("processes", "shared_builds")
+_OTHERS = sorted(p.stem for p in _FIXTURES.glob("*.py") if p.stem not in ("__init__", *_FIRST))
+pytest_plugins = [*(f"tests.fixtures.{stem}" for stem in (*_FIRST, *_OTHERS))]
 
 # Progress bars would only clutter captured output.
 os.environ.setdefault("LONGCTX_NO_PROGRESS", "1")
