@@ -20,11 +20,14 @@ from tests.fixtures.run import write_plan
 from tests.fixtures.stopping import STOP_S, Command, longctx_argv
 
 S1_ITERS = 40  # long enough that no signal lands after its end, short enough to resume in seconds
+# the signals wait for the first save; a save every 8 iterations (not every 2) spares the launches, the
+# resume above all, some 15 saves they do not need
+S1_SAVE = 8
 
 
 @pytest.fixture
 def plan(fresh_run: Path, tmp_path: Path) -> Path:
-    return write_plan(tmp_path / "plan.toml", fresh_run, s1_tokens=S1_ITERS * 4 * 128, s1_save=2)
+    return write_plan(tmp_path / "plan.toml", fresh_run, s1_tokens=S1_ITERS * 4 * 128, s1_save=S1_SAVE)
 
 
 def _saved(run: Path) -> Callable[[], bool]:

@@ -47,7 +47,8 @@ def test_adopted_layout_trains_and_is_saved_back(
     assert result.verify is not None and result.verify.ok
     base = inspect_checkpoint(tmp_path / "base")
     base_iter = tmp_path / "base" / "iter_0000001"
-    plan = diffusion_plan(tmp_path, fresh_run, tmp_path / "base", objective)
+    # two iterations, one save: what is checked is the layout of the stage's save
+    plan = diffusion_plan(tmp_path, fresh_run, tmp_path / "base", objective, s1_tokens=2 * 4 * 128)
     rp = resolve_plan(load_plan(plan))
     saved = run_first_stage(plan, rp)
     after = inspect_checkpoint(saved)

@@ -22,6 +22,9 @@ from longctx.train.spec import TrainSpec
 from tests.fixtures.diffusion import VOCAB, diffusion_plan
 from tests.train.helpers import run, run_first_stage, saved_tensors, spec
 
+# two iterations a stage, one save each: the layout checks read the stage's save, not how long it trained
+SHORT_STAGES = dict(s1_tokens=2 * 4 * 128, s2_tokens=2 * 2 * 256)
+
 
 def _losses(path: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, path.read_text().splitlines())]
@@ -75,7 +78,7 @@ def test_encoder_checkpoint_trains_through_stages_and_keeps_its_layout(
     base = diffusion_checkpoints / "mdm"
     base_buffers = _buffers(base / "iter_0000001")
     assert set(base_buffers) == {"subtokenizer.mask", "subtokenizer.lookup_table"}
-    plan = diffusion_plan(tmp_path, fresh_run, base, 'kind = "mdm"')
+    plan = diffusion_plan(tmp_path, fresh_run, base, 'kind = "mdm"', **SHORT_STAGES)
     rp = resolve_plan(load_plan(plan))
     runner = CliRunner()
     # s1 from the encoder base (weights only), then s2 at CP 2 with the bidirectional ring
@@ -101,7 +104,7 @@ def test_uniform_state_moe_trains_from_its_stacked_expert_checkpoint(
     """UDM-MoE (encoder layout, experts stacked, no [MASK] row): forward and backward of the MoE FFN on
     CPU (EP 1), saved back with its router and expert tensors under `encoder.`."""
     base = diffusion_checkpoints / "udm_moe"
-    plan = diffusion_plan(tmp_path, fresh_run, base, 'kind = "udm"')
+    plan = diffusion_plan(tmp_path, fresh_run, base, 'kind = "udm"', **SHORT_STAGES)
     rp = resolve_plan(load_plan(plan))
     assert rp.arch.num_experts == 4 and rp.stages[0].padded_vocab_size == VOCAB
     ckpt = run_first_stage(plan, rp)
