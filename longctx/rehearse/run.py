@@ -78,7 +78,9 @@ class RehearsalReport(BaseModel):
     export: Parity | None = None
     cost: LengthCost | None = None  # seconds per token by length against the FLOPs, FLOP/s against a matmul
     export_dir: str | None = None
-    export_skipped: str | None = None  # why the last stage was not exported (a diffusion objective)
+    export_skipped: str | None = (
+        None  # why the last stage was not exported (a diffusion objective, or not asked)
+    )
     preflight: str | None = None  # megatron-lm: what Megatron-LM's parser accepted before the chain
     wall_seconds: float = 0.0
     load_average: tuple[float, float, float] | None = None  # at the end: what shared the cores
@@ -295,8 +297,12 @@ def rehearse(
     opts: RehearsalOptions | None = None,
     *,
     echo: Echo = print,
+    interrupt: bool = True,
+    export: bool = True,
 ) -> RehearsalReport:
-    """Rehearse `source` in `run_dir` (see the module docstring); the report says what each stage did."""
+    """Rehearse `source` in `run_dir` (see the module docstring); the report says what each stage did.
+    `interrupt=False` / `export=False` leave out the SIGTERM and the export: a rerun that has proven them
+    already (e.g. with one stage changed) need not pay for them again."""
     t0 = time.monotonic()
     run_dir = run_dir.resolve()
     opts = _megatron_lm(source, opts or RehearsalOptions())
@@ -311,12 +317,19 @@ def rehearse(
     preflight = _preflight(rp, opts, echo)
     _base(rp, run_dir, echo)
     chain: ChainRun = LocalChain(
-        plan_file, run_dir, backend=opts.backend, interrupt=longest_stage(rp), echo=echo
+        plan_file,
+        run_dir,
+        backend=opts.backend,
+        interrupt=longest_stage(rp) if interrupt else None,
+        echo=echo,
     ).run()
     rp = open_plan(plan_file, run_dir)
     evals = _evaluate(rp, echo)
     parity, out, skipped = None, None, None
-    if rp.objective.kind == "ar":
+    if not export:
+        skipped = "not asked for (export=False)"
+        echo(f"    export skipped: {skipped}")
+    elif rp.objective.kind == "ar":
         parity, out = _export(rp, plan_file, echo)
     else:  # `export hf` refuses it: no transformers causal LM computes a bidirectional denoiser
         skipped = f"export hf takes autoregressive plans; this one trains {rp.objective.kind}"

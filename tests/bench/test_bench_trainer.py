@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from longctx.checkpoint.unpickle import enums_pickled_by_name
+from longctx.cli.main import app
 from longctx.plan.load import load_plan
 
 ITERATIONS, WARMUP = 3, 1
@@ -79,16 +81,20 @@ def test_bench_trainer_measures_both_backends(megatron_lm: Path, tmp_path: Path)
     assert any("shims" in d for d in doc["differences"])
 
 
-def test_bench_trainer_without_a_checkout_exits_2_with_one_json_document(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "LONGCTX_MEGATRON_LM"}
-    proc = _bench(env=env)
-    assert proc.returncode == 2
-    doc = json.loads(proc.stdout)
+def test_bench_trainer_without_a_checkout_exits_2_with_one_json_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # in this process: the command refuses before it launches anything (the real run above is a subprocess
+    # because its launches write to the same stdout)
+    monkeypatch.delenv("LONGCTX_MEGATRON_LM", raising=False)
+    res = CliRunner().invoke(app, ["bench", "trainer", "--json"])
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)
     assert doc["ok"] is False and "LONGCTX_MEGATRON_LM is not set" in doc["error"]["what"]
     assert "--megatron-lm" in doc["error"]["fix"]
 
-    proc = _bench("--megatron-lm", str(tmp_path), env=env)
-    assert proc.returncode == 2
-    doc = json.loads(proc.stdout)
+    res = CliRunner().invoke(app, ["bench", "trainer", "--megatron-lm", str(tmp_path), "--json"])
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)
     assert "is not a Megatron-LM checkout" in doc["error"]["what"] and doc["error"]["where"] == str(tmp_path)
     assert not list(tmp_path.iterdir())  # nothing built before the check
