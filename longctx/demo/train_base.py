@@ -146,6 +146,8 @@ class BaseRecipe:
     # what the card measures; each must reach publish_bar at the base's window
     eval_tasks: tuple[str, ...] = ("single", "multikey-2", "multikey-4")
     eval_any_digit: bool = True  # keys of any digits (repeats allowed), or of distinct digits
+    # the lengths the card measures: the base's window (the bar is read there) and beyond it, extrapolated
+    eval_lengths: tuple[int, ...] = (256, 1024, 4096)
     publish_bar: float = 0.9  # greedy exact match at its own window a published base must reach
 
     @property
@@ -363,9 +365,9 @@ def _wall(work: Path, seconds: float) -> float:
     return total
 
 
-def measure(work: Path, r: BaseRecipe, lengths: tuple[int, ...] = (256, 1024, 4096)) -> list[Retrieval]:
-    """Greedy exact match of each of the recipe's tasks at each length (beyond the window by
-    extrapolation), `eval_keys` per depth."""
+def measure(work: Path, r: BaseRecipe) -> list[Retrieval]:
+    """Greedy exact match of each of the recipe's tasks at each of its `eval_lengths` (beyond the window
+    by extrapolation), `eval_keys` per depth."""
     settings = EvalSettings(
         keys_per_cell=r.eval_keys,
         distractors=0,
@@ -378,7 +380,7 @@ def measure(work: Path, r: BaseRecipe, lengths: tuple[int, ...] = (256, 1024, 40
     last = r.phases[-1]
     report = evaluate_checkpoints(
         [CheckpointRef("base", final_save(work, r), allow_extrapolation=True)],
-        lengths=list(lengths),
+        lengths=list(r.eval_lengths),
         tokenizer=load_tokenizer(work / "tokenizer"),
         heldout=HeldOut([str(_prefix(work, last))], _split(r, last)),
         settings=settings,
@@ -586,8 +588,8 @@ def _step(echo: Echo, name: str) -> Iterator[list[str]]:
 
 
 RECIPE_FILE = "recipe.json"
-# what a rerun may change and still resume the same base: how far it trains and how it runs
-RESUMABLE = frozenset({"iterations", "save_interval", "processes", "eval_keys"})
+# what a rerun may change and still resume the same base: how far it trains, how it runs, what it measures
+RESUMABLE = frozenset({"iterations", "save_interval", "processes", "eval_keys", "eval_lengths"})
 
 
 def _record_value(v: object) -> object:

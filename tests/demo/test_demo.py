@@ -3,6 +3,7 @@ evaluation, and a second run that resumes instead of starting over."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,6 +14,13 @@ from longctx.cli.main import app
 from longctx.demo.run import DemoConfig, run_demo
 from longctx.stage import ledger
 from tests.fixtures.run import write_plan
+
+
+def _small(plan: Path) -> DemoConfig:
+    """The small demo on `plan`, stage s2 interrupted, its base pretrained by one process: what the stages
+    extend is the same base either way, and a worker less is one import of torch and megatron-core less
+    (the stages keep the plan's two ranks, CP 2 in s2)."""
+    return dataclasses.replace(DemoConfig.small(plan, interrupt_stage="s2"), processes=1)
 
 
 @pytest.mark.slow
@@ -28,7 +36,7 @@ def test_small_demo_then_resume_then_eval_summary(tmp_path: Path, monkeypatch: p
         extra="\n[eval]\nkeys_per_cell = 3\n",
     )
     lines: list[str] = []
-    report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
+    report = run_demo(run_dir, _small(plan), echo=lines.append)
 
     assert [s.step for s in report.steps] == [
         "tokenizer",
@@ -59,7 +67,7 @@ def test_small_demo_then_resume_then_eval_summary(tmp_path: Path, monkeypatch: p
     demo_table = (run_dir / "eval" / "summary" / "summary.md").read_text()
 
     # a second run in the same directory resumes: nothing is rebuilt or retrained
-    again = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=lines.append)
+    again = run_demo(run_dir, _small(plan), echo=lines.append)
     skipped = {s.step: s.skipped for s in again.steps}
     assert skipped["tokenizer"] and skipped["corpus"] and skipped["data"] and skipped["base model"]
     assert [r["launches"] for r in again.stages] == [r["launches"] for r in report.stages]
@@ -110,9 +118,11 @@ def test_small_masked_diffusion_demo(tmp_path: Path) -> None:
         run_dir,
         s2_tokens=8 * 2 * 256,
         s2_save=2,
-        extra='\n[objective]\nkind = "mdm"\n',
+        # the evaluation's grid cut to what is read here (a cell per checkpoint and length, its ELBO):
+        # one key per cell and one held-out document for the ELBO instead of the defaults' 2 and 3
+        extra='\n[objective]\nkind = "mdm"\n[eval]\nkeys_per_cell = 1\nloss_docs = 1\n',
     )
-    report = run_demo(run_dir, DemoConfig.small(plan, interrupt_stage="s2"), echo=[].append)
+    report = run_demo(run_dir, _small(plan), echo=[].append)
     rows = {r["stage"]: r for r in report.stages}
     assert rows["s1"]["status"] == rows["s2"]["status"] == "done"
     assert rows["s2"]["launches"] == ["first-launch", "resume"]

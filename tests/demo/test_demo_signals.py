@@ -25,7 +25,7 @@ from longctx.stage import ledger
 from tests.fixtures.run import write_plan
 from tests.fixtures.stopping import STOP_S, Command
 
-BASE_ITERS = 120  # the small demo's base, longer: a signal after its first save (40) lands mid-training
+BASE_ITERS = 60  # the small demo's base, longer: a signal after its first save (20) lands mid-training
 S1_ITERS = 40
 
 # `longctx demo --small --plan PLAN --dir DIR`, its small base made longer

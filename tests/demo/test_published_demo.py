@@ -48,7 +48,12 @@ def _plan(path: Path, run_dir: Path, family: str) -> Path:
         eval_after_stage = false
         threads_per_process = 1
         [eval]
+        # what the test reads is a row per checkpoint: one key per cell, one held-out document for the
+        # loss by position, no short-context documents and no packed windows
         keys_per_cell = 1
+        loss_docs = 1
+        short_docs = 0
+        packed_windows = 0
         [defaults]
         nodes = 1
         log_interval = 1

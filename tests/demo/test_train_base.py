@@ -18,9 +18,13 @@ from longctx.objective import Objective
 from tests.train.helpers import saved_tensors
 
 
-def _tiny(recipe: BaseRecipe, *iterations: int) -> BaseRecipe:
+def _tiny(recipe: BaseRecipe, *iterations: int, lengths: tuple[int, ...] = (256,)) -> BaseRecipe:
     """`recipe` on 60-document corpora, its phases cut to `iterations` (four iterations retrieve
-    nothing: the bar is off for these tests of the layout; the PUBLISHED bases keep 0.9)."""
+    nothing: the bar is off for these tests of the layout; the PUBLISHED bases keep 0.9), each launch
+    one trainer process (how a base is run, not what it is: the recipe record and the archive are the
+    same, and a worker less is one import of torch and megatron-core less per launch), measured at
+    `lengths` — by default the window alone, where the bar is read: the haystacks of 1,024 and 4,096
+    tokens beyond it cost most of a build, and only the test of the card's grid reads them."""
     phases = tuple(
         dataclasses.replace(p, docs=60, iterations=n) for p, n in zip(recipe.phases, iterations, strict=True)
     )
@@ -33,13 +37,15 @@ def _tiny(recipe: BaseRecipe, *iterations: int) -> BaseRecipe:
         warmup=1,
         eval_keys=1,
         publish_bar=0.0,
+        processes=1,
+        eval_lengths=lengths,
     )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
-    recipe = _tiny(RECIPES["ar"], 2, 2)
+    recipe = _tiny(RECIPES["ar"], 2, 2, lengths=RECIPES["ar"].eval_lengths)
     assert [p.name for p in recipe.phases] == ["copy", "lookup"]
     work, out = tmp_path / "work", tmp_path / "published"
     lines: list[str] = []
@@ -64,7 +70,7 @@ def test_train_base_publishes_then_resumes(tmp_path: Path) -> None:
     assert inspect_checkpoint(save).args["tokenizer_model"] == "tokenizer"
     assert str(tmp_path).encode() not in (save / "iter_0000002" / "common.pt").read_bytes()
 
-    more = _tiny(RECIPES["ar"], 2, 4)
+    more = _tiny(RECIPES["ar"], 2, 4)  # measured at the window alone: this card is read for its training
     again = train_base(work, out, recipe=more, echo=lines.append)
     assert again.iteration == 4 and again.wall_seconds > card.wall_seconds  # the launches add up
     metrics = [json.loads(x) for x in (work / "lookup" / "metrics.jsonl").read_text().splitlines()]
