@@ -24,7 +24,6 @@ from longctx.plan.rope_sweep import describe as describe_sweep
 from longctx.stage.preflight import DeviceFacts, PreflightReport
 from longctx.stage.run import Backend, LaunchOutcome, LaunchPlan, execute, launch_plan
 from longctx.stage.state import NextStep, branch_step, stage_state
-from longctx.stage.sweep_choice import record_choice
 from longctx.stage.until_done import (
     Resolve,
     UntilDone,
@@ -142,6 +141,10 @@ def run_steps(
         if options.dry_run:
             report.chose(step.stage or "", None)
             return False
+        # choosing evaluates the branches (torch, megatron-core): a launch that chooses nothing does not
+        # pay their import, seconds at every `stage run` and every chain job's start
+        from longctx.stage.sweep_choice import record_choice
+
         report.chose(step.stage or "", record_choice(rp, rp.stage(step.stage or "")))
         return True
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,16 @@ def test_an_unknown_backend_is_refused_before_anything(fresh_run: Path, tmp_path
             facts=never,
             report=Heard(),
         )
+
+
+def test_stage_run_starts_without_torch_or_megatron_core() -> None:
+    """Every `stage run` and every chain job starts a process that only launches and records: importing
+    the evaluator's torch and megatron-core there cost seconds per launch; they load when a step needs them."""
+    probe = (
+        "import sys, longctx.cli.main, longctx.stage.run_policy; "
+        "print(sorted({'torch', 'megatron.core'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout
