@@ -45,9 +45,10 @@ from tests.fixtures.slurm import (
 
 pytestmark = pytest.mark.slurm
 
-# stage a leaves room for a kill mid-step past a save (13+ steps into a job) on a fast machine; stage b
-# only has to finish: neither needs to outlast a job, the paused trainer waits for the signal instead
-A_ITERS, B_ITERS = 80, 30
+# stage a (200 steps) leaves room on a fast machine for a kill mid-step past a save (13+ steps into a job,
+# seen by a loop that also asks `slurm status`); stage b only has to finish: it need not outlast a job,
+# the paused trainer waits for the signal instead
+B_ITERS = 30
 TIME_MIN, SIGNAL_LEAD_S = 3, 60
 
 HOSTILE = "a b 'c' \"d\" $(touch {canary}) `touch {canary}` #e \\f %g ;h"
@@ -135,9 +136,7 @@ def _signal_waits(paused: list[int]) -> bool:
 def test_chain_survives_time_limits_and_sigkill(
     slurm_cluster: None, tmp_path: Path, tiny_chain_artefacts: Path
 ) -> None:
-    plan = write_chain_plan(
-        tmp_path / "chain.toml", tmp_path / "run", tiny_chain_artefacts, a_iters=A_ITERS, b_iters=B_ITERS
-    )
+    plan = write_chain_plan(tmp_path / "chain.toml", tmp_path / "run", tiny_chain_artefacts, b_iters=B_ITERS)
     rp = resolve_plan(load_plan(plan))
     run_dir = rp.run_dir
     rendered = render(
