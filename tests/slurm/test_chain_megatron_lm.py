@@ -20,10 +20,7 @@ A launch costs 15-45 s of start-up on 2 cores.
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import json
-import os
 import re
 import signal
 import subprocess
@@ -44,7 +41,7 @@ from longctx.slurm.script import render
 from longctx.slurm.status import chain_status
 from longctx.stage import ledger
 from longctx.stage.state import next_step, plan_state
-from tests.fixtures.slurm import CHAIN_PLAN, open_launch
+from tests.fixtures.slurm import CHAIN_PLAN, job_processes, lower_time_limit, open_launch, signal_all
 
 # Megatron-LM cannot load its own saves under a Python that pickles enum members by name (3.11.0-3.11.4);
 # longctx refuses to launch it there (tests/stage/test_megatron_python.py)
@@ -104,43 +101,6 @@ def _live(ids: list[str]) -> dict[str, commands.JobInfo]:
                 raise
             time.sleep(1)
     return {}
-
-
-def _lower_time_limit(job: str) -> int:
-    """Set the running job's limit to the whole minute in (elapsed + 30 s, elapsed + 90 s]: with a 60 s
-    signal lead the signal is due at slurmctld's next check, at most 30 s away; the limit is later."""
-    info = commands.scontrol_job(job)
-    assert info is not None and info.start, info
-    elapsed = (dt.datetime.now() - dt.datetime.fromisoformat(info.start)).total_seconds()
-    minutes = int((elapsed + 90) // 60)
-    commands.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"])
-    return minutes
-
-
-def _trainer_pids(job: str) -> list[int]:
-    """The job's Megatron-LM processes on this host: the workers and their helpers, not torchrun."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            words = (d / "cmdline").read_bytes().split(b"\0")
-            env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            f"SLURM_JOB_ID={job}".encode() in env
-            and b"longctx.mcore.run_megatron_lm" in words
-            and not any(w.endswith(b"torchrun") for w in words)
-        ):
-            out.append(int(d.name))
-    return out
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 def test_chain_jobs_skip_their_preflight_only_when_told(baby_plan: Path) -> None:
@@ -203,12 +163,12 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
                     continue
                 log = Path(launch.log)
                 if limited is None and _iterations(log):  # in the loop, past Megatron-LM's signal handler
-                    paused, paused_at = _trainer_pids(job), time.monotonic()
+                    paused, paused_at = job_processes(job, "longctx.mcore.run_megatron_lm"), time.monotonic()
                     assert len(paused) >= 2, paused  # two workers (and their checkpoint writer)
-                    _signal_all(paused, signal.SIGSTOP)
-                    limited = (job, _lower_time_limit(job), 0.0)
+                    signal_all(paused, signal.SIGSTOP)
+                    limited = (job, lower_time_limit(job), 0.0)
                 elif paused and job == limited[0] and SIGNAL_NOTED in _text(log):  # type: ignore[index]
-                    _signal_all(paused, signal.SIGCONT)
+                    signal_all(paused, signal.SIGCONT)
                     paused, limited = [], (job, limited[1], time.monotonic() - paused_at)  # type: ignore[index]
                 elif paused:
                     assert time.monotonic() - paused_at < 90, "Slurm's time-limit signal did not come"
@@ -222,7 +182,7 @@ def test_megatron_lm_chain_survives_time_limit_and_sigkill(
                         killed = (job, its[-1])
             time.sleep(0.3)
     finally:
-        _signal_all(paused, signal.SIGCONT)
+        signal_all(paused, signal.SIGCONT)
         commands.scancel(list(_live(ids + submitted_ids(run_dir, "eval"))))
     seconds = time.monotonic() - t0
 

@@ -1,9 +1,11 @@
 """On a real Slurm (the local one-node cluster): quoting as sbatch reads it, and a chain that heals itself.
 
-The chain test submits a tiny two-stage plan as 1-minute jobs with `--signal=TERM@5`, so the trainer
-is told to save and exit in every job (slurmctld checks time limits every 30 s and sends the warning
-signal up to 30 s early, never late: 25–55 s into a 1-minute job, after the trainer has started); it
-SIGKILLs the training step of one job mid-step, and checks
+The chain test submits a tiny two-stage plan as 3-minute jobs with `--signal=TERM@60` (slurmctld checks
+time limits every 30 s and sends the warning signal up to 30 s early, never late: 90–120 s into such a
+job, long after a tiny launch ends). It SIGKILLs the training step of one job mid-step; in the next
+job, once its trainer logs a step, it pauses the trainer (SIGSTOP) and lowers the job's limit so that
+the signal is due at slurmctld's next check, and lets it go on once the signal waits for it: a short
+stage outlasts the wait on any machine, and the other jobs finish their stages. It checks
 afterwards that every stage reached its target, no stage was restarted from the previous stage after
 making progress, at most a save interval of steps was lost at each interruption, the jobs left in the
 queue were cancelled by the job that finished the plan, and `slurm status` told the truth throughout.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -30,9 +33,23 @@ from longctx.slurm.status import chain_status
 from longctx.stage import ledger
 from longctx.stage.ledger_events import End, Launch
 from longctx.stage.state import next_step, plan_state
-from tests.fixtures.slurm import SAVE_INTERVAL, open_launch
+from tests.fixtures.slurm import (
+    SAVE_INTERVAL,
+    job_processes,
+    lower_time_limit,
+    open_launch,
+    signal_all,
+    signal_pending,
+    write_chain_plan,
+)
 
 pytestmark = pytest.mark.slurm
+
+# stage a (200 steps) leaves room on a fast machine for a kill mid-step past a save (13+ steps into a job,
+# seen by a loop that also asks `slurm status`); stage b only has to finish: it need not outlast a job,
+# the paused trainer waits for the signal instead
+B_ITERS = 30
+TIME_MIN, SIGNAL_LEAD_S = 3, 60
 
 HOSTILE = "a b 'c' \"d\" $(touch {canary}) `touch {canary}` #e \\f %g ;h"
 
@@ -92,19 +109,48 @@ def _check_status_during(rp: Any, ids: list[str]) -> dict[str, Any]:
     }
 
 
+def _pause_trainer(run_dir: Path, job: str) -> list[int]:
+    """Stop (SIGSTOP) the trainer of job `job`, which resumes after the killed job, once it has logged a
+    step (past its signal handler); the pids, or [] while it has not."""
+    launch = open_launch(run_dir, job)
+    if launch is None:
+        return []
+    its = _metrics(run_dir, launch.stage)
+    pids = job_processes(job, "longctx.train")
+    # the killed launch logged the first step after its save too: a second line of it is this launch's
+    if not (pids and its.count(launch.start_iteration + 1) >= 2):
+        return []
+    signal_all(pids, signal.SIGSTOP)
+    return pids
+
+
+def _signal_waits(paused: list[int]) -> bool:
+    """Slurm's time-limit signal waits for the paused trainer (or the job ended without it)."""
+    return any(signal_pending(p, signal.SIGTERM) for p in paused) or not any(
+        Path(f"/proc/{p}").exists() for p in paused
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_plan: Path) -> None:
-    rp = resolve_plan(load_plan(tiny_chain_plan))
+def test_chain_survives_time_limits_and_sigkill(
+    slurm_cluster: None, tmp_path: Path, tiny_chain_artefacts: Path
+) -> None:
+    plan = write_chain_plan(tmp_path / "chain.toml", tmp_path / "run", tiny_chain_artefacts, b_iters=B_ITERS)
+    rp = resolve_plan(load_plan(plan))
     run_dir = rp.run_dir
     rendered = render(
-        rp, overrides={"time": "1", "signal": "TERM@5"}, longctx_command=[sys.executable, "-m", "longctx"]
+        rp,
+        overrides={"time": str(TIME_MIN), "signal": f"TERM@{SIGNAL_LEAD_S}"},
+        longctx_command=[sys.executable, "-m", "longctx"],
     )
     res = submit(rendered, rp, chain=20)
     ids = res.job_ids
     assert submitted_ids(run_dir, "chain") == ids
 
     killed: tuple[str, str, int] | None = None
+    paused: list[int] = []  # the trainer of the job after the killed one, stopped until its signal waits
+    limited: tuple[str, int] | None = None  # that job, and its lowered limit in minutes
     seen_status: list[dict[str, Any]] = []
     deadline = time.monotonic() + 1000
     try:
@@ -127,10 +173,17 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
                     ):
                         commands.scancel([f"{job}.0"], signal="KILL")
                         killed = (job, launch.stage, last)
+            elif killed is not None and limited is None and running and running[0] != killed[0]:
+                paused = _pause_trainer(run_dir, running[0])
+                limited = (running[0], lower_time_limit(running[0])) if paused else None
+            if paused and _signal_waits(paused):
+                signal_all(paused, signal.SIGCONT)
+                paused = []
             if running and len(seen_status) < 4:
                 seen_status.append(_check_status_during(rp, ids))
             time.sleep(0.3)
     finally:
+        signal_all(paused, signal.SIGCONT)
         commands.scancel(list(commands.active_jobs(ids)))
 
     records = ledger.read(run_dir)
@@ -152,6 +205,11 @@ def test_chain_survives_time_limits_and_sigkill(slurm_cluster: None, tiny_chain_
     # jobs hit their time limit: the trainer saved on the time-limit signal and exited 0 mid-stage
     graceful = [r for r in records if r.event == "end" and r.exit_code == 0 and r.status == "in-progress"]
     assert graceful, "no job ended on the time-limit signal"
+    assert limited is not None, "no job after the killed one reached its training loop"
+    assert limited[0] in {str(r.job_id) for r in graceful}, (limited, graceful)
+    info = commands.scontrol_job(limited[0])
+    if info is not None:  # the controller still remembers it: it ran under the lowered limit
+        assert info.time_limit == f"00:{limited[1]:02d}:00", info
     assert "(signal); relaunch to resume" in logs
 
     # no stage restarted from the previous stage after making progress
