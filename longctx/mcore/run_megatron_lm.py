@@ -12,10 +12,15 @@ time, peak memory, built RoPE base and largest position go there (`longctx.mcore
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
 from pathlib import Path
+
+import torch
+
+from longctx.mcore.deferred_compile import compile_on_first_call
 
 # set by `stage run` when a launch asks for the stage's metrics (longctx.stage.run.METRICS_FILE_ENV)
 METRICS_ENV = "LONGCTX_METRICS_FILE"
@@ -36,6 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     sys.path[0] = str(script.parent)
     sys.argv = [str(script), *words[1:]]
 
+    # on the CPU, megatron's imports need not load TorchDynamo and Inductor for kernels a CPU run never
+    # calls (seconds at every rank's start); with CUDA nothing is patched
+    with contextlib.nullcontext() if torch.cuda.is_available() else compile_on_first_call():
+        _run(script)
+
+
+def _run(script: Path) -> None:
     # imported only now: the shims import the checkout's megatron.training, found through sys.path above
     from longctx.mcore.megatron_lm_cpu import apply_shims
 

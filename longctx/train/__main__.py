@@ -4,7 +4,7 @@ from longctx.util.quiet import quiet_megatron_notices
 
 quiet_megatron_notices()
 
-from longctx.train.deferred_compile import compile_on_first_call  # noqa: E402 - after the filter, as below
+from longctx.mcore.deferred_compile import compile_on_first_call  # noqa: E402 - after the filter, as below
 
 # megatron-core's import decorates its fused kernels with torch.compile: each compiles on its first call
 with compile_on_first_call():

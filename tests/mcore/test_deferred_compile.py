@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from longctx.train.deferred_compile import compile_on_first_call
+from longctx.mcore.deferred_compile import compile_on_first_call
 
 
 def test_a_function_compiles_on_its_first_call_and_a_module_at_once() -> None:
