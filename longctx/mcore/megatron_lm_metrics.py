@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from longctx.mcore.metrics import IterationMetrics, MetricsWriter, peak_memory_bytes
+from longctx.mcore.metrics import IterationMetrics, MetricsWriter, peak_memory_bytes, start_memory_peak
 from longctx.mcore.positions import built_rotary_base
 
 _recorder: _Recorder | None = None
@@ -72,7 +72,7 @@ class _Recorder:
     def wrap_get_model(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def get_model(*args: Any, **kwargs: Any) -> Any:
-            self.memory_before = peak_memory_bytes(_device())  # the process before the model
+            self.memory_before = start_memory_peak(_device())  # the process before the model
             model = orig(*args, **kwargs)
             self._model_built(model)
             return model

@@ -15,10 +15,39 @@ import torch
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """This process's peak so far: the CUDA allocator's on a GPU, else the resident set's (getrusage)."""
+    """This process's peak so far: the CUDA allocator's on a GPU, else the resident set's high-water mark."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return _status_kib("VmHWM") * 1024 or int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def start_memory_peak(device: torch.device) -> int:
+    """Start measuring a new peak here and return the bytes in use now, to subtract from the peak later.
+
+    On the CPU the resident set's high-water mark is reset to what is resident now (Linux's
+    /proc/self/clear_refs): a transient peak of the imports before it would otherwise hide whatever a
+    small model grows by, and the growth would read 0. Where the reset is refused, the peak so far.
+    """
+    if device.type == "cuda":
+        return peak_memory_bytes(device)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return peak_memory_bytes(device)
+    return _status_kib("VmRSS") * 1024 or peak_memory_bytes(device)
+
+
+def _status_kib(field: str) -> int:
+    """A `kB` field of /proc/self/status; 0 where there is none (not Linux)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name == field:
+            return int(value.split()[0])
+    return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,4 +89,4 @@ class MetricsWriter:
             self._file = None
 
 
-__all__ = ["IterationMetrics", "MetricsWriter", "peak_memory_bytes"]
+__all__ = ["IterationMetrics", "MetricsWriter", "peak_memory_bytes", "start_memory_peak"]

@@ -28,7 +28,7 @@ from longctx.checkpoint.save_layout import read_tracker
 from longctx.diffusion.loss import mdm_token_loss, udm_token_loss
 from longctx.errors import LongctxError, TrainError
 from longctx.mcore.checkpoint import common_strategy, load_common_state, save_checkpoint
-from longctx.mcore.metrics import IterationMetrics, MetricsWriter, peak_memory_bytes
+from longctx.mcore.metrics import IterationMetrics, MetricsWriter, peak_memory_bytes, start_memory_peak
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
 from longctx.mcore.parallel import collective_device, init_training_parallel, training_device
 from longctx.mcore.positions import built_rotary_base, rope_from_position_ids
@@ -78,7 +78,7 @@ class Trainer:
     # -- set up --------------------------------------------------------------------------------
     def __init__(self, spec: TrainSpec) -> None:
         self.spec = spec
-        self.memory_before = peak_memory_bytes(training_device())  # the process before the model
+        self.memory_before = start_memory_peak(training_device())  # the process before the model
         if spec.threads_per_process:
             torch.set_num_threads(spec.threads_per_process)
         self.device = training_device()
