@@ -12,9 +12,9 @@ from tests.fixtures.attention import POOL_SIZE
 pytest.importorskip("megatron.core")
 
 
-def test_adapter_matches_megatron_local_attention_at_cp1(cp_pool):
+def test_adapter_matches_megatron_local_attention_at_cp1(megatron_pool):
     pytest.importorskip("longctx.mcore.cpu")
-    results = cp_pool.run(megatron_cases.adapter_vs_megatron_local_case, POOL_SIZE, seq=24)
+    results = megatron_pool.run(megatron_cases.adapter_vs_megatron_local_case, POOL_SIZE, seq=24)
     r = results[0]
     assert r["shape_ok"] == 1.0
     for name in ("out", "dq", "dk", "dv"):
@@ -22,10 +22,10 @@ def test_adapter_matches_megatron_local_attention_at_cp1(cp_pool):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_gpt_model_at_cp_equals_cp1(cp_pool, cp):
+def test_gpt_model_at_cp_equals_cp1(megatron_pool, cp):
     pytest.importorskip("longctx.mcore.model")
     # the pool spans 4 ranks: at CP = 2 there are two data-parallel replicas on the same data
-    results = cp_pool.run(megatron_cases.gpt_cp_case, POOL_SIZE, cp=cp, seq=24)
+    results = megatron_pool.run(megatron_cases.gpt_cp_case, POOL_SIZE, cp=cp, seq=24)
     for r in results:
         assert not r["missing"], r["missing"]
         assert abs(r["loss_cp"] - r["loss_full"]) <= 1e-5 * abs(r["loss_full"]), r
