@@ -19,7 +19,7 @@ def free_port() -> int:
     connects out or binds port 0, gloo's many pairs included, and the rendezvous then fails with
     EADDRINUSE. The kernel never hands out a port below that range by itself.
     """
-    low = _ephemeral_low()
+    low = ephemeral_port_low()
     if low > LOWEST_PORT:
         for _ in range(ATTEMPTS):
             port = random.randrange(LOWEST_PORT, low)
@@ -30,7 +30,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ephemeral_low() -> int:
+def ephemeral_port_low() -> int:
     """The lowest port of the kernel's ephemeral range (Linux's default 32768 where it cannot be read)."""
     try:
         return int(PORT_RANGE_FILE.read_text().split()[0])

@@ -12,7 +12,7 @@ from longctx.util import net
 
 
 def test_the_port_is_free_and_below_the_ephemeral_range() -> None:
-    low = net._ephemeral_low()
+    low = net.ephemeral_port_low()
     ports = {net.free_port() for _ in range(20)}
     assert all(net.LOWEST_PORT <= p < low for p in ports), (ports, low)
     assert len(ports) > 1  # picked at random: two launches starting together rarely meet
@@ -26,7 +26,7 @@ def test_without_a_range_below_the_lowest_port_the_os_picks(
     narrow = tmp_path / "ip_local_port_range"
     narrow.write_text(f"{net.LOWEST_PORT - 1}\t60999\n")
     monkeypatch.setattr(net, "PORT_RANGE_FILE", narrow)
-    assert net._ephemeral_low() == net.LOWEST_PORT - 1
+    assert net.ephemeral_port_low() == net.LOWEST_PORT - 1
     assert 0 < net.free_port() < 65536
     monkeypatch.setattr(net, "PORT_RANGE_FILE", tmp_path / "missing")
-    assert net._ephemeral_low() == 32768
+    assert net.ephemeral_port_low() == 32768
