@@ -1,7 +1,7 @@
 """Batch scripts of a plan: one chain job (every job of the chain runs it) and, for the megatron-lm
-backend, one eval job per stage.
+backend (or when asked), one eval job per stage.
 
-`render(rp, profile=, overrides=, out_dir=, longctx_command=)` → `Rendered` (texts, not yet written);
+`render(rp, profile=, overrides=, out_dir=, longctx_command=, eval_jobs=)` → `Rendered` (texts, not yet written);
 `Rendered.write()` writes them atomically. Output is a pure function of the plan, the profile and the
 options: no time stamps, sorted environment, every value quoted (`quote.py`).
 """
@@ -129,7 +129,11 @@ def render(
     overrides: dict[str, Any] | None = None,
     out_dir: Path | None = None,
     longctx_command: list[str] | None = None,
+    eval_jobs: bool | None = None,
 ) -> Rendered:
+    """The plan's scripts. `eval_jobs`: render a stage's eval job (`slurm job-end` submits it when the stage
+    finishes); None: the backend's choice, megatron-lm only (the local backend's `stage run` evaluates a
+    finished stage itself, per [local] eval_after_stage)."""
     settings = job_settings(rp, profile, overrides)
     eff = settings.profile
     out = Path(out_dir).resolve() if out_dir is not None else default_out_dir(settings.run_dir)
@@ -138,7 +142,7 @@ def render(
     scripts = [_chain_script(rp, settings, env, command, out)]
     scripts += _sweep_scripts(rp, settings, env, command)
     notes: list[str] = []
-    if settings.backend == "megatron-lm":
+    if eval_jobs or (eval_jobs is None and settings.backend == "megatron-lm"):
         scripts += [_eval_script(rp, st, settings, env, command, notes) for st in rp.stages]
     return Rendered(settings, out, scripts, inputs=plan_inputs(rp), notes=notes)
 

@@ -130,6 +130,18 @@ def test_local_profile_script(tiny_plan_copy: Path) -> None:
     assert '--branch-index "$SLURM_ARRAY_TASK_ID"' in branches and "--branch-index" not in choose
 
 
+def test_eval_jobs_on_the_local_backend_when_asked(tiny_plan_copy: Path) -> None:
+    """`rehearse --slurm` asks for them: its `stage run` does not evaluate inside the chain's jobs."""
+    rp = resolve_plan(load_plan(tiny_plan_copy))
+    rendered = render(
+        rp, overrides={"time": "1", "signal": "TERM@30"}, longctx_command=LONGCTX, eval_jobs=True
+    )
+    evals = [s for s in rendered.scripts if s.kind == "eval"]
+    assert [s.stage for s in evals] == [stage.name for stage in rp.stages]
+    for script, stage in zip(evals, rp.stages, strict=True):
+        assert "eval run " in script.text and str(stage.save_dir / "iter_") in script.text
+
+
 @pytest.fixture
 def tiny_plan_copy(repo_root: Path, tmp_path: Path) -> Path:
     """stages/tiny.toml with its run dir in tmp (rendering needs no artefacts but the manifest path)."""
