@@ -10,8 +10,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from longctx.checkpoint.save_layout import TRACKER
 from longctx.errors import StageError
@@ -47,6 +48,20 @@ class LaunchRecord(BaseModel):
     start_iteration: int
     end_iteration: int
     seconds: float
+    job_id: str | None = None  # the Slurm job that ran it (None: a subprocess of the rehearsal)
+
+
+class SlurmJob(BaseModel):
+    """A Slurm job of a rehearsal's chain, as it ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = ""
+    """Slurm's id, as sbatch printed it."""
+    state: str = "UNKNOWN"
+    """Its final state (COMPLETED, FAILED, CANCELLED …; UNKNOWN: nothing remembers it)."""
+    stage: str | None = None
+    """An eval job's stage (None for a chain job)."""
 
 
 class ChainRun(BaseModel):
@@ -54,6 +69,14 @@ class ChainRun(BaseModel):
 
     launches: list[LaunchRecord]
     interruption: Interruption | None = None
+    chain: Literal["local", "slurm"] = "local"
+    """Where the stages ran: `stage run` subprocesses here, or a chain of Slurm jobs."""
+    jobs: list[SlurmJob] = Field(default_factory=list)
+    """slurm: the chain's jobs in order (the spares the job that finished the plan cancelled included)."""
+    eval_jobs: dict[str, SlurmJob] = Field(default_factory=dict)
+    """slurm: stage → the eval job `slurm job-end` submitted when the stage finished."""
+    eval_jobs_skipped: str | None = None
+    """slurm: why the chain had no eval jobs (a stage's evaluation does not fit the profile's GPU memory)."""
 
 
 class LocalChain:

@@ -7,7 +7,8 @@ Steps (a rehearsal's run directory is its own, marked with `rehearsal.json`; a r
  3. base      — a micro base initialised and saved at the base's length (one training step);
  4. stages    — the chain through `run_until_done`, one `stage run` per step on the rehearsal's backend
                 (longctx's trainer, or Megatron-LM's pretrain_gpt.py recording its own measurements),
-                SIGTERM once in the longest stage after its first save, then the resume;
+                SIGTERM once in the longest stage after its first save, then the resume; with `slurm`,
+                the same steps as a chain of Slurm jobs (`slurm_chain.py`), with their eval jobs;
  5. eval      — each stage's checkpoint at every plan length up to its own;
  6. export    — the last stage to Hugging Face, its logits against longctx's at the full length;
  7. report    — per stage: time, memory against the memory model, the RoPE base built, the longest
@@ -45,10 +46,11 @@ from longctx.plan.rehearsal import (
 )
 from longctx.plan.rehearsal_mark import REHEARSAL_MARK
 from longctx.plan.stage_data import check_plan_data, plan_tokenizer, stage_blend
-from longctx.rehearse.chain import ChainRun, LocalChain
+from longctx.rehearse.chain import ChainRun, LocalChain, SlurmJob
 from longctx.rehearse.cost import LengthCost, length_cost
 from longctx.rehearse.figures import StageFigures, memory_model, stage_figures
 from longctx.rehearse.parity import Parity, export_parity
+from longctx.rehearse.slurm_chain import SlurmChain, SlurmRehearsal, require_slurm
 from longctx.slurm.commands import preflight_chain
 from longctx.slurm.profiles import load_profile
 from longctx.stage.checkout import require_checkout_version
@@ -82,6 +84,11 @@ class RehearsalReport(BaseModel):
         None  # why the last stage was not exported (a diffusion objective, or not asked)
     )
     preflight: str | None = None  # megatron-lm: what Megatron-LM's parser accepted before the chain
+    chain: str = "local"  # where the stages ran: "local" (`stage run` here) or "slurm" (a chain of jobs)
+    slurm_jobs: list[SlurmJob] = Field(default_factory=list)  # slurm: the chain's jobs as they ended
+    # slurm: stage → the eval job `slurm job-end` submitted when the stage finished, as it ended
+    eval_jobs: dict[str, SlurmJob] = Field(default_factory=dict)
+    eval_jobs_skipped: str | None = None  # slurm: why the chain had no eval jobs
     wall_seconds: float = 0.0
     load_average: tuple[float, float, float] | None = None  # at the end: what shared the cores
     problems: list[str] = Field(default_factory=list)
@@ -100,7 +107,7 @@ def machine() -> str:
     )
 
 
-def _mark(run_dir: Path, rehearsal: RehearsalPlan, backend: str) -> None:
+def _check_mark(run_dir: Path, rehearsal: RehearsalPlan, backend: str) -> None:
     """The run dir is a rehearsal's: refuse one that holds a real run, another plan's rehearsal, or one
     on the other backend (its finished stages would be reported as this backend's)."""
     mark = run_dir / REHEARSAL_MARK
@@ -126,13 +133,19 @@ def _mark(run_dir: Path, rehearsal: RehearsalPlan, backend: str) -> None:
             where=str(run_dir),
             fix="give an empty or new --run-dir: a rehearsal never writes into a real run",
         )
+
+
+def _mark(run_dir: Path, rehearsal: RehearsalPlan, backend: str, chain: str) -> None:
+    """Mark the run dir as this rehearsal's; `chain` says where its stages last ran (either way's saves
+    resume the other's: both run the same `stage run`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(
-        mark,
+        run_dir / REHEARSAL_MARK,
         {
             "source": rehearsal.source,
             "rehearsal": True,
             "backend": backend,
+            "chain": chain,
             "reductions": [r.model_dump() for r in rehearsal.reductions],
         },
     )
@@ -291,6 +304,29 @@ def longest_stage(rp: ResolvedPlan) -> str:
     return max(rp.stages, key=lambda s: (s.seq_length, s.index)).name
 
 
+def _chain(
+    plan_file: Path,
+    rp: ResolvedPlan,
+    backend: str,
+    interrupt: str | None,
+    slurm: SlurmRehearsal | None,
+    echo: Echo,
+) -> ChainRun:
+    """The stages: `stage run` subprocesses here, or (`slurm`) the chain of Slurm jobs a real run submits."""
+    if slurm is not None:
+        return SlurmChain(plan_file, rp.run_dir, interrupt=interrupt, echo=echo, options=slurm).run()
+    return LocalChain(plan_file, rp.run_dir, backend=backend, interrupt=interrupt, echo=echo).run()
+
+
+def _job_problems(chain: ChainRun) -> list[str]:
+    """An eval job that did not complete is a problem: the cluster's eval job of that stage would fail too."""
+    return [
+        f"the eval job {job.job_id} of stage {stage} ended {job.state} (its log: slurm-{job.job_id}.log)"
+        for stage, job in chain.eval_jobs.items()
+        if job.state != "COMPLETED"
+    ]
+
+
 def rehearse(
     source: ResolvedPlan,
     run_dir: Path,
@@ -299,30 +335,30 @@ def rehearse(
     echo: Echo = print,
     interrupt: bool = True,
     export: bool = True,
+    slurm: SlurmRehearsal | None = None,
 ) -> RehearsalReport:
     """Rehearse `source` in `run_dir` (see the module docstring); the report says what each stage did.
     `interrupt=False` / `export=False` leave out the SIGTERM and the export: a rerun that has proven them
-    already (e.g. with one stage changed) need not pay for them again."""
+    already (e.g. with one stage changed) need not pay for them again. `slurm`: the stages run as a chain
+    of Slurm jobs (refused before anything is written where there is no sbatch, or the run dir's jobs
+    are still queued)."""
     t0 = time.monotonic()
     run_dir = run_dir.resolve()
     opts = _megatron_lm(source, opts or RehearsalOptions())
     rehearsal = rehearsal_plan(source, run_dir, opts)
     if opts.backend == "megatron-lm" and megatron_on_cpu():
         rehearsal.reductions.append(MEGATRON_ON_CPU)
-    _mark(run_dir, rehearsal, opts.backend)
+    _check_mark(run_dir, rehearsal, opts.backend)
+    if slurm is not None:
+        require_slurm(run_dir)
+    _mark(run_dir, rehearsal, opts.backend, "local" if slurm is None else "slurm")
     plan_file = write_rehearsal_plan(rehearsal, run_dir / PLAN_FILE)
     rp = open_plan(plan_file, run_dir)
     echo(f"==> rehearsal of {rehearsal.source} in {run_dir} ({len(rehearsal.reductions)} reductions)")
     _checks(rp, echo)
     preflight = _preflight(rp, opts, echo)
     _base(rp, run_dir, echo)
-    chain: ChainRun = LocalChain(
-        plan_file,
-        run_dir,
-        backend=opts.backend,
-        interrupt=longest_stage(rp) if interrupt else None,
-        echo=echo,
-    ).run()
+    chain = _chain(plan_file, rp, opts.backend, longest_stage(rp) if interrupt else None, slurm, echo)
     rp = open_plan(plan_file, run_dir)
     evals = _evaluate(rp, echo)
     parity, out, skipped = None, None, None
@@ -360,6 +396,11 @@ def rehearse(
         export_dir=None if out is None else str(out),
         export_skipped=skipped,
         preflight=preflight,
+        chain=chain.chain,
+        slurm_jobs=chain.jobs,
+        eval_jobs=chain.eval_jobs,
+        eval_jobs_skipped=chain.eval_jobs_skipped,
+        problems=_job_problems(chain),
         wall_seconds=time.monotonic() - t0,
         load_average=os.getloadavg(),
     )
