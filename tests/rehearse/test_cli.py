@@ -1,6 +1,7 @@
 """`longctx rehearse` refuses before it writes anything: a tokenizer without its manifest, a run directory
 that holds something else than a rehearsal or a rehearsal on the other backend, an unknown backend, the
-megatron-lm backend without a Megatron-LM checkout (none given, or one without pretrain_gpt.py)."""
+megatron-lm backend without a Megatron-LM checkout (none given, or one without pretrain_gpt.py), --slurm on
+a host without sbatch, --slurm-time without --slurm."""
 
 from __future__ import annotations
 
@@ -93,3 +94,24 @@ def test_a_rehearsal_on_the_other_backend_is_left_alone(tmp_path: Path) -> None:
     (run / "rehearsal.json").write_text(json.dumps(mark), encoding="utf-8")
     text = refused(["rehearse", PLAN, "--run-dir", str(run)], [tmp_path], needle="on the megatron-lm backend")
     assert "this one runs on local" in text and "--backend megatron-lm" in text
+
+
+def test_slurm_without_sbatch_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no Slurm client on this "host"
+    run = tmp_path / "run"
+    args = ["rehearse", PLAN, "--run-dir", str(run), "--slurm"]
+    text = refused(args, [tmp_path], needle="sbatch is not on PATH")
+    assert "scripts/slurm/local-cluster up" in text and "leave out --slurm" in text
+    assert _where(args) == "PATH"
+    assert not run.exists()
+
+
+def test_a_slurm_time_without_slurm_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["rehearse", PLAN, "--run-dir", str(run), "--slurm-time", "20"]
+    refused(args, [tmp_path], needle="--slurm is not given")
+    assert not run.exists()
