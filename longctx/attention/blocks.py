@@ -115,6 +115,14 @@ def split_range(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
     return [(start + i * n // parts, start + (i + 1) * n // parts) for i in range(parts)]
 
 
+def whole_pieces(start: int, stop: int, piece: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) as `parts` ranges of `piece` rows in order, the last non-empty one shorter and any
+    after it empty; `stop - start` must fit in `parts` pieces."""
+    if stop - start > piece * parts:
+        raise ValueError(f"{stop - start} rows do not fit in {parts} pieces of {piece}")
+    return [(min(start + i * piece, stop), min(start + (i + 1) * piece, stop)) for i in range(parts)]
+
+
 def ring_slot_count(local_len: int, causal: bool, piece: int) -> int:
     """Slots per remote ring step: how many units of equal work every rank cuts each step into.
 
@@ -227,6 +235,10 @@ def ranged_ring_schedule(
     slots on every rank, slot i carrying piece i of the needed rows (possibly empty), so a message
     posted in slot i is consumed in slot i on the other side. Each slot's block is all local queries
     against its piece; which of its pairs are visible is the caller's to cut.
+
+    The needed rows go out in whole pieces, the last one shorter and the slots after it empty: cut
+    evenly over every slot they made narrow blocks of odd widths (141 keys at 16K, CP 8), each a
+    kernel call that scores its pairs up to 1.4× slower on CPU than a piece-wide one.
     """
     if world < 2:
         return []
@@ -234,8 +246,8 @@ def ranged_ring_schedule(
     schedule: list[Slot] = []
     for t in range(1, world):
         src, dst = (rank - t) % world, (rank + t) % world
-        mine = split_range(*need(rank, src), slots)
-        theirs = split_range(*need(dst, rank), slots)
+        mine = whole_pieces(*need(rank, src), piece, slots)
+        theirs = whole_pieces(*need(dst, rank), piece, slots)
         for (k0, k1), (d0, d1) in zip(mine, theirs, strict=True):
             schedule.append(
                 Slot(
