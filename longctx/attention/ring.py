@@ -9,7 +9,7 @@ of equal-work slots on every rank (see `blocks.ring_schedule`), so sender and re
 when each piece travels and the ranks advance in step.
 
 Forward: the own-chunk block first (while the first piece is in flight), then each piece's block,
-merged into float32 out/LSE accumulators through the LSE; pieces are `_FORWARD_PIECES` times larger
+merged into float32 out/LSE accumulators through the LSE; pieces are `FORWARD_PIECES` times larger
 here, since forward holds no gradients. Backward: the own-chunk block starts float32 dQ/dK/dV; each
 slot's block runs in tiles of about `ring_query_tile` queries, each kernel call adding its dQ tile
 here and its dK/dV to the slot's float32 sum, which is posted to the owner of those rows at the end
@@ -49,7 +49,7 @@ _DKV_TAG = 1
 # the CPU flash kernel switches to 64-query blocks below 768 queries, which costs ~12 % in backward
 _MIN_QUERY_TILE = 768
 # forward pieces are this many backward pieces (see ring_forward)
-_FORWARD_PIECES = 4
+FORWARD_PIECES = 4
 
 
 def ring_piece(local_len: int, piece: int | None = None, *, device: torch.device | None = None) -> int:
@@ -346,7 +346,7 @@ def ring_forward(
         return out, lse.to(lse_dtype(q.dtype))
     acc = lse_dtype(q.dtype)
     # forward holds no gradients, so its peak is far below backward's: larger pieces, fewer merges
-    plan = _plan(rank, world, q.shape[1], causal, _FORWARD_PIECES * piece, docs, split)
+    plan = _plan(rank, world, q.shape[1], causal, FORWARD_PIECES * piece, docs, split)
     kv = None
     if plan.slots:
         kv = _KVStream(PeerExchange(group), k.contiguous(), v.contiguous(), plan.slots)  # type: ignore[arg-type]

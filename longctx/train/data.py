@@ -20,6 +20,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from longctx.attention.documents import balanced_split
 from longctx.attention.megatron_adapter import eod_document_bounds
+from longctx.attention.split_cost import choose_split
 from longctx.attention.zigzag import zigzag_split
 from longctx.diffusion.noise import corrupt
 from longctx.objective import Objective
@@ -84,6 +85,8 @@ class MicroBatch:
     # which positions were corrupted, and each position's time t
     corrupted: torch.Tensor | None = None
     t: torch.Tensor | None = None
+    # the CP split the shards were cut with, which attention must read them by (`choose_split`)
+    split: str = "zigzag"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,13 +123,15 @@ def micro_batch(
     reset_position_ids: bool = False,
     noise: NoiseSource | None = None,
     causal: bool = True,
+    split: str | None = None,
 ) -> MicroBatch:
     """This CP rank's shard of the samples `indices`. `documents_eod`: the EOD id whose tokens end
     documents (packing = "documents"; the boundaries are of the full samples, the same on every
     rank); `reset_position_ids` restarts positions at each document (needs `documents_eod`).
-    Under CP, samples with documents are cut by the document-balanced split (`balanced_split`, for
-    the objective's `causal` or bidirectional work), dense ones by zigzag; every tensor, position ids
-    included, the same way, so RoPE (taken from the position ids) is right on every rank.
+    Under CP, samples with documents are cut by the split `choose_split` models faster for them (the
+    document-balanced `balanced_split`, for the objective's `causal` or bidirectional work, or zigzag),
+    dense ones by zigzag; every tensor, position ids included, the same way, so RoPE (taken from the
+    position ids) is right on every rank; `split` forces one of the two.
     `noise`: a diffusion objective's corruption of the clean tokens (GPTDataset's labels, unshifted)."""
     samples = [dataset[i] for i in indices]
     stack = {
@@ -144,7 +149,12 @@ def micro_batch(
         cu_seqlens = eod_document_bounds(stack["labels" if noise is not None else "tokens"], documents_eod)
         if reset_position_ids:
             stack["position_ids"] = document_positions(cu_seqlens, *stack["tokens"].shape)
-    if cp_size > 1 and cu_seqlens is not None:
+    if cp_size < 2 or cu_seqlens is None:
+        split = "zigzag"
+    elif split is None:
+        b, s = stack["tokens"].shape
+        split = choose_split(tuple(cu_seqlens.tolist()), batch=b, seq_len=s, world=cp_size, causal=causal)
+    if split == "balanced" and cp_size > 1:
         cu = cu_seqlens
         stack = {
             k: balanced_split(v, cu, cp_rank, cp_size, causal=causal).contiguous() for k, v in stack.items()
@@ -159,4 +169,5 @@ def micro_batch(
         cu_seqlens,
         stack.get("corrupted"),
         stack.get("t"),
+        split,
     )

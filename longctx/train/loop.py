@@ -213,7 +213,7 @@ class Trainer:
         spec, device, obj = self.spec, self.device, self.spec.objective
         packed = None
         if b.cu_seqlens is not None:  # attention within documents (longctx attention only)
-            packed = document_params(b.cu_seqlens.to(device), spec.seq_length, split="balanced")
+            packed = document_params(b.cu_seqlens.to(device), spec.seq_length, split=b.split)
         inputs = (b.tokens.to(device), b.position_ids.to(device), None)
         if obj.kind == "udm":  # the bound needs the whole distribution, not the CE of one token
             logits = self.model(*inputs, packed_seq_params=packed)
@@ -241,6 +241,7 @@ class Trainer:
                 reset_position_ids=spec.reset_position_ids,
                 noise=noise,
                 causal=spec.objective.causal,
+                split=None if spec.cp_split == "auto" else spec.cp_split,
             )
             for idx in global_batch_indices(
                 self.consumed, spec.global_batch_size, spec.micro_batch_size, self.dp, self.dp_rank

@@ -66,6 +66,8 @@ class TrainSpec(BaseModel):
     # "documents": attention within the documents of each sample (boundaries after EOD tokens)
     packing: Literal["concat", "documents"] = "concat"
     reset_position_ids: bool = False  # position ids restart at each document
+    # the CP split of packed samples: "auto" takes the one `attention.split_cost` models faster per batch
+    cp_split: Literal["auto", "zigzag", "balanced"] = "auto"
     seed: int = 1234
     micro_batch_size: int = 1
     global_batch_size: int

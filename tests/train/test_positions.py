@@ -38,7 +38,7 @@ WANT = {
 @pytest.mark.parametrize("reset", [False, True])
 @pytest.mark.parametrize("rank", [0, 1])
 def test_positions_of_each_rank(rank: int, reset: bool) -> None:
-    b = micro_batch(DATA, [0], rank, 2, documents_eod=EOD, reset_position_ids=reset)
+    b = micro_batch(DATA, [0], rank, 2, documents_eod=EOD, reset_position_ids=reset, split="balanced")
     assert b.position_ids.tolist() == [WANT[rank, reset]]
     # the tokens, labels and loss mask are cut the same way: token at global position g is g + 1
     global_pos = WANT[rank, False]
@@ -50,7 +50,8 @@ def test_positions_of_each_rank(rank: int, reset: bool) -> None:
 def test_bidirectional_split_is_contiguous_pieces() -> None:
     """Bidirectional work is the same for every token of a document: CP equal pieces, no zigzag."""
     got = [
-        micro_batch(DATA, [0], r, 2, documents_eod=EOD, causal=False).position_ids.tolist() for r in (0, 1)
+        micro_batch(DATA, [0], r, 2, documents_eod=EOD, causal=False, split="balanced").position_ids.tolist()
+        for r in (0, 1)
     ]
     assert got == [[[0, 1, 4, 5]], [[2, 3, 6, 7]]]
 
