@@ -44,7 +44,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from longctx.attention.blocks import (
@@ -55,7 +55,9 @@ from longctx.attention.blocks import (
     ring_plan,
     ring_schedule,
 )
-from longctx.attention.ring import ring_piece
+from longctx.attention.documents import Documents
+from longctx.attention.ring import rank_work, ring_piece, ring_query_tile
+from longctx.attention.split_cost import CPU_FLASH_COST, choose_split, rank_seconds
 from longctx.attention.zigzag import check_zigzag_len
 from longctx.bench.processes import (
     MEMORY_METHODS,
@@ -474,6 +476,7 @@ class SplitFigures:
     busiest_idlest: float
     kernel_calls: int  # most sub-block calls of one rank
     t_slowest_s: float | None  # fwd+bwd compute of the slowest rank, timed rank by rank
+    modelled_s: float = 0.0  # the split cost model's fwd+bwd seconds of the slowest rank (`split_cost`)
 
 
 @dataclass(frozen=True)
@@ -535,12 +538,21 @@ class DocumentBenchCase:
     zigzag: SplitFigures
     balanced: SplitFigures
     processes: DocumentProcessCase | None = None  # timed in CP real processes (`--processes`)
+    chosen: str = "zigzag"  # the split the trainer takes for this window (`split_cost.choose_split`)
 
     @property
     def speedup(self) -> float | None:
         """Slowest-rank time of zigzag over balanced, both within documents."""
         z, b = self.zigzag.t_slowest_s, self.balanced.t_slowest_s
         return None if z is None or b is None else z / b
+
+    @property
+    def chosen_vs_other(self) -> float | None:
+        """Measured slowest-rank time of the chosen split over the other one's (≤ 1: the choice won)."""
+        z, b = self.zigzag.t_slowest_s, self.balanced.t_slowest_s
+        if z is None or b is None:
+            return None
+        return b / z if self.chosen == "balanced" else z / b
 
 
 def document_lengths(seq_len: int, short_fraction: float, short_max: int, seed: int = 0) -> list[int]:
@@ -672,36 +684,36 @@ def parse_document_mix(text: str) -> tuple[float, int]:
         ) from None
 
 
-def _rank_seconds(
-    own: list[tuple[slice, Block]],
-    remote: list[tuple[slice, Block]],
-    local: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    repeats: int,
-    tile: tuple[int, int],
-) -> float:
-    """fwd+bwd compute of one rank's blocks (kernels only, as the ring calls them; no messages)."""
+@dataclass(frozen=True)
+class _RankWork:
+    """The blocks one rank of a split executes, as the ring calls them (see `ring.rank_work`)."""
+
+    own: list[tuple[slice, Block]]
+    remote: list[tuple[slice, Block]]
+    local: int
+    tile: tuple[int, int]
+
+
+def _rank_pass(work: _RankWork, heads: int, kv_heads: int, head_dim: int) -> Callable[[], None]:
+    """One fwd+bwd pass over a rank's blocks (kernels only, as the ring calls them; no messages)."""
     import torch  # see _worker
 
     from longctx.attention.blocks import query_tiles
     from longctx.attention.kernels import select_kernel
 
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, local, heads, head_dim, generator=gen)
-    k, v = (torch.randn(1, local, kv_heads, head_dim, generator=gen) for _ in range(2))
+    q = torch.randn(1, work.local, heads, head_dim, generator=gen)
+    k, v = (torch.randn(1, work.local, kv_heads, head_dim, generator=gen) for _ in range(2))
     blk = select_kernel(q.device, q.dtype, None)
     scale = head_dim**-0.5
-    times = []
-    for i in range(repeats + 1):  # the first is warm-up
-        t0 = time.perf_counter()
-        for rows, sub in own:
+
+    def run() -> None:
+        for rows, sub in work.own:
             out, lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], sub.causal, scale)
             blk.backward(out, q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], out, lse, sub.causal, scale)
-        for rows, sub in remote:
+        for rows, sub in work.remote:
             out, lse = blk.forward(q[rows, sub.q], k[rows, sub.k], v[rows, sub.k], False, scale)
-            for q0, q1 in query_tiles(sub, *tile):
+            for q0, q1 in query_tiles(sub, *work.tile):
                 s_ = slice(q0 - sub.q_start, q1 - sub.q_start)
                 blk.backward(
                     out[:, s_],
@@ -713,43 +725,50 @@ def _rank_seconds(
                     False,
                     scale,
                 )
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+
+    return run
+
+
+def _time_interleaved(passes: dict[str, Callable[[], None]], repeats: int, threads: int) -> dict[str, float]:
+    """Median seconds of each pass over `repeats` rounds after one warm-up round; each round runs every
+    pass once, in an order that alternates between rounds, so a machine's drift hits them all alike (in
+    a fixed order the pass timed second ran up to 1.2× slower at 16K on a shared host)."""
+    import torch  # see _worker
+
+    torch.set_num_threads(threads)
+    times: dict[str, list[float]] = {name: [] for name in passes}
+    names = list(passes)
+    for i in range(repeats + 1):
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            passes[name]()
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _split_figures(
-    split: str,
-    s: int,
-    cp: int,
-    bounds: tuple[int, ...] | None,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    repeats: int,
-    timed: bool,
-) -> SplitFigures:
-    from longctx.attention.documents import Documents
-    from longctx.attention.ring import rank_work, ring_query_tile
-
+    split: str, s: int, cp: int, bounds: tuple[int, ...] | None, heads: int, head_dim: int
+) -> tuple[SplitFigures, _RankWork]:
+    """A split's work per rank (untimed), and the blocks of its slowest rank by the cost model."""
     local = s // cp
     piece = ring_piece(local)
     docs = None if bounds is None else Documents(s, ((0, 1, bounds),))
-    work = [rank_work(r, cp, local, True, piece, docs, split) for r in range(cp)]
+    causal = True
+    work = [rank_work(r, cp, local, causal, piece, docs, split) for r in range(cp)]
     pairs = [plan_pairs([b for _, b in own + remote]) for own, remote in work]
-    slowest = max(range(cp), key=lambda r: pairs[r])
-    t = None
-    if timed:
-        own, remote = work[slowest]
-        t = _rank_seconds(own, remote, local, heads, kv_heads, head_dim, repeats, ring_query_tile(piece))
-    return SplitFigures(
+    modelled = [rank_seconds(r, cp, local, causal, docs, split, CPU_FLASH_COST) for r in range(cp)]
+    slowest = max(range(cp), key=lambda r: modelled[r])
+    figures = SplitFigures(
         split=split,
         flops=4 * heads * head_dim * sum(pairs),
         slowest_mean=max(pairs) * cp / sum(pairs),
         busiest_idlest=_ratio(pairs),
         kernel_calls=max(len(own) + len(remote) for own, remote in work),
-        t_slowest_s=t,
+        t_slowest_s=None,
+        modelled_s=max(modelled),
     )
+    return figures, _RankWork(*work[slowest], local, ring_query_tile(piece))
 
 
 # the order of the two splits in even and odd iterations of `measure_document_processes`
@@ -887,9 +906,11 @@ def run_document_bench(
     """Per length, on a window packed at the mix (`short_fraction` < 0: `long_tail_lengths`; `window`,
     when given, makes the window's document lengths instead): causal attention within documents on the
     zigzag and the balanced split at `cp`, FLOPs counted from the blocks each rank executes, and where
-    S ≤ `time_max_len` the fwd+bwd compute of each split's slowest rank timed rank by rank in this
-    process, with dense causal attention on zigzag alongside; with `processes`, also both splits timed
-    in `cp` real processes (`measure_document_processes`, `threads` each)."""
+    S ≤ `time_max_len` the fwd+bwd compute of each split's slowest rank (by the cost model of
+    `split_cost`) timed in this process with `threads` threads, with dense causal attention on zigzag
+    alongside, the three interleaved (`_time_interleaved`); the split the trainer would choose; with
+    `processes`, also both splits timed in `cp` real processes (`measure_document_processes`, `threads`
+    each)."""
     cases = []
     for s in seq_lens:
         check_zigzag_len(s, cp)
@@ -900,11 +921,24 @@ def run_document_bench(
         else:
             lengths = document_lengths(s, short_fraction, short_max)
         bounds = (0, *itertools.accumulate(lengths))
-        timed = s <= time_max_len
-        kw = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, repeats=repeats, timed=timed)
-        dense = _split_figures("zigzag", s, cp, None, **kw)  # type: ignore[arg-type]
+        figures = {
+            name: _split_figures(split, s, cp, b, heads, head_dim)
+            for name, split, b in (
+                ("dense", "zigzag", None),
+                ("zigzag", "zigzag", bounds),
+                ("balanced", "balanced", bounds),
+            )
+        }
+        if s <= time_max_len:
+            passes = {
+                name: _rank_pass(work, heads, kv_heads, head_dim) for name, (_, work) in figures.items()
+            }
+            times = _time_interleaved(passes, repeats, threads)
+            figures = {
+                name: (replace(f, t_slowest_s=times[name]), work) for name, (f, work) in figures.items()
+            }
         measured = None
-        if processes and timed:
+        if processes and s <= time_max_len:
             measured = measure_document_processes(
                 s,
                 bounds,
@@ -916,6 +950,7 @@ def run_document_bench(
                 warmup=warmup,
                 repeats=repeats,
             )
+        dense = figures["dense"][0]
         cases.append(
             DocumentBenchCase(
                 seq_len=s,
@@ -923,9 +958,10 @@ def run_document_bench(
                 short_tokens=sum(n for n in lengths if n < 4096),
                 flops_dense=dense.flops,
                 t_dense_s=dense.t_slowest_s,
-                zigzag=_split_figures("zigzag", s, cp, bounds, **kw),  # type: ignore[arg-type]
-                balanced=_split_figures("balanced", s, cp, bounds, **kw),  # type: ignore[arg-type]
+                zigzag=figures["zigzag"][0],
+                balanced=figures["balanced"][0],
                 processes=measured,
+                chosen=choose_split(bounds, batch=1, seq_len=s, world=cp, causal=True),
             )
         )
     return cases

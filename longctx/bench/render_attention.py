@@ -11,6 +11,7 @@ from rich.table import Table
 
 from longctx.bench.attention import TARGETS, AttentionBenchReport, AttentionBenchSpec
 from longctx.bench.documents_run import DocumentsRun
+from longctx.bench.kernel_cost import Calibration
 from longctx.bench.tables import machine_line, mib
 
 _COLUMNS = ("S", "piece", "t_full s", "t_cp s", "spread full/cp", "efficiency", "cpu eff", "peak full MiB",
@@ -79,6 +80,7 @@ def documents_table(run: DocumentsRun) -> Table:
         "busiest/idlest",
         "FLOPs/dense",
         "calls/rank",
+        "model s",
         "t slowest s",
         "t / dense zigzag",
     ):
@@ -90,11 +92,12 @@ def documents_table(run: DocumentsRun) -> Table:
                 str(c.seq_len),
                 str(c.documents),
                 str(c.short_tokens),
-                f.split,
+                f.split + (" (chosen)" if f.split == c.chosen else ""),
                 f"{f.slowest_mean:.3f}",
                 f"{f.busiest_idlest:.3f}",
                 f"{f.flops / c.flops_dense:.3f}",
                 str(f.kernel_calls),
+                f"{f.modelled_s:.3f}",
                 _t(f.t_slowest_s),
                 _t(vs),
             )
@@ -107,12 +110,17 @@ def print_documents(run: DocumentsRun, con: Console) -> None:
     if data_line:
         con.print(data_line, highlight=False, soft_wrap=True)
     speed = ", ".join(f"{c.seq_len}: {c.speedup:.2f}×" for c in run.cases if c.speedup is not None)
+    won = ", ".join(
+        f"{c.seq_len}: {c.chosen} {c.chosen_vs_other:.3f}" for c in run.cases if c.chosen_vs_other is not None
+    )
     con.print(
         "slowest/mean and busiest/idlest: FLOPs per rank from the blocks each rank executes (1.0 = even); "
-        "FLOPs/dense: all ranks' FLOPs against dense causal attention; t slowest: fwd+bwd compute of the "
-        f"slowest rank, timed rank by rank in this process (kernels only, median of {run.options.repeats}), "
-        "against dense causal attention on the zigzag split timed the same way; balanced vs zigzag slowest rank: "
-        f"{speed or '-'}\n" + machine_line(run.machine),
+        "FLOPs/dense: all ranks' FLOPs against dense causal attention; model s: the split cost model's fwd+bwd "
+        "seconds of the slowest rank (one thread), which picks the trainer's split (chosen); t slowest: fwd+bwd "
+        f"compute of that rank, timed in this process ({run.options.threads} thread(s), kernels only, median of "
+        f"{run.options.repeats}, the splits and dense causal attention on zigzag interleaved); balanced vs zigzag "
+        f"slowest rank: {speed or '-'}; the chosen split's time over the other's: {won or '-'}\n"
+        + machine_line(run.machine),
         highlight=False,
         soft_wrap=True,
     )
@@ -165,4 +173,44 @@ def _process_note(run: DocumentsRun) -> str:
         "alone: on a busy machine wall time also holds the wait for a core)\n"
         + machine_line(m)
         + f" at the end, {run.load_before:.2f} before; {usable} CPUs usable"
+    )
+
+
+def print_kernel_cost(cal: Calibration, con: Console) -> None:
+    """The fitted and the shipped coefficients of the split cost model, and each one's error per call."""
+    table = Table(title="split cost model: seconds of one kernel call = call + pair · pairs + row terms")
+    for col in (
+        "coefficients",
+        "pass",
+        "call µs",
+        "full pair ns",
+        "diag pair ns",
+        "q row µs",
+        "k row µs",
+        "median err",
+    ):
+        table.add_column(col, justify="right")
+    for label, cost, err in (
+        ("fitted here", cal.fitted, cal.median_error),
+        ("shipped", cal.shipped, cal.shipped_median_error),
+    ):
+        for name in ("forward", "backward"):
+            c = getattr(cost, name)
+            table.add_row(
+                label,
+                name,
+                f"{c.call_s * 1e6:.1f}",
+                f"{c.full_pair_s * 1e9:.1f}",
+                f"{c.diagonal_pair_s * 1e9:.1f}",
+                f"{c.query_row_s * 1e6:.3f}",
+                f"{c.key_row_s * 1e6:.3f}",
+                f"{err[name]:.0%}",
+            )
+    con.print(table)
+    worst = ", ".join(f"{n} {cal.max_error[n]:.0%}" for n in ("forward", "backward"))
+    con.print(
+        f"{len(cal.timings)} block shapes, median of each; largest error of the fit per call: {worst}\n"
+        + machine_line(cal.machine),
+        highlight=False,
+        soft_wrap=True,
     )

@@ -229,6 +229,31 @@ def _documents_bench(
         print_documents(run, console)
 
 
+@app.command("kernel-cost")
+@cli_errors
+def kernel_cost_cmd(
+    threads: int = typer.Option(1, "--threads", min=1, help="Torch threads (a CP rank's, in the trainer)."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed calls per shape (median is reported)."),
+    json_out: Json = False,
+) -> None:
+    """Fit the CP split cost model to this machine's attention kernel (about 15 s).
+
+    Times the block kernel's forward and backward on the block shapes the ring calls, fits the model's
+    coefficients (call + pair · pairs + q_row · queries + k_row · keys) and prints them next to the
+    shipped ones (`longctx.attention.split_cost.CPU_FLASH_COST`), with the error per call of each.
+
+    Example: longctx bench kernel-cost --json
+    """
+    from longctx.bench.kernel_cost import calibrate
+    from longctx.bench.render_attention import print_kernel_cost
+
+    cal = calibrate(threads=threads, repeats=repeats)
+    if json_out:
+        print_json(cal.to_json())
+    else:
+        print_kernel_cost(cal, console)
+
+
 @app.command("data-check")
 @cli_errors
 def data_check_cmd(

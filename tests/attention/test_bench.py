@@ -9,6 +9,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from longctx.bench import kernel_cost
 from longctx.bench.attention import AttentionBenchSpec, _Turns, flop_balance, validate_spec
 from longctx.cli.main import app
 from longctx.errors import AttentionError
@@ -357,3 +358,46 @@ def test_document_processes_time_both_splits_in_real_ranks():
         assert [len(t) for t in p[split]["rank_times_s"]] == [2, 2]
         assert p[split]["slowest_s"] == max(p[split]["rank_medians_s"]) > 0
     assert p["ratio"] == pytest.approx(p["balanced"]["slowest_s"] / p["zigzag"]["slowest_s"])
+
+
+def test_document_bench_times_both_splits_and_names_the_chosen_one():
+    """Timed: the slowest ranks of both splits and dense attention, interleaved; the model's seconds and
+    the trainer's choice beside them."""
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "attention",
+            "--documents",
+            "10%<1K",
+            "--seq-lens",
+            "2K",
+            "--cp",
+            "2",
+            "--heads",
+            "2",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    (case,) = json.loads(r.stdout)["cases"]
+    assert case["chosen"] in ("zigzag", "balanced")
+    for split in ("zigzag", "balanced"):
+        assert case[split]["t_slowest_s"] > 0 and case[split]["modelled_s"] > 0
+    assert case["t_dense_s"] > 0
+
+
+def test_kernel_cost_fits_the_model_and_prints_one_json_document(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(kernel_cost, "DIAGONALS", (16, 128, 512))
+    monkeypatch.setattr(kernel_cost, "QUERIES", (32, 256, 768))
+    monkeypatch.setattr(kernel_cost, "KEYS", (32, 141, 512))
+    r = runner.invoke(app, ["bench", "kernel-cost", "--repeats", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert len(out["timings"]) == 3 + 9
+    for name in ("forward", "backward"):
+        fitted = out["fitted"][name]
+        assert fitted["full_pair_s"] > 0 and fitted["diagonal_pair_s"] > 0
+        assert 0 <= out["median_error"][name] <= out["max_error"][name]
