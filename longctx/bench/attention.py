@@ -729,7 +729,12 @@ def _rank_pass(work: _RankWork, heads: int, kv_heads: int, head_dim: int) -> Cal
     return run
 
 
-def _time_interleaved(passes: dict[str, Callable[[], None]], repeats: int, threads: int) -> dict[str, float]:
+def _time_interleaved(
+    passes: dict[str, Callable[[], None]],
+    repeats: int,
+    threads: int,
+    advance: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
     """Median seconds of each pass over `repeats` rounds after one warm-up round; each round runs every
     pass once, in an order that alternates between rounds, so a machine's drift hits them all alike (in
     a fixed order the pass timed second ran up to 1.2× slower at 16K on a shared host)."""
@@ -744,6 +749,7 @@ def _time_interleaved(passes: dict[str, Callable[[], None]], repeats: int, threa
             passes[name]()
             if i:
                 times[name].append(time.perf_counter() - t0)
+        advance()
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -887,6 +893,11 @@ def measure_document_processes(
     return DocumentProcessCase(cp, threads, heads, kv_heads, head_dim, split("zigzag"), split("balanced"))
 
 
+def document_bench_steps(seq_lens: tuple[int, ...], repeats: int, time_max_len: int) -> int:
+    """How many times `run_document_bench` calls `advance`."""
+    return sum(1 + (repeats + 1 if s <= time_max_len else 0) for s in seq_lens)
+
+
 def run_document_bench(
     seq_lens: tuple[int, ...],
     *,
@@ -902,6 +913,7 @@ def run_document_bench(
     threads: int = 1,
     warmup: int = 1,
     window: Callable[[int], list[int]] | None = None,
+    advance: Callable[[], None] = lambda: None,
 ) -> list[DocumentBenchCase]:
     """Per length, on a window packed at the mix (`short_fraction` < 0: `long_tail_lengths`; `window`,
     when given, makes the window's document lengths instead): causal attention within documents on the
@@ -910,7 +922,7 @@ def run_document_bench(
     `split_cost`) timed in this process with `threads` threads, with dense causal attention on zigzag
     alongside, the three interleaved (`_time_interleaved`); the split the trainer would choose; with
     `processes`, also both splits timed in `cp` real processes (`measure_document_processes`, `threads`
-    each)."""
+    each). `advance()` is called after each timing round and each length (`document_bench_steps`)."""
     cases = []
     for s in seq_lens:
         check_zigzag_len(s, cp)
@@ -933,7 +945,7 @@ def run_document_bench(
             passes = {
                 name: _rank_pass(work, heads, kv_heads, head_dim) for name, (_, work) in figures.items()
             }
-            times = _time_interleaved(passes, repeats, threads)
+            times = _time_interleaved(passes, repeats, threads, advance)
             figures = {
                 name: (replace(f, t_slowest_s=times[name]), work) for name, (f, work) in figures.items()
             }
@@ -964,4 +976,5 @@ def run_document_bench(
                 chosen=choose_split(bounds, batch=1, seq_len=s, world=cp, causal=True),
             )
         )
+        advance()
     return cases

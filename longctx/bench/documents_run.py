@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -79,7 +80,7 @@ class DocumentsRun:
         }
 
 
-def run_documents(options: DocumentsOptions) -> DocumentsRun:
+def run_documents(options: DocumentsOptions, advance: Callable[[], None] = lambda: None) -> DocumentsRun:
     """Read the mix (or the data set's lengths), run the document bench, note the machine before and after."""
     o = options
     data = read_data_mix(o.mix) if o.mix.strip().startswith("from:") else None
@@ -99,6 +100,7 @@ def run_documents(options: DocumentsOptions) -> DocumentsRun:
         threads=o.threads,
         warmup=o.warmup,
         window=data.window if data else None,
+        advance=advance,
     )
     return DocumentsRun(o, data, cases, machine(), load_before)
 

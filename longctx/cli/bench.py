@@ -205,24 +205,29 @@ def _documents_bench(
     threads: int,
     warmup: int,
 ) -> None:
+    from longctx.bench.attention import document_bench_steps
     from longctx.bench.documents_run import DocumentsOptions, run_documents
     from longctx.bench.render_attention import print_documents
+    from longctx.util.progress import progress_bar
 
-    run = run_documents(
-        DocumentsOptions(
-            mix,
-            tuple(lens),
-            cp=cp,
-            heads=heads,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            repeats=repeats,
-            time_max_len=time_max_len,
-            processes=processes,
-            threads=threads,
-            warmup=warmup,
+    steps = document_bench_steps(tuple(lens), repeats, time_max_len)
+    with progress_bar("document attention bench", total=steps, unit="steps") as advance:
+        run = run_documents(
+            DocumentsOptions(
+                mix,
+                tuple(lens),
+                cp=cp,
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=head_dim,
+                repeats=repeats,
+                time_max_len=time_max_len,
+                processes=processes,
+                threads=threads,
+                warmup=warmup,
+            ),
+            advance,
         )
-    )
     if json_out:
         print_json(run.to_json())
     else:
