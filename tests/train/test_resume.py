@@ -16,7 +16,9 @@ import torch
 
 from tests.train.helpers import launch, run, saved_tensors, spec
 
-N = 8
+# a tiny step takes tens of milliseconds: the signal crosses the launcher, which passes it on, while the
+# second half runs; with 8 steps a loaded machine finished all of them first
+N = 24
 
 
 def _losses(path: Path) -> dict[int, float]:
