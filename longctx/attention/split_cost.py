@@ -94,15 +94,24 @@ def _calls_seconds(
     return total
 
 
+Work = tuple[list[tuple[slice, Block]], list[tuple[slice, Block]]]  # (own, remote) of `ring.rank_work`
+
+
+def work_seconds(cost: KernelCost, forward: Work, backward: Work, piece: int) -> float:
+    """Modelled seconds of a rank's forward work (its pieces `FORWARD_PIECES` × `piece`) and backward work
+    (pieces of `piece`, remote blocks in query tiles)."""
+    return _calls_seconds(cost.forward, *forward, None) + _calls_seconds(
+        cost.backward, *backward, ring_query_tile(piece)
+    )
+
+
 def rank_seconds(
     rank: int, world: int, local_len: int, causal: bool, docs: Documents | None, split: str, cost: KernelCost
 ) -> float:
     """Modelled forward + backward seconds of ring attention on `rank` under `split` (`docs` None: dense)."""
     piece = ring_piece(local_len)
-    own, remote = rank_work(rank, world, local_len, causal, piece * FORWARD_PIECES, docs, split)
-    forward = _calls_seconds(cost.forward, own, remote, None)
-    own, remote = rank_work(rank, world, local_len, causal, piece, docs, split)
-    return forward + _calls_seconds(cost.backward, own, remote, ring_query_tile(piece))
+    forward = rank_work(rank, world, local_len, causal, piece * FORWARD_PIECES, docs, split)
+    return work_seconds(cost, forward, rank_work(rank, world, local_len, causal, piece, docs, split), piece)
 
 
 def split_seconds(docs: Documents, world: int, causal: bool, split: str, cost: KernelCost) -> float:

@@ -56,8 +56,8 @@ from longctx.attention.blocks import (
     ring_schedule,
 )
 from longctx.attention.documents import Documents
-from longctx.attention.ring import rank_work, ring_piece, ring_query_tile
-from longctx.attention.split_cost import CPU_FLASH_COST, choose_split, rank_seconds
+from longctx.attention.ring import FORWARD_PIECES, rank_work, ring_piece, ring_query_tile
+from longctx.attention.split_cost import CPU_FLASH_COST, choose_split, work_seconds
 from longctx.attention.zigzag import check_zigzag_len
 from longctx.bench.processes import (
     MEMORY_METHODS,
@@ -763,7 +763,15 @@ def _split_figures(
     causal = True
     work = [rank_work(r, cp, local, causal, piece, docs, split) for r in range(cp)]
     pairs = [plan_pairs([b for _, b in own + remote]) for own, remote in work]
-    modelled = [rank_seconds(r, cp, local, causal, docs, split, CPU_FLASH_COST) for r in range(cp)]
+    modelled = [
+        work_seconds(
+            CPU_FLASH_COST,
+            rank_work(r, cp, local, causal, piece * FORWARD_PIECES, docs, split),
+            work[r],
+            piece,
+        )
+        for r in range(cp)
+    ]
     slowest = max(range(cp), key=lambda r: modelled[r])
     figures = SplitFigures(
         split=split,

@@ -183,25 +183,16 @@ def test_document_bench_counts_against_hand_computed_cases():
     assert case.t_dense_s is None
 
 
-def test_document_bench_json_is_one_document():
-    r = runner.invoke(
-        app,
-        [
-            "bench",
-            "attention",
-            "--documents",
-            "10%<1K",
-            "--seq-lens",
-            "8K",
-            "--cp",
-            "4",
-            "--time-max-len",
-            "1",
-            "--json",
-        ],
-    )
+def _document_case(*options: str) -> dict:
+    """The one case `bench attention --documents 10%<1K OPTIONS --json` prints (its output one JSON document)."""
+    r = runner.invoke(app, ["bench", "attention", "--documents", "10%<1K", *options, "--json"])
     assert r.exit_code == 0, r.output
     (case,) = json.loads(r.stdout)["cases"]
+    return case
+
+
+def test_document_bench_json_is_one_document():
+    case = _document_case("--seq-lens", "8K", "--cp", "4", "--time-max-len", "1")
     assert case["balanced"]["slowest_mean"] <= case["zigzag"]["slowest_mean"]
 
 
@@ -363,26 +354,7 @@ def test_document_processes_time_both_splits_in_real_ranks():
 def test_document_bench_times_both_splits_and_names_the_chosen_one():
     """Timed: the slowest ranks of both splits and dense attention, interleaved; the model's seconds and
     the trainer's choice beside them."""
-    r = runner.invoke(
-        app,
-        [
-            "bench",
-            "attention",
-            "--documents",
-            "10%<1K",
-            "--seq-lens",
-            "2K",
-            "--cp",
-            "2",
-            "--heads",
-            "2",
-            "--repeats",
-            "1",
-            "--json",
-        ],
-    )
-    assert r.exit_code == 0, r.output
-    (case,) = json.loads(r.stdout)["cases"]
+    case = _document_case("--seq-lens", "2K", "--cp", "2", "--heads", "2", "--repeats", "1")
     assert case["chosen"] in ("zigzag", "balanced")
     for split in ("zigzag", "balanced"):
         assert case[split]["t_slowest_s"] > 0 and case[split]["modelled_s"] > 0
