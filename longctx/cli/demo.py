@@ -16,16 +16,18 @@ from longctx.util.units import human_length
 # not need.
 
 HELP = (
-    "Run the whole pipeline on CPU (~7 min on 2 cores, no GPU, no network) as a user extends a published "
+    "Run the whole pipeline on CPU (~15 min on 2 cores, no GPU, no network) as a user extends a published "
     "base: adopt the tiny base shipped in longctx/resources/demo/ar (its archive and tokenizer md5s checked "
     "against its card first), check the tokenizer against the pinned manifest, build and check the stage "
     "data, extend the base through stages/tiny.toml (256 → 1K → 4K, CP = 2 in the last stage, that stage "
     "interrupted with SIGTERM and resumed), evaluate every checkpoint and print a summary. Rerunning in "
-    "the same directory resumes. --train-base rebuilds the published base (~20 min, once). "
+    "the same directory resumes. --to 16k carries it on through stages/tiny_16k.toml: a 16K stage at CP 4 "
+    "(its RoPE base by a sweep) and every checkpoint evaluated up to 16K. --train-base rebuilds the published base (~20 min, once). "
     "--family mdm does the same with the published masked-diffusion base (longctx/resources/demo/mdm, "
     "stored in the layout of Ermine's predecessor code) through stages/tiny_mdm.toml, evaluated by "
     "infilling; --family udm builds a tokenizer and pretrains its own uniform-state diffusion base.\n\n"
-    "Examples:\n\n  longctx demo\n\n  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
+    "Examples:\n\n  longctx demo\n\n  longctx demo --to 16k --dir demo-run   (resumes a 4K demo's directory)\n\n"
+    "  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
     "  longctx demo --dir /tmp/longctx-demo --json\n\n"
     "  longctx demo --train-base --dir runs/demo-base   (rebuild the published base)\n\n"
     "  longctx demo --train-base --family mdm --dir runs/demo-base-mdm\n\n"
@@ -76,6 +78,12 @@ def demo(
         help="stage to SIGTERM after its first save "
         "(default: the last stage of the full demo; none with --small)",
     ),
+    to: str = typer.Option(
+        "4k",
+        "--to",
+        help="the length the autoregressive demo reaches: 4k (stages/tiny.toml) or 16k "
+        "(stages/tiny_16k.toml: a 16K stage at CP 4 after the 4K one, every checkpoint evaluated up to 16K)",
+    ),
     train_base: bool = typer.Option(
         False,
         "--train-base",
@@ -90,7 +98,7 @@ def demo(
         return
     from longctx.demo.run import DemoConfig, run_demo
 
-    cfg = DemoConfig.from_options(plan=plan, small=small, interrupt=interrupt, family=family)
+    cfg = DemoConfig.from_options(plan=plan, small=small, interrupt=interrupt, family=family, to=to)
     # with --json the progress and the trainers' output go to stderr: stdout is the report alone
     with stdout_to_stderr(json_out):
         report = run_demo(dir, cfg, echo=lambda s: console.print(s, highlight=False, soft_wrap=True))

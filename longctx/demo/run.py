@@ -62,6 +62,8 @@ FAMILY_PLANS = {"ar": "tiny.toml", "mdm": "tiny_mdm.toml", "udm": "tiny_udm.toml
 PUBLISHED = ("ar", "mdm")
 # `longctx demo --small`: the smoke plan of a family that has one (the others keep their full plan)
 SMALL_PLANS = {"ar": "tiny_smoke.toml"}
+# `longctx demo --to L`: the autoregressive demo's plan that reaches L (the first is the default demo's)
+REACH_PLANS = {"4k": "tiny.toml", "16k": "tiny_16k.toml"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,12 @@ STAGE_CORPORA = (
     Corpus("long1k", 1_400, 1_000, 2_000, 12, names=4, any_digit=0.5),
     Corpus("long4k", 700, 4_000, 8_000, 13, names=4, any_digit=0.5),
 )
+# and at 16K (`--to 16k`): 12,000–24,000 words ≈ 17,000–34,000 tokens, so most 16K windows lie whole
+# inside one document; 300 documents hold about 7.5M tokens, twice what the 16K stage and its sweep read
+REACH_CORPORA = {
+    "4k": STAGE_CORPORA,
+    "16k": (*STAGE_CORPORA, Corpus("long16k", 300, 12_000, 24_000, 14, names=4, any_digit=0.5)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,17 +140,27 @@ class DemoConfig:
         small: bool = False,
         interrupt: str | None = None,
         family: str = "ar",
+        to: str = "4k",
     ) -> DemoConfig:
-        """`longctx demo [--family F] [--plan P] [--small] [--interrupt S]`: --family picks the plan
-        (stages/tiny.toml, tiny_mdm.toml, tiny_udm.toml) unless --plan gives one; --small keeps only
+        """`longctx demo [--family F] [--plan P] [--small] [--interrupt S] [--to L]`: --family picks the
+        plan (stages/tiny.toml, tiny_mdm.toml, tiny_udm.toml) unless --plan gives one; --small keeps only
         the plan (or the family's smoke plan, stages/tiny_smoke.toml for ar) and interrupts nothing
-        unless told; otherwise --interrupt replaces the default stage."""
+        unless told; otherwise --interrupt replaces the default stage. --to 16k carries the
+        autoregressive demo on to 16K (stages/tiny_16k.toml, its 16K corpus, the 16K stage interrupted)."""
         if family not in FAMILY_PLANS:
             raise StageError(
                 f"unknown model family {family!r}",
                 where="--family",
                 fix=f"use one of: {', '.join(FAMILY_PLANS)}",
             )
+        if to not in REACH_PLANS:
+            raise StageError(
+                f"the demo reaches no length {to!r}",
+                where="--to",
+                fix=f"use one of: {', '.join(REACH_PLANS)}",
+            )
+        if to != "4k":
+            return cls._reach(to, family=family, plan=plan, small=small, interrupt=interrupt)
         if small:
             if family in PUBLISHED and family not in SMALL_PLANS and plan is None:
                 raise StageError(
@@ -159,6 +177,23 @@ class DemoConfig:
         if interrupt is not None:
             return dataclasses.replace(cfg, interrupt_stage=interrupt)
         return cfg
+
+    @classmethod
+    def _reach(
+        cls, to: str, *, family: str, plan: Path | None, small: bool, interrupt: str | None
+    ) -> DemoConfig:
+        """The autoregressive demo carried on to `to`: its plan, its corpora, its last stage interrupted."""
+        if family != "ar" or small or plan is not None:
+            raise StageError(
+                f"--to {to} carries the autoregressive demo's own plan (stages/{REACH_PLANS[to]}) to {to}",
+                where="--to",
+                fix="drop --family, --small and --plan (or drop --to)",
+            )
+        return cls(
+            plan=plans_dir() / REACH_PLANS[to],
+            corpora=REACH_CORPORA[to],
+            interrupt_stage=interrupt or to,
+        )
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from longctx.cli.main import app
 from longctx.demo.run import DemoConfig, run_demo
+from longctx.plan.derive import open_plan
 from longctx.stage import ledger
 from tests.fixtures.run import write_plan
 
@@ -146,6 +147,33 @@ def test_demo_family_picks_its_plan() -> None:
     assert DemoConfig.from_options(small=True, plan=Path("x.toml")).plan == Path("x.toml")
     r = CliRunner().invoke(app, ["demo", "--family", "gpt", "--dir", "/nonexistent/x"])
     assert r.exit_code == 2 and "unknown model family 'gpt'" in r.output
+
+
+def test_demo_to_16k_carries_the_4k_demo_on(tmp_path: Path) -> None:
+    short, reach = DemoConfig.from_options(), DemoConfig.from_options(to="16k")
+    assert reach.plan.name == "tiny_16k.toml" and reach.published == "ar" and reach.interrupt_stage == "16k"
+    # the 4K demo's corpora, then the 16K one: a 4K demo's directory resumes into the 16K demo
+    assert reach.corpora[: len(short.corpora)] == short.corpora
+    assert [c.name for c in reach.corpora[len(short.corpora) :]] == ["long16k"]
+    four, sixteen = open_plan(short.plan, tmp_path), open_plan(reach.plan, tmp_path)
+    assert sixteen.stages[:-1] == four.stages and sixteen.eval == four.eval and sixteen.arch == four.arch
+    last = sixteen.stages[-1]
+    assert (last.name, last.seq_length, last.cp, last.world) == ("16k", 16_384, 4, 4)
+    assert last.sweep is not None and len(last.sweep.candidates) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--to", "64k"], "the demo reaches no length '64k'"),
+        (["--to", "16k", "--family", "mdm"], "--to 16k carries the autoregressive demo's own plan"),
+        (["--to", "16k", "--small"], "--to 16k carries the autoregressive demo's own plan"),
+        (["--to", "16k", "--plan", "x.toml"], "--to 16k carries the autoregressive demo's own plan"),
+    ],
+)
+def test_demo_to_refuses_what_it_cannot_reach(args: list[str], message: str) -> None:
+    r = CliRunner().invoke(app, ["demo", *args, "--dir", "/nonexistent/x"])
+    assert r.exit_code == 2 and message in r.output and not Path("/nonexistent/x").exists()
 
 
 def test_the_published_mdm_demo_has_no_small_variant() -> None:

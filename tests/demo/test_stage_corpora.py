@@ -18,17 +18,17 @@ import pytest
 from longctx.data.coverage import distance_coverage
 from longctx.demo.corpus import documents
 from longctx.demo.published import family_dir
-from longctx.demo.run import STAGE_CORPORA
+from longctx.demo.run import REACH_CORPORA
 from longctx.plan.coverage_check import SPARSE
 from longctx.tokenizer.load import load_tokenizer
 
-WINDOW = {"long1k": 1024, "long4k": 4096}
+WINDOW = {"long1k": 1024, "long4k": 4096, "long16k": 16384}
 SAMPLE = 60  # documents tokenized per corpus: their lengths, resampled, stand for the corpus
 
 
 @pytest.mark.parametrize("name", sorted(WINDOW))
 def test_stage_corpus_fills_whole_windows(name: str) -> None:
-    corpus, short = (next(c for c in STAGE_CORPORA if c.name == n) for n in (name, "short"))
+    corpus, short = (next(c for c in REACH_CORPORA["16k"] if c.name == n) for n in (name, "short"))
     s = WINDOW[name]
     tok = load_tokenizer(family_dir("mdm") / "tokenizer")
     rng = np.random.default_rng(0)

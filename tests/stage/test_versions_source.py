@@ -150,12 +150,17 @@ def test_every_stage_argv_exists_in_that_versions_parser(plans, parsers, version
     assert local_only == {"ermine_udm_moe", "tiny_mdm", "tiny_udm"}
     expected = {f"{n}/{s.name}" for n in local_only for s in plans[n].launchable()}
     # the demo packs by document, which Megatron-LM's pretraining runs from 0.19 and there at CP 1 only
-    expected |= {f"tiny/{s.name}" for s in plans["tiny"].launchable() if version == "0.16.1" or s.cp > 1}
+    expected |= {
+        f"{n}/{s.name}"
+        for n in ("tiny", "tiny_16k")
+        for s in plans[n].launchable()
+        if version == "0.16.1" or s.cp > 1
+    }
     assert sorted(refused) == sorted(expected)
     assert (
         checked
         == sum(len(rp.launchable()) for rp in plans.values()) - len(refused)
-        == (9 if version == "0.16.1" else 10)
+        == (9 if version == "0.16.1" else 11)
     )
 
 
