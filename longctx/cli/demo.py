@@ -25,7 +25,8 @@ HELP = (
     "(its RoPE base by a sweep) and every checkpoint evaluated up to 16K. --train-base rebuilds the published base (~20 min, once). "
     "--family mdm does the same with the published masked-diffusion base (longctx/resources/demo/mdm, "
     "stored in the layout of Ermine's predecessor code) through stages/tiny_mdm.toml, evaluated by "
-    "infilling; --family udm builds a tokenizer and pretrains its own uniform-state diffusion base.\n\n"
+    "infilling; --family udm likewise with the published uniform-state base (longctx/resources/demo/udm, the "
+    "MDM adapted to the uniform-state objective) through stages/tiny_udm.toml.\n\n"
     "Examples:\n\n  longctx demo\n\n  longctx demo --to 16k --dir demo-run   (resumes a 4K demo's directory)\n\n"
     "  longctx demo --family mdm --dir /tmp/mdm-demo\n\n"
     "  longctx demo --dir /tmp/longctx-demo --json\n\n"
@@ -87,9 +88,10 @@ def demo(
     train_base: bool = typer.Option(
         False,
         "--train-base",
-        help="rebuild the --family's published demo base (longctx/resources/demo/ar or mdm) from its "
+        help="rebuild the --family's published demo base (longctx/resources/demo/ar, mdm or udm) from its "
         "seeded corpus with longctx's own trainer instead of running the demo (ar ~15 min on 2 cores; mdm "
-        "adapts the published ar base, ~15 min), run once; --dir is its work directory and a rerun resumes",
+        "adapts the published ar base, udm the published mdm one), run once; --dir is its work directory "
+        "and a rerun resumes",
     ),
     json_out: Json = False,
 ) -> None:

@@ -62,9 +62,14 @@ def adapt_ar_to_diffusion(
     if kind not in ("mdm", "udm"):
         raise CheckpointError(f"no adaptation to a {kind!r} model", fix='adapt to "mdm" or "udm"')
     info = checkpoint_info(ar_save)
-    if info.objective != "ar":
+    # a uniform-state model may also start from a masked-diffusion one: bidirectional already, its
+    # [MASK] row (the last input row) dropped with the rest of the rows past `input_rows`
+    sources = ("ar", "mdm") if kind == "udm" else ("ar",)
+    if info.objective not in sources:
         raise CheckpointError(
-            f"{ar_save} holds a {info.objective} model, not an autoregressive one", where=str(ar_save)
+            f"{ar_save} holds a {info.objective} model, which a {kind} model cannot start from",
+            where=str(ar_save),
+            fix=f"start from a {' or '.join(sources)} checkpoint",
         )
     if info.arch != arch:
         raise CheckpointError(

@@ -3,8 +3,8 @@
 Steps (each skipped when its output already exists, so a second `demo` in the same directory resumes):
  1. base      — the published base (`longctx.demo.published`): its archive and tokenizer checked against
                 the md5s of its card, the tokenizer copied, the archive adopted as `ckpt adopt` does;
-                without a published base (the smoke plan, the uniform-state family): a SentencePiece
-                tokenizer with the OpenEuroLLM special-token layout and its manifest;
+                without one (the smoke plan): a SentencePiece tokenizer with the OpenEuroLLM
+                special-token layout and its manifest;
  2. corpus    — seeded documents with one pass key each (longctx.demo.corpus), one corpus per data prefix;
  3. data      — tokenized into Megatron .bin/.idx with a sidecar;
  4. checks    — tokenizer vs the plan's manifest, each stage's data vs its length and budget;
@@ -56,10 +56,9 @@ from longctx.tokenizer import (
 from longctx.train.spec import LRSchedule, TokenizerInfo, TrainSpec
 from longctx.util.shipped import plans_dir
 
-# `longctx demo --family F`: the plan of each model family (the same model and ladder, its own objective)
+# `longctx demo --family F`: the plan of each model family (the same model and ladder, its own objective),
+# each extending the family's published base (longctx/resources/demo/FAMILY)
 FAMILY_PLANS = {"ar": "tiny.toml", "mdm": "tiny_mdm.toml", "udm": "tiny_udm.toml"}
-# the families with a published base (longctx/resources/demo/FAMILY) that the demo adopts
-PUBLISHED = ("ar", "mdm")
 # `longctx demo --small`: the smoke plan of a family that has one (the others keep their full plan)
 SMALL_PLANS = {"ar": "tiny_smoke.toml"}
 # `longctx demo --to L`: the autoregressive demo's plan that reaches L (the first is the default demo's)
@@ -162,7 +161,7 @@ class DemoConfig:
         if to != "4k":
             return cls._reach(to, family=family, plan=plan, small=small, interrupt=interrupt)
         if small:
-            if family in PUBLISHED and family not in SMALL_PLANS and plan is None:
+            if family not in SMALL_PLANS and plan is None:
                 raise StageError(
                     f"the {family} demo has no small plan: it extends its published base through "
                     f"stages/{FAMILY_PLANS[family]}, whose data the small corpus does not hold",
@@ -172,8 +171,6 @@ class DemoConfig:
             plan = plan or plans_dir() / SMALL_PLANS.get(family, FAMILY_PLANS[family])
             return cls.small(plan, interrupt_stage=interrupt)
         cfg = cls(plan=plan or plans_dir() / FAMILY_PLANS[family], published=family)
-        if family not in PUBLISHED:  # the uniform-state family pretrains its own base on one corpus
-            cfg = dataclasses.replace(cfg, published=None, corpora=(Corpus("corpus", 1600, 150, 6000, 1),))
         if interrupt is not None:
             return dataclasses.replace(cfg, interrupt_stage=interrupt)
         return cfg

@@ -14,7 +14,6 @@ from longctx.checkpoint.save_layout import read_tracker
 from longctx.demo.published import install_published, verify_published
 from longctx.demo.train_base import RECIPES, BaseRecipe, recipe_for, train_base
 from longctx.errors import StageError
-from longctx.objective import Objective
 from tests.train.helpers import saved_tensors
 
 
@@ -119,21 +118,13 @@ def test_mdm_base_is_published_in_the_ermine_predecessor_layout(tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
 def test_udm_base_is_published_without_a_mask(tmp_path: Path) -> None:
-    """The uniform-state recipe: adapted from the AR base without a [MASK] row, trained under the UDM
-    objective, published in the same layout as the MDM minus the mask; it reads back as a UDM."""
+    """The uniform-state recipe: adapted from the published MDM without its [MASK] row, trained under the
+    UDM objective, published in the MDM's layout minus the mask; it reads back as a UDM."""
     out = tmp_path / "published"
-    # no uniform-state base is published (none has reached the bar yet): the recipe is the MDM's, unmasked
-    udm = dataclasses.replace(
-        RECIPES["mdm"],
-        name="longctx-demo-udm-base",
-        family="udm",
-        objective=Objective(kind="udm"),
-        padded_vocab_size=513,
-        output_vocab_size=None,
-    )
+    udm = RECIPES["udm"]
     card = train_base(tmp_path / "work", out, recipe=_tiny(udm, 2, 2), echo=[].append)
     assert card.family == "udm" and card.mask_id is None and card.padded_vocab_size == 513
-    assert card.adapted_from == "longctx-demo-ar-base" and "AR → UDM" in (out / "MODEL_CARD.md").read_text()
+    assert card.adapted_from == "longctx-demo-mdm-base" and "MDM → UDM" in (out / "MODEL_CARD.md").read_text()
     spec = json.loads((tmp_path / "work" / udm.phases[-1].name / "train_spec.json").read_text())
     assert spec["objective"]["kind"] == "udm" and spec["padded_vocab_size"] == 513
     fam = inspect_checkpoint(out / "base_model_only.tar").family
@@ -145,10 +136,12 @@ def test_udm_base_is_published_without_a_mask(tmp_path: Path) -> None:
     assert set(buffers) == {"subtokenizer.lookup_table"}
 
 
-def test_only_published_families_have_a_recipe() -> None:
-    assert recipe_for("mdm").objective.kind == "mdm" and recipe_for("ar").objective.kind == "ar"
-    with pytest.raises(StageError, match="no published demo base for the 'udm' family"):
-        recipe_for("udm")
+def test_every_family_has_a_recipe() -> None:
+    assert [recipe_for(f).objective.kind for f in ("ar", "mdm", "udm")] == ["ar", "mdm", "udm"]
+    # the UDM starts from the MDM's weights, and its bar is read on single needles alone
+    assert recipe_for("udm").adapt_from == "mdm" and recipe_for("udm").bar_tasks == ("single",)
+    with pytest.raises(StageError, match="no published demo base for the 'gpt' family"):
+        recipe_for("gpt")
 
 
 def test_the_published_recipes_keep_the_bar() -> None:
@@ -171,6 +164,8 @@ def test_a_base_below_its_bar_is_not_published() -> None:
         )
     with pytest.raises(StageError, match="multikey-2: not measured"):
         require_publishable(r, [good[0], good[2]])
+    # a recipe whose bar is single needles alone publishes its weak multi-key figures on its card
+    require_publishable(dataclasses.replace(r, bar_tasks=("single",)), [good[0], weak])
 
 
 def test_the_work_directory_is_claimed_for_one_recipe(tmp_path: Path) -> None:

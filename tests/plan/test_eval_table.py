@@ -62,14 +62,14 @@ def test_bad_eval_values_are_refused_naming_the_field(table: dict, field: str, s
 
 def test_the_demo_plans_carry_their_demos_eval_settings() -> None:
     """The demo's numbers come from its plan: 20 keys per cell for the published bases' demos, 2 for the
-    smoke plan and the uniform-state family (which pretrains its own base)."""
-    keys = {"tiny": 20, "tiny_mdm": 20, "tiny_udm": 2, "tiny_smoke": 2}
+    smoke plan (which pretrains its own base)."""
+    keys = {"tiny": 20, "tiny_16k": 20, "tiny_mdm": 20, "tiny_udm": 20, "tiny_smoke": 2}
     for name, n in keys.items():
         raw = tomllib.loads((plans_dir() / f"{name}.toml").read_text(encoding="utf-8"))
         assert raw["eval"]["keys_per_cell"] == n, name
         assert load_plan(name, run_dir="/tmp/unused").eval.keys_per_cell == n
     # the published bases' demos ask by name (RULER's multi-key needles), with keys of any digits
-    for name in ("tiny", "tiny_mdm"):
+    for name in ("tiny", "tiny_16k", "tiny_mdm", "tiny_udm"):
         ev = load_plan(name, run_dir="/tmp/unused").eval
         assert ev.tasks == ["single", "multikey-2", "multikey-4", "absent-2"] and ev.any_digit_keys, name
 
