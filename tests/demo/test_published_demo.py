@@ -1,7 +1,8 @@
 """The demo's published path on a small plan: the published base is adopted (md5s checked, ckpt adopt),
 its tokenizer checked against the pinned manifest, stage data built per stage, two stages (the second
 with CP 2) extend it, and the evaluation reads every checkpoint; a rerun resumes. For both published
-families: the autoregressive base, and the masked-diffusion one stored in Ermine's predecessor layout."""
+families: the autoregressive base, and the masked- and uniform-state diffusion ones stored in Ermine's
+predecessor layout."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from longctx.demo.run import Corpus, DemoConfig, run_demo
 def _plan(path: Path, run_dir: Path, family: str) -> Path:
     card = read_card(family_dir(family))
     a = card.arch
-    objective = '[objective]\nkind = "mdm"' if family == "mdm" else ""
+    objective = "" if family == "ar" else f'[objective]\nkind = "{family}"'
     blend = '[[0.3, "${RUN_DIR}/data/short_text_document"], [0.7, "${RUN_DIR}/data/long_text_document"]]'
     path.write_text(
         textwrap.dedent(f"""\
@@ -85,7 +86,7 @@ def _plan(path: Path, run_dir: Path, family: str) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # a whole demo run: minutes, more when other jobs share the cores
-@pytest.mark.parametrize("family", ["ar", "mdm"])
+@pytest.mark.parametrize("family", ["ar", "mdm", "udm"])
 def test_demo_adopts_the_published_base_and_extends_it(tmp_path: Path, family: str) -> None:
     run_dir = tmp_path / "demo"
     card = read_card(family_dir(family))
@@ -110,10 +111,12 @@ def test_demo_adopts_the_published_base_and_extends_it(tmp_path: Path, family: s
     assert [r["status"] for r in report.stages] == ["done", "done"]
     ev = report.evaluation
     assert ev is not None and {row["checkpoint"] for row in ev["table"]} >= {"base", "512", "1k"}
-    if family == "mdm":  # evaluated by infilling; every stage saved in the base's layout, buffers kept
+    if family != "ar":  # evaluated by infilling; every stage saved in the base's layout, buffers kept
         assert any("infilling" in n for n in ev["notes"])
         last = inspect_checkpoint(run_dir / "stages" / "1k" / "checkpoints").family
-        assert last.label == "MDM" and last.block == "encoder" and last.mask_id == card.mask_id
+        assert (
+            last.label.startswith(family.upper()) and last.block == "encoder" and last.mask_id == card.mask_id
+        )
 
     again = run_demo(run_dir, cfg, echo=lines.append)
     assert all(s.skipped for s in again.steps if s.step in ("published base", "corpus", "data"))
