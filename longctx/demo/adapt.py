@@ -1,4 +1,5 @@
-"""A diffusion model initialised from an autoregressive one (AR → MDM or UDM adaptation).
+"""A diffusion model initialised from an autoregressive one (AR → MDM or UDM adaptation), or a uniform-state
+model from a masked-diffusion one (MDM → UDM).
 
 Masked diffusion learns in-context copying far more slowly than next-token prediction: a 3-layer demo
 MDM trained from random weights on the demo corpus still got 10 % of restated digits right (chance)
