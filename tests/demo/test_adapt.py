@@ -1,4 +1,4 @@
-"""AR → MDM and AR → UDM adaptation: the published autoregressive base's weights in a diffusion model of
+"""AR → MDM, AR → UDM and MDM → UDM adaptation: the published autoregressive base's weights in a diffusion model of
 the diffusion models' unpadded rows — every transformer weight unchanged, the vocabulary rows cut, the
 masked model's [MASK] row the mean of the token rows — and the refusals of a source it cannot adapt."""
 
@@ -52,7 +52,7 @@ def test_a_source_it_cannot_adapt_is_refused(ar_save: Path, tmp_path: Path) -> N
         )
     mdm = tmp_path / "mdm"
     adapt_ar_to_diffusion(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
-    with pytest.raises(CheckpointError, match="holds a mdm model, not an autoregressive one"):
+    with pytest.raises(CheckpointError, match="holds a mdm model, which a mdm model cannot start from"):
         adapt_ar_to_diffusion(
             mdm, tmp_path / "b", arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513
         )
@@ -79,4 +79,20 @@ def test_the_uniform_state_adaptation_has_no_mask_row(ar_save: Path, tmp_path: P
     emb = "embedding.word_embeddings.weight"
     assert dst[emb].shape[0] == 513 and torch.equal(dst[emb], src[emb][:513])
     fam = inspect_checkpoint(out).family
+    assert fam.label == "UDM" and fam.objective == "udm" and fam.mask_id is None
+
+
+def test_a_uniform_state_model_starts_from_a_masked_one(ar_save: Path, tmp_path: Path) -> None:
+    """The published UDM's route: the MDM's weights, bidirectional already, less its [MASK] row."""
+    mdm, udm = tmp_path / "mdm", tmp_path / "udm"
+    it = adapt_ar_to_diffusion(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
+    adapt_ar_to_diffusion(
+        mdm, udm, kind="udm", arch=CARD.arch, seq_length=256, input_rows=513, output_rows=513
+    )
+    src = saved_tensors(mdm / f"iter_{it:07d}", prefixes=PREFIXES)
+    dst = saved_tensors(udm / f"iter_{it:07d}", prefixes=PREFIXES)
+    emb = "embedding.word_embeddings.weight"
+    assert dst[emb].shape[0] == 513 and torch.equal(dst[emb], src[emb][:513])
+    assert all(torch.equal(dst[k], src[k]) for k in src if k != emb)
+    fam = inspect_checkpoint(udm).family
     assert fam.label == "UDM" and fam.objective == "udm" and fam.mask_id is None
