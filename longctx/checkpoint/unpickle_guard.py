@@ -45,6 +45,10 @@ MAX_PICKLE_ELEMENTS = 1 << 22
 PICKLE_OBJECTS_BASE = 1 << 20
 PICKLE_OBJECTS_PER_BYTE = 8
 MAX_PICKLE_DEPTH = 100  # a DCP index nests 10 deep, a Megatron common state less
+# The widest integer LONG4 may carry. Pickles of sizes, offsets and RNG states hold ints of 64 bits or less
+# (LONG1 carries up to 255 bytes); an int of megabytes costs nothing to load but raises ValueError in any
+# `str()` or f-string later (Python's 4,300-digit limit), far from the guard. 1 KiB is under 2,500 digits.
+MAX_LONG_BYTES = 1024
 _LEAF_UNIT = 64  # bytes of a string or bytes object that count as one object
 _MISSING = object()
 _UINT32 = struct.Struct("<I")
@@ -515,6 +519,15 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
     def load_ext(self) -> None:
         raise Refused("an extension code (EXT1/EXT2/EXT4: copyreg's registry)")
 
+    def load_long4(self) -> None:
+        n = _UINT32.unpack(self.read(4))[0]
+        if n > MAX_LONG_BYTES:
+            raise Unsafe(f"an integer of {n:,} bytes (LONG4), more than {MAX_LONG_BYTES:,}")
+        data = self.read(n)
+        if len(data) != n:
+            raise pickle.UnpicklingError("pickle data was truncated")
+        self.append(pickle.decode_long(data))
+
     for _op, _fn in {
         pickle.TUPLE: load_tuple,
         pickle.TUPLE1: load_tuple1,
@@ -543,6 +556,7 @@ class GuardedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         pickle.EXT1: load_ext,
         pickle.EXT2: load_ext,
         pickle.EXT4: load_ext,
+        pickle.LONG4: load_long4,
     }.items():
         dispatch[_op[0]] = _fn
     del _op, _fn
@@ -599,6 +613,7 @@ for _op in (
 del _op
 
 __all__ = [
+    "MAX_LONG_BYTES",
     "MAX_PICKLE_BYTES",
     "MAX_PICKLE_DEPTH",
     "MAX_PICKLE_ELEMENTS",

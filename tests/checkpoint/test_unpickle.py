@@ -279,6 +279,16 @@ def test_a_lazy_range_is_charged_before_anything_iterates_it() -> None:
     assert safe_unpickle(data.replace(b"J\x00\xca\x9a\x3b", b"K\x03")) == torch.Size([0, 1, 2])
 
 
+def test_an_integer_too_wide_to_print_is_refused() -> None:
+    # LONG4 of a megabyte: loads in no time, then raises ValueError in any str() (the 4,300-digit limit)
+    wide = b"\x8b" + (1 << 20).to_bytes(4, "little") + b"\x01" * (1 << 20)
+    _refused_quickly(hp.PROTO + wide + hp.STOP, "an integer of 1,048,576 bytes (LONG4), more than 1,024")
+    # what LONG4 carries within the cap is read exactly, as is every width pickle itself writes
+    for n in (7, 2**64 + 1, -(2**2000), 256**1024 // 2 - 1):
+        assert safe_unpickle(pickle.dumps(n, protocol=2)) == n
+    _refused_quickly(pickle.dumps(256**1025, protocol=2), "(LONG4), more than 1,024")
+
+
 def test_a_structure_changed_after_a_reference_handed_it_out_is_refused() -> None:
     # l = []; l.append(l): the reference was charged for an empty list
     _refused_quickly(
