@@ -59,9 +59,14 @@ class BranchEvidence:
     def total(self) -> int:
         return sum(self.hits)
 
+    @property
+    def finite_far_loss(self) -> float | None:
+        """The far-end loss, None when unmeasured or not finite (a diverged branch: JSON has no NaN)."""
+        return self.far_loss if self.far_loss is not None and math.isfinite(self.far_loss) else None
+
     def rank_key(self) -> tuple[float, ...]:
-        loss = self.far_loss if self.far_loss is not None and math.isfinite(self.far_loss) else math.inf
-        return (-self.worst, -self.total, loss, self.base)
+        loss = self.finite_far_loss
+        return (-self.worst, -self.total, math.inf if loss is None else loss, self.base)
 
     def to_json(self) -> dict[str, Any]:
         lo, hi = wilson_interval(self.worst, self.keys)
@@ -78,7 +83,7 @@ class BranchEvidence:
             "worst_depth": self.worst / self.keys if self.keys else 0.0,
             "worst_interval": [lo, hi],
             "greedy": self.total / n if n else 0.0,
-            "far_loss": self.far_loss,
+            "far_loss": self.finite_far_loss,
         }
 
 
@@ -165,16 +170,23 @@ def choose(evidence: list[BranchEvidence]) -> tuple[int, str]:
     if len(ranked) > 1:
         second = ranked[1]
         if (best.worst, best.total) == (second.worst, second.total):
-            if best.far_loss is not None and second.far_loss is not None and best.far_loss != second.far_loss:
-                why += (
-                    f", tied with {second.base:,} on retrieval: lower far-end loss "
-                    f"({best.far_loss:.4f} vs {second.far_loss:.4f})"
-                )
+            a, b = best.finite_far_loss, second.finite_far_loss
+            if a is not None and b is not None and a != b:
+                why += f", tied with {second.base:,} on retrieval: lower far-end loss ({_apart(a, b)})"
             else:
                 why += f", tied with {second.base:,}: the smaller base"
         else:
             why += f" (next: {second.base:,} with {second.worst}/{second.keys}, {second.total})"
     return best.base, f"base {best.base:,}: {why}"
+
+
+def _apart(a: float, b: float) -> str:
+    """`a vs b` with the fewest decimals (4 at least) that tell them apart."""
+    for places in range(4, 17):
+        shown = f"{a:.{places}f}", f"{b:.{places}f}"
+        if shown[0] != shown[1]:
+            break
+    return " vs ".join(shown)
 
 
 def record_choice(rp: ResolvedPlan, st: ResolvedStage, *, log: Any = None) -> SweepChoice:

@@ -171,6 +171,17 @@ def test_the_rule_takes_the_best_worst_depth_then_the_total_then_the_loss_then_t
     assert choose([_evidence(5, (3, 3)), _evidence(4, (3, 3))])[0] == 4  # all equal: the smaller base
 
 
+def test_a_diverged_branch_ranks_last_on_loss_and_its_evidence_stays_json() -> None:
+    nan = _evidence(1, (0, 0), math.nan)
+    base, why = choose([nan, _evidence(2, (0, 0), 2.5)])
+    assert base == 2 and "nan" not in why
+    assert nan.to_json()["far_loss"] is None
+    json.dumps(nan.to_json(), allow_nan=False)  # what SweepChoice's reader takes
+    # losses equal to 4 decimals are shown with the places that tell them apart
+    _, why = choose([_evidence(1, (0, 0), 0.674312), _evidence(2, (0, 0), 0.674309)])
+    assert "(0.674309 vs 0.674312)" in why
+
+
 def test_record_choice_evaluates_the_branches_and_records_the_evidence(plan: Path) -> None:
     trainer = Trainer()
     run_until_done(lambda: _rp(plan), trainer)  # s1 and the branches; stops at the choice
