@@ -60,6 +60,24 @@ def _empty_parts(st: ResolvedStage, split: str, parts: dict[str, list[SplitPart]
                 )
 
 
+def _no_heldout(
+    rp: ResolvedPlan, st: ResolvedStage, split: str, parts: dict[str, list[SplitPart]], out: Findings
+) -> None:
+    """Evaluation takes its haystacks and loss-by-position documents from what the train part leaves."""
+    if any(ps[0].end < max(q.end for q in ps) or not ps[0].built for ps in parts.values()):
+        return
+    after = " (the stage's own evaluation, [local] eval_after_stage, then fails after training)"
+    out.warning(
+        "split-no-heldout",
+        f"stage {st.name}: split {split!r} gives every document of its data to training, so "
+        f"`longctx eval run --stage {st.name}` finds no held-out document to build haystacks from"
+        + (after if rp.local.eval_after_stage else ""),
+        where=next(iter(parts)),
+        fix='give the data a validation share (e.g. split = "98,2,0"), or evaluate on unseen data with '
+        "`eval run --data PREFIX`",
+    )
+
+
 def _unevaluated_parts(
     st: ResolvedStage, split: str, blend: Blend, parts: dict[str, list[SplitPart]], level: str, out: Findings
 ) -> None:
@@ -253,6 +271,7 @@ def split_findings(rp: ResolvedPlan, st: ResolvedStage, blend: Blend, backend: B
     if parts is None:
         return out
     _empty_parts(st, split, parts, out)
+    _no_heldout(rp, st, split, parts, out)
     seen: set = set()
     for view, level in _views(rp, backend):
         if view == "megatron-lm":

@@ -49,6 +49,7 @@ class _Plan:
         self.plan = type("P", (), {"model_fields_set": {"megatron"} if megatron else set()})()
         self.megatron = type("M", (), {"performance_args": ()})()
         self.slurm = type("S", (), {"backend": None})()
+        self.local = type("L", (), {"eval_after_stage": True})()
 
 
 def test_an_empty_part_is_an_error_on_every_backend(tmp_path: Path) -> None:
@@ -76,10 +77,29 @@ def test_no_eval_samples_is_a_megatron_lm_refusal(tmp_path: Path) -> None:
     assert [f.level for f in local] == ["warning"]
     # evaluation on, or no validation part: nothing to say
     assert not split_findings(_Plan(True), _Stage("90,10,0", 1), weighted, "megatron-lm")  # type: ignore[arg-type]
-    assert not split_findings(_Plan(True), _Stage("100,0,0", 0), weighted, "megatron-lm")  # type: ignore[arg-type]
+    all_train = split_findings(_Plan(True), _Stage("100,0,0", 0), weighted, "megatron-lm")  # type: ignore[arg-type]
+    assert not all_train.errors and [f.code for f in all_train] == ["split-no-heldout"]
     # one unweighted dataset: one pass over the part; enough tokens for a sample is fine, too few is not
     single = Blend([BlendEntry(a, None)], False, "test")
     assert not split_findings(_Plan(True), stage, single, "megatron-lm")  # type: ignore[arg-type]
     too_short = _Stage("90,10,0", 0, seq_length=200)
     short = split_findings(_Plan(True), too_short, single, "megatron-lm")  # type: ignore[arg-type]
     assert [f.code for f in short.errors] == ["split-no-eval-samples"]
+
+
+def test_a_split_that_holds_out_nothing_warns_that_evaluation_will_find_no_haystack(tmp_path: Path) -> None:
+    a = write_indexed_dataset(tmp_path / "a", [[1] * 20] * 50)
+    b = write_indexed_dataset(tmp_path / "b", [[2] * 20] * 50)
+    blend = Blend([BlendEntry(a, 0.5), BlendEntry(b, 0.5)], True, "test")
+    for split in ("100,0,0", "100"):
+        found = split_findings(_Plan(False), _Stage(split, 1), blend, "local")  # type: ignore[arg-type]
+        assert [(f.code, f.level) for f in found] == [("split-no-heldout", "warning")], split
+        assert "finds no held-out document" in found[0].message and "eval_after_stage" in found[0].message
+        assert "98,2,0" in found[0].fix
+    # one document held out of either dataset is enough
+    for split in ("98,2,0", "0,1,0"):
+        assert not [
+            f
+            for f in split_findings(_Plan(False), _Stage(split, 1), blend, "local")
+            if f.code == "split-no-heldout"
+        ]  # type: ignore[arg-type]
