@@ -5,7 +5,9 @@ per checkpoint, as one EvalReport; `write_outputs` puts it on disk with its plot
     write_outputs(report, out_dir)                                   → EvalReport (report.json, plots, summary.md)
 
 Results per (checkpoint contents, length, settings, tokenizer, held-out data) are cached as JSON in a
-`ResultCache`; a checkpoint whose results are all cached is not even loaded.
+`ResultCache`; a checkpoint whose results are all cached is not even loaded. Within a length, each part
+(the passkey grid with the loss by position, the packed windows, each needle task) is kept as it is
+measured, so an evaluation stopped mid-length resumes after the last part it finished.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class ResultCache:
             self.root.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.root / f"{key}.json", obj)
 
+    def discard(self, key: str) -> None:
+        if self.root is not None:
+            (self.root / f"{key}.json").unlink(missing_ok=True)
+
 
 def _key(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
@@ -178,6 +184,10 @@ class _Job:
     def short_key(self, short_length: int) -> str:
         return _key("short", short_length, self.fingerprint)
 
+    def partial_key(self, n: int) -> str:
+        """A length's parts measured so far (stopped before its last task)."""
+        return _key("length-partial", n, self.fingerprint)
+
 
 @dataclasses.dataclass
 class _Pending:
@@ -189,14 +199,31 @@ class _Pending:
     todo: list[int]
     short: ShortLoss | None
     need_short: bool
+    partial: dict[int, LengthResult] = dataclasses.field(default_factory=dict)
 
     def cells(self, ctx: _Context) -> list[Cell]:
         """What `_measure` will measure, for the progress count."""
         s, label = ctx.settings, self.job.ref.label
         causal = self.job.info.objective == "ar"
         packed = causal and s.packed_windows > 0 and ctx.tokenizer.eod_id is not None
-        cells = [c for n in self.todo for c in length_cells(label, n, s, causal=causal, packed=packed)]
+        cells = [
+            c
+            for n in self.todo
+            for c in length_cells(label, n, s, causal=causal, packed=packed)
+            if not _part_done(self.partial.get(n), c.what)
+        ]
         return cells + ([short_cell(label, s, ctx.short_length)] if self.need_short else [])
+
+
+def _part_done(r: LengthResult | None, what: str) -> bool:
+    """Whether a partial result of a length holds the part `what` (a progress cell's name)."""
+    if r is None:
+        return False
+    if what in ("passkey", "loss by position"):  # measured and kept together
+        return True
+    if what == "packed windows":
+        return r.packed is not None
+    return r.task(what) is not None
 
 
 def _prepare(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> _Pending:
@@ -212,7 +239,12 @@ def _prepare(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> _Pend
     results, todo = _cached_lengths(job, ctx, out.cached)
     short = _cached_short(job, ctx, out.cached)
     need_short = ctx.settings.short_docs > 0 and short is None and info.objective == "ar"
-    return _Pending(job, out, results, todo, short, need_short)
+    partial = {}
+    for n in todo if info.objective == "ar" else []:
+        hit = ctx.cache.get(job.partial_key(n))
+        if hit is not None:
+            partial[n] = LengthResult.model_validate(hit)
+    return _Pending(job, out, results, todo, short, need_short, partial)
 
 
 def _evaluate_one(pending: _Pending, ctx: _Context) -> CheckpointEval:
@@ -220,7 +252,7 @@ def _evaluate_one(pending: _Pending, ctx: _Context) -> CheckpointEval:
     t0 = time.perf_counter()
     job, out, results, short = pending.job, pending.out, pending.results, pending.short
     if pending.todo or pending.need_short:
-        measured_short = _measure(job, pending.todo, pending.need_short, ctx, results)
+        measured_short = _measure(job, pending, ctx, results)
         if pending.need_short:
             short = measured_short
     for n in job.lens:
@@ -280,21 +312,26 @@ def _cached_short(job: _Job, ctx: _Context, cached: list[str]) -> ShortLoss | No
 
 
 def _measure(
-    job: _Job, todo: list[int], need_short: bool, ctx: _Context, results: dict[int, LengthResult]
+    job: _Job, pending: _Pending, ctx: _Context, results: dict[int, LengthResult]
 ) -> ShortLoss | None:
-    """Load the model once and measure the lengths in `todo` (into `results`) and, when asked, the short
+    """Load the model once and measure the lengths still to do (into `results`) and, when asked, the short
     loss (returned); each result is cached as soon as it is measured."""
-    s = ctx.settings
+    s, todo, partial = ctx.settings, pending.todo, pending.partial
     if job.info.objective != "ar":
         _measure_diffusion(job, todo, ctx, results)
         return None
+    # every length's items are drawn, measured or not, so the grid's draws do not depend on the cache
     items = {n: ctx.grid.grid([n], s.depths, s.keys_per_cell) for n in todo}
     tasks = {n: task_items(ctx.grid, s, n) for n in todo}
     loss_docs = {n: ctx.heldout.long_documents(n, s.loss_docs) for n in todo}
-    short_docs = ctx.heldout.short_documents(ctx.short_length, s.short_docs) if need_short else []
+    short_docs = ctx.heldout.short_documents(ctx.short_length, s.short_docs) if pending.need_short else []
     windows = _packed_windows(todo, ctx)
-    total = sum(forwards_needed(v) for v in items.values()) + sum(len(d[0]) for d in loss_docs.values())
-    total += len(short_docs) + 2 * sum(len(w) for w in windows.values()) + _task_count(tasks)
+    total = len(short_docs)
+    for n in todo:
+        done = partial.get(n)
+        total += 0 if done else forwards_needed(items[n]) + len(loss_docs[n][0])
+        total += 0 if _part_done(done, "packed windows") else 2 * len(windows.get(n, []))
+        total += sum(len(v) for name, v in tasks[n].items() if not _part_done(done, name))
     loaded = load_model(job.info, ctx.parallel, max_length=max([*todo, ctx.short_length]))
     score = model_scorer(loaded)
     eod = ctx.tokenizer.eod_id
@@ -303,19 +340,12 @@ def _measure(
     label = job.ref.label
     with progress_bar(f"eval {label}", total, unit="forwards") as advance:
         for n in todo:
-            results[n] = _measure_length(job, n, items[n], loss_docs[n], score, advance, ctx)
-            if within is not None and eod is not None and n in windows:
-                results[n].packed = _measure_packed(n, windows[n], score, within, eod, advance, ctx)
-                ctx.progress.finished(label, n, "packed windows")
-            results[n].tasks = []
-            for name, task in tasks[n].items():  # one task at a time: a progress line each
-                results[n].tasks += run_causal_tasks(
-                    {name: task}, n, score, ctx.tokenizer, batch_size=s.batch_size, advance=advance
-                )
-                ctx.progress.finished(label, n, name)
+            work = (items[n], loss_docs[n], windows.get(n), tasks[n])
+            results[n] = _measure_parts(job, n, partial.get(n), work, (score, within), advance, ctx)
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
-        if need_short:
+                ctx.cache.discard(job.partial_key(n))
+        if pending.need_short:
             short = short_context_loss(
                 score,
                 short_docs,
@@ -328,6 +358,45 @@ def _measure(
             if ctx.parallel.is_main:
                 ctx.cache.put(job.short_key(ctx.short_length), short.model_dump(mode="json"))
     return short
+
+
+def _measure_parts(
+    job: _Job,
+    n: int,
+    done: LengthResult | None,
+    work: tuple[list[PasskeyItem], tuple[list[np.ndarray], bool], list[np.ndarray] | None, TaskItems],
+    scorers: tuple[ScoreFn, ScoreFn | None],
+    advance: Callable[..., None],
+    ctx: _Context,
+) -> LengthResult:
+    """The parts of length `n` that `done` (a partial result from the cache) lacks, each kept as a partial
+    result once measured: at 128K one needle task can take an hour of a job's time limit."""
+    items, loss_docs, windows, tasks = work
+    score, within = scorers
+    label, eod = job.ref.label, ctx.tokenizer.eod_id
+
+    def keep(r: LengthResult) -> None:
+        if ctx.parallel.is_main:
+            ctx.cache.put(job.partial_key(n), r.model_dump(mode="json"))
+
+    r = done
+    if r is None:
+        r = _measure_length(job, n, items, loss_docs, score, advance, ctx)
+        r.tasks = []
+        keep(r)
+    if within is not None and eod is not None and windows is not None and r.packed is None:
+        r.packed = _measure_packed(n, windows, score, within, eod, advance, ctx)
+        ctx.progress.finished(label, n, "packed windows")
+        keep(r)
+    for name, task in tasks.items():  # one task at a time: a progress line each
+        if r.task(name) is not None:
+            continue
+        r.tasks += run_causal_tasks(
+            {name: task}, n, score, ctx.tokenizer, batch_size=ctx.settings.batch_size, advance=advance
+        )
+        ctx.progress.finished(label, n, name)
+        keep(r)
+    return r
 
 
 def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[int, LengthResult]) -> None:

@@ -4,16 +4,19 @@ held-out data selection, and errors for unknown stages and unfinished checkpoint
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from longctx.errors import EvalError, PlanError
+from longctx.eval import engine
 from longctx.eval.data import HeldOut, train_end
 from longctx.eval.results import EvalReport
 from longctx.eval.runner import evaluate_finished_stage, evaluate_path, summarize_plan
 from longctx.eval.settings import EvalSettings
+from longctx.eval.task_run import run_causal_tasks
 from tests.fixtures.eval import BASE_LEN, S1_LEN, S2_LEN, EvalRun
 
 # small and fast: two depths, one key, one distractor
@@ -78,6 +81,40 @@ def test_cache_reuses_earlier_stage_results(eval_run_copy: EvalRun) -> None:
     # other settings are other results
     other = evaluate_finished_stage(rp, "s1", settings=FAST.model_copy(update={"seed": 9}), echo=False)
     assert all(not c.cached for c in other.checkpoints)
+
+
+def test_an_evaluation_stopped_mid_length_resumes_after_its_last_finished_part(
+    eval_run_copy: EvalRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rp = eval_run_copy.resolved()
+    settings = FAST.model_copy(update={"tasks": ["single", "multikey-2", "absent-2"], "short_docs": 0})
+    ran: list[tuple[str, int]] = []
+
+    def stopped_at_the_second(tasks, n, *args, **kwargs):  # type: ignore[no-untyped-def]
+        (name,) = tasks
+        if len(ran) == 1:
+            raise KeyboardInterrupt  # the job's time limit, mid-length
+        ran.append((name, n))
+        return run_causal_tasks(tasks, n, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "run_causal_tasks", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_finished_stage(rp, "s1", settings=settings, echo=False)
+    assert ran == [("multikey-2", BASE_LEN)]
+    ran.append(("", 0))  # from here on nothing stops
+    resumed = evaluate_finished_stage(rp, "s1", settings=settings, echo=False)
+    # the base at 64 resumed at absent-2: its passkey grid, loss and multikey-2 came from the partial result
+    assert ran[2] == ("absent-2", BASE_LEN)
+    # 2 checkpoints × 2 lengths × 2 tasks, less the one finished before the stop
+    assert ran[2:].count(("multikey-2", BASE_LEN)) == 1 and len(ran[2:]) == 2 * 2 * 2 - 1  # s1's
+    # and it equals an evaluation that was never stopped
+    shutil.rmtree(eval_run_copy.run_dir / "eval" / "cache")
+    clean = evaluate_finished_stage(rp, "s1", settings=settings, echo=False)
+    assert len(ran[2:]) == 2 * (2 * 2 * 2) - 1
+    for a, b in zip(resumed.checkpoints, clean.checkpoints, strict=True):
+        for ra, rb in zip(a.results, b.results, strict=True):
+            assert ra.tasks == rb.tasks
+            assert ra.passkey.cells == rb.passkey.cells and ra.position.long_loss == rb.position.long_loss
 
 
 def test_summary_and_single_checkpoint(eval_run_copy: EvalRun, tmp_path: Path) -> None:
