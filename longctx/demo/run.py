@@ -95,7 +95,7 @@ STAGE_CORPORA = (
     Corpus("long4k", 700, 4_000, 8_000, 13, names=4, any_digit=0.5),
 )
 # and at 16K (`--to 16k`): 12,000–24,000 words ≈ 17,000–34,000 tokens, so most 16K windows lie whole
-# inside one document; 600 documents hold about 16.5M tokens, so the 16K stage and its sweep (9.8M tokens
+# inside one document; 600 documents hold 16.4M tokens, so the 16K stage and its sweep (9.8M tokens
 # of it) read no document twice
 REACH_CORPORA = {
     "4k": STAGE_CORPORA,
