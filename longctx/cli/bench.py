@@ -316,7 +316,8 @@ def ckpt_cmd(
     Builds a flat snapshot whose .metadata is a real torch DCP Metadata of baby_9b_dense with
     distributed-optimizer state over 2049 sparse .distcp files, then times plain pickle.load of .metadata
     (torch's FileSystemReader), inspect, verify after inspect, verify alone; counts files opened during
-    those calls (audit hook): no .distcp may be opened. Target (not asserted): inspect + verify < 1 s.
+    those calls (audit hook): no .distcp may be opened. Nothing is asserted on time: the checked Python
+    unpickler reads the index about ten times slower than the C one (2.5 s in all on 2 CPU cores).
 
     Example: longctx bench ckpt --repeats 5
     """
