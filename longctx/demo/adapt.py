@@ -40,15 +40,13 @@ def _rows(src: torch.Tensor, rows: int, *, mask_row: bool) -> torch.Tensor:
     [MASK] row."""
     tokens = rows - 1 if mask_row else rows
     if src.shape[0] < tokens:
-        raise CheckpointError(
-            f"the autoregressive model has {src.shape[0]} vocabulary rows, fewer than {tokens}"
-        )
+        raise CheckpointError(f"the source model has {src.shape[0]} vocabulary rows, fewer than {tokens}")
     out = src[:tokens].clone()
     return torch.cat([out, out.mean(0, keepdim=True)]) if mask_row else out
 
 
-def adapt_ar_to_diffusion(
-    ar_save: Path,
+def adapt_to_diffusion(
+    source: Path,
     out: Path,
     *,
     kind: str = "mdm",
@@ -57,27 +55,27 @@ def adapt_ar_to_diffusion(
     input_rows: int,
     output_rows: int,
 ) -> int:
-    """Write `out` (a save dir: tracker + iter_N, N = the source's iteration): the autoregressive model
-    of `ar_save` as a bidirectional diffusion model of `kind` with `input_rows` (tokens, + [MASK] for
-    "mdm") and `output_rows` (tokens) vocabulary rows. Returns N."""
+    """Write `out` (a save dir: tracker + iter_N, N = the source's iteration): the model of `source` (AR,
+    or MDM for a UDM) as a bidirectional diffusion model of `kind` with `input_rows` (tokens, + [MASK]
+    for "mdm") and `output_rows` (tokens) vocabulary rows. Returns N."""
     if kind not in ("mdm", "udm"):
         raise CheckpointError(f"no adaptation to a {kind!r} model", fix='adapt to "mdm" or "udm"')
-    info = checkpoint_info(ar_save)
+    info = checkpoint_info(source)
     # a uniform-state model may also start from a masked-diffusion one: bidirectional already, its
     # [MASK] row (the last input row) dropped with the rest of the rows past `input_rows`
     sources = ("ar", "mdm") if kind == "udm" else ("ar",)
     if info.objective not in sources:
         raise CheckpointError(
-            f"{ar_save} holds a {info.objective} model, which a {kind} model cannot start from",
-            where=str(ar_save),
+            f"{source} holds a {info.objective} model, which a {kind} model cannot start from",
+            where=str(source),
             fix=f"start from a {' or '.join(sources)} checkpoint",
         )
     if info.arch != arch:
         raise CheckpointError(
-            f"the autoregressive model's shape is not the diffusion recipe's: {info.arch} vs {arch}",
-            where=str(ar_save),
+            f"the source model's shape is not the diffusion recipe's: {info.arch} vs {arch}",
+            where=str(source),
         )
-    args = argparse.Namespace(**inspect_checkpoint(ar_save).args)
+    args = argparse.Namespace(**inspect_checkpoint(source).args)
     args.padded_vocab_size, args.longctx_objective = input_rows, kind
     with eval_parallel(1) as par:
         src = load_model(info, par, max_length=seq_length).model.state_dict()
@@ -105,4 +103,4 @@ def adapt_ar_to_diffusion(
     return iteration
 
 
-__all__ = ["adapt_ar_to_diffusion"]
+__all__ = ["adapt_to_diffusion"]

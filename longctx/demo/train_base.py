@@ -38,7 +38,7 @@ from longctx.arch import ModelArch
 from longctx.checkpoint.inspect import inspect_checkpoint
 from longctx.checkpoint.save_layout import read_tracker
 from longctx.data.tokenize import tokenize_jsonl
-from longctx.demo.adapt import adapt_ar_to_diffusion
+from longctx.demo.adapt import adapt_to_diffusion
 from longctx.demo.corpus import documents, write_jsonl
 from longctx.demo.published import (
     ARCHIVE,
@@ -334,7 +334,7 @@ def _start(work: Path, r: BaseRecipe, index: int) -> Path | None:
     if r.adapt_from is None:
         return None
     if read_tracker(work / "init") is None:
-        adapt_ar_to_diffusion(
+        adapt_to_diffusion(
             work / "source",
             work / "init",
             kind=r.objective.kind,

@@ -11,7 +11,7 @@ import torch
 
 from longctx.checkpoint import adopt
 from longctx.checkpoint.inspect import inspect_checkpoint
-from longctx.demo.adapt import adapt_ar_to_diffusion
+from longctx.demo.adapt import adapt_to_diffusion
 from longctx.demo.published import ARCHIVE, family_dir, read_card
 from longctx.errors import CheckpointError
 from tests.train.helpers import saved_tensors
@@ -29,7 +29,7 @@ def ar_save(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_adapted_model_keeps_every_weight_and_adds_a_mask_row(ar_save: Path, tmp_path: Path) -> None:
     out = tmp_path / "init"
-    it = adapt_ar_to_diffusion(ar_save, out, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
+    it = adapt_to_diffusion(ar_save, out, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
     assert it == CARD.iteration
     src = saved_tensors(ar_save / f"iter_{it:07d}", prefixes=PREFIXES)
     dst = saved_tensors(out / f"iter_{it:07d}", prefixes=PREFIXES)
@@ -47,17 +47,17 @@ def test_the_adapted_model_keeps_every_weight_and_adds_a_mask_row(ar_save: Path,
 def test_a_source_it_cannot_adapt_is_refused(ar_save: Path, tmp_path: Path) -> None:
     other = CARD.arch.model_copy(update={"num_layers": 3})
     with pytest.raises(CheckpointError, match="shape is not the diffusion recipe's"):
-        adapt_ar_to_diffusion(
+        adapt_to_diffusion(
             ar_save, tmp_path / "a", arch=other, seq_length=256, input_rows=514, output_rows=513
         )
     mdm = tmp_path / "mdm"
-    adapt_ar_to_diffusion(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
+    adapt_to_diffusion(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
     with pytest.raises(CheckpointError, match="holds a mdm model, which a mdm model cannot start from"):
-        adapt_ar_to_diffusion(
+        adapt_to_diffusion(
             mdm, tmp_path / "b", arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513
         )
     with pytest.raises(CheckpointError, match="no adaptation to a 'ar' model"):
-        adapt_ar_to_diffusion(
+        adapt_to_diffusion(
             ar_save,
             tmp_path / "c",
             kind="ar",
@@ -71,7 +71,7 @@ def test_a_source_it_cannot_adapt_is_refused(ar_save: Path, tmp_path: Path) -> N
 
 def test_the_uniform_state_adaptation_has_no_mask_row(ar_save: Path, tmp_path: Path) -> None:
     out = tmp_path / "udm"
-    it = adapt_ar_to_diffusion(
+    it = adapt_to_diffusion(
         ar_save, out, kind="udm", arch=CARD.arch, seq_length=256, input_rows=513, output_rows=513
     )
     src = saved_tensors(ar_save / f"iter_{it:07d}", prefixes=PREFIXES)
@@ -85,10 +85,8 @@ def test_the_uniform_state_adaptation_has_no_mask_row(ar_save: Path, tmp_path: P
 def test_a_uniform_state_model_starts_from_a_masked_one(ar_save: Path, tmp_path: Path) -> None:
     """The published UDM's route: the MDM's weights, bidirectional already, less its [MASK] row."""
     mdm, udm = tmp_path / "mdm", tmp_path / "udm"
-    it = adapt_ar_to_diffusion(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
-    adapt_ar_to_diffusion(
-        mdm, udm, kind="udm", arch=CARD.arch, seq_length=256, input_rows=513, output_rows=513
-    )
+    it = adapt_to_diffusion(ar_save, mdm, arch=CARD.arch, seq_length=256, input_rows=514, output_rows=513)
+    adapt_to_diffusion(mdm, udm, kind="udm", arch=CARD.arch, seq_length=256, input_rows=513, output_rows=513)
     src = saved_tensors(mdm / f"iter_{it:07d}", prefixes=PREFIXES)
     dst = saved_tensors(udm / f"iter_{it:07d}", prefixes=PREFIXES)
     emb = "embedding.word_embeddings.weight"
