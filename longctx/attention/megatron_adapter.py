@@ -33,6 +33,7 @@ from torch import Tensor
 
 from longctx.attention.allgather import allgather_attention
 from longctx.attention.comm import group_size
+from longctx.attention.prefix_cache import PrefixCache
 from longctx.attention.ring import ring_attention
 from longctx.attention.split import check_split
 from longctx.errors import AttentionError
@@ -91,6 +92,8 @@ class LongctxCoreAttention(MegatronModule):
         # softmax multiplies it back: the maths is plain 1/sqrt(d), so it is not repeated here.
         head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
         self.softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+        # set by an evaluation that reruns suffixes (`longctx.attention.prefix_cache`), else unused
+        self.prefix_cache: PrefixCache | None = None
 
     @staticmethod
     def _is_causal(mask_type: AttnMaskType) -> bool:
@@ -142,6 +145,19 @@ class LongctxCoreAttention(MegatronModule):
                 fix="build the data with create_attention_mask=False; the mask type says causal",
             )
         causal = self.causal if attn_mask_type is None else self._is_causal(attn_mask_type)
+        cache = self.prefix_cache
+        if (
+            cache is not None
+            and cache.mode != "off"
+            and (cu_seqlens is not None or not causal or self.cp_group)
+        ):
+            raise AttentionError(
+                "a prefix cache needs causal attention over whole sequences in one process",
+                where=_WHERE,
+                fix="evaluate without documents and at CP = 1, or leave the cache off",
+            )
+        if cache is not None and cache.mode == "extend":
+            return cache.extend(self.layer_number, query, key, value, self.softmax_scale)
         sq, b, heads, head_dim = query.shape
         fn = ring_attention if self.cp_comm_type == "p2p" else allgather_attention
         # [s, b, h, d] → [b, s, h, d] views; the kernels take strided inputs
@@ -155,6 +171,8 @@ class LongctxCoreAttention(MegatronModule):
             cu_seqlens=cu_seqlens,
             split=split,
         )
+        if cache is not None and cache.mode == "record":
+            cache.record(self.layer_number, key, value)
         # [b, sq, np, hn] → [sq, b, np·hn]
         return out.transpose(0, 1).reshape(sq, b, heads * head_dim)
 

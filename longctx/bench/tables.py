@@ -7,6 +7,7 @@ alone, for tests and other callers.
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any
 
 from rich.console import Console, JustifyMethod
@@ -121,6 +122,29 @@ def print_index_check(r: Any, con: Console, *, lengths: str, keep: bool) -> None
         f"full check / raw read = {r.ratio:.2f} · {r.workers} thread(s) · {r.host['cpus']} CPUs, load avg "
         f"{r.host['load_avg_1m']} · created in {r.create_seconds:.1f} s"
         + (f" · kept {r.path}" if keep else ""),
+        highlight=False,
+    )
+
+
+def print_greedy(r: Any, con: Console) -> None:
+    title = (
+        f"greedy answers of {r.items} {r.task} items at {r.length:,} tokens (batch {r.batch_size}, "
+        f"{r.misses} missed), {r.repeats} run(s) each"
+    )
+    full, cached = statistics.median(r.full_seconds), statistics.median(r.cached_seconds)
+    rows = [
+        ("baseline: whole sequences rerun", f"{full:.2f}", str(r.full_forwards), "1.00×"),
+        (
+            "prefix cache: answer positions rerun",
+            f"{cached:.2f}",
+            str(r.cached_full_forwards),
+            f"{r.ratio:.2f}×",
+        ),
+    ]
+    con.print(_table(title, ("mode", "median s", "full forwards", "speed-up"), rows, justify="left"))
+    con.print(
+        f"same answers token for token: {r.same_answers} · {r.checkpoint} · machine: {r.machine}, "
+        f"{r.threads} torch threads, load avg {os.getloadavg()[0]:.1f}",
         highlight=False,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,6 +11,7 @@ import typer
 from longctx.bench.tables import (
     print_ckpt,
     print_data_check,
+    print_greedy,
     print_index_check,
     print_memory,
     print_rope_bench,
@@ -41,7 +43,8 @@ app = typer.Typer(
         "  longctx bench trainer --megatron-lm ~/Megatron-LM        # local backend vs pretrain_gpt.py, CPU\n\n"
         "  longctx bench memory                                     # memory model vs measured peaks\n\n"
         "  longctx bench throughput --models demo,125m --cp 1,2     # local backend tokens/s and MFU\n\n"
-        "  longctx bench tokenize --workers 2                       # data tokenize vs preprocess_data.py"
+        "  longctx bench tokenize --workers 2                       # data tokenize vs preprocess_data.py\n\n"
+        "  longctx bench greedy CKPT --tokenizer TOK --length 16K   # needle answers with the prefix cache"
     ),
     no_args_is_help=True,
 )
@@ -404,6 +407,42 @@ def rope_cmd(
         print_json({**fields_of(result), "speedup": result.speedup})
     else:
         print_rope_bench(result, console)
+
+
+@app.command("greedy")
+@cli_errors
+def greedy_cmd(
+    checkpoint: Path = typer.Argument(
+        ..., help="A causal checkpoint (its iteration dir or checkpoints dir)."
+    ),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="The checkpoint's tokenizer (dir or .model)."),
+    length: str = typer.Option("16K", "--length", help="Item length in tokens."),
+    task: str = typer.Option("multikey-2", "--task", help="A generated needle task (not single)."),
+    per_depth: int = typer.Option(2, "--items", min=1, help="Items per depth (five depths)."),
+    batch_size: int = typer.Option(4, "--batch-size", min=1, help="Items per forward."),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Timed runs of each mode (medians)."),
+    json_out: Json = False,
+) -> None:
+    """Greedy answers of needle items with the prefix cache (the answer positions rerun alone after the
+    first forward) vs whole sequences rerun until they settle, in one process; the answers must agree.
+
+    Example: longctx bench greedy RUN/stages/4k/checkpoints --tokenizer RUN/tokenizer --length 16K
+    """
+    from longctx.bench.greedy import run_greedy_bench
+
+    r = run_greedy_bench(
+        checkpoint,
+        tokenizer,
+        length=positive_size(length, "--length") or 16384,
+        task=task,
+        per_depth=per_depth,
+        batch_size=batch_size,
+        repeats=repeats,
+    )
+    if json_out:
+        print_json(r.to_json())
+    else:
+        print_greedy(r, console)
 
 
 @app.command("trainer")

@@ -36,6 +36,7 @@ from longctx.eval.loss_position import (
     position_buckets,
 )
 from longctx.eval.plots import plot_elbo_by_context, plot_loss_by_position, plot_niah
+from longctx.eval.prefix_extend import PrefixExtender, prefix_extender
 from longctx.eval.progress import Cell, EvalProgress, length_cells, short_cell, silent
 from longctx.eval.report_tables import markdown_table
 from longctx.eval.results import (
@@ -336,12 +337,13 @@ def _measure(
     score = model_scorer(loaded)
     eod = ctx.tokenizer.eod_id
     within = model_scorer(loaded, eod=eod) if eod is not None else None
+    scorers = _Scorers(score, within, prefix_extender(loaded))
     short: ShortLoss | None = None
     label = job.ref.label
     with progress_bar(f"eval {label}", total, unit="forwards") as advance:
         for n in todo:
             work = (items[n], loss_docs[n], windows.get(n), tasks[n])
-            results[n] = _measure_parts(job, n, partial.get(n), work, (score, within), advance, ctx)
+            results[n] = _measure_parts(job, n, partial.get(n), work, scorers, advance, ctx)
             if ctx.parallel.is_main:
                 ctx.cache.put(job.length_key(n), results[n].model_dump(mode="json"))
                 ctx.cache.discard(job.partial_key(n))
@@ -360,19 +362,26 @@ def _measure(
     return short
 
 
+@dataclasses.dataclass(frozen=True)
+class _Scorers:
+    score: ScoreFn  # whole sequences
+    within: ScoreFn | None  # attention within the documents between EOD tokens
+    extend: PrefixExtender | None  # greedy generation's later rounds over the answer positions only
+
+
 def _measure_parts(
     job: _Job,
     n: int,
     done: LengthResult | None,
     work: tuple[list[PasskeyItem], tuple[list[np.ndarray], bool], list[np.ndarray] | None, TaskItems],
-    scorers: tuple[ScoreFn, ScoreFn | None],
+    scorers: _Scorers,
     advance: Callable[..., None],
     ctx: _Context,
 ) -> LengthResult:
     """The parts of length `n` that `done` (a partial result from the cache) lacks, each kept as a partial
     result once measured: at 128K one needle task can take an hour of a job's time limit."""
     items, loss_docs, windows, tasks = work
-    score, within = scorers
+    score, within = scorers.score, scorers.within
     label, eod = job.ref.label, ctx.tokenizer.eod_id
 
     def keep(r: LengthResult) -> None:
@@ -392,7 +401,13 @@ def _measure_parts(
         if r.task(name) is not None:
             continue
         r.tasks += run_causal_tasks(
-            {name: task}, n, score, ctx.tokenizer, batch_size=ctx.settings.batch_size, advance=advance
+            {name: task},
+            n,
+            score,
+            ctx.tokenizer,
+            batch_size=ctx.settings.batch_size,
+            advance=advance,
+            extend=scorers.extend,
         )
         ctx.progress.finished(label, n, name)
         keep(r)

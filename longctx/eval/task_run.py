@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from longctx.eval.grid import PasskeyGrid, check_depths
 from longctx.eval.needles import TaskGrid, TaskItem
+from longctx.eval.prefix_extend import PrefixExtender
 from longctx.eval.score import ScoreFn
 from longctx.eval.settings import EvalSettings
 from longctx.eval.task_infill import score_task_infill
@@ -53,11 +54,16 @@ def run_causal_tasks(
     *,
     batch_size: int,
     advance: Callable[[int], None] | None = None,
+    extend: PrefixExtender | None = None,
 ) -> list[TaskResult]:
     """Each task's items answered by greedy generation (`longctx.eval.task_score`)."""
     return [
         _result(
-            length, items, score_tasks(items, score, tokenizer.decode, batch_size=batch_size, advance=advance)
+            length,
+            items,
+            score_tasks(
+                items, score, tokenizer.decode, batch_size=batch_size, advance=advance, extend=extend
+            ),
         )
         for items in by_task.values()
         if items

@@ -9,7 +9,8 @@ and argmax agree everywhere (Jacobi iteration of greedy decoding). Under a causa
 only tokens ≤ t, so every agreeing prefix is the greedy decoding's, each forward fixes at least one
 more token, and the result is exactly the greedy continuation of `budget` tokens — in one forward
 when the model answers the reference, in at most budget + 1 otherwise. Every CP rank gets the same
-argmax, so all ranks iterate alike.
+argmax, so all ranks iterate alike. With a `PrefixExtender` (one process), the rounds after the first
+rerun only the positions from the answers' start on, against the first forward's keys and values.
 
 A key counts as returned when it appears in the decoded output as a whole number (no digit right
 before or after it). An item is a hit when every expected key is returned, in any order (multi-value:
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 
 import torch
 from pydantic import BaseModel
 
 from longctx.eval.needles import TaskItem
+from longctx.eval.prefix_extend import PrefixExtender
 from longctx.eval.score import ScoreFn, length_chunks
 
 Decode = Callable[[list[int]], str]
@@ -93,29 +96,48 @@ def greedy_answers(
     *,
     batch_size: int = 4,
     advance: Callable[[int], None] | None = None,
+    extend: PrefixExtender | None = None,
 ) -> list[list[int]]:
-    """Each item's greedy continuation of `len(item.reference)` tokens (see the module docstring)."""
+    """Each item's greedy continuation of `len(item.reference)` tokens (see the module docstring).
+    With `extend`, the rounds after the first rerun the answer positions alone."""
     out: dict[int, list[int]] = {}
     for chunk in length_chunks([it.length for it in items], batch_size):
         seqs = {i: list(items[i].tokens) for i in chunk}
-        active = list(chunk)  # the items still changing: a settled one leaves the batch
-        for rounds in range(max(len(items[i].reference) for i in chunk) + 1):
-            argmax = score(torch.tensor([seqs[i] for i in active], dtype=torch.long)).argmax
-            if advance is not None and rounds == 0:
-                advance(len(chunk))
-            active = [i for r, i in enumerate(active) if _advance(seqs[i], items[i].answer_start, argmax[r])]
+        cached = extend is not None and extend.fits(len(chunk), items[chunk[0]].length)
+        with extend.recording() if cached and extend is not None else nullcontext():
+            argmax = score(torch.tensor([seqs[i] for i in chunk], dtype=torch.long)).argmax
+        if advance is not None:
+            advance(len(chunk))
+        # the items still changing: a settled one leaves the batch
+        active = [i for r, i in enumerate(chunk) if _advance(seqs[i], items[i].answer_start, argmax[r])]
+        # every answer's first prediction comes from the token before it: from there on a suffix suffices
+        start = min(items[i].answer_start for i in chunk) - 1
+        for _ in range(max(len(items[i].reference) for i in chunk)):
             if not active:
                 break
+            if cached and extend is not None:
+                rows = [chunk.index(i) for i in active]
+                suffix = torch.tensor([seqs[i][start:] for i in active], dtype=torch.long)
+                argmax, offset = extend.argmax(rows, suffix, start)[:, :-1], start
+            else:
+                argmax = score(torch.tensor([seqs[i] for i in active], dtype=torch.long)).argmax
+                offset = 0
+            active = [
+                i for r, i in enumerate(active) if _advance(seqs[i], items[i].answer_start, argmax[r], offset)
+            ]
+        if extend is not None:
+            extend.release()
         for i in chunk:
             out[i] = seqs[i][items[i].answer_start :]
     return [out[i] for i in range(len(items))]
 
 
-def _advance(seq: list[int], start: int, argmax: Sequence[int]) -> bool:
-    """Replace `seq`'s guess from its first disagreement with the argmax on; False where none is left."""
+def _advance(seq: list[int], start: int, argmax: Sequence[int], offset: int = 0) -> bool:
+    """Replace `seq`'s guess from its first disagreement with the argmax on; False where none is left.
+    `argmax[j]` is the prediction after token `offset + j`."""
     for t in range(start, len(seq)):
-        if int(argmax[t - 1]) != seq[t]:
-            seq[t:] = [int(x) for x in argmax[t - 1 :]]
+        if int(argmax[t - 1 - offset]) != seq[t]:
+            seq[t:] = [int(x) for x in argmax[t - 1 - offset :]]
             return True
     return False
 
@@ -127,7 +149,8 @@ def score_tasks(
     *,
     batch_size: int = 4,
     advance: Callable[[int], None] | None = None,
+    extend: PrefixExtender | None = None,
 ) -> list[TaskItemScore]:
     """Every item's greedy answer, judged."""
-    answers = greedy_answers(items, score, batch_size=batch_size, advance=advance)
+    answers = greedy_answers(items, score, batch_size=batch_size, advance=advance, extend=extend)
     return [judge(it, [decode(a)], a) for it, a in zip(items, answers, strict=True)]
