@@ -154,8 +154,11 @@ def show(plan: Plan, run_dir: RunDir = None, json_out: Json = False) -> None:
         console.print(f"objective: {escape(rp.objective.describe())}", soft_wrap=True, highlight=False)
         console.print(f"evaluation (\\[eval]): {escape(rp.eval.describe())}", soft_wrap=True, highlight=False)
         for s in rp.stages:
+            sharper = (
+                f"; attention logits × {s.attention_scale:.4g} at its start" if s.attention_scale != 1 else ""
+            )
             console.print(
-                f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}",
+                f"[bold]{s.name}[/]: rotary base {s.rotary_base:,} — {escape(s.rope_explanation)}{sharper}",
                 soft_wrap=True,
             )
             if s.sweep is not None:

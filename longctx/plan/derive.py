@@ -50,7 +50,7 @@ from longctx.report import Findings
 from longctx.rope import choose_base
 from longctx.rope.megatron import megatron_rope_flags
 from longctx.rope.methods import BaseChoice
-from longctx.rope.scaling import RopeScaling
+from longctx.rope.scaling import RopeScaling, yarn_logit_scale
 from longctx.tokenizer.manifest import TokenizerManifest, load_manifest
 from longctx.util.wandb_settings import WandbSettings
 
@@ -108,6 +108,7 @@ class ResolvedStage:
     wandb: WandbSettings | None = None  # the stage's W&B run (None: no [wandb])
     output_vocab_size: int | None = None  # output-layer rows when not padded_vocab_size
     rope_scaling: RopeScaling | None = None  # YaRN on top of rotary_base (Megatron-LM ≥ 0.19 only)
+    attention_scale: float = 1.0  # attention logits × this at the stage's start (the local backend folds it)
     # a RoPE sweep (`longctx.plan.rope_sweep`): its candidates and choice, and one branch stage per candidate
     sweep: ResolvedSweep | None = None
     branches: tuple[ResolvedStage, ...] = ()
@@ -128,6 +129,7 @@ class ResolvedStage:
             "rotary_base": self.rotary_base,
             "rope_method": self.rope_method,
             "rope_scaling": scaling_summary(self.rope_scaling),
+            "attention_scale": self.attention_scale,
             "rope_sweep": self.sweep.summary() if self.sweep else None,
             "tp": self.tp,
             "pp": self.pp,
@@ -486,6 +488,7 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
         st = _resolve_stage(plan, i, spec, arch, vocab, divisible_by, findings)
         _check_after_previous(plan, st, prev_base, prev_len, findings)
         _check_documents_on_megatron(plan, st, findings)
+        _check_attention_scale(plan, st, findings)
         prev_base, prev_len = st.rotary_base, st.seq_length
         stages.append(st)
     return ResolvedPlan(
@@ -509,6 +512,24 @@ def validate_plan(plan: Plan) -> ResolvedPlan:
         objective=objective,
         eval=plan.eval,
     )
+
+
+def _check_attention_scale(plan: Plan, st: ResolvedStage, findings: Findings) -> None:
+    """A stage that sharpens its attention at its start: the local backend folds the scale into the weights
+    it loads; Megatron-LM loads them as saved, so `--backend megatron-lm` refuses the stage."""
+    if st.attention_scale == 1.0:
+        return
+    what = f"attention logits × {st.attention_scale:.4g} at the stage's start, folded into the query weights"
+    where = _where(plan, st.index, "attention_scale")
+    if "megatron" in plan.model_fields_set:
+        findings.warning(
+            "attention-scale-local",
+            f"`--backend megatron-lm` refuses this stage: {what} by the local backend only",
+            where=where,
+            fix="train the stage with --backend local, or remove attention_scale",
+        )
+    else:
+        findings.info("attention-scale-local", f"local backend: {what}", where=where)
 
 
 def _check_documents_on_megatron(plan: Plan, st: ResolvedStage, findings: Findings) -> None:
@@ -1138,8 +1159,17 @@ def _stage(
         wandb=stage_wandb(resolve_wandb(plan), spec.name, paths.stage_dir(plan, spec.name)),
         output_vocab_size=inputs.output_vocab_size,
         rope_scaling=rope.scaling,
+        attention_scale=_attention_scale(plan, ctx.index, spec),
         sweep=rope.sweep,
     )
+
+
+def _attention_scale(plan: Plan, i: int, spec: StageSpec) -> float:
+    """The stage's attention logit scale as a number ("yarn": from its length over the previous one's)."""
+    if spec.attention_scale != "yarn":
+        return float(spec.attention_scale)
+    previous = plan.stages[i - 1].seq_length if i > 0 else plan.base.seq_length
+    return yarn_logit_scale(spec.seq_length, previous)
 
 
 def _branches(ctx: _StageContext, main: ResolvedStage, sweep: ResolvedSweep) -> tuple[ResolvedStage, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
@@ -327,6 +327,12 @@ class StageSpec(StageDefaults):
 
     max_position_embeddings: StrictInt | None = Field(default=None, gt=0)
     """Megatron's --max-position-embeddings, at least seq_length; default: seq_length."""
+
+    attention_scale: Annotated[float, Field(ge=1, le=4)] | Literal["yarn"] = 1.0
+    """Every layer's attention logits multiplied by this when the stage starts from the previous stage's
+    weights, folded into the query weights (`longctx.mcore.attention_scale`): a number from 1 to 4, or
+    "yarn", YaRN's attention factor squared, (0.1·ln s + 1)² for s = seq_length / the previous stage's
+    (1.297 at s = 4); 1 (none). The local backend applies it; Megatron-LM cannot, and refuses the stage."""
 
     @field_validator("name")
     @classmethod

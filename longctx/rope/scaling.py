@@ -81,5 +81,12 @@ class RopeScaling:
         return {"rope_type": "linear", "factor": self.factor}
 
 
+def yarn_logit_scale(length: int, previous_length: int) -> float:
+    """YaRN's attention factor as a multiplier of the logits: q and k each take mscale(s) = 0.1·ln s + 1,
+    so q·k takes its square, for s = length / previous_length (1 where s ≤ 1: nothing to sharpen)."""
+    s = length / previous_length
+    return formulas.yarn_mscale(s, 1.0) ** 2 if s > 1 else 1.0
+
+
 def _or(value: float | None, default: float) -> float:
     return default if value is None else value

@@ -37,6 +37,7 @@ LEDGER_NAME = "ledger.jsonl"
 # what a stage is bound to once it has launched
 BINDING_FIELDS = (
     "tokenizer_md5", "data_digest", "base_identity", "rotary_base", "seq_length", "rope_scaling",
+    "attention_scale",
 )  # fmt: skip
 # bindings recorded with this mark hash content and sizes only; older records hashed absolute paths into
 # data_digest and prefixed base_identity with the save directory (compared the old way, see
@@ -67,6 +68,8 @@ class Binding:
     # the stage's RoPE scaling (YaRN) as the plan summarises it; None: the base alone (records written
     # before it was bound lack the key and are not compared on it)
     rope_scaling: dict[str, Any] | None = None
+    # the logit scale folded into the weights at the stage's start (records before it lack the key)
+    attention_scale: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "identity": CONTENT_IDENTITY}

@@ -30,6 +30,7 @@ class RecordedBinding(_Record):
     seq_length: int | None = None
     schedule: dict[str, Any] | None = None  # ledger.SCHEDULE_FIELDS → value
     rope_scaling: dict[str, Any] | None = None
+    attention_scale: float | None = None
     identity: str | None = None  # ledger.CONTENT_IDENTITY: hashed by content, not by path
 
 

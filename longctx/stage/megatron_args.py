@@ -332,6 +332,13 @@ def stage_flags(rp: ResolvedPlan, st: ResolvedStage) -> list[Flag]:
             where=str(rp.source),
             fix="set base.path (run `longctx ckpt fetch/adopt` first for hub checkpoints)",
         )
+    if st.attention_scale != 1.0:
+        raise StageError(
+            f"stage {st.name!r} scales its attention logits by {st.attention_scale:.4g} at its start, which "
+            "the local backend folds into the weights it loads; pretrain_gpt.py loads them unscaled",
+            where=f"{rp.where}: stage {st.name} attention_scale",
+            fix="train the stage with --backend local, or remove attention_scale from the stage",
+        )
     require_checkout_version(rp)
     flags: list[Flag] = []
     flags += _model_flags(rp, st)

@@ -262,6 +262,7 @@ def binding_for(rp: ResolvedPlan, st: ResolvedStage, load_repair: Repair | None 
         seq_length=st.seq_length,
         schedule=schedule_for(st),
         rope_scaling=scaling_summary(st.rope_scaling),
+        attention_scale=st.attention_scale,
     )
 
 
@@ -377,6 +378,7 @@ def local_spec(rp: ResolvedPlan, st: ResolvedStage) -> tuple[TrainSpec, int]:
         recompute_num_layers=st.recompute_num_layers or 1,
         save=str(st.save_dir),
         pretrained=str(st.load_from) if st.load_from else None,
+        attention_scale=st.attention_scale,
         save_interval=st.save_interval,
         exit_duration_in_mins=st.exit_duration_in_mins,
         log_interval=st.log_interval,

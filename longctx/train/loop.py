@@ -27,6 +27,7 @@ from longctx.attention.megatron_adapter import document_params
 from longctx.checkpoint.save_layout import read_tracker
 from longctx.diffusion.loss import mdm_token_loss, udm_token_loss
 from longctx.errors import LongctxError, TrainError
+from longctx.mcore.attention_scale import scale_attention_logits
 from longctx.mcore.checkpoint import common_strategy, load_common_state, save_checkpoint
 from longctx.mcore.metrics import IterationMetrics, MetricsWriter, peak_memory_bytes, start_memory_peak
 from longctx.mcore.model import ModelSettings, build_gpt_model, cp_exchanges
@@ -148,7 +149,14 @@ class Trainer:
             src = pre / pre_tracker.dir_name
             self.layout = read_layout(src)
             load_weights(self.main, self.model, src, self.layout.model_state(self.model))
-            return f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
+            loaded = f"loaded weights from {src} (finetune: iteration 0, fresh optimizer)"
+            if self.spec.attention_scale == 1.0:
+                return loaded
+            masters = (
+                dict(zip(self.main.model_params, self.main.masters, strict=True)) if self.main.mixed else None
+            )
+            scale_attention_logits(self.model, self.spec.attention_scale, masters)
+            return f"{loaded}; attention logits × {self.spec.attention_scale:.4g} (folded into the query weights)"
         return "random initialisation"
 
     def _resume(self, ckpt: Path) -> None:

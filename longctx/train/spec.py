@@ -85,6 +85,8 @@ class TrainSpec(BaseModel):
     # neither → random initialisation (pretraining a base model)
     save: str
     pretrained: str | None = None
+    # every layer's attention logits × this when the stage starts from `pretrained` (longctx.mcore.attention_scale)
+    attention_scale: float = Field(default=1.0, gt=0)
     save_interval: int
     exit_duration_in_mins: float | None = None
     exit_interval: int | None = None

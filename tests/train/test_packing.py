@@ -39,13 +39,16 @@ def _losses(path: Path) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "reset", "split"), [("gpt", True, "balanced"), ("mdm", False, "auto")])
-def test_cp2_within_documents_matches_cp1(
-    fresh_run: Path, tmp_path: Path, kind: str, reset: bool, split: str
+@pytest.mark.parametrize(
+    ("kind", "reset", "split", "cp"),
+    [("gpt", True, "balanced", 2), ("mdm", False, "auto", 2), ("gpt", True, "zigzag", 4)],
+)
+def test_cp_within_documents_matches_cp1(
+    fresh_run: Path, tmp_path: Path, kind: str, reset: bool, split: str, cp: int
 ) -> None:
     """Causal and bidirectional objectives, the shards cut at CP 2 by the document-balanced split, or by
     the split the cost model chooses (zigzag for windows this short: the balance saves less than the calls
-    cost)."""
+    cost); and at CP 4, the demo's 16K stage's, by the zigzag split (eight chunks, four rank boundaries)."""
     from longctx.objective import Objective
 
     objective = Objective(kind="mdm", mask_id=VOCAB) if kind == "mdm" else Objective()
@@ -67,11 +70,11 @@ def test_cp2_within_documents_matches_cp1(
     batch = micro_batch(build_train_dataset(s1), list(range(4)), 0, 1, documents_eod=s1.tokenizer.eod_id)
     assert batch.cu_seqlens is not None and len(batch.cu_seqlens) > 5, batch.cu_seqlens
     run(s1, tmp_path / "cp1.json")
-    run(spec(fresh_run, two, context_parallel=2, cp_split=split, **kw), tmp_path / "cp2.json", nproc=2)
+    run(spec(fresh_run, two, context_parallel=cp, cp_split=split, **kw), tmp_path / "cp2.json", nproc=cp)
     l1, l2 = _losses(one.parent / "metrics.jsonl"), _losses(two.parent / "metrics.jsonl")
     assert len(l1) == len(l2) == 2
     assert l1 == pytest.approx(l2, rel=1e-6, abs=1e-6)
-    print(kind, "cp1", l1, "cp2", l2, "max diff", max(abs(a - b) for a, b in zip(l1, l2, strict=True)))
+    print(kind, "cp1", l1, f"cp{cp}", l2, "max diff", max(abs(a - b) for a, b in zip(l1, l2, strict=True)))
 
 
 def test_diffusion_noise_never_moves_a_document_bound(fresh_run: Path) -> None:
