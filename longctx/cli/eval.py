@@ -137,6 +137,15 @@ NoCache = Annotated[
 RotaryBase = Annotated[
     int | None, typer.Option("--rotary-base", help="evaluate with this RoPE base instead of the saved one")
 ]
+AttentionScale = Annotated[
+    float,
+    typer.Option(
+        "--attention-scale",
+        min=0.25,
+        max=4.0,
+        help="evaluate with every layer's attention logits multiplied by this (folded into the query weights)",
+    ),
+]
 Extrapolate = Annotated[
     bool, typer.Option("--extrapolate", help="allow lengths beyond the checkpoint's trained window")
 ]
@@ -275,6 +284,7 @@ def run(
     seed: Seed = None,
     batch_size: Batch = None,
     rotary_base: RotaryBase = None,
+    attention_scale: AttentionScale = 1.0,
     extrapolate: Extrapolate = False,
     base_ref: BaseRef = True,
     data: Data = None,
@@ -319,6 +329,7 @@ def run(
         lengths=parse_int_list(lengths),
         settings=options.settings(rp),
         rotary_base=rotary_base,
+        attention_scale=attention_scale,
         extrapolate=extrapolate,
         base_reference=base_ref,
         data=data or None,

@@ -52,6 +52,7 @@ from longctx.eval.short_context import ShortLoss, short_context_loss
 from longctx.eval.task_results import TaskResult
 from longctx.eval.task_run import TaskItems, run_causal_tasks, run_infill_tasks, task_items
 from longctx.eval.unmask import InfillFn
+from longctx.mcore.attention_scale import scale_attention_logits
 from longctx.mcore.parallel import EvalParallel, eval_parallel, is_main_process
 from longctx.objective import Objective
 from longctx.tokenizer.load import LoadedTokenizer
@@ -74,6 +75,7 @@ class CheckpointRef:
     lengths: list[int] | None = None  # None: the report's lengths
     passkey: bool = True  # False: only the short-context loss (a base reference)
     expected_rotary_base: int | None = None  # what the plan says; a difference becomes a note
+    attention_scale: float = 1.0  # attention logits × this (longctx.mcore.attention_scale): a diagnostic
 
 
 class ResultCache:
@@ -285,6 +287,11 @@ def _start_job(ref: CheckpointRef, lengths: Sequence[int], ctx: _Context) -> _Jo
         for n in lens
     }
     common = (info.identity, info.rotary_base, ctx.tokenizer.md5, ctx.heldout.identity(), ctx.parallel.cp)
+    if ref.attention_scale != 1.0:  # a scaled model is another model; unscaled results keep their keys
+        common += (f"attention×{ref.attention_scale!r}",)
+        ctx.notes.append(
+            f"{ref.label}: evaluated with its attention logits × {ref.attention_scale:g} (--attention-scale)"
+        )
     return _Job(ref, info, lens, extrapolated, ctx.settings.fingerprint(*common))
 
 
@@ -334,6 +341,7 @@ def _measure(
         total += 0 if _part_done(done, "packed windows") else 2 * len(windows.get(n, []))
         total += sum(len(v) for name, v in tasks[n].items() if not _part_done(done, name))
     loaded = load_model(job.info, ctx.parallel, max_length=max([*todo, ctx.short_length]))
+    scale_attention_logits(loaded.model, job.ref.attention_scale)
     score = model_scorer(loaded)
     eod = ctx.tokenizer.eod_id
     within = model_scorer(loaded, eod=eod) if eod is not None else None
@@ -425,6 +433,7 @@ def _measure_diffusion(job: _Job, todo: list[int], ctx: _Context, results: dict[
     total = sum(len(v) for v in items.values()) + sum(len(docs[n]) * len(contexts[n]) for n in todo)
     total += _task_count(tasks)
     loaded = load_model(info, ctx.parallel, max_length=max(todo))
+    scale_attention_logits(loaded.model, job.ref.attention_scale)
     infill = model_infiller(loaded, ctx.tokenizer.vocab_size)
     with progress_bar(f"eval {job.ref.label}", total, unit="forwards") as advance:
         for n in todo:

@@ -260,6 +260,7 @@ def evaluate_path(
     lengths: Sequence[int] | None = None,
     settings: EvalSettings | None = None,
     rotary_base: int | None = None,
+    attention_scale: float = 1.0,
     extrapolate: bool = False,
     base_reference: bool = True,
     data: Sequence[str] | None = None,
@@ -309,6 +310,7 @@ def evaluate_path(
             rotary_base=rotary_base,
             allow_extrapolation=extrapolate,
             expected_rotary_base=expected,
+            attention_scale=attention_scale,
         )
     )
     settings = settings or plan_settings(rp)

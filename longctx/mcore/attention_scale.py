@@ -64,6 +64,8 @@ def scale_attention_logits(
     """Multiply the attention logits of every layer of `model` by `factor` (in place, see the module
     docstring), and the fp32 masters of those parameters with them (`masters`: model parameter → its
     master, under mixed precision); returns the number of parameters scaled."""
+    if factor == 1.0:
+        return 0
     pairs = query_multipliers(model, factor)
     with torch.no_grad():
         for p, mult in pairs:
