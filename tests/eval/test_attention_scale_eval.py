@@ -14,10 +14,33 @@ from tests.fixtures.eval import EvalRun
 
 def _run(run: EvalRun, out: Path, *extra: str) -> dict:
     args = [
-        "eval", "run", str(run.stage("s2")), "--plan", str(run.plan), "--lengths", "256", "--depths", "0,1",
-        "--keys", "1", "--distractors", "0", "--loss-docs", "1", "--short-docs", "0", "--packed-windows", "0",
-        "--no-base", "--tasks", "single", "--out", str(out), "--json", *extra,
-    ]  # fmt: skip
+        "eval",
+        "run",
+        str(run.stage("s2")),
+        "--plan",
+        str(run.plan),
+        "--lengths",
+        "256",
+        "--depths",
+        "0,1",
+        "--keys",
+        "1",
+        "--distractors",
+        "0",
+        "--loss-docs",
+        "1",
+        "--short-docs",
+        "0",
+        "--packed-windows",
+        "0",
+        "--no-base",
+        "--tasks",
+        "single",
+        "--out",
+        str(out),
+        "--json",
+        *extra,
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
@@ -37,7 +60,16 @@ def test_a_scaled_evaluation_is_its_own(eval_run_copy: EvalRun, tmp_path: Path) 
     assert _loss(_run(eval_run_copy, tmp_path / "again")) == _loss(plain)
 
     res = CliRunner().invoke(
-        app, ["eval", "run", str(eval_run_copy.stage("s2")), "--plan", str(eval_run_copy.plan),
-              "--attention-scale", "0", "--json"],
-    )  # fmt: skip
+        app,
+        [
+            "eval",
+            "run",
+            str(eval_run_copy.stage("s2")),
+            "--plan",
+            str(eval_run_copy.plan),
+            "--attention-scale",
+            "0",
+            "--json",
+        ],
+    )
     assert res.exit_code == 2 and "--attention-scale" in res.output
