@@ -428,7 +428,7 @@ def greedy_cmd(
 
     Example: longctx bench greedy RUN/stages/4k/checkpoints --tokenizer RUN/tokenizer --length 16K
     """
-    from longctx.bench.greedy import run_greedy_bench
+    from longctx.eval.greedy_bench import run_greedy_bench
 
     r = run_greedy_bench(
         checkpoint,
