@@ -149,7 +149,7 @@ class LongctxCoreAttention(MegatronModule):
         if (
             cache is not None
             and cache.mode != "off"
-            and (cu_seqlens is not None or not causal or self.cp_group)
+            and (cu_seqlens is not None or not causal or self.cp_group is not None)
         ):
             raise AttentionError(
                 "a prefix cache needs causal attention over whole sequences in one process",

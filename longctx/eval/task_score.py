@@ -103,8 +103,9 @@ def greedy_answers(
     out: dict[int, list[int]] = {}
     for chunk in length_chunks([it.length for it in items], batch_size):
         seqs = {i: list(items[i].tokens) for i in chunk}
-        cached = extend is not None and extend.fits(len(chunk), items[chunk[0]].length)
-        with extend.recording() if cached and extend is not None else nullcontext():
+        # the extender for this batch, where its keys and values fit
+        ext = extend if extend is not None and extend.fits(len(chunk), items[chunk[0]].length) else None
+        with ext.recording() if ext is not None else nullcontext():
             argmax = score(torch.tensor([seqs[i] for i in chunk], dtype=torch.long)).argmax
         if advance is not None:
             advance(len(chunk))
@@ -115,18 +116,18 @@ def greedy_answers(
         for _ in range(max(len(items[i].reference) for i in chunk)):
             if not active:
                 break
-            if cached and extend is not None:
+            if ext is not None:
                 rows = [chunk.index(i) for i in active]
                 suffix = torch.tensor([seqs[i][start:] for i in active], dtype=torch.long)
-                argmax, offset = extend.argmax(rows, suffix, start)[:, :-1], start
+                argmax, offset = ext.argmax(rows, suffix, start)[:, :-1], start
             else:
                 argmax = score(torch.tensor([seqs[i] for i in active], dtype=torch.long)).argmax
                 offset = 0
             active = [
                 i for r, i in enumerate(active) if _advance(seqs[i], items[i].answer_start, argmax[r], offset)
             ]
-        if extend is not None:
-            extend.release()
+        if ext is not None:
+            ext.release()
         for i in chunk:
             out[i] = seqs[i][items[i].answer_start :]
     return [out[i] for i in range(len(items))]
