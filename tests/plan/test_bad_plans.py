@@ -14,51 +14,18 @@ from longctx.cli.main import app
 from longctx.errors import PlanError
 from longctx.plan.derive import resolve_plan
 from longctx.plan.load import load_plan
-from tests.fixtures.plan_toml import dump_toml
+from tests.fixtures.plan_toml import cluster_plan, write_plan_toml
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def good(oellm_like_manifest: Path, tmp_path: Path) -> dict[str, Any]:
-    return {
-        "name": "p",
-        "run_dir": str(tmp_path / "run"),
-        "base": {"path": str(tmp_path / "base"), "seq_length": 4096, "rotary_base": 100000},
-        "tokenizer": {"path": str(tmp_path / "tok"), "manifest": str(oellm_like_manifest)},
-        "model": {
-            "num_layers": 4,
-            "hidden_size": 256,
-            "ffn_hidden_size": 512,
-            "num_attention_heads": 8,
-            "num_query_groups": 4,
-            "kv_channels": 32,
-        },
-        "cluster": {"gpus_per_node": 4, "gpu_memory_gib": 80},
-        "defaults": {"nodes": 1, "tensor_parallel": 2, "micro_batch_size": 1, "data": {"prefixes": ["/d/x"]}},
-        "stages": [
-            {
-                "name": "16k",
-                "seq_length": 16384,
-                "tokens": 10_000_000,
-                "global_batch_size": 8,
-                "rope": {"base": 1_000_000},
-            },
-            {
-                "name": "64k",
-                "seq_length": 65536,
-                "tokens": 10_000_000,
-                "global_batch_size": 4,
-                "context_parallel": 2,
-                "rope": {"base": 8_000_000},
-            },
-        ],
-    }
+    return cluster_plan(tmp_path, oellm_like_manifest)
 
 
 def write(tmp_path: Path, data: dict[str, Any]) -> Path:
-    p = tmp_path / "plan.toml"
-    p.write_text(dump_toml(data))
+    p = write_plan_toml(tmp_path, data)
     tomllib.loads(p.read_text())  # the helper writes valid TOML
     return p
 

@@ -11,48 +11,22 @@ import pytest
 from longctx.errors import PlanError
 from longctx.plan.derive import resolve_plan, validate_plan
 from longctx.plan.load import load_plan
-from tests.fixtures.plan_toml import dump_toml
+from longctx.plan.schema import Plan
+from tests.fixtures.plan_toml import cluster_plan, write_plan_toml
 
 
 @pytest.fixture
 def plan(oellm_like_manifest: Path, tmp_path: Path) -> dict[str, Any]:
-    return {
-        "name": "p",
-        "run_dir": str(tmp_path / "run"),
-        "base": {"path": str(tmp_path / "base"), "seq_length": 4096, "rotary_base": 100000},
-        "tokenizer": {"path": str(tmp_path / "tok"), "manifest": str(oellm_like_manifest)},
-        "model": {
-            "num_layers": 8,
-            "hidden_size": 256,
-            "ffn_hidden_size": 512,
-            "num_attention_heads": 8,
-            "num_query_groups": 4,
-            "kv_channels": 32,
-        },
-        "cluster": {"gpus_per_node": 4, "gpu_memory_gib": 80},
-        "defaults": {
-            "nodes": 1,
-            "tensor_parallel": 2,
-            "pipeline_parallel": 2,
-            "micro_batch_size": 1,
-            "data": {"prefixes": ["/d/x"]},
-        },
-        "stages": [
-            {
-                "name": "16k",
-                "seq_length": 16384,
-                "tokens": 10_000_000,
-                "global_batch_size": 8,
-                "rope": {"base": 1_000_000},
-            }
-        ],
-    }
+    """One 16K stage of an 8-layer model at TP 2 · PP 2."""
+    data = cluster_plan(tmp_path, oellm_like_manifest)
+    data["model"]["num_layers"] = 8
+    data["defaults"]["pipeline_parallel"] = 2
+    del data["stages"][1]
+    return data
 
 
-def _load(tmp_path: Path, data: dict[str, Any]):
-    p = tmp_path / "plan.toml"
-    p.write_text(dump_toml(data))
-    return load_plan(p)
+def _load(tmp_path: Path, data: dict[str, Any]) -> Plan:
+    return load_plan(write_plan_toml(tmp_path, data))
 
 
 def _refused(tmp_path: Path, data: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from longctx.plan.load import load_plan
 from longctx.stage import ledger
 from longctx.stage.ledger_events import RecordedBinding
 from longctx.stage.megatron_args import stage_flags
-from tests.fixtures.plan_toml import dump_toml
+from tests.fixtures.plan_toml import cluster_plan, write_plan_toml
 
 runner = CliRunner()
 
@@ -26,57 +26,20 @@ runner = CliRunner()
 @pytest.fixture
 def plan(oellm_like_manifest: Path, tmp_path: Path) -> dict[str, Any]:
     """4K base → 16K ("yarn") → 64K (× 1.5)."""
-    return {
-        "name": "p",
-        "run_dir": str(tmp_path / "run"),
-        "base": {"path": str(tmp_path / "base"), "seq_length": 4096, "rotary_base": 100000},
-        "tokenizer": {"path": str(tmp_path / "tok"), "manifest": str(oellm_like_manifest)},
-        "model": {
-            "num_layers": 4,
-            "hidden_size": 256,
-            "ffn_hidden_size": 512,
-            "num_attention_heads": 8,
-            "num_query_groups": 4,
-            "kv_channels": 32,
-        },
-        "cluster": {"gpus_per_node": 4, "gpu_memory_gib": 80},
-        "defaults": {"nodes": 1, "tensor_parallel": 2, "micro_batch_size": 1, "data": {"prefixes": ["/d/x"]}},
-        "stages": [
-            {
-                "name": "16k",
-                "seq_length": 16384,
-                "tokens": 10_000_000,
-                "global_batch_size": 8,
-                "rope": {"base": 1_000_000},
-                "attention_scale": "yarn",
-            },
-            {
-                "name": "64k",
-                "seq_length": 65536,
-                "tokens": 10_000_000,
-                "global_batch_size": 4,
-                "context_parallel": 2,
-                "rope": {"base": 8_000_000},
-                "attention_scale": 1.5,
-            },
-        ],
-    }
-
-
-def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
-    p = tmp_path / "plan.toml"
-    p.write_text(dump_toml(data))
-    return p
+    data = cluster_plan(tmp_path, oellm_like_manifest)
+    data["stages"][0]["attention_scale"] = "yarn"
+    data["stages"][1]["attention_scale"] = 1.5
+    return data
 
 
 def test_yarn_and_a_number_resolve_and_plan_check_says_who_applies_them(
     tmp_path: Path, plan: dict[str, Any]
 ) -> None:
-    rp = resolve_plan(load_plan(_write(tmp_path, plan)))
+    rp = resolve_plan(load_plan(write_plan_toml(tmp_path, plan)))
     s16, s64 = rp.stages
     assert s16.attention_scale == pytest.approx(1.2965, abs=1e-4)  # (0.1·ln 4 + 1)²
     assert s64.attention_scale == 1.5 and s64.summary()["attention_scale"] == 1.5
-    shown = runner.invoke(app, ["plan", "show", str(_write(tmp_path, plan))])
+    shown = runner.invoke(app, ["plan", "show", str(write_plan_toml(tmp_path, plan))])
     assert (
         "64k: rotary base 8,000,000" in shown.stdout and "attention logits × 1.5 at its start" in shown.stdout
     )
@@ -84,7 +47,7 @@ def test_yarn_and_a_number_resolve_and_plan_check_says_who_applies_them(
     assert [f.level for f in infos] == ["info", "info"] and "× 1.296" in infos[0].message
 
     plan["megatron"] = {"version": "0.16.1"}  # a plan for the cluster: the same finding is a warning
-    res = runner.invoke(app, ["plan", "check", str(_write(tmp_path, plan)), "--json"])
+    res = runner.invoke(app, ["plan", "check", str(write_plan_toml(tmp_path, plan)), "--json"])
     doc = json.loads(res.stdout)
     warned = [f for f in doc["findings"] if f["code"] == "attention-scale-local"]
     assert [f["level"] for f in warned] == ["warning", "warning"]
@@ -92,7 +55,7 @@ def test_yarn_and_a_number_resolve_and_plan_check_says_who_applies_them(
 
 
 def test_megatron_lm_refuses_a_scaled_stage(tmp_path: Path, plan: dict[str, Any]) -> None:
-    rp = resolve_plan(load_plan(_write(tmp_path, plan)))
+    rp = resolve_plan(load_plan(write_plan_toml(tmp_path, plan)))
     with pytest.raises(StageError) as info:
         stage_flags(rp, rp.stage("64k"))
     err = info.value
@@ -108,7 +71,7 @@ def test_a_bad_scale_is_refused_naming_the_field(
 ) -> None:
     plan["stages"][1]["attention_scale"] = value
     with pytest.raises(PlanError) as info:
-        resolve_plan(load_plan(_write(tmp_path, plan)))
+        resolve_plan(load_plan(write_plan_toml(tmp_path, plan)))
     assert said in info.value.what and "attention_scale" in f"{info.value.where} {info.value.what}"
 
 

@@ -22,7 +22,7 @@ from longctx.stage import ledger
 from longctx.stage.ledger_events import RecordedBinding
 from longctx.stage.megatron_source import parser_flags
 from longctx.stage.run import local_spec
-from tests.fixtures.plan_toml import dump_toml
+from tests.fixtures.plan_toml import cluster_plan, write_plan_toml
 
 CHECKOUT_019 = Path(__file__).resolve().parents[3] / "shared" / "megatron-lm-0.19"
 YARN = {"method": "yarn", "params": {"base": 1_000_000, "original_length": 16384}}
@@ -39,50 +39,14 @@ runner = CliRunner()
 def plan(oellm_like_manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """4K base → 16K (base 1M) → 64K with YaRN factor 4 over the 16K stage, on Megatron-LM 0.19."""
     monkeypatch.delenv("LONGCTX_MEGATRON_LM", raising=False)
-    return {
-        "name": "p",
-        "run_dir": str(tmp_path / "run"),
-        "base": {"path": str(tmp_path / "base"), "seq_length": 4096, "rotary_base": 100000},
-        "tokenizer": {"path": str(tmp_path / "tok"), "manifest": str(oellm_like_manifest)},
-        "model": {
-            "num_layers": 4,
-            "hidden_size": 256,
-            "ffn_hidden_size": 512,
-            "num_attention_heads": 8,
-            "num_query_groups": 4,
-            "kv_channels": 32,
-        },
-        "cluster": {"gpus_per_node": 4, "gpu_memory_gib": 80},
-        "megatron": {"version": "0.19.0"},
-        "defaults": {"nodes": 1, "tensor_parallel": 2, "micro_batch_size": 1, "data": {"prefixes": ["/d/x"]}},
-        "stages": [
-            {
-                "name": "16k",
-                "seq_length": 16384,
-                "tokens": 10_000_000,
-                "global_batch_size": 8,
-                "rope": {"base": 1_000_000},
-            },
-            {
-                "name": "64k",
-                "seq_length": 65536,
-                "tokens": 10_000_000,
-                "global_batch_size": 4,
-                "context_parallel": 2,
-                "rope": YARN,
-            },
-        ],
-    }
-
-
-def _write(tmp_path: Path, data: dict[str, Any], name: str = "plan.toml") -> Path:
-    p = tmp_path / name
-    p.write_text(dump_toml(data))
-    return p
+    data = cluster_plan(tmp_path, oellm_like_manifest)
+    data["megatron"] = {"version": "0.19.0"}
+    data["stages"][1]["rope"] = YARN
+    return data
 
 
 def _resolve(tmp_path: Path, data: dict[str, Any]) -> ResolvedPlan:
-    return resolve_plan(load_plan(_write(tmp_path, data)))
+    return resolve_plan(load_plan(write_plan_toml(tmp_path, data)))
 
 
 def _refused(tmp_path: Path, data: dict[str, Any]) -> PlanError:
@@ -100,7 +64,7 @@ def test_yarn_stage_resolves_and_plan_show_carries_it(tmp_path: Path, plan: dict
     assert st.rope_method == "yarn" and st.rotary_base == 1_000_000
     assert st.rope_scaling == RopeScaling("yarn", 4.0, 16384, 32.0, 1.0, 1.0, 0.0)
     assert rp.findings.ok and not [f for f in rp.findings if f.code.startswith("scaling")], rp.findings
-    res = runner.invoke(app, ["plan", "show", str(_write(tmp_path, plan)), "--json"])
+    res = runner.invoke(app, ["plan", "show", str(write_plan_toml(tmp_path, plan)), "--json"])
     assert res.exit_code == 0, res.output
     shown = json.loads(res.stdout)["stages"][1]
     assert shown["rope_method"] == "yarn" and shown["rotary_base"] == 1_000_000
@@ -113,7 +77,7 @@ def test_yarn_stage_resolves_and_plan_show_carries_it(tmp_path: Path, plan: dict
         "mscale": 1.0,
         "mscale_all_dim": 0.0,
     }
-    text = runner.invoke(app, ["plan", "show", str(_write(tmp_path, plan))])
+    text = runner.invoke(app, ["plan", "show", str(write_plan_toml(tmp_path, plan))])
     assert text.exit_code == 0 and "64k: rotary base 1,000,000 — yarn (Peng et al. 2023)" in text.stdout
 
 
@@ -135,7 +99,7 @@ def test_stage_args_emit_yarn_flags_that_0_19_parses(tmp_path: Path, plan: dict[
     if not (CHECKOUT_019 / "megatron" / "training" / "arguments.py").is_file():
         pytest.skip(f"0.19's checkout is not beside this clone ({CHECKOUT_019})")
     plan["megatron"]["path"] = str(CHECKOUT_019)  # the launch checks the checkout is 0.19.0
-    res = runner.invoke(app, ["stage", "args", str(_write(tmp_path, plan)), "64k", "--json"])
+    res = runner.invoke(app, ["stage", "args", str(write_plan_toml(tmp_path, plan)), "64k", "--json"])
     assert res.exit_code == 0, res.output
     words = json.loads(res.stdout)[1:]
     flags = _flag_values(words)
@@ -152,7 +116,9 @@ def test_stage_args_emit_yarn_flags_that_0_19_parses(tmp_path: Path, plan: dict[
     # the base-only stage keeps plain RoPE
     plain = _flag_values(
         json.loads(
-            runner.invoke(app, ["stage", "args", str(_write(tmp_path, plan)), "16k", "--json"]).stdout
+            runner.invoke(
+                app, ["stage", "args", str(write_plan_toml(tmp_path, plan)), "16k", "--json"]
+            ).stdout
         )[1:]
     )
     assert plain["--position-embedding-type"] == ["rope"] and "--rotary-scaling-factor" not in plain
@@ -164,7 +130,7 @@ def test_yarn_on_0_16_is_refused_naming_the_version(tmp_path: Path, plan: dict[s
     assert "RoPE method 'yarn' cannot run on Megatron-LM 0.16.1 ([megatron].version)" in err.what
     assert "exist for GPT only from megatron-core 0.19.0" in err.what
     assert err.where.endswith("stages[1] ('64k').rope.method") and "≥ 0.19" in (err.fix or "")
-    res = runner.invoke(app, ["plan", "check", str(_write(tmp_path, plan)), "--json"])
+    res = runner.invoke(app, ["plan", "check", str(write_plan_toml(tmp_path, plan)), "--json"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     doc = json.loads(res.stdout)
     assert doc["ok"] is False
@@ -224,7 +190,11 @@ def test_partial_rotary_and_bidirectional_yarn_are_refused(tmp_path: Path, plan:
     partial = {**plan, "model": {**plan["model"], "rotary_percent": 0.5}}
     assert "YarnRotaryEmbedding computes its frequencies over kv_channels" in _refused(tmp_path, partial).what
     mdm = {**plan, "objective": {"kind": "mdm"}}
-    found = [f for f in validate_plan(load_plan(_write(tmp_path, mdm))).findings if f.code == "rope-scaling"]
+    found = [
+        f
+        for f in validate_plan(load_plan(write_plan_toml(tmp_path, mdm))).findings
+        if f.code == "rope-scaling"
+    ]
     assert len(found) == 1 and "bidirectional objective" in found[0].message
 
 
