@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
-from tests.fixtures.eval import EvalRun
+from tests.fixtures.eval import MINIMAL, EvalRun
 
 
 def _run(run: EvalRun, out: Path, *extra: str) -> dict:
@@ -21,19 +21,7 @@ def _run(run: EvalRun, out: Path, *extra: str) -> dict:
         str(run.plan),
         "--lengths",
         "256",
-        "--depths",
-        "0,1",
-        "--keys",
-        "1",
-        "--distractors",
-        "0",
-        "--loss-docs",
-        "1",
-        "--short-docs",
-        "0",
-        "--packed-windows",
-        "0",
-        "--no-base",
+        *MINIMAL,
         "--tasks",
         "single",
         "--out",

@@ -9,10 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from longctx.cli.main import app
-from tests.fixtures.eval import S1_LEN, S2_LEN, EvalRun
+from tests.fixtures.eval import FAST, S1_LEN, S2_LEN, EvalRun
 
 runner = CliRunner()
-FAST = ["--depths", "0,1", "--keys", "1", "--distractors", "1", "--loss-docs", "1", "--short-docs", "2"]
 
 
 def cli(*args: object):

@@ -28,7 +28,7 @@ from longctx.eval.score import model_scorer
 from longctx.eval.settings import EvalSettings
 from longctx.mcore.parallel import eval_parallel
 from longctx.util.net import free_port
-from tests.fixtures.eval import S2_LEN, EvalRun
+from tests.fixtures.eval import MINIMAL, S2_LEN, EvalRun
 
 SEED = 1234
 
@@ -212,19 +212,7 @@ def test_report_json_table_and_plot(eval_run_copy: EvalRun, tmp_path: Path) -> N
             str(eval_run_copy.plan),
             "--lengths",
             "64",
-            "--depths",
-            "0",
-            "--keys",
-            "1",
-            "--distractors",
-            "0",
-            "--loss-docs",
-            "1",
-            "--short-docs",
-            "0",
-            "--packed-windows",
-            "0",
-            "--no-base",
+            *MINIMAL,
             "--out",
             str(tmp_path / "off"),
             "--json",

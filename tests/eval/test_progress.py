@@ -12,10 +12,9 @@ from typer.testing import CliRunner
 from longctx.cli.main import app
 from longctx.eval.progress import Cell, EvalProgress, length_cells
 from longctx.eval.settings import EvalSettings
-from tests.fixtures.eval import S1_LEN, S2_LEN, EvalRun
+from tests.fixtures.eval import FAST, S1_LEN, S2_LEN, EvalRun
 
 runner = CliRunner()
-FAST = ["--depths", "0,1", "--keys", "1", "--distractors", "1", "--loss-docs", "1", "--short-docs", "2"]
 LINE = re.compile(r"^\[longctx eval\] (\d+)/(\d+) (\S+) @ (\S+) (.+): .* elapsed, (about .* left|done)$")
 
 

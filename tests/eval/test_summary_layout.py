@@ -13,10 +13,9 @@ from longctx.eval.report_tables import markdown_table, print_report
 from longctx.eval.results import CheckpointEval, EvalReport, LengthResult, PasskeyResult
 from longctx.eval.score import ItemScore
 from longctx.eval.settings import EvalSettings
-from tests.fixtures.eval import S1_LEN, S2_LEN, EvalRun
+from tests.fixtures.eval import FAST, S1_LEN, S2_LEN, EvalRun
 
 runner = CliRunner()
-FAST = ["--depths", "0,1", "--keys", "1", "--distractors", "1", "--loss-docs", "1", "--short-docs", "2"]
 DEPTHS = [0.0, 0.5, 1.0]
 
 

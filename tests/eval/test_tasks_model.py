@@ -26,7 +26,7 @@ from longctx.mcore.parallel import eval_parallel
 from longctx.plan.eval_tasks import parse_task
 from longctx.tokenizer import load_tokenizer
 from longctx.util.net import free_port
-from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, S2_LEN, EvalRun
+from tests.fixtures.eval import CHAIN_KEY, CHAIN_LEN, MINIMAL, S2_LEN, EvalRun
 
 OTHER = "4 4 4 4 4"  # a key of the chain key's form and width
 # multi-key and multi-value only, at three depths: small enough for two CPU processes
@@ -152,19 +152,7 @@ def test_run_json_carries_the_task_fields(eval_run_copy: EvalRun, tmp_path: Path
             str(eval_run_copy.plan),
             "--lengths",
             "128,256",
-            "--depths",
-            "0,1",
-            "--keys",
-            "1",
-            "--distractors",
-            "0",
-            "--loss-docs",
-            "1",
-            "--short-docs",
-            "0",
-            "--packed-windows",
-            "0",
-            "--no-base",
+            *MINIMAL,
             "--tasks",
             "multikey-2,multivalue-2,absent-1",
             "--any-digit-keys",
