@@ -14,11 +14,7 @@ from tests.fixtures.eval import MINIMAL, EvalRun
 
 def _run(run: EvalRun, out: Path, *extra: str) -> dict:
     args = [
-        "eval",
-        "run",
-        str(run.stage("s2")),
-        "--plan",
-        str(run.plan),
+        *run.eval_run_args("s2"),
         "--lengths",
         "256",
         *MINIMAL,
@@ -50,11 +46,7 @@ def test_a_scaled_evaluation_is_its_own(eval_run_copy: EvalRun, tmp_path: Path) 
     res = CliRunner().invoke(
         app,
         [
-            "eval",
-            "run",
-            str(eval_run_copy.stage("s2")),
-            "--plan",
-            str(eval_run_copy.plan),
+            *eval_run_copy.eval_run_args("s2"),
             "--attention-scale",
             "0",
             "--json",

@@ -163,11 +163,7 @@ def test_report_json_table_and_plot(eval_run_copy: EvalRun, tmp_path: Path) -> N
     res = CliRunner().invoke(
         app,
         [
-            "eval",
-            "run",
-            str(eval_run_copy.stage("s2")),
-            "--plan",
-            str(eval_run_copy.plan),
+            *eval_run_copy.eval_run_args("s2"),
             "--lengths",
             str(S2_LEN),
             "--depths",
@@ -205,11 +201,7 @@ def test_report_json_table_and_plot(eval_run_copy: EvalRun, tmp_path: Path) -> N
     off = CliRunner().invoke(
         app,
         [
-            "eval",
-            "run",
-            str(eval_run_copy.stage("s1")),
-            "--plan",
-            str(eval_run_copy.plan),
+            *eval_run_copy.eval_run_args("s1"),
             "--lengths",
             "64",
             *MINIMAL,

@@ -145,11 +145,7 @@ def test_run_json_carries_the_task_fields(eval_run_copy: EvalRun, tmp_path: Path
     res = CliRunner().invoke(
         app,
         [
-            "eval",
-            "run",
-            str(eval_run_copy.stage("s2")),
-            "--plan",
-            str(eval_run_copy.plan),
+            *eval_run_copy.eval_run_args("s2"),
             "--lengths",
             "128,256",
             *MINIMAL,
